@@ -1,0 +1,111 @@
+"""The one config schema every experiment file fills in.
+
+`base_config()` returns an ml_collections ConfigDict with every key the model, data pipeline and trainer read,
+at the defaults of the paper's recipe (SPEC sections 4-6). Experiment files in `experiments/` start from it and
+override; the command line overrides again with `--config.key=value`.
+
+Sections:
+  model   read by idattn.models (sizes, mixer and its switches, dtypes, remat)
+  data    read by idattn.data (source, paths, tokenizer, packing)
+  train   read by idattn.train (batch, steps, optimiser, schedule, logging, checkpoints)
+  mesh    named mesh axis sizes (-1 fills the remaining devices)
+  logical_axis_rules  logical parameter/activation axis -> mesh axes
+"""
+from __future__ import annotations
+
+import ml_collections
+
+# Logical axis names used by every parameter annotation (idattn.models.sharding) and their default mesh
+# mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.
+DEFAULT_LOGICAL_AXIS_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("embed", "fsdp"),
+    ("vocab", "tensor"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+    ("modes", None),
+    ("layers", None),
+    ("length", None),
+    ("conv", None),
+)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.seed = 42
+
+    # ---- model (owned by idattn.models; see idattn/models/__init__.py for the meaning of each key) ----
+    c.model = ml_collections.ConfigDict()
+    m = c.model
+    m.vocab_size = 32000
+    m.d_model = 768
+    m.num_layers = 12
+    m.num_heads = 12
+    m.head_dim = 64
+    m.ffn_dim = 2048
+    m.mixer = "interdomain"  # softmax | interdomain | s4d_only | <input>-<readout>-<rope> cube cell
+    m.input = "dualkv"  # dualkv | generic      (filled from `mixer` by the experiment configs)
+    m.readout = "query"  # query | linear
+    m.rope = True
+    m.output_gate = False
+    m.conj = True
+    m.theory = False  # LegS operator with the Nadaraya-Watson denominator (SPEC section 2)
+    m.num_modes = 64
+    m.s4d_init = "inv"  # inv | lin | legs | inv_paper
+    m.kappa = 0.25
+    m.dt_min = 1e-3
+    m.dt_max = 1e-1
+    m.rope_base = 10000.0
+    m.short_conv = 4
+    m.impl = "auto"  # operator implementation: auto | chunked | sequential | associative | pallas
+    m.chunk_size = 64
+    m.norm_eps = 1e-5
+    m.init_std = 0.02
+    m.dtype = "bfloat16"  # compute dtype
+    m.param_dtype = "float32"
+    m.scan_layers = True
+    m.remat = "full"  # none | full | dots
+
+    # ---- data (owned by idattn.data) ----
+    c.data = ml_collections.ConfigDict()
+    d = c.data
+    d.source = "kjv"  # kjv (embedded corpus) | arrayrecord (prepared shards) | tfds
+    d.path = ""  # folder of prepared ArrayRecord shards (source=arrayrecord)
+    d.tfds_name = ""
+    d.tokenizer = "mistral"  # "mistral" (offline 32K Llama-2-compatible model) | path to a .model | "train:<vocab>"
+    d.seq_len = 4096
+    d.shuffle_seed = 0
+    d.num_workers = 0
+    d.prefetch = 2
+    d.val_fraction = 0.05  # embedded corpus: share of documents held out
+
+    # ---- train (owned by idattn.train) ----
+    c.train = ml_collections.ConfigDict()
+    t = c.train
+    t.batch_size = 128  # global sequences per optimiser step
+    t.grad_accum = 1
+    t.total_tokens = 2_500_000_000
+    t.num_steps = -1  # -1: derive from total_tokens / (batch_size * seq_len)
+    t.peak_lr = 3e-3
+    t.end_lr = 1e-5
+    t.warmup_tokens = 375_000_000
+    t.warmup_steps = -1  # -1: derive from warmup_tokens
+    t.weight_decay = 0.1
+    t.grad_clip = 1.0
+    t.b1 = 0.9
+    t.b2 = 0.95
+    t.eps = 1e-8
+    t.ssm_lr_cap = 1e-3  # SSM group LR = min(peak, cap), no weight decay
+    t.log_every = 10
+    t.eval_every = 1000
+    t.eval_batches = 16
+    t.checkpoint_every = 1000
+    t.keep_last = 3
+    t.keep_every = 0  # 0: keep none beyond the last N
+    t.async_checkpoint = True
+    t.init_from = ""  # workdir of another run to initialise parameters from (explicit, never implicit)
+
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES
+    return c
