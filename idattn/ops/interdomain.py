@@ -1,0 +1,534 @@
+r"""The Interdomain operator: keys and values projected onto one shared complex diagonal S4D basis.
+
+Per batch row and head, with feature width R, value width D and M complex modes (SPEC section 1):
+
+    state    Xk_t = lam ⊙ Xk_{t-1} + b ⊗ zk_t            ∈ C^{M×R}
+             Xv_t = lam ⊙ Xv_{t-1} + b ⊗ zv_t            ∈ C^{M×D}
+    coeffs   U_t = c·Xk_t,  Γ_t = c·Xv_t                  (c ∈ C^{M×M}; None means identity)
+    readout  p_t = U_t · fq_t ∈ C^M
+             o_t = Re( Σ_m conj(p_t[m]) Γ_t[m, :] )        conj=True  (default: Re(ξ(q)ᵀ U^H Γ))
+             o_t = Re( Σ_m      p_t[m]  Γ_t[m, :] )        conj=False (Re(ξ(q)ᵀ Uᵀ Γ))
+
+The state includes token t. One recurrence (one lam, one b) serves both halves: the shared basis.
+
+Folding c. Because U = c·Xk and Γ = c·Xv, with p0_t = Xk_t · fq_t (the raw-state projection),
+
+    o_t = Re( conj(p0_t)ᵀ (c^H c) Xv_t )   (conj)        o_t = Re( p0_tᵀ (cᵀ c) Xv_t )   (no conj)
+
+so c enters as one M×M matrix K per head and every carried state stays raw. The sequential and associative
+paths apply c literally (U = c·Xk, Γ = c·Xv) and so check the fold.
+
+Segment resets. `segment_ids` [B, T]: where seg[t] != seg[t-1] a new document starts and the state is zeroed
+before token t enters. Ids may repeat ([1, 2, 1] is three documents), so every path works with the document index
+d_t = cumsum(seg[t] != seg[t-1]) (d_0 = 0), never with equality of raw ids. `initial_state` applies to the first
+document only.
+
+Chunked form (chunk length L, local positions i, j ∈ [0, l) with l the chunk's true length, μ = (l-1)/2). lam is
+time invariant, so every decay factor is a constant table computed from log(lam) (principal branch) times integer
+exponents:
+
+    Pin[i,m] = lam^(i+1)    Pt[i,m] = lam^(i-μ)    Ps[j,m] = b·lam^(μ-j)    Pe[j,m] = b·lam^(l-1-j)
+    G   = mask(FQ · ZKᵀ)                                        L×L, shared by all modes
+    p0  = Pt ∘ (G · Ps) + carried ∘ Pin ∘ (FQ · Xk0ᵀ)           L×M complex (p0[i] = Xk_t · fq_t)
+    w   = conj(p0) · K   (conj)      or   p0 · K                K = c^H c or cᵀ c (identity c: w = conj(p0) or p0)
+    o   = carried ∘ Re((w ∘ Pin) · Xv0) + mask(Re((w ∘ Pt) · Psᵀ)) · ZV
+    Xk1 = [no reset in chunk] lam^l ∘ Xk0 + Peᵀ · (last_doc ∘ ZK)      (same for Xv1 with ZV)
+
+`mask` keeps i ≥ j within one document (d_i == d_j), applied with `where` (never by multiplying: 0·inf = NaN);
+`carried` keeps positions before the first reset of the chunk; `last_doc` keeps the tokens of the chunk's last
+document. A last chunk shorter than L is computed with its true length l (zero padding would decay the returned
+state by lam^pad). Every product is a real matmul: complex values travel as stacked real and imaginary planes.
+
+Numerics: μ-centred tables reach |lam|^-(L-1)/2 in magnitude, so the chunk length is limited by the decay bound
+(`idattn.ops.s4d.max_chunk_size`): with κ = 0.25 in float32, L ≤ 178. A lam outside |lam| < 1, or too small for
+the chunk size, is refused when concrete. State and accumulation run in float32/complex64 (float64/complex128
+when the inputs are float64 under x64); matmuls use precision=HIGHEST.
+
+Cost per token-head (real MACs, complex counted as real planes): L(R+D) + 4M(L+R+D) + 4M² (R=D=M=L=64: ~74K;
+without c, 57K), against about T·D for causal softmax attention at context T.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from idattn.ops import s4d
+
+IMPLS = ("auto", "sequential", "associative", "chunked", "pallas")
+
+# The associative path materialises the whole state trajectory [B, T, H, M, R+D] (complex). It refuses to build
+# one larger than this many bytes (estimate in the error). Override with IDATTN_ASSOCIATIVE_MAX_BYTES or
+# `set_associative_max_bytes`.
+_ASSOCIATIVE_MAX_BYTES = int(os.environ.get("IDATTN_ASSOCIATIVE_MAX_BYTES", 4 * 2**30))
+
+_HI = lax.Precision.HIGHEST
+
+
+def set_associative_max_bytes(n: int) -> int:
+    """Sets the associative path's memory bound in bytes; returns the previous bound."""
+    global _ASSOCIATIVE_MAX_BYTES
+    prev, _ASSOCIATIVE_MAX_BYTES = _ASSOCIATIVE_MAX_BYTES, int(n)
+    return prev
+
+
+def associative_max_bytes() -> int:
+    return _ASSOCIATIVE_MAX_BYTES
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _is_concrete(x) -> bool:
+    return x is not None and not isinstance(x, jax.core.Tracer)
+
+
+def _shape_str(x) -> str:
+    return f"shape {tuple(x.shape)} dtype {x.dtype}"
+
+
+def _real_dtype(*arrays):
+    """float64 when any input is 64-bit (and x64 is on), else float32: state/accumulation precision."""
+    for a in arrays:
+        if a is not None and jnp.dtype(a.dtype) in (jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128)):
+            return jnp.float64 if jax.config.jax_enable_x64 else jnp.float32
+    return jnp.float32
+
+
+def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size):
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    for name, x in (("fq", fq), ("zk", zk), ("zv", zv)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be [B, T, H, {'D' if name == 'zv' else 'R'}], got {_shape_str(x)}")
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"{name} must be a real floating array (float32/bfloat16/float64), got {x.dtype}")
+    if fq.shape != zk.shape:
+        raise ValueError(f"fq and zk must share [B, T, H, R]: fq {tuple(fq.shape)} vs zk {tuple(zk.shape)}")
+    bsz, t, h, _ = fq.shape
+    if zv.shape[:3] != (bsz, t, h):
+        raise ValueError(f"zv must be [B, T, H, D] = [{bsz}, {t}, {h}, D] like fq; got {tuple(zv.shape)}")
+    for name, x in (("lam", lam), ("b", b)):
+        if x.ndim != 2 or x.shape[0] != h:
+            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {_shape_str(x)}")
+        if not jnp.issubdtype(x.dtype, jnp.complexfloating):
+            raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
+                            f"idattn.ops.s4d.discretize or jax.lax.complex(re, im)")
+    m = lam.shape[1]
+    if b.shape != lam.shape:
+        raise ValueError(f"b must match lam's [H, M] = {tuple(lam.shape)}; got {tuple(b.shape)}")
+    if c is not None:
+        if tuple(c.shape) != (h, m, m) or not jnp.issubdtype(c.dtype, jnp.complexfloating):
+            raise ValueError(f"c must be complex [H, M, M] = [{h}, {m}, {m}] or None; got {_shape_str(c)}")
+    if segment_ids is not None:
+        if tuple(segment_ids.shape) != (bsz, t):
+            raise ValueError(f"segment_ids must be [B, T] = [{bsz}, {t}]; got {tuple(segment_ids.shape)}")
+        if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+            raise TypeError(f"segment_ids must be an integer array (document ids), got {segment_ids.dtype}")
+    if initial_state is not None:
+        if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+            raise ValueError("initial_state must be a pair (Xk [B, H, M, R], Xv [B, H, M, D]) or None")
+        xk0, xv0 = initial_state
+        want_k, want_v = (bsz, h, m, fq.shape[3]), (bsz, h, m, zv.shape[3])
+        if tuple(xk0.shape) != want_k or tuple(xv0.shape) != want_v:
+            raise ValueError(f"initial_state must be (Xk {list(want_k)}, Xv {list(want_v)}); got "
+                             f"(Xk {list(xk0.shape)}, Xv {list(xv0.shape)})")
+        if not (jnp.issubdtype(xk0.dtype, jnp.complexfloating) and jnp.issubdtype(xv0.dtype, jnp.complexfloating)):
+            raise TypeError(f"initial_state must be complex, got ({xk0.dtype}, {xv0.dtype})")
+    if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    # Value checks when the inputs are concrete (not under jit tracing).
+    if _is_concrete(lam):
+        mag = np.abs(np.asarray(lam))
+        if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
+            raise ValueError(f"lam must satisfy |lam| < 1 (a stable decay); saw max |lam| = {mag.max():.8g}. "
+                             f"Build lam with idattn.ops.s4d.discretize, which keeps Re(Δ·A) ≥ -κ < 0")
+        if impl in ("chunked", "pallas", "auto") and chunk_size > 1:
+            floor = s4d.min_abs_lam(chunk_size, _real_dtype(fq, zv, lam))
+            if mag.min() < floor:
+                raise ValueError(
+                    f"lam has min |lam| = {mag.min():.6g}, below {floor:.6g}, the smallest the chunked path allows "
+                    f"at chunk_size={chunk_size} (its power tables reach |lam|^-(L-1)). Keep the S4D decay bound "
+                    f"Re(Δ·A) ≥ -κ (idattn.ops.s4d.discretize, κ = {s4d.DEFAULT_KAPPA} allows chunks up to "
+                    f"{s4d.max_chunk_size()}), use a smaller chunk_size, or impl='sequential'")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Shared helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def document_index(segment_ids, batch: int, length: int):
+    """d_t = cumsum(seg[t] != seg[t-1]) with d_0 = 0: [B, T] int32 (all zeros without segment ids)."""
+    if segment_ids is None:
+        return jnp.zeros((batch, length), jnp.int32)
+    seg = jnp.asarray(segment_ids)
+    starts = jnp.concatenate([jnp.zeros((batch, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return jnp.cumsum(starts.astype(jnp.int32), axis=1)
+
+
+def _resets(segment_ids, batch: int, length: int):
+    """[B, T] bool: True where a new document starts (never at t = 0, where initial_state applies)."""
+    if segment_ids is None:
+        return jnp.zeros((batch, length), bool)
+    seg = jnp.asarray(segment_ids)
+    return jnp.concatenate([jnp.zeros((batch, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+
+
+def _readout_literal(xk, xv, fq, c, conj):
+    """o = Re(Σ_m conj?(p[m]) Γ[m,:]) with U = c·Xk, Γ = c·Xv, p = U·fq, applying c literally.
+
+    xk: [..., H, M, R], xv: [..., H, M, D], fq: [..., H, R] -> [..., H, D] real.
+    """
+    if c is not None:
+        xk = jnp.einsum("hmn,...hnr->...hmr", c, xk, precision=_HI)
+        xv = jnp.einsum("hmn,...hnd->...hmd", c, xv, precision=_HI)
+    p = jnp.einsum("...hmr,...hr->...hm", xk, fq.astype(xk.dtype), precision=_HI)
+    if conj:
+        p = jnp.conj(p)
+    return jnp.real(jnp.einsum("...hm,...hmd->...hd", p, xv, precision=_HI))
+
+
+def _complex_dtype(real_dtype):
+    return jnp.complex128 if jnp.dtype(real_dtype) == jnp.dtype(jnp.float64) else jnp.complex64
+
+
+def _zero_state(bsz, h, m, r, d, cdt):
+    return jnp.zeros((bsz, h, m, r), cdt), jnp.zeros((bsz, h, m, d), cdt)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sequential: lax.scan over time (the readable reference)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt):
+    bsz, t, h, r = fq.shape
+    d, m = zv.shape[-1], lam.shape[-1]
+    cdt = _complex_dtype(rdt)
+    lam, b = lam.astype(cdt), b.astype(cdt)
+    c = None if c is None else c.astype(cdt)
+    state = _zero_state(bsz, h, m, r, d, cdt) if initial_state is None else tuple(s.astype(cdt) for s in initial_state)
+    resets = _resets(segment_ids, bsz, t)
+
+    def step(carry, xs):
+        xk, xv = carry
+        fq_t, zk_t, zv_t, reset_t = xs
+        keep = ~reset_t[:, None, None, None]
+        xk = jnp.where(keep, xk, 0)
+        xv = jnp.where(keep, xv, 0)
+        o_t, (xk, xv) = _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt)
+        return (xk, xv), o_t
+
+    xs = (jnp.moveaxis(fq, 1, 0), jnp.moveaxis(zk, 1, 0), jnp.moveaxis(zv, 1, 0), jnp.moveaxis(resets, 1, 0))
+    state, o = lax.scan(step, state, xs)
+    return jnp.moveaxis(o, 0, 1), state
+
+
+def _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt):
+    cdt = xk.dtype
+    xk = lam[None, :, :, None] * xk + b[None, :, :, None] * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
+    xv = lam[None, :, :, None] * xv + b[None, :, :, None] * zv_t.astype(rdt)[:, :, None, :].astype(cdt)
+    o_t = _readout_literal(xk, xv, fq_t.astype(rdt), c, conj)
+    return o_t, (xk, xv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Associative: jax.lax.associative_scan over the complex state (small sizes only)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def associative_bytes(bsz, t, h, m, r, d, real_dtype=jnp.float32) -> int:
+    """Estimated peak bytes of the associative path: the [B, T, H, M, R+D] complex trajectory, about 3 live copies
+    (elements, scan intermediates, output)."""
+    item = 2 * jnp.dtype(real_dtype).itemsize
+    return 3 * bsz * t * h * m * (r + d) * item
+
+
+def _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt):
+    """Materialises the whole state trajectory [B, T, H, M, R+D] (complex): memory O(T·M·(R+D)) per row and head.
+    For small sizes and as a cross-check only; refuses past `associative_max_bytes()`."""
+    bsz, t, h, r = fq.shape
+    d, m = zv.shape[-1], lam.shape[-1]
+    est = associative_bytes(bsz, t, h, m, r, d, rdt)
+    if est > _ASSOCIATIVE_MAX_BYTES:
+        raise ValueError(
+            f"impl='associative' would materialise the state trajectory [B, T, H, M, R+D] = "
+            f"[{bsz}, {t}, {h}, {m}, {r + d}] complex: about {est / 2**30:.2f} GiB, over the bound of "
+            f"{_ASSOCIATIVE_MAX_BYTES / 2**30:.2f} GiB. Use impl='chunked' (memory O(T/L · state)), or raise the bound "
+            f"with IDATTN_ASSOCIATIVE_MAX_BYTES / idattn.ops.interdomain.set_associative_max_bytes")
+    cdt = _complex_dtype(rdt)
+    lam, b = lam.astype(cdt), b.astype(cdt)
+    c = None if c is None else c.astype(cdt)
+    z = jnp.concatenate([zk, zv], axis=-1).astype(rdt).astype(cdt)  # [B, T, H, R+D]
+    x = b[None, None, :, :, None] * z[:, :, :, None, :]  # [B, T, H, M, R+D]
+    if initial_state is not None:
+        x0 = jnp.concatenate([s.astype(cdt) for s in initial_state], axis=-1)  # [B, H, M, R+D]
+        x = x.at[:, 0].add(lam[None, :, :, None] * x0)
+    resets = _resets(segment_ids, bsz, t)
+    a = jnp.where(resets[:, :, None, None], jnp.zeros((), cdt), lam[None, None])  # [B, T, H, M]
+    a = a[..., None]
+
+    def combine(left, right):
+        a_l, x_l = left
+        a_r, x_r = right
+        return a_l * a_r, a_r * x_l + x_r
+
+    _, states = lax.associative_scan(combine, (jnp.broadcast_to(a, a.shape), x), axis=1)
+    xk, xv = states[..., :r], states[..., r:]
+    o = _readout_literal(xk, xv, fq.astype(rdt), c, conj)
+    return o, (xk[:, -1], xv[:, -1])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Chunked: the chunk-parallel matmul form (pure XLA; the reference for the kernels)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _powers(log_lam_re, log_lam_im, exponents):
+    """lam^k for real exponents k [L] and log lam (re, im) [H, M] -> (re, im) [H, L, M]."""
+    e = exponents[None, :, None]
+    mag = jnp.exp(log_lam_re[:, None, :] * e)
+    ang = log_lam_im[:, None, :] * e
+    return mag * jnp.cos(ang), mag * jnp.sin(ang)
+
+
+def _cmul(ar, ai, br, bi):
+    return ar * br - ai * bi, ar * bi + ai * br
+
+
+def _chunk_tables(lam, b, length, rdt):
+    """Power tables of one chunk of true length `length`, as real planes [H, l, M] (and lam^l [H, M])."""
+    log_lam = jnp.log(lam)  # principal branch: the phase is already reduced to (-π, π]
+    lr, li = jnp.real(log_lam).astype(rdt), jnp.imag(log_lam).astype(rdt)
+    br, bi = jnp.real(b).astype(rdt), jnp.imag(b).astype(rdt)
+    pos = jnp.arange(length, dtype=rdt)
+    mu = (length - 1) / 2.0
+    pin = _powers(lr, li, pos + 1)
+    pt = _powers(lr, li, pos - mu)
+    ps = _cmul(*_powers(lr, li, mu - pos), br[:, None, :], bi[:, None, :])
+    pe = _cmul(*_powers(lr, li, (length - 1) - pos), br[:, None, :], bi[:, None, :])
+    lam_l = _powers(lr, li, jnp.asarray([float(length)], rdt))
+    return dict(pin=pin, pt=pt, ps=ps, pe=pe, lam_l=(lam_l[0][:, 0], lam_l[1][:, 0]))
+
+
+def _fold_c(c, conj, rdt):
+    """K = c^H c (conj) or cᵀ c, as the real block matrix [[Kr, Ki], [-Ki, Kr]] [H, 2M, 2M] so that
+    [wr, wi] = [qr, qi] @ block computes w = q · K for complex row vectors q."""
+    if c is None:
+        return None
+    ct = jnp.conj(c) if conj else c
+    k = jnp.einsum("hmi,hmj->hij", ct, c, precision=_HI)
+    kr, ki = jnp.real(k).astype(rdt), jnp.imag(k).astype(rdt)
+    top = jnp.concatenate([kr, ki], axis=-1)
+    bot = jnp.concatenate([-ki, kr], axis=-1)
+    return jnp.concatenate([top, bot], axis=-2)
+
+
+def _chunk_body(carry, xs, tables, kblock, conj):
+    """One chunk. carry: (xk_r, xk_i [B,H,M,R], xv_r, xv_i [B,H,M,D], d_prev [B]); xs: fq, zk [B,H,l,R],
+    zv [B,H,l,D], d [B,l]. Returns (new carry, o [B,H,l,D])."""
+    xk_r, xk_i, xv_r, xv_i, d_prev = carry
+    fq, zk, zv, dch = xs
+    l = fq.shape[2]
+    m = xk_r.shape[2]
+    pin_r, pin_i = tables["pin"]
+    pt_r, pt_i = tables["pt"]
+    ps_r, ps_i = tables["ps"]
+    pe_r, pe_i = tables["pe"]
+    laml_r, laml_i = tables["lam_l"]
+
+    same_doc = dch[:, :, None] == dch[:, None, :]  # [B, l, l]
+    causal = jnp.tril(jnp.ones((l, l), bool))
+    mask = (same_doc & causal)[:, None]  # [B, 1, l, l]
+    carried = (dch == d_prev[:, None])[:, None, :, None]  # [B, 1, l, 1]: before the first reset in the chunk
+    last_doc = (dch == dch[:, -1:])[:, None, :, None]  # [B, 1, l, 1]
+    reset_in_chunk = (dch[:, -1] != d_prev)[:, None, None, None]  # [B, 1, 1, 1]
+
+    g = jnp.einsum("bhir,bhjr->bhij", fq, zk, precision=_HI)
+    g = jnp.where(mask, g, 0)
+    # G · Ps as one real matmul on stacked planes [H, l, 2M].
+    ps2 = jnp.concatenate([ps_r, ps_i], axis=-1)
+    gps = jnp.einsum("bhij,hjm->bhim", g, ps2, precision=_HI)
+    p_r, p_i = _cmul(pt_r[None], pt_i[None], gps[..., :m], gps[..., m:])
+    # Carried term Pin ∘ (FQ · Xk0ᵀ).
+    xk2 = jnp.concatenate([xk_r, xk_i], axis=2)  # [B, H, 2M, R]
+    fx = jnp.einsum("bhlr,bhmr->bhlm", fq, xk2, precision=_HI)
+    c_r, c_i = _cmul(pin_r[None], pin_i[None], fx[..., :m], fx[..., m:])
+    p_r = p_r + jnp.where(carried, c_r, 0)
+    p_i = p_i + jnp.where(carried, c_i, 0)
+    q_r, q_i = (p_r, -p_i) if conj else (p_r, p_i)
+    if kblock is None:
+        w_r, w_i = q_r, q_i
+    else:
+        w2 = jnp.einsum("bhlm,hmn->bhln", jnp.concatenate([q_r, q_i], -1), kblock, precision=_HI)
+        w_r, w_i = w2[..., :m], w2[..., m:]
+    # Carried readout Re((w ∘ Pin) · Xv0).
+    a_r, a_i = _cmul(w_r, w_i, pin_r[None], pin_i[None])
+    xv2 = jnp.concatenate([xv_r, xv_i], axis=2)  # [B, H, 2M, D]
+    o_carry = jnp.einsum("bhlm,bhmd->bhld", jnp.concatenate([a_r, -a_i], -1), xv2, precision=_HI)
+    # Intra-chunk readout mask(Re((w ∘ Pt) · Psᵀ)) · ZV.
+    e_r, e_i = _cmul(w_r, w_i, pt_r[None], pt_i[None])
+    s = jnp.einsum("bhim,hjm->bhij", jnp.concatenate([e_r, -e_i], -1), ps2, precision=_HI)
+    s = jnp.where(mask, s, 0)
+    o = jnp.einsum("bhij,bhjd->bhid", s, zv, precision=_HI) + jnp.where(carried, o_carry, 0)
+    # Carry: lam^l ∘ X0 unless the chunk holds a reset, plus the last document's tokens.
+    pe2 = jnp.concatenate([pe_r, pe_i], axis=-1)  # [H, l, 2M]
+    zk_last = jnp.where(last_doc, zk, 0)
+    zv_last = jnp.where(last_doc, zv, 0)
+    nk = jnp.einsum("hlm,bhlr->bhmr", pe2, zk_last, precision=_HI)
+    nv = jnp.einsum("hlm,bhld->bhmd", pe2, zv_last, precision=_HI)
+    dk_r, dk_i = _cmul(laml_r[None, :, :, None], laml_i[None, :, :, None], xk_r, xk_i)
+    dv_r, dv_i = _cmul(laml_r[None, :, :, None], laml_i[None, :, :, None], xv_r, xv_i)
+    keep = ~reset_in_chunk
+    new = (jnp.where(keep, dk_r, 0) + nk[:, :, :m], jnp.where(keep, dk_i, 0) + nk[:, :, m:],
+           jnp.where(keep, dv_r, 0) + nv[:, :, :m], jnp.where(keep, dv_i, 0) + nv[:, :, m:], dch[:, -1])
+    return new, o
+
+
+def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
+    bsz, t, h, r = fq.shape
+    d, m = zv.shape[-1], lam.shape[-1]
+    cdt = _complex_dtype(rdt)
+    lam, b = lam.astype(cdt), b.astype(cdt)
+    kblock = _fold_c(None if c is None else c.astype(cdt), conj, rdt)
+    docs = document_index(segment_ids, bsz, t)
+    if initial_state is None:
+        xk0 = jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, r), rdt)
+        xv0 = jnp.zeros((bsz, h, m, d), rdt), jnp.zeros((bsz, h, m, d), rdt)
+    else:
+        xk0 = jnp.real(initial_state[0]).astype(rdt), jnp.imag(initial_state[0]).astype(rdt)
+        xv0 = jnp.real(initial_state[1]).astype(rdt), jnp.imag(initial_state[1]).astype(rdt)
+    carry = (*xk0, *xv0, jnp.zeros((bsz,), jnp.int32))
+    # [B, T, H, X] -> [B, H, T, X] in the compute dtype.
+    fq_, zk_, zv_ = (jnp.swapaxes(x.astype(rdt), 1, 2) for x in (fq, zk, zv))
+    big_l = min(chunk_size, t)
+    n_full, tail = divmod(t, big_l)
+    outs = []
+    if n_full:
+        tables = _chunk_tables(lam, b, big_l, rdt)
+
+        def split(x):  # [B, H, n·L, X] -> [n, B, H, L, X]
+            x = x[:, :, : n_full * big_l]
+            return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1], n_full, big_l, x.shape[-1]), 2, 0)
+
+        dsplit = jnp.moveaxis(docs[:, : n_full * big_l].reshape(bsz, n_full, big_l), 1, 0)
+        body = lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj)  # noqa: E731
+        carry, o_full = lax.scan(body, carry, (split(fq_), split(zk_), split(zv_), dsplit))
+        # [n, B, H, L, D] -> [B, H, n·L, D]
+        outs.append(jnp.moveaxis(o_full, 0, 2).reshape(bsz, h, n_full * big_l, d))
+    if tail:
+        tables = _chunk_tables(lam, b, tail, rdt)
+        s0 = n_full * big_l
+        carry, o_tail = _chunk_body(carry, (fq_[:, :, s0:], zk_[:, :, s0:], zv_[:, :, s0:], docs[:, s0:]),
+                                    tables, kblock, conj)
+        outs.append(o_tail)
+    o = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
+    xk_r, xk_i, xv_r, xv_i, _ = carry
+    state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
+    return jnp.swapaxes(o, 1, 2), state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _pallas_module():
+    try:
+        from idattn.ops import pallas as pallas_ops  # noqa: WPS433 (optional, heavy)
+    except ImportError as e:  # pragma: no cover - depends on the kernel package being present
+        raise NotImplementedError(
+            "impl='pallas' is not built yet in this checkout (idattn.ops.pallas is missing); use impl='chunked'"
+        ) from e
+    return pallas_ops
+
+
+def resolve_impl(impl: str) -> str:
+    """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU), else 'chunked'."""
+    if impl != "auto":
+        return impl
+    try:
+        pallas_ops = _pallas_module()
+    except NotImplementedError:
+        return "chunked"
+    return "pallas" if pallas_ops.pallas_available() else "chunked"
+
+
+def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto", chunk_size: int = 64,
+                    segment_ids=None, initial_state=None, return_state: bool = False, out_dtype=None):
+    """Interdomain mixing over a sequence (see the module docstring for the math).
+
+    Args:
+      fq: [B, T, H, R] float: query features ξ(q_t).
+      zk: [B, T, H, R] float: key half of the SSM input (k̃_t).
+      zv: [B, T, H, D] float: value half (ṽ_t).
+      lam, b: [H, M] complex: discrete decay (|lam| < 1) and input gain.
+      c: [H, M, M] complex readout mixing, or None for identity.
+      conj: conjugate the query projection (Re(ξ(q)ᵀ U^H Γ)) or not (Re(ξ(q)ᵀ Uᵀ Γ)).
+      impl: "auto" | "sequential" | "associative" | "chunked" | "pallas".
+      chunk_size: chunk length L of the chunked / pallas paths (≤ idattn.ops.s4d.max_chunk_size(κ)).
+      segment_ids: [B, T] int document ids (state reset where the id changes), or None.
+      initial_state: (Xk [B, H, M, R], Xv [B, H, M, D]) complex for the first document, or None (zeros).
+      return_state: also return (Xk, Xv) after the last position.
+      out_dtype: output dtype (default: zv's dtype).
+    Returns:
+      o [B, T, H, D], or (o, (Xk, Xv)) when return_state.
+    """
+    fq, zk, zv = jnp.asarray(fq), jnp.asarray(zk), jnp.asarray(zv)
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    c = None if c is None else jnp.asarray(c)
+    _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
+    out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
+    rdt = _real_dtype(fq, zk, zv, lam, b)
+    impl = resolve_impl(impl)
+    if impl == "sequential":
+        o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
+    elif impl == "associative":
+        o, state = _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
+    elif impl == "chunked":
+        o, state = _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, int(chunk_size))
+    else:  # pallas
+        pallas_ops = _pallas_module()
+        res = pallas_ops.interdomain_mix_pallas(
+            fq, zk, zv, lam, b, c, conj=conj, chunk_size=int(chunk_size), segment_ids=segment_ids,
+            initial_state=initial_state, return_state=return_state, out_dtype=out_dtype)
+        return res
+    o = o.astype(out_dtype)
+    return (o, state) if return_state else o
+
+
+def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = True):
+    """One decoding step: (o_t [B, H, D], new_state) from state (Xk [B, H, M, R], Xv [B, H, M, D]) complex and
+    fq_t, zk_t [B, H, R], zv_t [B, H, D]. Cost and memory do not depend on the context length."""
+    xk, xv = state
+    if fq_t.ndim != 3 or zk_t.shape != fq_t.shape or zv_t.ndim != 3 or zv_t.shape[:2] != fq_t.shape[:2]:
+        raise ValueError(f"interdomain_step wants fq_t, zk_t [B, H, R] and zv_t [B, H, D]; got fq_t "
+                         f"{tuple(fq_t.shape)}, zk_t {tuple(zk_t.shape)}, zv_t {tuple(zv_t.shape)}")
+    bsz, h, r = fq_t.shape
+    m = lam.shape[-1]
+    if tuple(xk.shape) != (bsz, h, m, r) or tuple(xv.shape) != (bsz, h, m, zv_t.shape[-1]):
+        raise ValueError(f"state must be (Xk [{bsz}, {h}, {m}, {r}], Xv [{bsz}, {h}, {m}, {zv_t.shape[-1]}]); got "
+                         f"(Xk {list(xk.shape)}, Xv {list(xv.shape)})")
+    rdt = _real_dtype(fq_t, zk_t, zv_t, lam, b)
+    cdt = _complex_dtype(rdt)
+    o_t, new_state = _step(xk.astype(cdt), xv.astype(cdt), fq_t, zk_t, zv_t, lam.astype(cdt), b.astype(cdt),
+                           None if c is None else c.astype(cdt), conj, rdt)
+    return o_t.astype(zv_t.dtype), new_state
+
+
+def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True) -> int:
+    """Real multiply-accumulates per token-head of the chunked form: L(R+D) + 4M(L+R+D) + 4M² (without c, no 4M²).
+    This is the mixer FLOP count (×2) used for MFU."""
+    return chunk * (r + d) + 4 * m * (chunk + r + d) + (4 * m * m if with_c else 0)
+
+
+__all__ = ["interdomain_mix", "interdomain_step", "document_index", "associative_bytes", "set_associative_max_bytes",
+           "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "IMPLS"]
+
