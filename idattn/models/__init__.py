@@ -1,1 +1,50 @@
-"""idattn.models."""
+"""idattn.models: the Llama-style decoder and the functions the trainer and evaluation use.
+
+  build_model(model_cfg) -> nn.Module      apply({"params": p}, tokens [B,T] int32, segment_ids=None,
+                                            positions=None) -> logits [B,T,V] float32
+  param_labels(params) -> pytree of str    "ssm" | "decay" | "no_decay" (optimiser groups)
+  count_params, state_budget, flops_per_token, apply_mixer_name, parse_mixer, cube_cells
+  decoding: init_cache, prefill, decode_step, generate (idattn.models.decoding)
+
+`model_cfg` is `config.model` of `idattn.configs.base_config()` (keys documented there and in docs/model.md).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from idattn.models.counting import (count_params, count_params_closed, differences, flops_per_token,
+                                    param_breakdown, paper_count, state_budget, table3_equivalent)
+from idattn.models.llama import Block, Decoder
+from idattn.models.spec import ModelSpec, apply_mixer_name, conv_names, cube_cells, parse_mixer, spec_from_config
+
+
+def build_model(model_cfg: Any) -> nn.Module:
+    """Validate `model_cfg` and return the Decoder module."""
+    return Decoder(spec_from_config(model_cfg))
+
+
+_DECAY_NAMES = ("kernel", "embedding")
+
+
+def _label(path) -> str:
+    names = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
+    if any(n.startswith("ssm_") for n in names):
+        return "ssm"
+    if names and names[-1] in _DECAY_NAMES:
+        return "decay"
+    return "no_decay"
+
+
+def param_labels(params: Any) -> Any:
+    """Optimiser group per leaf: "ssm" (N+β scales/biases, log Δ, A, B, C: LR cap, no weight decay),
+    "decay" (matrices, embeddings, short-conv kernels: weight decay) and "no_decay" (RMSNorm scales, the linear
+    readout vector). Accepts boxed (nn.Partitioned) or plain params; the result matches the unboxed tree."""
+    return jax.tree_util.tree_map_with_path(lambda p, _: _label(p), nn.meta.unbox(params))
+
+
+__all__ = ["build_model", "param_labels", "count_params", "count_params_closed", "state_budget",
+           "flops_per_token", "apply_mixer_name", "parse_mixer", "cube_cells", "param_breakdown", "paper_count",
+           "differences", "table3_equivalent", "spec_from_config", "ModelSpec", "Decoder", "Block", "conv_names"]

@@ -1,0 +1,205 @@
+"""Shared building blocks: the parameter helper, Dense, RMSNorm, SwiGLU, RoPE, causal short convolution.
+
+Every parameter of the model is created through `param()` so that it carries logical axis names
+(`nn.with_logical_partitioning`; names from `idattn.configs.DEFAULT_LOGICAL_AXIS_RULES`). The trainer maps them
+to mesh axes with `nn.logical_to_mesh_sharding`. Parameters are stored in `param_dtype` (float32) and cast to the
+compute `dtype` where they are used.
+
+Segment ids ([B, T] int): a new document starts wherever `seg[:, t] != seg[:, t-1]`; the document index is
+`d_t = cumsum(seg[t] != seg[t-1])`, never equality of raw ids (ids may repeat: [1, 2, 1] is three documents).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Dtype = Any
+Initializer = Callable[..., jax.Array]
+
+
+def param(module: nn.Module, name: str, init_fn: Initializer, shape: Sequence[int],
+          axes: Sequence[str | None], dtype: Dtype = jnp.float32) -> jax.Array:
+    """The one place parameters are created: logical axis names attached (`nn.Partitioned` box)."""
+    if len(axes) != len(shape):
+        raise ValueError(f"param {name!r}: {len(axes)} logical axes {tuple(axes)} for shape {tuple(shape)}; "
+                         "give one axis name (or None) per dimension")
+    return module.param(name, nn.with_logical_partitioning(init_fn, tuple(axes)), tuple(shape), dtype)
+
+
+def document_index(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """d_t = cumsum(seg[t] != seg[t-1]) ([B, T] int32); zeros when segment_ids is None."""
+    if segment_ids is None:
+        return jnp.zeros((batch, length), jnp.int32)
+    seg = jnp.asarray(segment_ids)
+    change = jnp.concatenate([jnp.zeros_like(seg[:, :1], dtype=bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    return jnp.cumsum(change.astype(jnp.int32), axis=1)
+
+
+def positions_from_segments(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
+    """Position inside each document: restarts at 0 at every document start ([B, T] int32)."""
+    t = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length))
+    if segment_ids is None:
+        return t
+    d = document_index(segment_ids, batch, length)
+    start = jnp.concatenate([jnp.ones((batch, 1), bool), d[:, 1:] != d[:, :-1]], axis=1)
+    # Index of the latest document start at or before t.
+    first = jax.lax.cummax(jnp.where(start, t, 0), axis=1)
+    return t - first
+
+
+def check_segment_ids(segment_ids, tokens_shape) -> None:
+    if segment_ids is None:
+        return
+    if tuple(segment_ids.shape) != tuple(tokens_shape):
+        raise ValueError(f"segment_ids: shape {tuple(segment_ids.shape)} but tokens have shape "
+                         f"{tuple(tokens_shape)}; pass one integer id per token ([B, T]) or None")
+    if not jnp.issubdtype(segment_ids.dtype, jnp.integer):
+        raise ValueError(f"segment_ids: dtype {segment_ids.dtype}; expected an integer dtype (int32)")
+
+
+class Dense(nn.Module):
+    """y = x · W over the last `len(in_shape)` axes: W [*in_shape, *out_shape], no bias.
+
+    Shapes: x [..., *in_shape] -> y [..., *out_shape]. Matmul in `dtype`, accumulation in float32.
+    """
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    axes: tuple[str | None, ...]
+    std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    out_fp32: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w = param(self, "kernel", nn.initializers.normal(self.std), (*self.in_shape, *self.out_shape),
+                  self.axes, self.param_dtype)
+        n_in = len(self.in_shape)
+        lhs = "".join(chr(ord("a") + i) for i in range(n_in))
+        rhs_out = "".join(chr(ord("n") + i) for i in range(len(self.out_shape)))
+        eq = f"...{lhs},{lhs}{rhs_out}->...{rhs_out}"
+        y = jnp.einsum(eq, x.astype(self.dtype), w.astype(self.dtype), preferred_element_type=jnp.float32)
+        return y if self.out_fp32 else y.astype(self.dtype)
+
+
+class RMSNorm(nn.Module):
+    """y = x / sqrt(mean(x²) + eps) · scale, statistics in float32. scale [d] init 1."""
+    eps: float = 1e-5
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    axis_name: str | None = "embed"
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = param(self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,), self.param_dtype)
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class HeadNorm(nn.Module):
+    """N+β (paper Eq. 12): per-head RMSNorm with learned scale and learned bias, each [H, w].
+
+    y[..., h, :] = x[..., h, :] / sqrt(mean_w(x²) + eps) · scale[h] + bias[h]. Statistics in float32.
+    """
+    num_heads: int
+    width: int
+    eps: float = 1e-5
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        scale = param(self, "scale", nn.initializers.ones, (self.num_heads, self.width), ("heads", "kv"),
+                      self.param_dtype)
+        bias = param(self, "bias", nn.initializers.zeros, (self.num_heads, self.width), ("heads", "kv"),
+                     self.param_dtype)
+        xf = x.astype(jnp.float32)
+        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+        return (y * scale + bias).astype(self.dtype)
+
+
+class SwiGLU(nn.Module):
+    """y = W_down (SiLU(x W_gate) ⊙ (x W_up)); W_gate, W_up [d, f], W_down [f, d] (residual init std)."""
+    d_model: int
+    ffn_dim: int
+    init_std: float = 0.02
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        g = Dense((self.d_model,), (self.ffn_dim,), ("embed", "mlp"), self.init_std, name="w_gate", **kw)(x)
+        u = Dense((self.d_model,), (self.ffn_dim,), ("embed", "mlp"), self.init_std, name="w_up", **kw)(x)
+        h = (jax.nn.silu(g.astype(jnp.float32)) * u.astype(jnp.float32)).astype(self.dtype)
+        return Dense((self.ffn_dim,), (self.d_model,), ("mlp", "embed"), self.out_std, name="w_down", **kw)(h)
+
+
+def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+    """Rotary position embedding, rotate-half convention (the Hugging Face Llama layout).
+
+    x [B, T, H, D] (D even), positions [B, T] int. With i < D/2, θ_i = base^(−2i/D):
+      y[..., i]       = x[..., i] cos(p θ_i) − x[..., i + D/2] sin(p θ_i)
+      y[..., i + D/2] = x[..., i + D/2] cos(p θ_i) + x[..., i] sin(p θ_i)
+    Computed in float32, returned in x's dtype.
+    """
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"rope: head dimension {d} is odd; RoPE needs an even head_dim")
+    inv_freq = base ** (-np.arange(0, d // 2, dtype=np.float32) * 2.0 / d)
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, T, D/2]
+    cos, sin = jnp.cos(ang)[:, :, None, :], jnp.sin(ang)[:, :, None, :]
+    xf = x.astype(jnp.float32)
+    x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _torch_conv_init(kernel_size: int):
+    # PyTorch's Conv1d default for a depthwise kernel: U(−1/√K, 1/√K) (fan_in = K). Mamba and FLA keep it.
+    bound = 1.0 / np.sqrt(kernel_size)
+
+    def init(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    return init
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time, kernel K (4), no bias, per channel of [H, D].
+
+    y_t = Σ_{j<K} w[K−1−j] · x_{t−j}, where x_{t−j} counts only if it is in the same document as t (segment
+    ids) and t − j ≥ 0. Weight w [K, H, D] (w[K−1] multiplies the current token, PyTorch's layout).
+    With `state` (decoding: the last K−1 inputs [B, K−1, H, D] before this chunk, one document) the chunk is
+    continued from it; returns (y, new_state).
+    """
+    num_heads: int
+    head_dim: int
+    kernel_size: int = 4
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array, doc: jax.Array | None = None, state: jax.Array | None = None):
+        k = self.kernel_size
+        w = param(self, "kernel", _torch_conv_init(k), (k, self.num_heads, self.head_dim),
+                  ("conv", "heads", "kv"), self.param_dtype).astype(jnp.float32)
+        b, t = x.shape[:2]
+        xf = x.astype(jnp.float32)
+        if state is not None:
+            ext = jnp.concatenate([state.astype(jnp.float32), xf], axis=1)  # [B, K−1+T, H, D]
+            y = sum(w[k - 1 - j] * ext[:, k - 1 - j: k - 1 - j + t] for j in range(k))
+            new_state = ext[:, t:].astype(state.dtype)
+            return y.astype(self.dtype), new_state
+        y = w[k - 1] * xf
+        for j in range(1, k):
+            xs = jnp.pad(xf, ((0, 0), (j, 0), (0, 0), (0, 0)))[:, :t]
+            if doc is not None:
+                ds = jnp.pad(doc, ((0, 0), (j, 0)), constant_values=-1)[:, :t]
+                xs = jnp.where((ds == doc)[:, :, None, None], xs, 0.0)
+            y = y + w[k - 1 - j] * xs
+        return y.astype(self.dtype), None

@@ -1,0 +1,199 @@
+"""The Interdomain mixer (paper Fig. 3a) and its mechanism cube (SPEC section 3).
+
+Per layer, with H heads of width d_h, feature width R = d_h and M complex S4D modes per head:
+
+  dualkv input:   k = SC(W_K x), v = W_V x;  k <- RoPE(k) if rope;  k̃ = N+β(ξ(k)),  ṽ = N+β(v)
+  generic input:  h1 = SC(W_1 x), h2 = SC(W_2 x);  h1 <- RoPE(h1) if rope;  k̃ = N+β(h1),  ṽ = N+β(h2)
+  query readout:  q = SC(W_Q x);  q <- RoPE(q) if rope;  f_q = ξ(q)
+  linear readout: f_q = w_h, a learned per-head vector of width R (no W_Q, no token dependence), and after
+                  the mixer a learned d×d contraction C_out (stored [H, d_h, H, d_h]) before W_O
+  ξ(x) = SiLU(x) / ‖SiLU(x)‖₂ per head;  N+β = per-head RMSNorm with learned scale and bias ([H, w] each)
+  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)            (idattn.ops, SPEC section 1)
+  o <- σ(W_g x) ⊙ o   (output gate, optional);  y = W_O concat_h(o)
+
+S4D parameterisation per head h and mode m (idattn.ops.s4d):
+  A = −exp(log_a_re) + i·a_im,  Δ_h = exp(log_dt_h) (log-uniform in [dt_min, dt_max] at init),
+  Λ = exp(Δ·A) with Re(Δ·A) ≥ −κ,  b = (Λ − 1)/A · B (ZOH),  B = b_re + i·b_im (init 1 + 0i),
+  C_h = c_re + i·c_im ∈ C^{M×M} (init: the identity, see docs/model.md).
+Complex parameters are stored as pairs of real float32 arrays. All SSM parameters (N+β scales and biases,
+log Δ, A, B, C) have names starting with `ssm_` so that `idattn.models.param_labels` puts them in the SSM
+optimiser group.
+
+Theory mode (`theory=True`, dualkv + query only): the dense real HiPPO-LegS basis with the Nadaraya-Watson
+denominator, `idattn.ops.theory.legs_interdomain(elu(q)+1, elu(k)+1, v, M)`; it has no SSM parameters.
+
+Decoding cache (one document per row): {"conv_<name>": [B, K−1, H, d_h] last inputs of every short
+convolution, "xk": [B, H, M, R] complex64, "xv": [B, H, M, d_h] complex64}.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, param, rope
+
+INPUTS = ("dualkv", "generic")
+READOUTS = ("query", "linear")
+
+
+def xi(x: jax.Array, eps: float = 1e-6) -> jax.Array:
+    """ξ(x) = SiLU(x) / ‖SiLU(x)‖₂ over the last axis (float32 statistics)."""
+    s = jax.nn.silu(x.astype(jnp.float32))
+    return (s * jax.lax.rsqrt(jnp.sum(s * s, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+def _const_init(value: np.ndarray):
+    def init(key, shape, dtype=jnp.float32):
+        del key
+        return jnp.broadcast_to(jnp.asarray(value, dtype), shape)
+    return init
+
+
+class InterdomainMixer(nn.Module):
+    d_model: int
+    num_heads: int
+    head_dim: int
+    num_modes: int = 64
+    input: str = "dualkv"
+    readout: str = "query"
+    use_rope: bool = True
+    output_gate: bool = False
+    conj: bool = True
+    theory: bool = False
+    s4d_init: str = "inv"
+    kappa: float = 0.25
+    dt_min: float = 1e-3
+    dt_max: float = 1e-1
+    rope_base: float = 10000.0
+    short_conv: int = 4
+    impl: str = "auto"
+    chunk_size: int = 64
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    out_std: float = 0.02
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def _dense(self, name, out_axes=("heads", "kv")):
+        return Dense((self.d_model,), (self.num_heads, self.head_dim), ("embed", *out_axes), self.init_std,
+                     dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+
+    def _conv(self, name, x, doc, cache, new_cache):
+        conv = ShortConv(self.num_heads, self.head_dim, self.short_conv, dtype=self.dtype,
+                         param_dtype=self.param_dtype, name=name)
+        if cache is None:
+            return conv(x, doc)[0]
+        y, new_cache[name] = conv(x, None, cache[name])
+        return y
+
+    def ssm_params(self):
+        """(Λ, b, C) complex: [H, M], [H, M], [H, M, M]."""
+        from idattn.ops.s4d import discretize, init_log_dt, init_s4d_a
+
+        h, m = self.num_heads, self.num_modes
+        log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
+        pd = self.param_dtype
+        log_dt = param(self, "ssm_log_dt", lambda k, s, d=pd: init_log_dt(k, s, self.dt_min, self.dt_max)
+                       .astype(d), (h,), ("heads",), pd)
+        log_a_re = param(self, "ssm_log_a_re", _const_init(log_a_re0), (h, m), ("heads", "modes"), pd)
+        a_im = param(self, "ssm_a_im", _const_init(a_im0), (h, m), ("heads", "modes"), pd)
+        b_re = param(self, "ssm_b_re", nn.initializers.ones, (h, m), ("heads", "modes"), pd)
+        b_im = param(self, "ssm_b_im", nn.initializers.zeros, (h, m), ("heads", "modes"), pd)
+        eye = np.eye(m, dtype=np.float32)
+        c_re = param(self, "ssm_c_re", _const_init(eye), (h, m, m), ("heads", "modes", None), pd)
+        c_im = param(self, "ssm_c_im", nn.initializers.zeros, (h, m, m), ("heads", "modes", None), pd)
+        f32 = jnp.float32
+        lam, b = discretize(log_a_re.astype(f32), a_im.astype(f32), log_dt.astype(f32), b_re.astype(f32),
+                            b_im.astype(f32), kappa=self.kappa)
+        c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
+        return lam, b, c
+
+    @nn.compact
+    def __call__(self, x, doc, positions, cache=None, cache_index=None, segment_ids=None):
+        if self.input not in INPUTS:
+            raise ValueError(f"model.input: got {self.input!r}; expected one of {INPUTS}")
+        if self.readout not in READOUTS:
+            raise ValueError(f"model.readout: got {self.readout!r}; expected one of {READOUTS}")
+        h, dh, d = self.num_heads, self.head_dim, self.d_model
+        bsz, t = x.shape[:2]
+        new_cache = {} if cache is not None else None
+        if self.theory:
+            return self._theory(x, doc, positions, cache, segment_ids)
+
+        # Readout features f_q [B, T, H, R].
+        if self.readout == "query":
+            q = self._conv("conv_q", self._dense("wq")(x), doc, cache, new_cache)
+            if self.use_rope:
+                q = rope(q, positions, self.rope_base)
+            fq = xi(q)
+        else:
+            w = param(self, "readout_vec", nn.initializers.constant(1.0 / np.sqrt(dh)), (h, dh), ("heads", "kv"),
+                      self.param_dtype)
+            fq = jnp.broadcast_to(w.astype(self.dtype), (bsz, t, h, dh))
+
+        # SSM inputs k̃ [B, T, H, R], ṽ [B, T, H, d_h].
+        norm_kw = dict(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.input == "dualkv":
+            k = self._conv("conv_k", self._dense("wk")(x), doc, cache, new_cache)
+            if self.use_rope:
+                k = rope(k, positions, self.rope_base)
+            zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(xi(k))
+            zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(self._dense("wv")(x))
+        else:
+            h1 = self._conv("conv_1", self._dense("w1")(x), doc, cache, new_cache)
+            if self.use_rope:
+                h1 = rope(h1, positions, self.rope_base)
+            h2 = self._conv("conv_2", self._dense("w2")(x), doc, cache, new_cache)
+            zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(h1)
+            zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(h2)
+
+        lam, b, c = self.ssm_params()
+        from idattn.ops import interdomain_mix, interdomain_step
+
+        if cache is None:
+            o = interdomain_mix(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl, chunk_size=self.chunk_size,
+                                segment_ids=segment_ids, out_dtype=self.dtype)
+        elif t == 1:
+            o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam, b, c,
+                                             conj=self.conj)
+            o = o_t[:, None].astype(self.dtype)
+            new_cache["xk"], new_cache["xv"] = xk, xv
+        else:
+            o, (xk, xv) = interdomain_mix(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
+                                          chunk_size=self.chunk_size, initial_state=(cache["xk"], cache["xv"]),
+                                          return_state=True, out_dtype=self.dtype)
+            new_cache["xk"], new_cache["xv"] = xk, xv
+        return self._output(x, o), new_cache
+
+    def _output(self, x, o):
+        h, dh, d = self.num_heads, self.head_dim, self.d_model
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        if self.output_gate:
+            g = self._dense("wg")(x)
+            o = (jax.nn.sigmoid(g.astype(jnp.float32)) * o.astype(jnp.float32)).astype(self.dtype)
+        if self.readout == "linear":
+            o = Dense((h, dh), (h, dh), ("heads", "kv", None, None), 1.0 / np.sqrt(h * dh), name="c_out", **kw)(o)
+        return Dense((h, dh), (d,), ("heads", "kv", "embed"), self.out_std, name="wo", **kw)(o)
+
+    def _theory(self, x, doc, positions, cache, segment_ids):
+        if cache is not None:
+            raise NotImplementedError(
+                "model.theory=True: the LegS basis is time-varying and has no step API; decoding supports the "
+                "S4D mixers only (set model.theory=False)")
+        if self.input != "dualkv" or self.readout != "query":
+            raise ValueError(f"model.theory=True needs input='dualkv' and readout='query' (got input="
+                             f"{self.input!r}, readout={self.readout!r}); the theory mode is the paper's ideal "
+                             "derivation of the full layer only")
+        from idattn.ops.theory import legs_interdomain
+
+        q = self._conv("conv_q", self._dense("wq")(x), doc, None, None)
+        k = self._conv("conv_k", self._dense("wk")(x), doc, None, None)
+        if self.use_rope:
+            q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
+        v = self._dense("wv")(x)
+        pos = lambda a: (jax.nn.elu(a.astype(jnp.float32)) + 1.0)  # noqa: E731  positive feature map
+        o = legs_interdomain(pos(q), pos(k), v.astype(jnp.float32), self.num_modes, denominator=True,
+                             segment_ids=segment_ids)
+        return self._output(x, o.astype(self.dtype)), None

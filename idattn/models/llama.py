@@ -1,0 +1,114 @@
+"""Llama-style decoder (SPEC section 4).
+
+x_0 = E[tokens];  for each of N blocks:  x <- x + mixer(RMSNorm(x));  x <- x + SwiGLU(RMSNorm(x));
+logits = W_head RMSNorm(x)   (untied head, no biases, no dropout; logits float32).
+
+Blocks are stacked with `nn.scan` (parameters get a leading `layers` axis) under a remat policy
+(none | full | dots), so that compile time does not grow with depth; `scan_layers=False` unrolls them
+(parameters `layers_0`, `layers_1`, ...). Parameters are float32, compute in `dtype` (bf16 by default); norms,
+the recurrence and the readout accumulate in float32 / complex64.
+
+Call: `model.apply({"params": p}, tokens [B, T] int32, segment_ids=None, positions=None) -> logits [B, T, V]`.
+Positions default to the position inside each document (restarting at each segment start). With
+`cache=` (see idattn.models.decoding) it returns `(logits, new_cache)` and continues from the cache.
+"""
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from idattn.layers.attention import SoftmaxAttention
+from idattn.layers.common import (Dense, RMSNorm, SwiGLU, check_segment_ids, document_index, param,
+                                  positions_from_segments)
+from idattn.layers.interdomain import InterdomainMixer
+from idattn.models.spec import ModelSpec
+
+
+def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
+    common = dict(d_model=spec.d_model, num_heads=spec.num_heads, head_dim=spec.head_dim, rope_base=spec.rope_base,
+                  init_std=spec.init_std, out_std=spec.out_std, dtype=jnp.dtype(spec.dtype),
+                  param_dtype=jnp.dtype(spec.param_dtype), name=name)
+    if spec.family == "softmax":
+        return SoftmaxAttention(impl=spec.attn_impl, **common)
+    return InterdomainMixer(num_modes=spec.num_modes, input=spec.input, readout=spec.readout, use_rope=spec.rope,
+                            output_gate=spec.output_gate, conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
+                            kappa=spec.kappa, dt_min=spec.dt_min, dt_max=spec.dt_max, short_conv=spec.short_conv,
+                            impl=spec.impl, chunk_size=spec.chunk_size, norm_eps=spec.norm_eps, **common)
+
+
+class Block(nn.Module):
+    """x <- x + mixer(RMSNorm(x)); x <- x + SwiGLU(RMSNorm(x)). Scan-compatible: (carry, *xs) -> (carry, ys)."""
+    spec: ModelSpec
+
+    @nn.compact
+    def __call__(self, x, doc, positions, segment_ids, cache, cache_index):
+        s = self.spec
+        dt, pdt = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
+        h = RMSNorm(s.norm_eps, dt, pdt, name="attn_norm")(x)
+        mixer = make_mixer(s)
+        if s.family == "softmax":
+            y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index)
+        else:
+            y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index,
+                                 segment_ids=segment_ids)
+        x = x + y.astype(x.dtype)
+        h = RMSNorm(s.norm_eps, dt, pdt, name="mlp_norm")(x)
+        x = x + SwiGLU(s.d_model, s.ffn_dim, s.init_std, s.out_std, dt, pdt, name="mlp")(h).astype(x.dtype)
+        return x, new_cache
+
+
+def _remat(spec: ModelSpec, cls):
+    if spec.remat == "none":
+        return cls
+    policy = None if spec.remat == "full" else jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
+    return nn.remat(cls, policy=policy, prevent_cse=not spec.scan_layers)
+
+
+class Decoder(nn.Module):
+    spec: ModelSpec
+
+    @nn.compact
+    def __call__(self, tokens, segment_ids=None, positions=None, cache=None):
+        s = self.spec
+        tokens = jnp.asarray(tokens)
+        if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+            raise ValueError(f"tokens: got shape {tokens.shape} dtype {tokens.dtype}; expected [B, T] int32")
+        check_segment_ids(segment_ids, tokens.shape)
+        b, t = tokens.shape
+        dt, pdt = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
+        cache_index, layer_cache = None, None
+        if cache is not None:
+            if segment_ids is not None:
+                raise ValueError("segment_ids: decoding with a cache handles one document per row; pass None")
+            cache_index = cache["index"]
+            layer_cache = cache["layers"]
+            positions = cache_index + jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        elif positions is None:
+            positions = positions_from_segments(segment_ids, b, t)
+        doc = document_index(segment_ids, b, t)
+
+        emb = param(self, "embedding", nn.initializers.normal(s.init_std), (s.vocab_size, s.d_model),
+                    ("vocab", "embed"), pdt)
+        x = jnp.take(emb, tokens, axis=0).astype(dt)
+
+        block = _remat(s, Block)
+        if s.scan_layers:
+            stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                            length=s.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
+            x, new_layer_cache = stack(s, name="layers")(x, doc, positions, segment_ids, layer_cache, cache_index)
+        else:
+            outs = []
+            for i in range(s.num_layers):
+                lc = None if layer_cache is None else jax.tree_util.tree_map(lambda a: a[i], layer_cache)
+                x, nc = block(s, name=f"layers_{i}")(x, doc, positions, segment_ids, lc, cache_index)
+                outs.append(nc)
+            new_layer_cache = None if layer_cache is None else jax.tree_util.tree_map(
+                lambda *a: jnp.stack(a), *outs)
+        x = RMSNorm(s.norm_eps, dt, pdt, name="final_norm")(x)
+        logits = Dense((s.d_model,), (s.vocab_size,), ("embed", "vocab"), s.init_std, dtype=dt, param_dtype=pdt,
+                       out_fp32=True, name="lm_head")(x)
+        if cache is None:
+            return logits
+        return logits, {"index": cache_index + t, "layers": new_layer_cache}

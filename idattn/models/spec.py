@@ -1,0 +1,168 @@
+"""Model config -> validated, hashable `ModelSpec`; mixer names and the mechanism cube.
+
+Mixer names (`model.mixer`):
+  softmax                      causal softmax attention with RoPE (the baseline)
+  interdomain                  = dualkv-query-rope (the paper's full layer)
+  s4d_only                     = generic-linear-norope
+  <input>-<readout>-<rope>     any cube cell: input ∈ {dualkv, generic}, readout ∈ {query, linear},
+                               rope ∈ {rope, norope}; e.g. generic-query-rope, dualkv-linear-norope
+The name is the single source of truth: `model.input`, `model.readout` and `model.rope` must agree with it
+(`apply_mixer_name` fills them); a disagreement is an error rather than a silently different model.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+INPUTS = ("dualkv", "generic")
+READOUTS = ("query", "linear")
+ALIASES = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}
+S4D_INITS = ("inv", "lin", "legs", "inv_paper")
+REMATS = ("none", "full", "dots")
+DTYPES = ("float32", "bfloat16", "float16")
+IMPLS = ("auto", "chunked", "sequential", "associative", "pallas")
+
+
+def cube_cells() -> list[str]:
+    """The eight cells of the mechanism cube, as mixer names."""
+    return [f"{i}-{r}-{p}" for i in INPUTS for r in READOUTS for p in ("rope", "norope")]
+
+
+def parse_mixer(name: str) -> tuple[str, str | None, str | None, bool | None]:
+    """name -> (family, input, readout, rope); family ∈ {softmax, interdomain}."""
+    if name == "softmax":
+        return "softmax", None, None, None
+    if name in ALIASES:
+        return ("interdomain", *ALIASES[name])
+    parts = str(name).split("-")
+    if len(parts) == 3 and parts[0] in INPUTS and parts[1] in READOUTS and parts[2] in ("rope", "norope"):
+        return "interdomain", parts[0], parts[1], parts[2] == "rope"
+    raise ValueError(f"model.mixer: got {name!r}; expected softmax, interdomain, s4d_only or a cube cell "
+                     f"<input>-<readout>-<rope> with input in {INPUTS}, readout in {READOUTS}, rope in "
+                     f"(rope, norope), e.g. {', '.join(cube_cells()[:3])}")
+
+
+def apply_mixer_name(model_cfg: Any, name: str) -> Any:
+    """Set model.mixer = name and fill the cube switches (input, readout, rope) from it. Returns model_cfg."""
+    family, inp, readout, use_rope = parse_mixer(name)
+    model_cfg.mixer = name
+    if family != "softmax":
+        model_cfg.input, model_cfg.readout, model_cfg.rope = inp, readout, use_rope
+    return model_cfg
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    vocab_size: int
+    d_model: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    ffn_dim: int
+    mixer: str
+    family: str
+    input: str
+    readout: str
+    rope: bool
+    output_gate: bool
+    conj: bool
+    theory: bool
+    num_modes: int
+    s4d_init: str
+    kappa: float
+    dt_min: float
+    dt_max: float
+    rope_base: float
+    short_conv: int
+    impl: str
+    chunk_size: int
+    norm_eps: float
+    init_std: float
+    dtype: str
+    param_dtype: str
+    scan_layers: bool
+    remat: str
+    attn_impl: str = "auto"
+
+    @property
+    def out_std(self) -> float:
+        """Residual output projections (W_O, SwiGLU down): 0.02/√(2·layers)."""
+        return self.init_std / (2 * self.num_layers) ** 0.5
+
+    def replace(self, **kw) -> "ModelSpec":
+        return dataclasses.replace(self, **kw)
+
+
+def _get(cfg, key, default=None):
+    return cfg.get(key, default)  # dict and ConfigDict alike
+
+
+def _err(key, seen, want, fix):
+    return ValueError(f"model.{key}: got {seen!r}; expected {want}. {fix}")
+
+
+def spec_from_config(model_cfg: Any) -> ModelSpec:
+    """Validate `config.model` (ConfigDict or dict) and return a ModelSpec. Errors name key, value and fix."""
+    if isinstance(model_cfg, ModelSpec):
+        return model_cfg
+    required = ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "ffn_dim", "mixer")
+    for k in required:
+        if _get(model_cfg, k) is None:
+            raise ValueError(f"model.{k} is missing; start from idattn.configs.base_config().model")
+    g = lambda k, d=None: _get(model_cfg, k, d)  # noqa: E731
+    mixer = str(g("mixer"))
+    family, inp, readout, use_rope = parse_mixer(mixer)
+    if family == "softmax":
+        inp, readout, use_rope = g("input", "dualkv"), g("readout", "query"), True
+    else:
+        for key, want in (("input", inp), ("readout", readout), ("rope", use_rope)):
+            seen = g(key, want)
+            if seen != want:
+                raise _err(key, seen, f"{want!r} for mixer {mixer!r}",
+                           "Choose the cell by name (e.g. --config.model.mixer=dualkv-query-norope) or call "
+                           "idattn.models.apply_mixer_name(config.model, name) to fill the switches.")
+    for k in ("vocab_size", "d_model", "num_layers", "num_heads", "head_dim", "ffn_dim", "num_modes",
+              "short_conv", "chunk_size"):
+        v = g(k, 1)
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise _err(k, v, "a positive integer", "Fix the value in the experiment config.")
+    d, h, dh = g("d_model"), g("num_heads"), g("head_dim")
+    if d % h:
+        raise _err("num_heads", h, f"a divisor of d_model={d}", f"Pick num_heads with d_model % num_heads == 0 "
+                   f"(e.g. {max(x for x in range(1, min(h, d) + 1) if d % x == 0)}).")
+    if dh % 2:
+        raise _err("head_dim", dh, "an even number (RoPE rotates pairs)", "Use an even head_dim.")
+    checks = (("s4d_init", S4D_INITS), ("remat", REMATS), ("dtype", DTYPES), ("param_dtype", DTYPES),
+              ("impl", IMPLS))
+    for k, allowed in checks:
+        v = g(k, allowed[0])
+        if v not in allowed:
+            raise _err(k, v, f"one of {allowed}", "Fix the value in the experiment config.")
+    kappa = float(g("kappa", 0.25))
+    if not kappa > 0:
+        raise _err("kappa", kappa, "a positive decay bound (default 0.25)", "Fix the value.")
+    dt_min, dt_max = float(g("dt_min", 1e-3)), float(g("dt_max", 1e-1))
+    if not 0 < dt_min <= dt_max:
+        raise _err("dt_min", (dt_min, dt_max), "0 < dt_min <= dt_max", "Fix model.dt_min / model.dt_max.")
+    theory = bool(g("theory", False))
+    if theory and (family != "interdomain" or inp != "dualkv" or readout != "query"):
+        raise _err("theory", True, "False unless mixer is interdomain / dualkv-query-*",
+                   "The LegS theory mode exists for the full layer only.")
+    return ModelSpec(
+        vocab_size=g("vocab_size"), d_model=d, num_layers=g("num_layers"), num_heads=h, head_dim=dh,
+        ffn_dim=g("ffn_dim"), mixer=mixer, family=family, input=inp, readout=readout, rope=bool(use_rope),
+        output_gate=bool(g("output_gate", False)), conj=bool(g("conj", True)), theory=theory,
+        num_modes=g("num_modes", 64), s4d_init=g("s4d_init", "inv"), kappa=kappa, dt_min=dt_min, dt_max=dt_max,
+        rope_base=float(g("rope_base", 10000.0)), short_conv=g("short_conv", 4), impl=g("impl", "auto"),
+        chunk_size=g("chunk_size", 64), norm_eps=float(g("norm_eps", 1e-5)), init_std=float(g("init_std", 0.02)),
+        dtype=g("dtype", "bfloat16"), param_dtype=g("param_dtype", "float32"),
+        scan_layers=bool(g("scan_layers", True)), remat=g("remat", "full"), attn_impl=g("attn_impl", "auto"))
+
+
+def conv_names(spec: ModelSpec) -> tuple[str, ...]:
+    """Names of the short convolutions of a recurrent mixer (one [K, H, d_h] kernel each)."""
+    if spec.family == "softmax":
+        return ()
+    names = ["conv_q"] if spec.readout == "query" else []
+    names += ["conv_k"] if spec.input == "dualkv" else ["conv_1", "conv_2"]
+    return tuple(names)
