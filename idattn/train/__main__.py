@@ -1,0 +1,42 @@
+"""`python -m idattn.train --config=experiments/<file>.py[:arg] --config.<key>=<value> --workdir=<dir>`.
+
+Rerunning the same command in the same workdir resumes from its latest checkpoint. Multi-host: see
+idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed, 143 preempted (saved).
+"""
+from __future__ import annotations
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/<file>.py[:arg]).",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, config.json).")
+_DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                                 "jax.distributed: auto = when flags/env/cluster say so.")
+_COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
+_NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
+_PID = flags.DEFINE_integer("process_id", None, "This process's id (multi-process).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config, --config.<key>=<value>, --workdir")
+    if not flags.FLAGS["verbosity"].present:  # orbax logs every file it writes at INFO
+        logging.set_verbosity(logging.WARNING)
+    from idattn.train import distributed
+    distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
+    from idattn.train.trainer import TrainingError, run
+    try:
+        summary = run(_CONFIG.value, _WORKDIR.value)
+    except TrainingError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    if summary["status"] == "preempted":
+        sys.exit(143)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,159 @@
+"""Training metrics: console progress line with ETA, TensorBoard (tensorboardX) and `metrics.jsonl`.
+
+MFU (model FLOPs utilisation), per device:
+
+    MFU = (tokens/s/device) · F_train(T) / peak FLOP/s of one device
+
+F_train(T) is the model's `flops_per_token(model_cfg, seq_len)` (idattn.models.counting), training FLOPs per
+token = 3 × forward (backward = 2 × forward): 6·N for the N non-embedding parameters (2 FLOPs per
+multiply-accumulate) plus the mixer per layer: causal softmax attention 6·T·H·d_h (QKᵀ and AV, 4·T·H·d_h
+forward, halved for causality, ×3), the interdomain operator 6·H·(L(R+D) + 4M(L+R+D) + 4M²) (SPEC section 1's
+real MACs per token-head of the chunked form, L the chunk length). Rematerialisation is not counted (this is
+MFU, not hardware FLOPs utilisation).
+Peak FLOP/s: dense bf16 peak of the device kind (table below), or train.peak_tflops_per_device when set.
+On a device kind not in the table (e.g. CPU) MFU is null unless train.peak_tflops_per_device is given.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from typing import Any
+
+# Dense bf16 peak TFLOP/s per device (one JAX device: a TPU core pair on v4/v5p = one chip; a GPU).
+PEAK_TFLOPS = {
+    "tpu v4": 275.0, "tpu v5 lite": 197.0, "tpu v5e": 197.0, "tpu v5p": 459.0, "tpu v5": 459.0,
+    "tpu v6 lite": 918.0, "tpu v6e": 918.0, "tpu7x": 2307.0,
+    "h200": 989.0, "h100": 989.0, "gh200": 989.0, "b200": 2250.0, "a100": 312.0, "l40s": 362.0,
+    "rtx 6000 ada": 364.0, "a6000": 155.0,
+}
+
+
+def peak_flops_per_device(device_kind: str, override_tflops: float = 0.0) -> float | None:
+    if override_tflops and override_tflops > 0:
+        return float(override_tflops) * 1e12
+    kind = device_kind.lower()
+    for name in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if name in kind:
+            return PEAK_TFLOPS[name] * 1e12
+    return None
+
+
+def format_duration(sec: float) -> str:
+    if not math.isfinite(sec) or sec < 0:
+        return "?"
+    sec = int(round(sec))
+    h, rem = divmod(sec, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def format_count(x: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(x) >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def format_bytes(x: float) -> str:
+    for unit, div in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(x) >= div:
+            return f"{x / div:.2f} {unit}"
+    return f"{x:.0f} B"
+
+
+def truncate_jsonl(path: str, max_step: int) -> int:
+    """Keeps only records with step <= max_step (after a resume the run repeats the steps past its checkpoint)."""
+    if not os.path.exists(path):
+        return 0
+    keep = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill
+                continue
+            if int(rec.get("step", -1)) <= max_step:
+                keep.append(line)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("".join(l + "\n" for l in keep))
+    os.replace(tmp, path)
+    return len(keep)
+
+
+class MetricsWriter:
+    """Writes on process 0 only; every other process is silent."""
+
+    def __init__(self, workdir: str, *, enabled: bool, total_steps: int, resume_step: int = 0,
+                 tensorboard: bool = True):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.path = os.path.join(workdir, "metrics.jsonl")
+        self._tb = None
+        self._file = None
+        if not enabled:
+            return
+        truncate_jsonl(self.path, resume_step)
+        self._file = open(self.path, "a", buffering=1)
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+                self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+            except ImportError:  # optional at runtime; setup.py installs it
+                print("tensorboardX not installed: no TensorBoard events (metrics.jsonl is still written)",
+                      file=sys.stderr)
+
+    def write(self, step: int, metrics: dict[str, Any], *, console: bool = True, prefix: str = "train") -> None:
+        if not self.enabled:
+            return
+        rec = {"step": int(step)}
+        for k, v in metrics.items():
+            rec[k] = None if (isinstance(v, float) and not math.isfinite(v)) and k == "mfu" else v
+        self._file.write(json.dumps(rec, sort_keys=False) + "\n")
+        if self._tb is not None:
+            for k, v in metrics.items():
+                if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+                    self._tb.add_scalar(f"{prefix}/{k}", v, step)
+            self._tb.flush()
+        if console:
+            print(self.progress_line(step, metrics), flush=True)
+
+    def progress_line(self, step: int, m: dict[str, Any]) -> str:
+        pct = 100.0 * step / max(1, self.total_steps)
+        eta = (self.total_steps - step) * m.get("step_time", float("nan"))
+        mfu = m.get("mfu")
+        parts = [f"step {step}/{self.total_steps} ({pct:.1f}%)", f"loss {m['loss']:.4f}", f"lr {m['lr']:.2e}",
+                 f"gnorm {m['grad_norm']:.3f}", f"tok/s {format_count(m['tokens_per_sec'])}",
+                 "mfu " + (f"{100 * mfu:.1f}%" if mfu is not None else "n/a"),
+                 f"step {m['step_time'] * 1e3:.0f}ms", f"data {m['data_wait'] * 1e3:.1f}ms",
+                 f"ETA {format_duration(eta)}"]
+        return " | ".join(parts)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        if self.enabled and self._tb is not None:
+            self._tb.add_scalar(tag, value, step)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+class Timer:
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def lap(self) -> float:
+        now = time.perf_counter()
+        dt, self.t = now - self.t, now
+        return dt

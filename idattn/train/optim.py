@@ -1,0 +1,78 @@
+"""Optimiser and learning-rate schedule of the paper's recipe (SPEC section 5).
+
+Schedule (step s counts optimiser updates from 0; W warmup steps, S total steps, peak η, end η_end):
+
+    η(s) = η · (s + 1) / W                                              s < W   (linear warmup, never 0)
+    η(s) = η_end + (η − η_end) · ½ (1 + cos(π · min(1, (s − W) / max(1, S − W))))   s ≥ W   (cosine)
+
+Optimiser: global-norm clipping (train.grad_clip, on the whole gradient, before the groups) then AdamW
+(train.b1, b2, eps) in three groups selected by the model's `param_labels(params)`:
+
+    "decay"     schedule(peak_lr)                       weight decay train.weight_decay
+    "no_decay"  schedule(peak_lr)                       no weight decay (norm scales, embeddings' biases, ...)
+    "ssm"       schedule(min(peak_lr, ssm_lr_cap))      no weight decay (S4D Δ, A, B, C and the N+β scales/biases)
+
+The SSM group keeps the same schedule shape with its peak capped; its end value is min(end_lr, capped peak).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+GROUPS = ("decay", "no_decay", "ssm")
+
+
+def lr_schedule(peak: float, end: float, warmup_steps: int, total_steps: int) -> Callable[[Any], jax.Array]:
+    """Linear warmup to `peak` over `warmup_steps` (first update already at peak/W), then cosine to `end`."""
+    if warmup_steps < 0 or total_steps <= 0:
+        raise ValueError(f"lr_schedule: need warmup_steps >= 0 and total_steps > 0, got warmup_steps={warmup_steps}, "
+                         f"total_steps={total_steps}")
+    peak, end = float(peak), float(end)
+    warm = max(1, int(warmup_steps))
+    decay = max(1, int(total_steps) - int(warmup_steps))
+
+    def schedule(step):
+        s = jnp.asarray(step, jnp.float32)
+        warm_lr = peak * (s + 1.0) / warm
+        frac = jnp.clip((s - warmup_steps) / decay, 0.0, 1.0)
+        cos_lr = end + (peak - end) * 0.5 * (1.0 + jnp.cos(math.pi * frac))
+        return jnp.where(s < warmup_steps, warm_lr, cos_lr)
+
+    return schedule
+
+
+def make_optimizer(train_cfg, labels: Any, *, num_steps: int, warmup_steps: int):
+    """Returns (optax transformation, {group: schedule}) for the given pytree of group labels.
+
+    `labels` is a pytree with the structure of the parameters whose leaves are "decay" | "no_decay" | "ssm"
+    (the model's `param_labels(params)`), or a callable params -> such a pytree.
+    """
+    t = train_cfg
+    peak = float(t.peak_lr)
+    ssm_peak = min(peak, float(t.ssm_lr_cap))
+    schedules = {
+        "decay": lr_schedule(peak, t.end_lr, warmup_steps, num_steps),
+        "no_decay": lr_schedule(peak, t.end_lr, warmup_steps, num_steps),
+        "ssm": lr_schedule(ssm_peak, min(float(t.end_lr), ssm_peak), warmup_steps, num_steps),
+    }
+
+    def adamw(group, wd):
+        return optax.adamw(schedules[group], b1=float(t.b1), b2=float(t.b2), eps=float(t.eps), weight_decay=wd)
+
+    if not callable(labels):
+        seen = set(jax.tree.leaves(labels))
+        unknown = seen - set(GROUPS)
+        if unknown:
+            raise ValueError(f"param_labels returned unknown optimiser groups {sorted(unknown)}; expected a subset "
+                             f"of {GROUPS}")
+    tx = optax.chain(
+        optax.clip_by_global_norm(float(t.grad_clip)) if float(t.grad_clip) > 0 else optax.identity(),
+        optax.multi_transform({"decay": adamw("decay", float(t.weight_decay)),
+                               "no_decay": adamw("no_decay", 0.0),
+                               "ssm": adamw("ssm", 0.0)}, labels),
+    )
+    return tx, schedules

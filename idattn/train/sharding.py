@@ -1,0 +1,157 @@
+"""The device mesh and the placement of parameters, optimiser state and batches (SPEC section 5).
+
+One `jax.sharding.Mesh` with named axes (data, fsdp, tensor). Sizes come from `config.mesh`; one axis may be
+-1 and takes the remaining devices. Parameters carry logical axis names (flax `with_logical_partitioning`);
+`config.logical_axis_rules` maps them to mesh axes (default: FSDP over `embed`, tensor parallelism over
+heads / MLP / vocab). Batches are split over ("data", "fsdp") on their leading axis.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+from flax import linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+    """Resolves config.mesh (one axis may be -1) against the device count; clear error when impossible."""
+    sizes = []
+    for ax in MESH_AXES:
+        if ax not in mesh_cfg:
+            raise KeyError(f"config.mesh.{ax} is missing; config.mesh needs keys {MESH_AXES} (sizes, one may be -1)")
+        sizes.append(int(mesh_cfg[ax]))
+    extra = sorted(set(dict(mesh_cfg).keys()) - set(MESH_AXES))
+    if extra:
+        raise ValueError(f"config.mesh has unknown axes {extra}; the mesh axes are {MESH_AXES}")
+    fill = [i for i, s in enumerate(sizes) if s == -1]
+    if len(fill) > 1 or any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))}: sizes must be positive, with at most one -1 "
+                         f"(fills the remaining devices)")
+    known = math.prod(s for s in sizes if s != -1)
+    if fill:
+        if num_devices % known:
+            raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))}: the fixed axes use {known} devices, which "
+                             f"does not divide the {num_devices} devices available; change config.mesh")
+        sizes[fill[0]] = num_devices // known
+    if math.prod(sizes) != num_devices:
+        raise ValueError(f"config.mesh={dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
+                         f"{num_devices} are available; set one axis to -1 or change the sizes")
+    return tuple(sizes)
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+    devices = list(jax.devices() if devices is None else devices)
+    shape = mesh_shape(mesh_cfg, len(devices))
+    try:
+        from jax.experimental import mesh_utils
+        dev = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
+    except Exception:  # CPU / unusual topologies: plain order is fine
+        dev = np.asarray(devices).reshape(shape)
+    return Mesh(dev, MESH_AXES)
+
+
+def normalize_rules(rules: Any) -> tuple[tuple[str, Any], ...]:
+    """Rules as saved in JSON come back as lists; flax wants tuples (mesh axes may be a str, tuple or None)."""
+    out = []
+    for item in rules:
+        if len(item) != 2:
+            raise ValueError(f"config.logical_axis_rules: each rule is (logical_name, mesh_axes); got {item!r}")
+        name, axes = item
+        if isinstance(axes, list):
+            axes = tuple(axes)
+        out.append((str(name), axes))
+    return tuple(out)
+
+
+def batch_size_per_shard(mesh: Mesh) -> int:
+    return int(mesh.shape["data"] * mesh.shape["fsdp"])
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+    return NamedSharding(mesh, P())
+
+
+def logical_param_shardings(boxed_abstract_params, mesh: Mesh, rules) -> Any:
+    """NamedShardings for a (possibly boxed) abstract parameter tree; unannotated leaves are replicated."""
+    specs = nn.get_partition_spec(boxed_abstract_params)
+    return nn.logical_to_mesh_sharding(specs, mesh, normalize_rules(rules))
+
+
+def check_batch_divisible(global_batch: int, grad_accum: int, mesh: Mesh, process_count: int) -> int:
+    """Returns the microbatch size; refuses a batch the mesh / accumulation / hosts cannot divide."""
+    if grad_accum < 1:
+        raise ValueError(f"config.train.grad_accum={grad_accum}: must be >= 1")
+    shards = batch_size_per_shard(mesh)
+    if global_batch % grad_accum:
+        raise ValueError(f"config.train.batch_size={global_batch} is not divisible by config.train.grad_accum="
+                         f"{grad_accum}; choose a batch size that is a multiple of grad_accum")
+    micro = global_batch // grad_accum
+    if micro % shards:
+        raise ValueError(
+            f"config.train.batch_size={global_batch} with grad_accum={grad_accum} gives microbatches of {micro} "
+            f"sequences, which the mesh cannot split over its data x fsdp = {mesh.shape['data']} x "
+            f"{mesh.shape['fsdp']} = {shards} batch shards; use a batch size that is a multiple of "
+            f"{shards * grad_accum} (or change config.mesh / grad_accum)")
+    if global_batch % process_count:
+        raise ValueError(f"config.train.batch_size={global_batch} is not divisible by the {process_count} "
+                         f"processes (each host reads batch_size / processes rows)")
+    return micro
+
+
+def global_batch_from_local(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Each process holds its contiguous rows of the global batch; builds global arrays sharded over the batch."""
+    return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), np.asarray(v))
+            for k, v in local.items()}
+
+
+def global_batch_from_full(full: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Every process holds the same full batch (evaluation); each device takes its slice."""
+    out = {}
+    for k, v in full.items():
+        v = np.asarray(v)
+        out[k] = jax.make_array_from_callback(v.shape, batch_sharding(mesh, v.ndim), lambda idx, v=v: v[idx])
+    return out
+
+
+def opt_state_shardings(abstract_opt_state, param_shardings, mesh: Mesh) -> Any:
+    """Shardings for an optax state: a leaf whose key path ends in a parameter's path (Adam's mu / nu mirror the
+    parameter tree) and has that parameter's shape takes the parameter's sharding; anything else (step counts,
+    scalars) is replicated."""
+    by_path = {}
+    for path, s in jax.tree_util.tree_flatten_with_path(param_shardings)[0]:
+        by_path[_dict_keys(path)] = s
+    rep = replicated(mesh)
+
+    def pick(path, leaf):
+        keys = _dict_keys(path)
+        for start in range(len(keys)):
+            s = by_path.get(keys[start:])
+            if s is not None:
+                return s
+        return rep
+
+    return jax.tree_util.tree_map_with_path(pick, abstract_opt_state)
+
+
+def _dict_keys(path) -> tuple:
+    out = []
+    for k in path:
+        if isinstance(k, jax.tree_util.DictKey):
+            out.append(("d", k.key))
+        elif isinstance(k, jax.tree_util.GetAttrKey):
+            out.append(("a", k.name))
+        elif isinstance(k, jax.tree_util.SequenceKey):
+            out.append(("s", k.idx))
+        else:
+            out.append(("o", str(k)))
+    return tuple(out)

@@ -1,0 +1,406 @@
+"""The training loop (SPEC section 5): `run(config, workdir)` is what `python -m idattn.train` calls.
+
+Order of work, so that a refused start writes nothing:
+  1. derive the schedule (num_steps, warmup_steps) and validate the config;
+  2. load the tokenizer, check it against model.vocab_size and (prepared data) the data's tokenizer;
+  3. if the workdir holds a run: compare its saved config (model section and data.tokenizer must match);
+  4. build the mesh and check that it divides the batch;
+  5. only then create the workdir, save config.json, build/restore the state and train.
+
+State placement (the pjit pattern): the model's boxed parameters are traced with `jax.eval_shape`, their logical
+axis names mapped to mesh shardings with `config.logical_axis_rules`, and the state is created by a `jax.jit`
+with those `out_shardings`; the train step is jitted with in/out shardings and the state donated.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from idattn.train import checkpoint as ckpt
+from idattn.train import metrics as metrics_lib
+from idattn.train import optim
+from idattn.train import sharding as shd
+from idattn.train.step import TrainState, make_eval_step, make_train_step
+
+# Keys that must not change when a run resumes (the checkpoint would not match them).
+_RESUME_LOCKED = ("model", "data.tokenizer")
+
+
+class TrainingError(RuntimeError):
+    """A run stopped for a reason the user must act on (non-finite loss, refused resume, ...)."""
+
+
+def log(msg: str) -> None:
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------- schedule
+def derive_steps(config) -> tuple[int, int, int]:
+    """(num_steps, warmup_steps, tokens_per_step) from train.{num_steps,total_tokens,warmup_*} and data.seq_len."""
+    t = config.train
+    seq_len = int(config.data.seq_len)
+    if seq_len <= 0 or int(t.batch_size) <= 0:
+        raise ValueError(f"config.data.seq_len={seq_len} and config.train.batch_size={t.batch_size} must be > 0")
+    tokens_per_step = int(t.batch_size) * seq_len
+    num_steps = int(t.num_steps) if int(t.num_steps) > 0 else math.ceil(int(t.total_tokens) / tokens_per_step)
+    if num_steps <= 0:
+        raise ValueError(f"config.train.num_steps={t.num_steps}, total_tokens={t.total_tokens}: no steps to run; "
+                         f"set train.num_steps > 0 or train.total_tokens > 0")
+    warmup = int(t.warmup_steps) if int(t.warmup_steps) >= 0 else round(int(t.warmup_tokens) / tokens_per_step)
+    return num_steps, min(warmup, num_steps), tokens_per_step
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def check_resume_compatible(workdir: str, config) -> dict | None:
+    """Refuses a changed model config / tokenizer against the run saved in `workdir`. Returns the other diffs."""
+    path = os.path.join(workdir, ckpt.CONFIG_FILE)
+    if not os.path.exists(path):
+        return None
+    saved = ckpt.config_to_dict(ckpt.load_config(workdir))
+    live = ckpt.config_to_dict(config)
+    diffs = ckpt.diff_dicts(saved, live)
+    locked = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in _RESUME_LOCKED)]
+    if locked:
+        lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in locked)
+        raise TrainingError(
+            f"refusing to resume {workdir}: its checkpoints were trained with a different config:\n{lines}\n"
+            f"  Fix: rerun with the saved values (see {path}), or use a new --workdir "
+            f"(to start from this run's parameters use --config.train.init_from={workdir}).")
+    return {k: (a, b) for k, a, b in diffs}
+
+
+def check_tokenizer(config, tokenizer, data_mod) -> None:
+    vocab = _vocab_size(tokenizer)
+    if vocab is not None and vocab > int(config.model.vocab_size):
+        raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} has {vocab} tokens but "
+                            f"config.model.vocab_size={config.model.vocab_size}; set --config.model.vocab_size={vocab}"
+                            f" (or larger) or use a smaller tokenizer")
+    if config.data.source == "arrayrecord":
+        if not config.data.path:
+            raise TrainingError("config.data.source='arrayrecord' needs config.data.path (folder of prepared shards)")
+        try:
+            data_mod.check_tokenizer_matches(config.data.path, tokenizer)
+        except (ValueError, FileNotFoundError) as e:
+            raise TrainingError(f"refusing to train on {config.data.path}: {e}") from e
+
+
+def _vocab_size(tokenizer) -> int | None:
+    for name in ("vocab_size", "n_vocab"):
+        v = getattr(tokenizer, name, None)
+        if v is not None:
+            return int(v() if callable(v) else v)
+    return None
+
+
+# ------------------------------------------------------------------------------------------------- estimates
+def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
+    """Rough per-device bytes: fp32 params + grads + 2 Adam moments (sharded over fsdp x tensor), and activations
+    of one microbatch (sharded over data x fsdp): with remat, the residual stream per layer (compute dtype) plus
+    one layer's working set (~ 10 d + 3 ffn + 4 H d_h values per token) plus float32 logits and their gradient."""
+    m = config.model
+    t = config.train
+    n_dev = mesh.size
+    param_shards = mesh.shape["fsdp"] * mesh.shape["tensor"]
+    cbytes = 2 if str(m.dtype) in ("bfloat16", "float16") else 4
+    params = 4 * n_params / param_shards
+    opt = 8 * n_params / param_shards
+    grads = 4 * n_params / param_shards
+    micro_tokens = int(t.batch_size) // max(1, int(t.grad_accum)) * int(config.data.seq_len)
+    tok_dev = micro_tokens / shd.batch_size_per_shard(mesh)
+    d, ffn, h, dh = int(m.d_model), int(m.ffn_dim), int(m.num_heads), int(m.head_dim)
+    remat = str(m.get("remat", "full"))
+    per_layer_saved = d if remat == "full" else (10 * d + 3 * ffn + 4 * h * dh)
+    act = tok_dev * cbytes * (int(m.num_layers) * per_layer_saved + 10 * d + 3 * ffn + 4 * h * dh)
+    logits = tok_dev * int(m.vocab_size) * 4 * 2 / mesh.shape["tensor"]
+    del n_dev
+    return {"params": params, "opt_state": opt, "grads": grads, "activations": act + logits,
+            "total": params + opt + grads + act + logits}
+
+
+def _maybe(fn, *args):
+    try:
+        return fn(*args)
+    except Exception as e:  # informative extras only; never stop training for them
+        return f"n/a ({type(e).__name__}: {e})"
+
+
+# ------------------------------------------------------------------------------------------------------ run
+class _Preemption:
+    """SIGTERM sets a flag; the loop saves at the next step boundary and exits."""
+
+    def __init__(self):
+        self.flag = threading.Event()
+        self._old = None
+
+    def install(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum, frame):
+        self.flag.set()
+
+    def uninstall(self):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+            self._old = None
+
+
+def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
+    """Trains `config` in `workdir` (resuming if it holds a run). Returns a summary dict.
+
+    summary: {"status": "done" | "preempted" | "already_done", "step", "loss", "val_loss", "val_ppl",
+              "num_params", "wall_time"}
+    """
+    from idattn import models
+    from idattn.data import pipeline, tokenizer as tok_lib
+
+    t0 = time.time()
+    workdir = os.path.abspath(workdir)
+    t = config.train
+    num_steps, warmup_steps, tokens_per_step = derive_steps(config)
+    seq_len = int(config.data.seq_len)
+
+    # ---- refusals: nothing is written before these pass
+    try:
+        tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)
+    except (ValueError, FileNotFoundError) as e:
+        raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} could not be loaded: {e}") from e
+    check_tokenizer(config, tokenizer, pipeline)
+    other_diffs = check_resume_compatible(workdir, config)
+    mesh = shd.make_mesh(config.mesh, devices)
+    process_count, process_index = jax.process_count(), jax.process_index()
+    micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
+    rules = shd.normalize_rules(config.logical_axis_rules)
+    if t.init_from and os.path.abspath(t.init_from) == workdir:
+        raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
+                            f"rerunning the same command, init_from is for starting from another run")
+
+    # ---- workdir and config
+    is_main = process_index == 0
+    if is_main:
+        os.makedirs(workdir, exist_ok=True)
+        if other_diffs is None:
+            ckpt.save_config(workdir, config)
+        elif other_diffs:
+            log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
+                + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
+    model = models.build_model(config.model)
+
+    # ---- abstract state and shardings
+    init_tokens = jnp.zeros((1, min(seq_len, 16)), jnp.int32)
+    boxed = jax.eval_shape(lambda k: model.init(k, init_tokens)["params"], jax.random.PRNGKey(0))
+    param_sh = shd.logical_param_shardings(boxed, mesh, rules)
+    abstract_params = nn.unbox(boxed)
+    labels = models.param_labels(abstract_params)
+    tx, schedules = optim.make_optimizer(t, labels, num_steps=num_steps, warmup_steps=warmup_steps)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_sh = shd.opt_state_shardings(abstract_opt, param_sh, mesh)
+    rep = shd.replicated(mesh)
+    state_sh = TrainState(step=rep, params=param_sh, opt_state=opt_sh)
+    abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                                             opt_state=abstract_opt), state_sh)
+    n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract_params))
+
+    # ---- start-up report
+    est = hbm_estimate(n_params, config, mesh)
+    log(f"idattn.train: workdir {workdir}")
+    log(f"  devices {mesh.size} x {jax.devices()[0].device_kind} over {process_count} process(es); mesh "
+        f"{dict(mesh.shape)}")
+    log(f"  model {config.model.mixer}: {n_params:,} parameters (count_params: "
+        f"{_maybe(models.count_params, config.model)}); state budget per layer "
+        f"{_maybe(models.state_budget, config.model)} real dof")
+    log(f"  HBM estimate per device: params {metrics_lib.format_bytes(est['params'])} + opt state "
+        f"{metrics_lib.format_bytes(est['opt_state'])} + grads {metrics_lib.format_bytes(est['grads'])} + "
+        f"activations {metrics_lib.format_bytes(est['activations'])} = {metrics_lib.format_bytes(est['total'])}")
+    log(f"  schedule: {num_steps} steps x {int(t.batch_size)} x {seq_len} tokens (grad_accum {int(t.grad_accum)}, "
+        f"microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
+        f"{min(float(t.peak_lr), float(t.ssm_lr_cap)):g}) -> {float(t.end_lr):g}")
+
+    # ---- compiled functions
+    def init_state(key):
+        params = nn.unbox(model.init(key, init_tokens)["params"])
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    batch_sh = shd.batch_sharding(mesh)
+    batch_shardings = {k: batch_sh for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
+
+    def micro_constraint(mb):
+        return {k: jax.lax.with_sharding_constraint(v, batch_sh) for k, v in mb.items()}
+
+    train_step = make_train_step(model.apply, tx, grad_accum=int(t.grad_accum), lr_fn=schedules["decay"],
+                                 micro_constraint=micro_constraint)
+    eval_step = make_eval_step(model.apply)
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        p_init = jax.jit(init_state, out_shardings=state_sh)
+        p_train = jax.jit(train_step, in_shardings=(state_sh, batch_shardings), out_shardings=(state_sh, rep),
+                          donate_argnums=(0,))
+        p_eval = jax.jit(eval_step, in_shardings=(param_sh, batch_shardings), out_shardings=(rep, rep))
+
+    # ---- state: restore, init_from, or fresh
+    mngr = ckpt.make_manager(workdir, t)
+    data_iter = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(t.batch_size),
+                                             seq_len=seq_len, seed=int(config.data.shuffle_seed),
+                                             process_index=process_index, process_count=process_count)
+    latest = mngr.latest_step()
+    if latest is not None:
+        params, opt_state, meta, data_state = ckpt.restore(mngr, latest, abstract_state)
+        state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
+        state = jax.device_put(state, state_sh)
+        data_iter.set_state(data_state)
+        log(f"restored step {latest} from {os.path.join(workdir, ckpt.CKPT_DIR, str(latest))}")
+        start_step = int(latest)
+    else:
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            state = p_init(jax.random.PRNGKey(int(config.seed)))
+        if t.init_from:
+            src_cfg, src_params = ckpt.load_params(t.init_from, shardings=param_sh)
+            diffs = ckpt.diff_dicts(ckpt.config_to_dict(src_cfg.model), ckpt.config_to_dict(config.model))
+            if diffs:
+                raise TrainingError(f"config.train.init_from={t.init_from!r}: its model config differs: {diffs}")
+            state = state.replace(params=src_params)
+            log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
+        start_step = 0
+
+    writer = metrics_lib.MetricsWriter(workdir, enabled=process_index == 0, total_steps=num_steps,
+                                       resume_step=start_step)
+    run_info = {"workdir": workdir, "mixer": str(config.model.mixer), "params": n_params}
+    summary = {"status": "done", "step": start_step, "loss": None, "val_loss": None, "val_ppl": None,
+               "num_params": n_params}
+    if start_step >= num_steps:
+        log(f"run already complete at step {start_step} (train.num_steps={num_steps})")
+        writer.close()
+        mngr.close()
+        summary["status"] = "already_done"
+        summary["wall_time"] = time.time() - t0
+        return summary
+
+    eval_data = None
+
+    def evaluate(step: int, params) -> tuple[float, float]:
+        nonlocal eval_data
+        if eval_data is None:
+            eval_data = pipeline.make_eval_batches(config.data, tokenizer, batch_size=micro, seq_len=seq_len,
+                                                   num_batches=int(t.eval_batches))
+        nll, cnt = 0.0, 0.0
+        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            for b in eval_data:
+                s, c = p_eval(params, shd.global_batch_from_full({k: b[k] for k in batch_shardings}, mesh))
+                nll += float(s)
+                cnt += float(c)
+        loss = nll / max(cnt, 1.0)
+        ppl = math.exp(min(loss, 700.0))
+        if is_main:
+            from idattn.eval.schema import write_result
+            write_result(workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=run_info,
+                         details={"tokens": cnt, "batches": len(eval_data), "seq_len": seq_len})
+        writer.scalar("validation/loss", loss, step)
+        writer.scalar("validation/ppl", ppl, step)
+        log(f"validation step {step}: loss {loss:.4f} ppl {ppl:.3f} ({int(cnt)} tokens)")
+        return loss, ppl
+
+    # ---- the loop
+    peak = metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind,
+                                             float(t.get("peak_tflops_per_device", 0.0)))
+    flops_tok = _maybe(models.flops_per_token, config.model, seq_len)  # training FLOPs (fwd + bwd) per token
+    train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
+    preempt = _Preemption()
+    preempt.install()
+    debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
+    last_good = latest
+    pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
+    win_steps, win_wait = 0, 0.0
+    win_t = time.perf_counter()
+    step = start_step
+    data_state = data_iter.get_state()
+
+    def check_finite(s: int, m) -> float:
+        loss = float(m["loss"])
+        if not math.isfinite(loss):
+            good = mngr.latest_step() if last_good is None else last_good
+            where = (os.path.join(workdir, ckpt.CKPT_DIR, str(good)) if good is not None else "none (no checkpoint "
+                     "was saved yet)")
+            raise TrainingError(f"non-finite loss {loss} at step {s}; stopping. Last good checkpoint: {where}. "
+                                f"Lower train.peak_lr / check the data, then rerun (it resumes from there).")
+        return loss
+
+    try:
+        while step < num_steps:
+            if preempt.flag.is_set() or mngr.reached_preemption(step):
+                if pending is not None:
+                    check_finite(*pending)
+                    pending = None
+                log(f"preemption signal: saving step {step} and exiting")
+                if last_good != step:
+                    ckpt.save(mngr, step, state, data_state, {"time": time.time()}, force=True)
+                mngr.wait_until_finished()
+                summary.update(status="preempted", step=step)
+                break
+            tw = time.perf_counter()
+            batch_np = next(data_iter)
+            data_state = data_iter.get_state()
+            batch = shd.global_batch_from_local({k: batch_np[k] for k in batch_shardings}, mesh)
+            win_wait += time.perf_counter() - tw
+            with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+                state, m = p_train(state, batch)
+            step += 1
+            win_steps += 1
+            if pending is not None:
+                check_finite(*pending)
+            pending = (step, m)
+            if debug_sleep:
+                time.sleep(debug_sleep)
+
+            is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
+            is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps
+            is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
+            if is_log or is_ckpt or is_eval:
+                loss = check_finite(*pending)
+                pending = None
+                summary.update(step=step, loss=loss)
+            if is_log:
+                dt = (time.perf_counter() - win_t) / max(1, win_steps)
+                tps = tokens_per_step / dt
+                tps_dev = tps / mesh.size
+                mfu = (tps_dev * train_flops_tok / peak) if (peak and train_flops_tok) else None
+                host = jax.device_get(m)
+                writer.write(step, {"loss": float(host["loss"]), "lr": float(host["lr"]),
+                                    "grad_norm": float(host["grad_norm"]), "tokens_per_sec": tps,
+                                    "tokens_per_sec_per_device": tps_dev, "mfu": mfu, "step_time": dt,
+                                    "data_wait": win_wait / max(1, win_steps),
+                                    "tokens_seen": step * tokens_per_step})
+                win_steps, win_wait = 0, 0.0
+                win_t = time.perf_counter()
+            if is_ckpt:
+                ckpt.save(mngr, step, state, data_state, {"time": time.time(), "loss": summary["loss"]})
+                last_good = step
+            if is_eval:
+                summary["val_loss"], summary["val_ppl"] = evaluate(step, state.params)
+                win_t = time.perf_counter()  # evaluation time is not step time
+        else:
+            if pending is not None:
+                summary["loss"] = check_finite(*pending)
+        mngr.wait_until_finished()
+    finally:
+        preempt.uninstall()
+        try:
+            mngr.wait_until_finished()
+        except Exception as e:  # don't mask the original error
+            print(f"warning: waiting for pending checkpoint saves failed: {e}", file=sys.stderr)
+        mngr.close()
+        writer.close()
+    summary["wall_time"] = time.time() - t0
+    if process_count > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
+        print(f"[process {process_index}] final step {summary['step']} loss {summary['loss']!r}", flush=True)
+    return summary
