@@ -1,0 +1,63 @@
+"""Per-token log-probabilities of a text under a model (a quick probe of a checkpoint).
+
+    python -m idattn.score --workdir=/tmp/run --text="In the beginning God created" [--out=score.json]
+    python -m idattn.score --config=experiments/scaling.py:softmax,tiny --tokenizer=bytes --text=abc
+
+Writes JSON: {"text", "token_ids", "pieces", "logprobs" (log p(token_i | tokens_<i), natural log; the first
+token has null: nothing predicts it), "total_logprob", "num_scored", "mean_nll"} to --out, or stdout.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+from ml_collections import config_flags
+
+from idattn.models.inference import check_ids, encode, get_tokenizer, load_model
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
+flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+flags.DEFINE_string("text", None, "text to score")
+flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
+flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
+flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
+flags.DEFINE_string("out", None, "JSON output path (default: stdout)")
+FLAGS = flags.FLAGS
+
+
+def score_ids(model, params, ids: list[int]) -> list[float | None]:
+    """log p(ids[i] | ids[:i]) for i ≥ 1 (float32 logits); entry 0 is None."""
+    tokens = jnp.asarray([ids], jnp.int32)
+    logits = jax.jit(model.apply)({"params": params}, tokens)[0]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp = jnp.take_along_axis(logp[:-1], tokens[0, 1:, None], axis=-1)[:, 0]
+    return [None] + [float(x) for x in lp]
+
+
+def main(argv):
+    del argv
+    if FLAGS.text is None:
+        raise app.UsageError("--text is required")
+    config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)
+    tok = get_tokenizer(FLAGS.tokenizer, config)
+    ids = encode(tok, FLAGS.text, FLAGS.add_bos)
+    if len(ids) < 2:
+        raise app.UsageError(f"--text gives {len(ids)} token(s); need at least 2 to score one")
+    check_ids(ids, model.spec.vocab_size, "text")
+    lps = score_ids(model, params, ids)
+    scored = [x for x in lps if x is not None]
+    rec = {"text": FLAGS.text, "token_ids": ids, "pieces": [tok.id_to_piece(i) for i in ids], "logprobs": lps,
+           "total_logprob": sum(scored), "num_scored": len(scored), "mean_nll": -sum(scored) / len(scored)}
+    s = json.dumps(rec, indent=1)
+    if FLAGS.out:
+        with open(FLAGS.out, "w") as f:
+            f.write(s)
+    else:
+        sys.stdout.write(s + "\n")
+
+
+if __name__ == "__main__":
+    app.run(main)
