@@ -1,0 +1,304 @@
+"""The fused operator: padding, tables, segment masks and the two ``custom_vjp`` halves around the kernels.
+
+The operator factors into two linear-recurrence readouts joined by a tiny per-token mode mixing (c):
+
+    P-half   p_t = Xk_t · fq_t ∈ C^M,         Xk_t = lam∘Xk_{t-1} + b ⊗ zk_t      (kernel: fq, zk -> p)
+    mixing   w_t = conj(p_t)·(c^H c)  (conj)   or   p_t·(cᵀ c)                     (XLA, [B, T, H, M])
+    O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: w, zv -> o)
+
+Each half is a ``jax.custom_vjp`` over real planes (fq/zk/zv, Re/Im of lam and b, the initial state); the
+mixing, the complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff
+handles c, the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
+
+Backward of a half (per batch row and head; never a per-step state):
+  1. ``scan_fwd``: recompute the forward state before every chunk (one pass, chunk-boundary states only);
+  2. ``scan_rev``: the adjoint recurrence in reverse time, Y_c = keep·conj(lamL)∘Y_{c+1} + (cm·conj(pin)∘g)ᵀ·x;
+  3. a chunk-parallel kernel (groups of chunks per program) that recomputes the intra-chunk matrices and
+     writes the input cotangents, reducing the parameter cotangents on chip to two M-vectors per program.
+
+Padding (all zero, sliced off afterwards): T up to a multiple of L at the *end* (outputs are causal, so only
+the returned state sees the pad: it is corrected by lam^(-pad), exact per mode); features R, D and modes M up
+to the backend's granule (GPU/Triton: a power of two >= 16; TPU: a multiple of 128 for features, 8 for modes).
+Padded modes get all-zero tables and b = 0, so they contribute nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+F32 = jnp.float32
+
+
+def pallas_available() -> bool:
+    """True when the default backend is a GPU or a TPU (where the kernels compile natively)."""
+    try:
+        return jax.default_backend() in ("gpu", "cuda", "rocm", "tpu")
+    except Exception:  # pragma: no cover
+        return False
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-int(n) // k) * k
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    family: str          # "gpu" | "tpu"
+    L: int               # chunk length
+    cdt: str             # matmul operand dtype
+    sdt: str             # dtype of the per-chunk states stored for the backward
+    interpret: bool
+    block_r: int         # feature block of the forward P kernel (partial p sums)
+    block_d: int         # feature block of the forward O kernel
+    block_sk: int        # feature blocks of the scans (k, v)
+    block_sv: int
+    out_dtype: str
+    seg: bool
+
+
+def _kernels(family):
+    if family == "gpu":
+        from idattn.ops.pallas import gpu as K
+    else:
+        from idattn.ops.pallas import tpu as K
+    return K
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# tables and masks
+
+
+def _tables(lr, li, br, bi, L: int, mp: int):
+    """Power tables from log(lam) (principal branch) times integer exponents, float32, padded to mp modes.
+
+    Returns (pin, pt, sp, ep [H, 2, L, mp], laml [H, 2, mp, 1], b [H, 2, 1, mp])."""
+    lam = lax.complex(lr.astype(F32), li.astype(F32))
+    loglam = jnp.log(lam)  # [H, M]
+    m = lr.shape[-1]
+    i = jnp.arange(L, dtype=F32)
+    mu = (L - 1) / 2.0
+
+    def tab(e):  # e [L] -> [H, 2, L, mp]
+        z = jnp.exp(e[None, :, None] * loglam[:, None, :])
+        t = jnp.stack([z.real, z.imag], axis=1)
+        return jnp.pad(t, ((0, 0), (0, 0), (0, 0), (0, mp - m)))
+
+    laml = jnp.exp(L * loglam)
+    laml = jnp.pad(jnp.stack([laml.real, laml.imag], axis=1), ((0, 0), (0, 0), (0, mp - m)))[..., None]
+    b = jnp.pad(jnp.stack([br.astype(F32), bi.astype(F32)], axis=1), ((0, 0), (0, 0), (0, mp - m)))[:, :, None, :]
+    return (tab(i + 1.0), tab(i - mu), tab(mu - i), tab((L - 1.0) - i), laml, b)
+
+
+def _segment_arrays(segment_ids, B: int, T: int, tp: int, L: int):
+    """doc [B, tp] int32 (d_t = cumsum of id changes, edge-padded so the pad never starts a document),
+    cm / em [B, tp, 1] float32 and keep [B, NC] float32 (see idattn/ops/pallas/_chunk.py)."""
+    seg = jnp.asarray(segment_ids)
+    change = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), (seg[:, 1:] != seg[:, :-1]).astype(jnp.int32)], axis=1)
+    doc = jnp.cumsum(change, axis=1).astype(jnp.int32)
+    doc = jnp.pad(doc, ((0, 0), (0, tp - T)), mode="edge")
+    nc = tp // L
+    dc = doc.reshape(B, nc, L)
+    prev = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), dc[:, :-1, -1]], axis=1)  # doc of the carried state
+    last = dc[:, :, -1]
+    cm = (dc == prev[:, :, None]).astype(F32).reshape(B, tp, 1)
+    em = (dc == last[:, :, None]).astype(F32).reshape(B, tp, 1)
+    keep = (last == prev).astype(F32)
+    return doc, cm, em, keep
+
+
+def _param_grads(row, col, lr, li, L: int):
+    """Finish the parameter cotangents from the kernels' on-chip sums (see _chunk.py):
+    dlam = (s_log + L·conj(lamL)·dlamL) / conj(lam), db = s_b; returned as (Re, Im) planes of [H, M]."""
+    m = lr.shape[-1]
+    row = jnp.sum(row, axis=(0, 2))[:, :, 0, :m]   # [H, 4, M]
+    col = jnp.sum(col, axis=(0, 2))[:, :, :m, 0]   # [H, 2, M]
+    lam = lax.complex(lr.astype(F32), li.astype(F32))
+    laml = jnp.exp(L * jnp.log(lam))
+    s_log = lax.complex(row[:, 0], row[:, 1]) + L * jnp.conj(laml) * lax.complex(col[:, 0], col[:, 1])
+    dlam = s_log / jnp.conj(lam)
+    return (dlam.real.astype(lr.dtype), dlam.imag.astype(li.dtype),
+            row[:, 2].astype(lr.dtype), row[:, 3].astype(lr.dtype))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the two halves
+
+
+def _segs(segs):
+    return None if segs is None or len(segs) == 0 else segs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _half_p(cfg: _Cfg, fq, zk, lr, li, br, bi, x0, segs):
+    return _half_p_fwd(cfg, fq, zk, lr, li, br, bi, x0, segs)[0]
+
+
+def _half_p_fwd(cfg, fq, zk, lr, li, br, bi, x0, segs):
+    K = _kernels(cfg.family)
+    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
+    p, xt = K.fwd_p(fq, zk, tabs, x0, _segs(segs), L=cfg.L, block_r=cfg.block_r, cdt=cfg.cdt,
+                    interpret=cfg.interpret)
+    return (jnp.sum(p, axis=0), xt), (fq, zk, lr, li, br, bi, x0, segs)
+
+
+def _half_p_bwd(cfg, res, cts):
+    fq, zk, lr, li, br, bi, x0, segs = res
+    dp, dxt = cts
+    K = _kernels(cfg.family)
+    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
+    sg = _segs(segs)
+    xs = K.scan_fwd(zk, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt, sdt=cfg.sdt,
+                    interpret=cfg.interpret)
+    ys, y0 = K.scan_rev(fq, dp.astype(F32), tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt,
+                        sdt=cfg.sdt, conj_g=False, interpret=cfg.interpret)
+    dfq, dzk, row, col = K.bwd_p(fq, zk, dp.astype(F32), xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt,
+                                 interpret=cfg.interpret)
+    dlr, dli, dbr, dbi = _param_grads(row, col, lr, li, cfg.L)
+    return dfq, dzk, dlr, dli, dbr, dbi, y0, None if segs is None else jax.tree.map(jnp.zeros_like, segs)
+
+
+_half_p.defvjp(_half_p_fwd, _half_p_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _half_o(cfg: _Cfg, w, zv, lr, li, br, bi, x0, segs):
+    return _half_o_fwd(cfg, w, zv, lr, li, br, bi, x0, segs)[0]
+
+
+def _half_o_fwd(cfg, w, zv, lr, li, br, bi, x0, segs):
+    K = _kernels(cfg.family)
+    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
+    o, xt = K.fwd_o(w, zv, tabs, x0, _segs(segs), L=cfg.L, block_d=cfg.block_d, cdt=cfg.cdt,
+                    out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret)
+    return (o, xt), (w, zv, lr, li, br, bi, x0, segs)
+
+
+def _half_o_bwd(cfg, res, cts):
+    w, zv, lr, li, br, bi, x0, segs = res
+    do, dxt = cts
+    K = _kernels(cfg.family)
+    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
+    sg = _segs(segs)
+    xs = K.scan_fwd(zv, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
+                    interpret=cfg.interpret)
+    ys, y0 = K.scan_rev(do, w, tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
+                        conj_g=True, interpret=cfg.interpret)
+    dw, dzv, row, col = K.bwd_o(w, zv, do, xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
+    dlr, dli, dbr, dbi = _param_grads(row, col, lr, li, cfg.L)
+    return dw, dzv, dlr, dli, dbr, dbi, y0, None if segs is None else jax.tree.map(jnp.zeros_like, segs)
+
+
+_half_o.defvjp(_half_o_fwd, _half_o_bwd)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# public entry
+
+
+def _blocks(n: int, bh: int, min_block: int, target_programs: int = 256) -> int:
+    """Split a feature axis into power-of-two blocks until B·H·blocks reaches the target (more programs for
+    the SMs when B·H is small, i.e. at long T with a fixed token budget)."""
+    nb = 1
+    while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
+        nb *= 2
+    return n // nb
+
+
+def _planes(z):
+    return jnp.stack([jnp.real(z), jnp.imag(z)], axis=2)  # [B, H, M, N] -> [B, H, 2, M, N]
+
+
+def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
+                           initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None):
+    """Fused-kernel ``interdomain_mix`` (inputs already validated by ``idattn.ops.interdomain_mix``).
+
+    Args as ``interdomain_mix``; extra:
+      interpret: run the kernels in Pallas interpret mode (default: True unless the backend is GPU/TPU).
+      family: "gpu" (Triton lowering) or "tpu" (Mosaic) kernels; default from the backend ("gpu" on CPU).
+    Returns o [B, T, H, D] (out_dtype, default zv's dtype), plus (Xk [B, H, M, R], Xv [B, H, M, D]) complex64
+    when return_state. Matmul operands are bf16 when the inputs are bf16 (else float32 at HIGHEST precision);
+    the state and all accumulation are float32 (float64 inputs are computed in float32).
+    """
+    backend = jax.default_backend()
+    if family is None:
+        family = "tpu" if backend == "tpu" else "gpu"
+    if family not in ("gpu", "tpu"):
+        raise ValueError(f"family must be 'gpu' or 'tpu', got {family!r}")
+    if interpret is None:
+        interpret = not pallas_available()
+    B, T, H, R = fq.shape
+    D = zv.shape[-1]
+    M = lam.shape[-1]
+    L = int(chunk_size)
+    if family == "gpu" and (L < 16 or L & (L - 1)):
+        raise ValueError(f"chunk_size: the GPU (Triton) kernels need a power of two >= 16, got {L}; use 64")
+    if family == "tpu" and L % 8:
+        raise ValueError(f"chunk_size: the TPU kernels need a multiple of 8, got {L}; use 128")
+    out_dtype = jnp.dtype(zv.dtype if out_dtype is None else out_dtype)
+    in_dt = jnp.result_type(fq.dtype, zk.dtype, zv.dtype)
+    cdt = jnp.bfloat16 if in_dt == jnp.bfloat16 else F32
+    io_dt = cdt  # kernel input dtype (f64/f16 inputs are computed as f32)
+    if family == "gpu":
+        rp, dp_, mp = _next_pow2(max(R, 16)), _next_pow2(max(D, 16)), _next_pow2(max(M, 16))
+    else:
+        rp, dp_, mp = _round_up(R, 128), _round_up(D, 128), _round_up(M, 8)
+    tp = _round_up(T, L)
+    pad_t = tp - T
+
+    def prep(x, n, np_):
+        x = x.astype(io_dt)
+        if pad_t or np_ != n:
+            x = jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, np_ - n)))
+        return x
+
+    fq_, zk_, zv_ = prep(fq, R, rp), prep(zk, R, rp), prep(zv, D, dp_)
+    lam = jnp.asarray(lam).astype(jnp.complex64)
+    b = jnp.asarray(b).astype(jnp.complex64)
+    lr, li, br, bi = jnp.real(lam), jnp.imag(lam), jnp.real(b), jnp.imag(b)
+
+    if initial_state is None:
+        xk0 = jnp.zeros((B, H, 2, mp, rp), F32)
+        xv0 = jnp.zeros((B, H, 2, mp, dp_), F32)
+    else:
+        k0, v0 = initial_state
+        xk0 = jnp.pad(_planes(jnp.asarray(k0).astype(jnp.complex64)).astype(F32),
+                      ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, rp - R)))
+        xv0 = jnp.pad(_planes(jnp.asarray(v0).astype(jnp.complex64)).astype(F32),
+                      ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, dp_ - D)))
+    segs = None if segment_ids is None else _segment_arrays(segment_ids, B, T, tp, L)
+
+    bh = B * H
+    min_blk = 32 if family == "gpu" else 128
+    cfg_common = dict(family=family, L=L, cdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
+                      interpret=bool(interpret), seg=segs is not None)
+    cfg_p = _Cfg(block_r=_blocks(rp, bh, min_blk), block_d=dp_, block_sk=_blocks(rp, bh, min_blk),
+                 block_sv=_blocks(dp_, bh, min_blk), out_dtype=jnp.dtype(out_dtype).name, **cfg_common)
+    cfg_o = dataclasses.replace(cfg_p, block_d=_blocks(dp_, bh, min_blk))
+
+    p, xkt = _half_p(cfg_p, fq_, zk_, lr, li, br, bi, xk0, segs)       # p [B, tp, H, 2, mp]
+    pc = lax.complex(p[:, :, :, 0, :M], p[:, :, :, 1, :M])               # [B, tp, H, M]
+    src = jnp.conj(pc) if conj else pc
+    if c is not None:
+        c = jnp.asarray(c).astype(jnp.complex64)
+        kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c), c) if conj else jnp.einsum("hkm,hkn->hmn", c, c)
+        src = jnp.einsum("bthm,hmn->bthn", src, kmat, precision=lax.Precision.HIGHEST)
+    w = jnp.stack([src.real, src.imag], axis=3)
+    w = jnp.pad(w, ((0, 0), (0, 0), (0, 0), (0, 0), (0, mp - M)))
+    o, xvt = _half_o(cfg_o, w, zv_, lr, li, br, bi, xv0, segs)
+    o = o[:, :T, :, :D].astype(out_dtype)
+    if not return_state:
+        return o
+
+    corr = jnp.exp(-pad_t * jnp.log(lam))[None, :, :, None]  # undo the decay over the end padding
+    xk = lax.complex(xkt[:, :, 0, :M, :R], xkt[:, :, 1, :M, :R]) * corr
+    xv = lax.complex(xvt[:, :, 0, :M, :D], xvt[:, :, 1, :M, :D]) * corr
+    return o, (xk, xv)
