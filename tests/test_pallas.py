@@ -1,0 +1,242 @@
+"""Fused Pallas kernels (idattn.ops.pallas) in interpret mode against independent float64 references.
+
+References written here, independent of the library: a numpy float64 loop (forward and final state) and a
+float64 ``lax.scan`` loop under ``jax.enable_x64`` (for full gradients of every input). Shapes are tiny:
+interpret mode executes the kernels op by op. One jit per case (outputs and the VJP of a random cotangent).
+"""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from idattn.ops.pallas import interdomain_mix_pallas, pallas_available
+
+
+# ------------------------------------------------------------------------------------------------ references
+
+
+def _doc_resets(seg, B, T):
+    if seg is None:
+        return np.zeros((B, T), bool)
+    seg = np.asarray(seg)
+    r = np.zeros((B, T), bool)
+    r[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    return r
+
+
+def ref_numpy(fq, zk, zv, lam, b, c, conj, seg, x0):
+    """Literal recurrence in float64/complex128: returns o [B,T,H,D], Xk [B,H,M,R], Xv [B,H,M,D]."""
+    fq, zk, zv = (np.asarray(x, np.float64) for x in (fq, zk, zv))
+    lam, b = np.asarray(lam, np.complex128), np.asarray(b, np.complex128)
+    B, T, H, R = fq.shape
+    D, M = zv.shape[-1], lam.shape[-1]
+    cm = np.broadcast_to(np.eye(M), (H, M, M)) if c is None else np.asarray(c, np.complex128)
+    resets = _doc_resets(seg, B, T)
+    o = np.zeros((B, T, H, D))
+    xks, xvs = [], []
+    for bi in range(B):
+        xk = np.zeros((H, M, R), complex) if x0 is None else np.asarray(x0[0][bi], np.complex128).copy()
+        xv = np.zeros((H, M, D), complex) if x0 is None else np.asarray(x0[1][bi], np.complex128).copy()
+        for t in range(T):
+            if resets[bi, t]:
+                xk[:], xv[:] = 0, 0
+            xk = lam[:, :, None] * xk + b[:, :, None] * zk[bi, t][:, None, :]
+            xv = lam[:, :, None] * xv + b[:, :, None] * zv[bi, t][:, None, :]
+            u, g = cm @ xk, cm @ xv                        # U_t = C Xk_t, Γ_t = C Xv_t
+            p = np.einsum("hmr,hr->hm", u, fq[bi, t])      # p_t = U_t ξ(q_t)
+            pp = np.conj(p) if conj else p
+            o[bi, t] = np.real(np.einsum("hm,hmd->hd", pp, g))
+        xks.append(xk)
+        xvs.append(xv)
+    return o, np.stack(xks), np.stack(xvs)
+
+
+def ref_jax64(fq, zk, zv, lam, b, c, x0k, x0v, *, conj, resets):
+    """The same recurrence as a float64 lax.scan (differentiable); call under jax.enable_x64(True)."""
+    H, M = lam.shape
+    cm = jnp.broadcast_to(jnp.eye(M, dtype=jnp.complex128), (H, M, M)) if c is None else c
+
+    def one(fq, zk, zv, rs, xk, xv):
+        def step(carry, xs):
+            xk, xv = carry
+            q, k, v, r = xs
+            xk = jnp.where(r, 0, xk)
+            xv = jnp.where(r, 0, xv)
+            xk = lam[:, :, None] * xk + b[:, :, None] * k[:, None, :]
+            xv = lam[:, :, None] * xv + b[:, :, None] * v[:, None, :]
+            p = jnp.einsum("hmr,hr->hm", cm @ xk, q)
+            pp = jnp.conj(p) if conj else p
+            return (xk, xv), jnp.real(jnp.einsum("hm,hmd->hd", pp, cm @ xv))
+
+        (xk, xv), o = jax.lax.scan(step, (xk, xv), (fq, zk, zv, rs))
+        return o, xk, xv
+
+    return jax.vmap(one)(fq, zk, zv, resets, x0k, x0v)
+
+
+def _rel(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-30))
+
+
+# ------------------------------------------------------------------------------------------------ cases
+
+
+def _inputs(rng, B, T, H, R, D, M, with_c, with_x0, with_seg):
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    cplx = lambda *s, sc=1.0: (sc * (rng.standard_normal(s) + 1j * rng.standard_normal(s))).astype(np.complex64)  # noqa: E731
+    # decays from the bound exp(-0.25) to 1 - 1e-6, with phases
+    mag = np.exp(-rng.uniform(1e-6, 0.25, (H, M)))
+    mag[0, 0] = 1 - 1e-6
+    mag[-1, -1] = np.exp(-0.25)
+    lam = (mag * np.exp(1j * rng.uniform(-np.pi, np.pi, (H, M)))).astype(np.complex64)
+    b = cplx(H, M, sc=0.3)
+    c = cplx(H, M, M, sc=0.4) if with_c else None
+    x0 = (cplx(B, H, M, R, sc=0.3), cplx(B, H, M, D, sc=0.3)) if with_x0 else None
+    seg = None
+    if with_seg:  # ids repeat later in the row ([.., 1, 2, 1]) and a reset lands right on a chunk start
+        seg = np.zeros((B, T), np.int32)
+        seg[0, 7:16] = 1
+        seg[0, 16:] = 2
+        seg[0, T - 5:] = 1
+        if B > 1:
+            seg[1, 1:] = 3
+    return f(B, T, H, R), f(B, T, H, R), f(B, T, H, D), lam, b, c, x0, seg
+
+
+def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg, tol_fwd, tol_grad, seed=0):
+    rng = np.random.default_rng(seed)
+    fq, zk, zv, lam, b, c, x0, seg = _inputs(rng, B, T, H, R, D, M, with_c, with_x0, with_seg)
+    fq_d, zk_d, zv_d = (jnp.asarray(x).astype(dtype) for x in (fq, zk, zv))
+    # the references see exactly the (rounded) inputs the kernels see
+    fq64, zk64, zv64 = (np.asarray(x.astype(jnp.float32), np.float64) for x in (fq_d, zk_d, zv_d))
+
+    # cotangents
+    go = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    gk = (rng.standard_normal((B, H, M, R)) + 1j * rng.standard_normal((B, H, M, R))).astype(np.complex64)
+    gv = (rng.standard_normal((B, H, M, D)) + 1j * rng.standard_normal((B, H, M, D))).astype(np.complex64)
+
+    seg_j = None if seg is None else jnp.asarray(seg)
+    x0k = jnp.zeros((B, H, M, R), jnp.complex64) if x0 is None else jnp.asarray(x0[0])
+    x0v = jnp.zeros((B, H, M, D), jnp.complex64) if x0 is None else jnp.asarray(x0[1])
+
+    def f_pallas(fq, zk, zv, lam, b, c, x0k, x0v):
+        o, (xk, xv) = interdomain_mix_pallas(
+            fq, zk, zv, lam, b, c, conj=conj, chunk_size=L, segment_ids=seg_j, initial_state=(x0k, x0v),
+            return_state=True, out_dtype=jnp.float32, interpret=True, family=family)
+        return o, xk, xv
+
+    @jax.jit
+    def run(*args):
+        out, vjp = jax.vjp(f_pallas, *args)
+        return out, vjp((jnp.asarray(go), jnp.asarray(gk), jnp.asarray(gv)))
+
+    args = (fq_d, zk_d, zv_d, jnp.asarray(lam), jnp.asarray(b), None if c is None else jnp.asarray(c), x0k, x0v)
+    (o, xk, xv), grads = run(*args)
+
+    # forward against the numpy float64 loop
+    o_ref, xk_ref, xv_ref = ref_numpy(fq64, zk64, zv64, lam, b, c, conj, seg,
+                                      None if x0 is None else (np.asarray(x0k), np.asarray(x0v)))
+    errs = {"o": _rel(o, o_ref), "Xk": _rel(xk, xk_ref), "Xv": _rel(xv, xv_ref)}
+    for k, e in errs.items():
+        assert e <= tol_fwd, f"{family}/{dtype.__name__}: forward {k} rel err {e:.3g} > {tol_fwd}"
+
+    # gradients against the float64 scan
+    with jax.enable_x64(True):
+        resets = jnp.asarray(_doc_resets(seg, B, T))
+        a64 = (jnp.asarray(fq64), jnp.asarray(zk64), jnp.asarray(zv64), jnp.asarray(lam, jnp.complex128),
+               jnp.asarray(b, jnp.complex128), None if c is None else jnp.asarray(c, jnp.complex128),
+               jnp.asarray(np.asarray(x0k), jnp.complex128), jnp.asarray(np.asarray(x0v), jnp.complex128))
+        out64, vjp64 = jax.vjp(lambda *a: ref_jax64(*a, conj=conj, resets=resets), *a64)
+        assert _rel(out64[0], o_ref) < 1e-10  # the two references agree
+        g64 = vjp64((jnp.asarray(go, jnp.float64), jnp.asarray(gk, jnp.complex128), jnp.asarray(gv, jnp.complex128)))
+        g64 = [None if g is None else np.asarray(g) for g in g64]
+    names = ["fq", "zk", "zv", "lam", "b", "c", "Xk0", "Xv0"]
+    for name, g, gr in zip(names, grads, g64):
+        if gr is None:
+            continue
+        e = _rel(np.asarray(g).astype(np.complex128 if np.iscomplexobj(gr) else np.float64), gr)
+        assert e <= tol_grad, f"{family}/{dtype.__name__}: grad {name} rel err {e:.3g} > {tol_grad}"
+    return errs
+
+
+def test_gpu_family_f32_everything_on():
+    """Segment resets (repeated ids, a reset at a chunk start), carried initial state, c, conj=True,
+    T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1."""
+    _run_case("gpu", jnp.float32, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16,
+              with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4)
+
+
+def test_gpu_family_f32_plain_conj_false():
+    """No c, no segments, no initial state, conj=False, T = 37, two heads."""
+    _run_case("gpu", jnp.float32, False, B=1, T=37, H=2, R=8, D=16, M=4, L=16,
+              with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1)
+
+
+def test_gpu_family_bf16():
+    """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation)."""
+    _run_case("gpu", jnp.bfloat16, True, B=2, T=40, H=1, R=16, D=16, M=4, L=16,
+              with_c=True, with_x0=True, with_seg=True, tol_fwd=2e-2, tol_grad=2e-2, seed=2)
+
+
+def test_tpu_family_f32():
+    """The Mosaic-style kernels (chunk = sequential grid axis, scratch state) compute the same function."""
+    _run_case("tpu", jnp.float32, False, B=2, T=40, H=1, R=8, D=8, M=4, L=16,
+              with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, seed=3)
+
+
+# ------------------------------------------------------------------------------------------------ lowering
+
+
+def _lower(platform, family):
+    B, T, H, R, D, M = 1, 128, 2, 96, 96, 16
+    fq = jnp.zeros((B, T, H, R), jnp.bfloat16)
+    zv = jnp.zeros((B, T, H, D), jnp.bfloat16)
+    lam = jnp.full((H, M), 0.9 + 0.1j, jnp.complex64)
+    c = jnp.ones((H, M, M), jnp.complex64)
+    seg = jnp.zeros((B, T), jnp.int32)
+
+    def loss(fq, zk, zv, lam, b, c):
+        o, (xk, _) = interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=True, chunk_size=64, segment_ids=seg,
+                                            initial_state=None, return_state=True, out_dtype=None,
+                                            interpret=False, family=family)
+        return jnp.sum(o.astype(jnp.float32)) + jnp.sum(xk.real)
+
+    g = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    return jax.jit(g).trace(fq, fq, zv, lam, lam, c).lower(lowering_platforms=(platform,)).as_text()
+
+
+def test_lowers_for_cuda_triton():
+    """Forward + backward lower to Triton kernels for CUDA on a CPU-only jaxlib (PTX compilation itself only
+    happens on the device)."""
+    txt = _lower("cuda", "gpu")
+    assert "triton" in txt.lower()
+
+
+def test_lowers_for_tpu_mosaic():
+    txt = _lower("tpu", "tpu")
+    assert "tpu_custom_call" in txt
+
+
+def test_bad_chunk_size_is_refused():
+    x = jnp.zeros((1, 8, 1, 4))
+    lam = jnp.full((1, 2), 0.9 + 0j, jnp.complex64)
+    with pytest.raises(ValueError, match="chunk_size"):
+        interdomain_mix_pallas(x, x, x, lam, lam, None, conj=True, chunk_size=24, segment_ids=None,
+                               initial_state=None, return_state=False, out_dtype=None, family="gpu")
+
+
+def test_available_on_cpu_is_false():
+    assert pallas_available() is (jax.default_backend() in ("gpu", "tpu"))
+
+
+def test_dispatcher_impl_pallas_matches_chunked():
+    """The lead's interdomain_mix(impl='pallas') routes here (interpret mode on CPU)."""
+    from idattn.ops import interdomain_mix
+    rng = np.random.default_rng(5)
+    fq, zk, zv, lam, b, c, x0, seg = _inputs(rng, 1, 20, 1, 8, 8, 2, True, False, False)
+    f = lambda impl: jax.jit(lambda *a: interdomain_mix(*a, impl=impl, chunk_size=16))  # noqa: E731
+    o1 = f("pallas")(fq, zk, zv, lam, b, c)
+    o2 = f("chunked")(fq, zk, zv, lam, b, c)
+    assert _rel(o1, o2) < 1e-4
