@@ -136,6 +136,23 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
     # SentencePiece skips sentences longer than max_sentence_length bytes; split long texts into lines.
     lines = (ln for t in texts for ln in t.split("\n") if ln.strip())
     buf = io.BytesIO()
+    try:
+        _train(lines, buf, vocab_size, model_type, num_threads)
+    except RuntimeError as e:
+        if "smaller than required_chars" in str(e):
+            raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} is below what the text needs (256 byte "
+                             f"pieces + specials + every distinct character): {e}. Use a larger vocabulary, e.g. "
+                             "512.") from e
+        raise
+    proto = buf.getvalue()
+    if model_prefix is not None:
+        out = pathlib.Path(f"{model_prefix}.model")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(out, proto)
+    return proto
+
+
+def _train(lines, buf, vocab_size, model_type, num_threads) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=lines, model_writer=buf, vocab_size=vocab_size, model_type=model_type,
         byte_fallback=True, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, character_coverage=1.0,
@@ -143,12 +160,6 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
         normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         num_threads=num_threads, max_sentence_length=1 << 16, shuffle_input_sentence=False,
         input_sentence_size=2_000_000, minloglevel=2)
-    proto = buf.getvalue()
-    if model_prefix is not None:
-        out = pathlib.Path(f"{model_prefix}.model")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(out, proto)
-    return proto
 
 
 def _atomic_write(path: pathlib.Path, data: bytes) -> None:

@@ -1,0 +1,273 @@
+"""Tokenizers, the embedded KJV corpus, and `idattn.data.prepare` (parquet -> ArrayRecord) with its refusals."""
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import sentencepiece as spm
+
+from idattn.data import corpus, formats, prepare
+from idattn.data import tokenizer as tokmod
+from idattn.data.tokenizer import Tokenizer, load_tokenizer, train_sentencepiece
+
+
+@pytest.fixture(scope="module")
+def kjv():
+    return corpus.kjv_documents()
+
+
+@pytest.fixture(scope="module")
+def small_tok(kjv):
+    return Tokenizer(train_sentencepiece(kjv[0][:8], 400), name="small400")
+
+
+@pytest.fixture(scope="module")
+def other_tok(kjv):
+    return Tokenizer(train_sentencepiece(kjv[0][8:16], 384), name="small384")
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+
+def test_mistral_tokenizer_matches_sentencepiece_and_identity():
+    tok = load_tokenizer("mistral")
+    path = tokmod.mistral_model_path()
+    ref = spm.SentencePieceProcessor(model_file=str(path))
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.pad_id) == (32000, 1, 2, 0)  # Llama-2 layout
+    assert tok.id_to_piece(1) == "<s>" and tok.id_to_piece(2) == "</s>"
+    text = "In the beginning God created the heaven and the earth.\nAnd the earth was without form, 1611."
+    assert tok.encode(text) == ref.encode(text)
+    assert tok.decode(tok.encode(text)) == text
+    ident = tok.identity()
+    assert ident == {"vocab_size": 32000, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+def test_trained_tokenizer_round_trip_cache_and_path(tmp_path, monkeypatch, small_tok):
+    tok = load_tokenizer("train:420", cache_dir=tmp_path)
+    assert tok.vocab_size == 420 and (tok.bos_id, tok.eos_id) == (1, 2)
+    text = "And God said, Let there be light:\n\n  there was light 1234. Ünïcödé ☃ \t end"
+    ids = tok.encode(text)
+    assert 1 not in ids and 2 not in ids  # specials are the packer's job
+    assert tok.decode(ids) == text  # identity normalisation + byte fallback: exact
+    cached = list(tmp_path.glob("*.model"))
+    assert len(cached) == 1
+    # second load must come from the cache, not train again
+    monkeypatch.setattr(tokmod, "train_sentencepiece", lambda *a, **k: pytest.fail("retrained"))
+    again = load_tokenizer("train:420", cache_dir=tmp_path)
+    assert again.identity() == tok.identity()
+    # a .model path loads the same model
+    by_path = load_tokenizer(str(cached[0]))
+    assert by_path.identity() == tok.identity() and by_path.encode(text) == ids
+    assert small_tok.identity() != tok.identity()
+
+
+def test_train_sentencepiece_writes_model_file(tmp_path, kjv):
+    proto = train_sentencepiece(kjv[0][:3], 384, model_prefix=tmp_path / "m")
+    assert (tmp_path / "m.model").read_bytes() == proto
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    assert sp.vocab_size() == 384
+    with pytest.raises(ValueError, match="vocab_size=290 is below"):
+        train_sentencepiece(kjv[0][:3], 290)
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("train:abc", "integer vocabulary"),
+    ("train:10", "vocab_size"),
+    ("/nonexistent/x.model", "no such file"),
+    ("", "expected 'mistral'"),
+])
+def test_tokenizer_spec_errors(spec, match, tmp_path):
+    with pytest.raises((ValueError, FileNotFoundError), match=match):
+        load_tokenizer(spec, cache_dir=tmp_path)
+
+
+def test_tokenizer_rejects_non_model_bytes(tmp_path):
+    bad = tmp_path / "bad.model"
+    bad.write_bytes(b"not a sentencepiece model")
+    with pytest.raises(ValueError, match="not a valid SentencePiece model"):
+        load_tokenizer(str(bad))
+
+
+# ---------------------------------------------------------------------------------------------- corpus
+
+def test_kjv_corpus_split(kjv):
+    train, val = kjv
+    ids_train, ids_val = corpus.kjv_document_ids()
+    assert len(train) == len(ids_train) and len(val) == len(ids_val)
+    n = len(train) + len(val)
+    assert 150 < n < 600 and len(val) == int(np.ceil(0.05 * n))
+    assert not set(ids_train) & set(ids_val) and not set(train) & set(val)
+    words = sum(len(d.split()) for d in train + val)
+    assert 750_000 < words < 850_000  # the KJV has ~790K words
+    assert "In the beginning God created the heaven and the earth." in train[0]
+    assert all("[" not in d and "]" not in d for d in train + val)
+    # Revelation's last verse is in whichever split holds the last document
+    assert sum("be with you all. Amen." in d for d in train + val) >= 1
+    # deterministic and nested: a larger fraction holds out a superset
+    t2, v2 = corpus.kjv_documents(val_fraction=0.1)
+    assert set(val) <= set(v2) and corpus.corpus_hash(train + val) == corpus.corpus_hash(
+        [d for d in corpus.kjv_documents()[0]] + corpus.kjv_documents()[1])
+    assert corpus.kjv_documents(val_fraction=0.0)[1] == []
+    with pytest.raises(ValueError, match="val_fraction"):
+        corpus.kjv_documents(val_fraction=1.5)
+
+
+# ---------------------------------------------------------------------------------------------- prepare
+
+def _texts(kjv, n=60):
+    paras = [p for d in kjv[0][:6] for p in d.split("\n") if p.strip()]
+    return [f"Document {i}. {paras[i % len(paras)]}" for i in range(n)]
+
+
+def _write_parquet(folder: pathlib.Path, texts_per_file):
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, texts in enumerate(texts_per_file):
+        pq.write_table(pa.table({"text": texts, "id": [f"{i}-{j}" for j in range(len(texts))]}),
+                       folder / f"{i:03d}_00000.parquet")
+
+
+def _read_split(out, meta, split):
+    import grain
+    src = grain.sources.ArrayRecordDataSource(formats.shard_paths(out, meta, split))
+    return [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+
+
+def _reference_split(tok, texts, val_fraction, max_val_docs):
+    """Independent re-statement of the held-out rule: sha1(text)[:8] as a fraction of 2^64."""
+    train, val = [], []
+    for t in texts:
+        if not t:
+            continue
+        u = int.from_bytes(hashlib.sha1(t.encode()).digest()[:8], "little") / 2**64
+        (val if u < val_fraction and len(val) < max_val_docs else train).append(tok.encode(t))
+    return train, val
+
+
+def _snapshot(folder: pathlib.Path):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.parametrize("num_proc", [0, 2])
+def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
+    texts = _texts(kjv)
+    files = [texts[:25] + ["", None], texts[25:]]  # empty/None texts are skipped
+    _write_parquet(tmp_path / "src", files)
+    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.2,
+                           max_val_docs=8, docs_per_shard=20, num_proc=num_proc, batch_docs=7, log=lambda s: None)
+    ref_train, ref_val = _reference_split(small_tok, texts, 0.2, 8)
+    assert 0 < len(ref_val) <= 8
+    assert _read_split(tmp_path / "out", meta, "train") == ref_train
+    assert _read_split(tmp_path / "out", meta, "val") == ref_val
+    on_disk = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert on_disk == meta
+    assert meta["dtype"] == "uint16" and meta["tokenizer"]["sha256"] == small_tok.identity()["sha256"]
+    assert meta["train_docs"] == len(ref_train) and meta["train_tokens"] == sum(map(len, ref_train))
+    assert meta["val_docs"] == len(ref_val) and meta["val_tokens"] == sum(map(len, ref_val))
+    assert len(meta["train_shards"]) == -(-len(ref_train) // 20)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        meta["train_shards"] + meta["val_shards"] + ["meta.json"])  # no staging left behind
+    formats.check_tokenizer_matches(tmp_path / "out", small_tok)
+
+
+def test_prepare_max_docs_and_cli(tmp_path, kjv, small_tok, capsys):
+    _write_parquet(tmp_path / "src", [_texts(kjv)])
+    model = tmp_path / "tok.model"
+    model.write_bytes(small_tok.model_proto)
+    rc = prepare.main(["--source", str(tmp_path / "src"), "--out", str(tmp_path / "out"), "--tokenizer",
+                       str(model), "--val_fraction", "0", "--max_docs", "10", "--num_proc", "0"])
+    assert rc == 0
+    meta = formats.read_meta(tmp_path / "out")
+    assert meta["train_docs"] == 10 and meta["val_docs"] == 0 and meta["source"]["stopped_early"]
+    assert _read_split(tmp_path / "out", meta, "train") == [small_tok.encode(t) for t in _texts(kjv)[:10]]
+    rc = prepare.main(["--source", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o2"),
+                       "--tokenizer", str(model)])
+    assert rc == 2 and "no such file or folder" in capsys.readouterr().err
+    assert not (tmp_path / "o2").exists()
+
+
+def _corrupt(folder):
+    folder.mkdir(parents=True)
+    good = pa.table({"text": ["fine text"]})
+    pq.write_table(good, folder / "a.parquet")
+    raw = (folder / "a.parquet").read_bytes()
+    (folder / "b.parquet").write_bytes(raw[: len(raw) // 2])  # truncated: footer gone
+
+
+def _empty(folder):
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"text": ["fine text"]}), folder / "a.parquet")
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), folder / "b.parquet")
+
+
+def _no_text(folder):
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"content": ["x"]}), folder / "a.parquet")
+
+
+@pytest.mark.parametrize("make,match", [(_corrupt, "corrupt"), (_empty, "empty"), (_no_text, "no 'text' column")])
+def test_prepare_refuses_bad_shards_and_keeps_existing_data(tmp_path, kjv, small_tok, make, match):
+    out = tmp_path / "out"
+    _write_parquet(tmp_path / "good", [_texts(kjv, 12)])
+    prepare.prepare(str(tmp_path / "good"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+    before = _snapshot(out)
+    make(tmp_path / "bad")
+    with pytest.raises(prepare.PrepareError, match=match):
+        prepare.prepare(str(tmp_path / "bad"), str(out), tokenizer=small_tok, num_proc=0, overwrite=True,
+                        log=lambda s: None)
+    assert _snapshot(out) == before
+    with pytest.raises(prepare.PrepareError, match=match):  # into a fresh folder: nothing created either
+        prepare.prepare(str(tmp_path / "bad"), str(tmp_path / "fresh"), tokenizer=small_tok, num_proc=0,
+                        log=lambda s: None)
+    assert not (tmp_path / "fresh").exists() or not any((tmp_path / "fresh").iterdir())
+
+
+def test_prepare_refuses_other_tokenizer_and_unflagged_overwrite(tmp_path, kjv, small_tok, other_tok):
+    out = tmp_path / "out"
+    _write_parquet(tmp_path / "src", [_texts(kjv, 12)])
+    prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+    before = _snapshot(out)
+    for kw in ({}, {"overwrite": True}):
+        with pytest.raises(prepare.PrepareError, match="already holds data tokenised with 'small400'"):
+            prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=other_tok, num_proc=0, log=lambda s: None,
+                            **kw)
+        assert _snapshot(out) == before
+    with pytest.raises(prepare.PrepareError, match="--overwrite"):
+        prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+    assert _snapshot(out) == before
+    # the pipeline's check names both tokenizers
+    with pytest.raises(ValueError, match="Tokenizer mismatch.*small400.*small384"):
+        formats.check_tokenizer_matches(out, other_tok)
+    # a folder with foreign files is refused
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "notes.txt").write_text("mine")
+    with pytest.raises(prepare.PrepareError, match="holds no meta.json"):
+        prepare.prepare(str(tmp_path / "src"), str(tmp_path / "foreign"), tokenizer=small_tok, num_proc=0)
+    # overwrite with the same tokenizer replaces the data
+    _write_parquet(tmp_path / "src2", [_texts(kjv, 5)])
+    meta = prepare.prepare(str(tmp_path / "src2"), str(out), tokenizer=small_tok, num_proc=0, overwrite=True,
+                           val_fraction=0.0, log=lambda s: None)
+    assert meta["train_docs"] == 5 and formats.read_meta(out)["train_docs"] == 5
+
+
+def test_read_meta_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a prepared data folder"):
+        formats.read_meta(tmp_path)
+    (tmp_path / "train-00000.array_record").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="interrupted prepare"):
+        formats.read_meta(tmp_path)
+    (tmp_path / "meta.json").write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match="format='other'"):
+        formats.read_meta(tmp_path)
+
+
+def test_hub_subset_mapping():
+    assert prepare._hf_subset_dir("sample-10BT") == "sample/10BT"
+    assert prepare._hf_subset_dir("sample-100BT") == "sample/100BT"
+    assert prepare._hf_subset_dir("default") == "data"
+    assert prepare._hf_subset_dir("CC-MAIN-2024-10") == "data/CC-MAIN-2024-10"
+    assert prepare._is_hub_id("HuggingFaceFW/fineweb-edu")
+    assert not prepare._is_hub_id("./data/x") and not prepare._is_hub_id("gs://b/p")
