@@ -1,0 +1,186 @@
+"""Perplexity on tokenised documents, and length extrapolation on long-document corpora.
+
+Validation perplexity (`validation_perplexity`): every document is scored with the harness's rolling windows
+(`scoring.loglikelihood_rolling`: disjoint windows of `max_length` predicted tokens, the first one fed the
+prefix token, BOS), so each token is predicted exactly once with up to `max_length` tokens of its own document
+as context. `loss` is the mean token cross-entropy in nats over all predicted tokens (documents weighted by
+their token counts), `ppl = exp(loss)`.
+
+Length extrapolation (`extrapolation`), per corpus and context length L:
+- documents with at least `max(lengths)` tokens are kept (so that every length sees the same documents; the
+  paper evaluates 4K/8K/14K at train length 4K), at most `max_docs` of them;
+- each document is scored once per L on its first L tokens: input `[BOS] + doc[:L-1]`, targets `doc[:L]`;
+- `ppl@L = exp(mean nll over the L positions of every kept document)`; per position bucket (width
+  `max(lengths) / num_buckets`, same edges for every L) the bucket perplexity, which shows where past the
+  training length the loss starts to rise;
+- the headline `ppl@L` is the arithmetic mean of the per-corpus perplexities over the paper's five corpora
+  (PG19, CodeParrot, GovReport, Qasper, QMSum; NarrativeQA is reported per corpus only, as in Table 8), or
+  over all corpora evaluated when none of the five is present.
+
+Corpora (`CORPORA`) read from local files (`<data_dir>/<corpus>/...` jsonl/parquet/json in the HF layout, or
+any such file in that folder) or lazily from the hub.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from idattn.eval import datasets as ds
+from idattn.eval.scoring import ScoreFn, loglikelihood_rolling, score_sequences
+
+# name -> (hf path, config, split, text field)
+CORPORA: dict[str, tuple[str, str | None, str, str]] = {
+    "pg19": ("deepmind/pg19", None, "test", "text"),
+    "codeparrot": ("codeparrot/codeparrot-clean-valid", None, "train", "content"),
+    "govreport": ("tau/scrolls", "gov_report", "validation", "input"),
+    "qasper": ("tau/scrolls", "qasper", "validation", "input"),
+    "qmsum": ("tau/scrolls", "qmsum", "validation", "input"),
+    "narrativeqa": ("tau/scrolls", "narrative_qa", "validation", "input"),
+}
+FIVE_CORPORA = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
+TEXT_FIELDS = ("text", "content", "report", "input", "document", "article")
+
+
+def validation_perplexity(score_fn: ScoreFn, docs_tokens: Sequence[Sequence[int]], *, prefix: int, max_length: int,
+                          batch_size: int = 8) -> dict[str, float]:
+    """{"loss": nats/token, "ppl": exp(loss), "tokens": count} over documents (module docstring)."""
+    docs_tokens = [d for d in docs_tokens if len(d)]
+    if not docs_tokens:
+        raise ValueError("validation_perplexity: no non-empty documents.")
+    lls = loglikelihood_rolling(score_fn, docs_tokens, prefix=prefix, max_length=max_length, batch_size=batch_size)
+    n = sum(len(d) for d in docs_tokens)
+    loss = -sum(lls) / n
+    return {"loss": float(loss), "ppl": float(math.exp(loss)), "tokens": float(n)}
+
+
+def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Token perplexity of packed batches exactly as the trainer validates: `apply_fn(params, batch) -> logits`
+    on {"inputs", "targets", "segment_ids", "positions", "loss_mask"} [B, T]; loss = sum(nll * mask) / sum(mask)."""
+    import jax
+    import jax.numpy as jnp
+
+    if not batches:
+        raise ValueError("packed_perplexity: no batches (the held-out split is empty?).")
+
+    @jax.jit
+    def _sums(p, b):
+        logits = apply_fn(p, b).astype(jnp.float32)
+        lp = jax.nn.log_softmax(logits, -1)
+        nll = -jnp.take_along_axis(lp, b["targets"][..., None], -1)[..., 0]
+        return jnp.sum(nll * b["loss_mask"]), jnp.sum(b["loss_mask"])
+
+    tot = cnt = 0.0
+    for b in batches:
+        s, c = _sums(params, {k: jnp.asarray(v) for k, v in b.items()})
+        tot, cnt = tot + float(s), cnt + float(c)
+    loss = tot / max(cnt, 1.0)
+    return {"loss": loss, "ppl": float(math.exp(loss)), "tokens": cnt}
+
+
+def _texts(rows: list[dict[str, Any]], field: str | None, corpus: str) -> list[str]:
+    fields = (field,) + TEXT_FIELDS if field else TEXT_FIELDS
+    out = []
+    for r in rows:
+        f = next((k for k in fields if isinstance(r.get(k), str)), None)
+        if f is None:
+            raise KeyError(f"corpus {corpus!r}: a row has none of the text fields {fields}; got fields {sorted(r)}.")
+        out.append(r[f])
+    return out
+
+
+def load_corpus(name: str, *, data_dir: str | None = None, hub: bool = False, limit: int | None = None) -> list[str]:
+    """Texts of one long-document corpus: `<data_dir>/<name>` (file or folder; the split's files, else every
+    jsonl/parquet/json file there) or the hub (`CORPORA[name]`)."""
+    if name not in CORPORA:
+        raise KeyError(f"unknown corpus {name!r}; expected one of {sorted(CORPORA)}.")
+    path, cfg, split, field = CORPORA[name]
+    local = os.path.join(data_dir, name) if data_dir else None
+    if local and not os.path.exists(local):
+        if not hub:
+            raise FileNotFoundError(f"corpus {name!r}: {local} does not exist; put the {path} rows (jsonl/parquet, "
+                                    f"text field {field!r}) there, or pass --hub.")
+        local = None
+    if local and os.path.isdir(local):
+        try:
+            rows = ds.load_split(path, cfg, split, local=local, limit=limit)
+        except FileNotFoundError:  # a folder of plain files that do not name the split
+            files = sorted(os.path.join(dp, f) for dp, _, fs in os.walk(local) for f in fs if f.endswith(ds.SUFFIXES))
+            if not files:
+                raise FileNotFoundError(f"corpus {name!r}: no .jsonl/.json/.parquet files under {local}.") from None
+            rows = [r for f in files for r in ds.read_records(f)][:limit]
+    else:
+        rows = ds.load_split(path, cfg, split, local=local, hub=hub and local is None, limit=limit)
+    return _texts(rows, field, name)
+
+
+def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]], lengths: Sequence[int], *,
+                  bos: int, num_buckets: int = 16, max_docs: int | None = None, batch_size: int = 1
+                  ) -> tuple[dict[str, float], dict[str, Any]]:
+    """Perplexity at each context length per corpus (module docstring). Returns (metrics, details).
+
+    metrics: `<corpus>/ppl@<L>`, `ppl@<L>` (five-corpus mean); details: per corpus and L the token count,
+    number of documents and the per-bucket perplexities with their bucket edges.
+    """
+    lengths = sorted(int(x) for x in lengths)
+    if not lengths or lengths[0] < 2:
+        raise ValueError(f"extrapolation: lengths={lengths}; expected context lengths >= 2.")
+    longest = lengths[-1]
+    width = max(1, math.ceil(longest / num_buckets))
+    edges = list(range(0, longest, width)) + [longest]
+    metrics: dict[str, float] = {}
+    details: dict[str, Any] = {"lengths": lengths, "bucket_edges": edges, "corpora": {}}
+    for name, docs in corpora.items():
+        kept = [list(d[:longest]) for d in docs if len(d) >= longest][:max_docs]
+        if not kept:
+            raise ValueError(f"extrapolation: corpus {name!r} has no document with >= {longest} tokens "
+                             f"(longest has {max((len(d) for d in docs), default=0)}); lower the lengths or add "
+                             "longer documents.")
+        cd: dict[str, Any] = {"docs": len(kept)}
+        for L in lengths:
+            inputs = [[bos] + d[:L - 1] for d in kept]
+            targets = [d[:L] for d in kept]
+            scored = score_sequences(score_fn, inputs, targets, batch_size=batch_size, max_length=L)
+            nll = -np.stack([lp for lp, _ in scored])  # [docs, L]
+            ppl = float(np.exp(nll.mean()))
+            bucket_ppl = [float(np.exp(nll[:, a:min(b, L)].mean())) for a, b in zip(edges[:-1], edges[1:]) if a < L]
+            metrics[f"{name}/ppl@{L}"] = ppl
+            cd[str(L)] = {"ppl": ppl, "tokens": int(nll.size), "bucket_ppl": bucket_ppl}
+        details["corpora"][name] = cd
+    avg_over = [c for c in FIVE_CORPORA if c in corpora] or list(corpora)
+    details["average_over"] = avg_over
+    for L in lengths:
+        metrics[f"ppl@{L}"] = float(np.mean([metrics[f"{c}/ppl@{L}"] for c in avg_over]))
+    return metrics, details
+
+
+def plot_extrapolation(details: dict[str, Any], path: str, title: str = "") -> str:
+    """PNG: left, perplexity against context length per corpus; right, per-position-bucket perplexity at the
+    longest length (where past the training context the loss starts to rise)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lengths, edges = details["lengths"], details["bucket_edges"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, cd in details["corpora"].items():
+        a1.plot(lengths, [cd[str(L)]["ppl"] for L in lengths], marker="o", label=name)
+        bp = cd[str(lengths[-1])]["bucket_ppl"]
+        mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])][:len(bp)]
+        a2.plot(mids, bp, marker=".", label=name)
+    a1.set_xlabel("context length")
+    a1.set_ylabel("perplexity")
+    a1.set_xscale("log", base=2)
+    a1.legend(fontsize=7)
+    a2.set_xlabel(f"position (bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
+    a2.set_ylabel("bucket perplexity")
+    a2.set_yscale("log")
+    fig.suptitle(title or "length extrapolation")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
