@@ -13,6 +13,7 @@ with those `out_shardings`; the train step is jitted with in/out shardings and t
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -30,7 +31,7 @@ from idattn.train import checkpoint as ckpt
 from idattn.train import metrics as metrics_lib
 from idattn.train import optim
 from idattn.train import sharding as shd
-from idattn.train.step import TrainState, make_eval_step, make_train_step
+from idattn.train.step import BATCH_KEYS, TrainState, make_eval_step, make_train_step
 
 # Keys that must not change when a run resumes (the checkpoint would not match them).
 _RESUME_LOCKED = ("model", "data.tokenizer")
@@ -135,6 +136,91 @@ def _maybe(fn, *args):
         return f"n/a ({type(e).__name__}: {e})"
 
 
+# ---------------------------------------------------------------------------------------------------- setup
+@dataclasses.dataclass
+class Setup:
+    """Everything compiled for one (config, mesh): abstract state, shardings and the jitted functions.
+
+    init(key) -> TrainState;  train(state, batch) -> (state, metrics) (state donated);
+    eval(params, batch) -> (Σ m·nll, Σ m). Call them inside `setup.context()` (mesh + logical axis rules).
+    """
+    mesh: Any
+    rules: Any
+    model: Any
+    tx: Any
+    schedules: dict
+    abstract_state: Any
+    state_sh: Any
+    param_sh: Any
+    batch_shardings: dict
+    n_params: int
+    init: Any
+    train: Any
+    eval: Any
+
+    def context(self):
+        return _Ctx(self.mesh, self.rules)
+
+
+class _Ctx:
+    def __init__(self, mesh, rules):
+        self._m, self._r = jax.set_mesh(mesh), nn.logical_axis_rules(rules)
+
+    def __enter__(self):
+        self._m.__enter__()
+        self._r.__enter__()
+
+    def __exit__(self, *a):
+        self._r.__exit__(*a)
+        self._m.__exit__(*a)
+
+
+def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmup_steps: int | None = None) -> Setup:
+    """Abstract state via `jax.eval_shape`, logical -> mesh shardings, and the jitted init / train / eval."""
+    from idattn import models
+
+    t = config.train
+    if num_steps is None or warmup_steps is None:
+        num_steps, warmup_steps, _ = derive_steps(config)
+    model = model if model is not None else models.build_model(config.model)
+    rules = shd.normalize_rules(config.logical_axis_rules)
+    init_tokens = jnp.zeros((1, min(int(config.data.seq_len), 16)), jnp.int32)
+    boxed = jax.eval_shape(lambda k: model.init(k, init_tokens)["params"], jax.random.PRNGKey(0))
+    param_sh = shd.logical_param_shardings(boxed, mesh, rules)
+    abstract_params = nn.unbox(boxed)
+    labels = models.param_labels(abstract_params)
+    tx, schedules = optim.make_optimizer(t, labels, num_steps=num_steps, warmup_steps=warmup_steps)
+    abstract_opt = jax.eval_shape(tx.init, abstract_params)
+    opt_sh = shd.opt_state_shardings(abstract_opt, param_sh, mesh)
+    rep = shd.replicated(mesh)
+    state_sh = TrainState(step=rep, params=param_sh, opt_state=opt_sh)
+    abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                  TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
+                                             opt_state=abstract_opt), state_sh)
+    n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract_params))
+
+    def init_state(key):
+        params = nn.unbox(model.init(key, init_tokens)["params"])
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    batch_sh = shd.batch_sharding(mesh)
+    batch_shardings = {k: batch_sh for k in BATCH_KEYS}
+
+    def micro_constraint(mb):
+        return {k: jax.lax.with_sharding_constraint(v, batch_sh) for k, v in mb.items()}
+
+    train_step = make_train_step(model.apply, tx, grad_accum=int(t.grad_accum), lr_fn=schedules["decay"],
+                                 micro_constraint=micro_constraint)
+    eval_step = make_eval_step(model.apply)
+    p_init = jax.jit(init_state, out_shardings=state_sh)
+    p_train = jax.jit(train_step, in_shardings=(state_sh, batch_shardings), out_shardings=(state_sh, rep),
+                      donate_argnums=(0,))
+    p_eval = jax.jit(eval_step, in_shardings=(param_sh, batch_shardings), out_shardings=(rep, rep))
+    return Setup(mesh=mesh, rules=rules, model=model, tx=tx, schedules=schedules, abstract_state=abstract_state,
+                 state_sh=state_sh, param_sh=param_sh, batch_shardings=batch_shardings, n_params=n_params,
+                 init=p_init, train=p_train, eval=p_eval)
+
+
 # ------------------------------------------------------------------------------------------------------ run
 class _Preemption:
     """SIGTERM sets a flag; the loop saves at the next step boundary and exits."""
@@ -197,21 +283,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                 + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
     model = models.build_model(config.model)
 
-    # ---- abstract state and shardings
-    init_tokens = jnp.zeros((1, min(seq_len, 16)), jnp.int32)
-    boxed = jax.eval_shape(lambda k: model.init(k, init_tokens)["params"], jax.random.PRNGKey(0))
-    param_sh = shd.logical_param_shardings(boxed, mesh, rules)
-    abstract_params = nn.unbox(boxed)
-    labels = models.param_labels(abstract_params)
-    tx, schedules = optim.make_optimizer(t, labels, num_steps=num_steps, warmup_steps=warmup_steps)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    opt_sh = shd.opt_state_shardings(abstract_opt, param_sh, mesh)
+    setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)
+    n_params, state_sh, abstract_state, param_sh = (setup.n_params, setup.state_sh, setup.abstract_state,
+                                                    setup.param_sh)
+    p_init, p_train, p_eval, batch_shardings = setup.init, setup.train, setup.eval, setup.batch_shardings
     rep = shd.replicated(mesh)
-    state_sh = TrainState(step=rep, params=param_sh, opt_state=opt_sh)
-    abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                  TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=abstract_params,
-                                             opt_state=abstract_opt), state_sh)
-    n_params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(abstract_params))
 
     # ---- start-up report
     est = hbm_estimate(n_params, config, mesh)
@@ -228,26 +304,6 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         f"microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
         f"{min(float(t.peak_lr), float(t.ssm_lr_cap)):g}) -> {float(t.end_lr):g}")
 
-    # ---- compiled functions
-    def init_state(key):
-        params = nn.unbox(model.init(key, init_tokens)["params"])
-        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
-
-    batch_sh = shd.batch_sharding(mesh)
-    batch_shardings = {k: batch_sh for k in ("inputs", "targets", "segment_ids", "positions", "loss_mask")}
-
-    def micro_constraint(mb):
-        return {k: jax.lax.with_sharding_constraint(v, batch_sh) for k, v in mb.items()}
-
-    train_step = make_train_step(model.apply, tx, grad_accum=int(t.grad_accum), lr_fn=schedules["decay"],
-                                 micro_constraint=micro_constraint)
-    eval_step = make_eval_step(model.apply)
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        p_init = jax.jit(init_state, out_shardings=state_sh)
-        p_train = jax.jit(train_step, in_shardings=(state_sh, batch_shardings), out_shardings=(state_sh, rep),
-                          donate_argnums=(0,))
-        p_eval = jax.jit(eval_step, in_shardings=(param_sh, batch_shardings), out_shardings=(rep, rep))
-
     # ---- state: restore, init_from, or fresh
     mngr = ckpt.make_manager(workdir, t)
     data_iter = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(t.batch_size),
@@ -262,7 +318,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         log(f"restored step {latest} from {os.path.join(workdir, ckpt.CKPT_DIR, str(latest))}")
         start_step = int(latest)
     else:
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        with setup.context():
             state = p_init(jax.random.PRNGKey(int(config.seed)))
         if t.init_from:
             src_cfg, src_params = ckpt.load_params(t.init_from, shardings=param_sh)
@@ -294,7 +350,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             eval_data = pipeline.make_eval_batches(config.data, tokenizer, batch_size=micro, seq_len=seq_len,
                                                    num_batches=int(t.eval_batches))
         nll, cnt = 0.0, 0.0
-        with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+        with setup.context():
             for b in eval_data:
                 s, c = p_eval(params, shd.global_batch_from_full({k: b[k] for k in batch_shardings}, mesh))
                 nll += float(s)
@@ -352,7 +408,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             data_state = data_iter.get_state()
             batch = shd.global_batch_from_local({k: batch_np[k] for k in batch_shardings}, mesh)
             win_wait += time.perf_counter() - tw
-            with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+            with setup.context():
                 state, m = p_train(state, batch)
             step += 1
             win_steps += 1
@@ -400,6 +456,8 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             print(f"warning: waiting for pending checkpoint saves failed: {e}", file=sys.stderr)
         mngr.close()
         writer.close()
+        if hasattr(data_iter, "close"):
+            data_iter.close()
     summary["wall_time"] = time.time() - t0
     if process_count > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
         print(f"[process {process_index}] final step {summary['step']} loss {summary['loss']!r}", flush=True)

@@ -1,0 +1,74 @@
+"""Helpers for the trainer's tests (tiny configs, subprocess commands, metrics reading). Not used in training."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY_CONFIG = os.path.join(REPO, "experiments", "scaling.py") + ":softmax,tiny"
+
+# The tiny CPU model with a 512-piece SentencePiece vocabulary trained on the embedded corpus.
+TINY_OVERRIDES = {
+    "data.tokenizer": "train:512",
+    "model.vocab_size": 512,
+    "model.dtype": "float32",
+    "data.seq_len": 32,
+    "data.prefetch": 0,
+    "train.batch_size": 8,
+    "train.num_steps": 20,
+    "train.warmup_steps": 5,
+    "train.log_every": 1,
+    "train.checkpoint_every": 5,
+    "train.eval_every": 0,
+    "train.eval_batches": 1,
+}
+
+
+def tiny_config(**overrides):
+    """The tiny config as a ConfigDict (for in-process use); keys as in TINY_OVERRIDES ('a.b' dotted)."""
+    import importlib.util
+
+    path = TINY_CONFIG.split(":")[0]
+    spec = importlib.util.spec_from_file_location("_scaling_cfg", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    c = mod.get_config(TINY_CONFIG.split(":", 1)[1])
+    for k, v in {**TINY_OVERRIDES, **overrides}.items():
+        node = c
+        *parents, leaf = k.split(".")
+        for p in parents:
+            node = node[p]
+        node[leaf] = v
+    return c
+
+
+def train_command(workdir: str, config: str = TINY_CONFIG, overrides: dict | None = None,
+                  extra: Sequence[str] = ()) -> list[str]:
+    ov = {**TINY_OVERRIDES, **(overrides or {})}
+    return ([sys.executable, "-m", "idattn.train", f"--config={config}", f"--workdir={workdir}"]
+            + [f"--config.{k}={v}" for k, v in ov.items()] + list(extra))
+
+
+def subprocess_env(**extra) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_train(workdir: str, *, overrides: dict | None = None, extra: Sequence[str] = (), env: dict | None = None,
+              timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(train_command(workdir, overrides=overrides, extra=extra), cwd=REPO, env=env or
+                          subprocess_env(), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"training failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(l) for l in f if l.strip()]
