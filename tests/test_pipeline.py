@@ -302,3 +302,24 @@ def test_config_errors(tok, prepared, tmp_path):
     with pytest.raises(ValueError, match="data.packing='bogus'"):
         pipeline.make_train_iterator(_cfg(packing="bogus"), tok, **kw)
     pipeline.check_tokenizer_matches(out, tok)  # same tokenizer: no error
+
+
+@pytest.mark.slow
+def test_multiprocess_prefetch_state_round_trip(tok, prepared):
+    """data.num_workers > 0 (grain mp_prefetch; ~10 s to start workers, hence slow)."""
+    out, _, _ = prepared
+    cfg = _cfg(source="arrayrecord", path=str(out), num_workers=2, prefetch=2)
+    kw = dict(global_batch_size=2, seq_len=32, seed=5)
+    it = pipeline.make_train_iterator(cfg, tok, **kw)
+    for _ in range(3):
+        next(it)
+    state = json.loads(json.dumps(it.get_state()))
+    want = [next(it) for _ in range(4)]
+    it.close()
+    it2 = pipeline.make_train_iterator(cfg, tok, **kw)
+    it2.set_state(state)
+    got = [next(it2) for _ in range(4)]
+    it2.close()
+    assert_batches_equal(got, want)
+    for g in got:
+        assert_invariants(g, 32)

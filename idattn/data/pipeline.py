@@ -256,6 +256,9 @@ def make_train_dataset(data_cfg, tokenizer, *, global_batch_size: int, seq_len: 
     workers = int(_cfg(data_cfg, "num_workers", 0) or 0)
     prefetch = int(_cfg(data_cfg, "prefetch", 0) or 0)
     if workers > 0:
+        from absl import flags
+        if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app nobody parsed them
+            flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,
                                                          per_worker_buffer_size=max(prefetch, 1)))
     elif prefetch > 0:
