@@ -17,8 +17,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    # a private tokenizer cache: the 512-piece model is trained once for this module (~1 s)
-    return T.subprocess_env(IDATTN_CACHE=str(tmp_path_factory.mktemp("cache")))
+    return T.cached_env(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from idattn.train import testing as T
+from idattn.train.checkpoint import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -63,8 +64,7 @@ print("RESULT" + json.dumps(out))
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-    base = tmp_path_factory.getbasetemp()
-    return T.subprocess_env(IDATTN_CACHE=str(base / "idattn-cache"))
+    return T.cached_env(tmp_path_factory.getbasetemp())
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def test_mesh_2x2x2_matches_one_device(mesh_results, variant):
     assert moved > 100_000
 
 
-def test_two_processes_jax_distributed(tmp_path, env):
+def test_two_processes_jax_distributed(tmp_path, env, monkeypatch):
     wd = str(tmp_path / "mp")
     overrides = {"train.num_steps": 3, "train.checkpoint_every": 3}
     cmd = [sys.executable, os.path.join(T.REPO, "launch", "local.py"), "--num_processes=2", "--port=0", "--"] + \
@@ -109,14 +109,14 @@ def test_two_processes_jax_distributed(tmp_path, env):
     rec = T.read_metrics(wd)
     assert [r["step"] for r in rec] == [1, 2, 3]
     assert repr(rec[-1]["loss"]) == finals["0"]
-    assert 3 in __import__("idattn.train.checkpoint", fromlist=["x"]).committed_steps(wd)
+    assert 3 in committed_steps(wd)
 
     # Independent check of step 1: the initial parameters' loss on host 0's rows then host 1's rows.
     import jax
     from idattn.data import pipeline, tokenizer as tl
     from idattn.models import build_model
     from idattn.train.step import make_loss_sums
-    os.environ["IDATTN_CACHE"] = env["IDATTN_CACHE"]
+    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
     cfg = T.tiny_config(**overrides)
     tok = tl.load_tokenizer(cfg.data.tokenizer)
     parts = [next(pipeline.make_train_iterator(cfg.data, tok, global_batch_size=8, seq_len=cfg.data.seq_len,

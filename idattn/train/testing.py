@@ -60,6 +60,16 @@ def subprocess_env(**extra) -> dict:
     return env
 
 
+def cached_env(base_dir) -> dict:
+    """Subprocess env sharing, across one test session, the tokenizer cache and JAX's persistent compilation
+    cache (every later process of the same tiny config skips XLA compilation; the executables are identical)."""
+    base = str(base_dir)
+    return subprocess_env(IDATTN_CACHE=os.path.join(base, "idattn-cache"),
+                          JAX_COMPILATION_CACHE_DIR=os.path.join(base, "idattn-jax-cache"),
+                          JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                          JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
 def run_train(workdir: str, *, overrides: dict | None = None, extra: Sequence[str] = (), env: dict | None = None,
               timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(train_command(workdir, overrides=overrides, extra=extra), cwd=REPO, env=env or

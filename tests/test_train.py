@@ -1,0 +1,235 @@
+"""Trainer pieces against independent references, one real run, and the refusals.
+
+- schedule: closed form; optimiser groups: one AdamW step against a numpy implementation;
+- loss: masked token cross-entropy against numpy; gradient accumulation = one big batch (toy model);
+- a real 4-step run through `python -m idattn.train`: metrics.jsonl keys and LR values, TensorBoard events,
+  validation JSON, and `load_params` (its parameters reproduce the logged validation loss);
+- refusals that write nothing: changed model config on resume, a batch the mesh cannot divide, data tokenised
+  with another tokenizer, a tokenizer larger than the model's vocabulary; the non-finite-loss guard.
+"""
+import glob
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from idattn.train import optim, testing as T
+from idattn.train.checkpoint import committed_steps, diff_dicts
+from idattn.train.step import TrainState, make_loss_sums, make_train_step
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+# ------------------------------------------------------------------------------------------- pure pieces
+def _sched_ref(s, peak, end, w, n):
+    if s < w:
+        return peak * (s + 1) / w
+    frac = min(1.0, (s - w) / max(1, n - w))
+    return end + (peak - end) * 0.5 * (1 + math.cos(math.pi * frac))
+
+
+def test_schedule_closed_form():
+    f = optim.lr_schedule(3e-3, 1e-5, 10, 100)
+    for s in [0, 1, 5, 9, 10, 11, 50, 99, 100, 150]:
+        np.testing.assert_allclose(float(f(s)), _sched_ref(s, 3e-3, 1e-5, 10, 100), rtol=1e-5)  # float32
+    assert float(f(9)) == pytest.approx(3e-3) and float(f(100)) == pytest.approx(1e-5)
+
+
+def test_adamw_groups_one_step_against_numpy():
+    cfg = T.tiny_config().train
+    cfg.peak_lr, cfg.ssm_lr_cap, cfg.weight_decay, cfg.grad_clip = 2e-3, 5e-4, 0.1, 1.0
+    rng = np.random.default_rng(0)
+    params = {"w": rng.normal(size=(3, 4)).astype(np.float32), "g": rng.normal(size=4).astype(np.float32),
+              "ssm_dt": rng.normal(size=5).astype(np.float32)}
+    labels = {"w": "decay", "g": "no_decay", "ssm_dt": "ssm"}
+    grads = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in params.items()}
+    tx, _ = optim.make_optimizer(cfg, labels, num_steps=10, warmup_steps=4)
+    upd, _ = tx.update(grads, tx.init(params), params)
+    new = optax.apply_updates(params, upd)
+    gnorm = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+    scale = min(1.0, 1.0 / gnorm)
+    for k, (lr, wd) in {"w": (2e-3, 0.1), "g": (2e-3, 0.0), "ssm_dt": (5e-4, 0.0)}.items():
+        lr_t = lr * 1 / 4  # step 0 of a 4-step warmup
+        g = grads[k].astype(np.float64) * scale
+        m, v = 0.1 * g / 0.1, 0.05 * g * g / 0.05  # bias-corrected first step (b1=0.9, b2=0.95)
+        ref = params[k] - lr_t * (m / (np.sqrt(v) + cfg.eps) + wd * params[k])
+        np.testing.assert_allclose(np.asarray(new[k]), ref, rtol=2e-5, atol=1e-8, err_msg=k)
+    with pytest.raises(ValueError, match="unknown optimiser groups"):
+        optim.make_optimizer(cfg, {"w": "oops"}, num_steps=10, warmup_steps=1)
+
+
+def _toy_apply(variables, tokens, segment_ids=None, positions=None):
+    """A bigram model: logits = E[tokens] @ W (enough to test the loss and the step plumbing)."""
+    p = variables["params"]
+    return jnp.take(p["emb"], tokens, axis=0) @ p["out"]
+
+
+def _toy_batch(rng, b=8, t=6, v=11):
+    return {"inputs": rng.integers(0, v, (b, t)).astype(np.int32),
+            "targets": rng.integers(0, v, (b, t)).astype(np.int32),
+            "segment_ids": np.ones((b, t), np.int32), "positions": np.tile(np.arange(t, dtype=np.int32), (b, 1)),
+            "loss_mask": (rng.random((b, t)) > 0.3).astype(np.float32)}
+
+
+def test_masked_loss_against_numpy():
+    rng = np.random.default_rng(1)
+    params = {"emb": rng.normal(size=(11, 5)).astype(np.float32), "out": rng.normal(size=(5, 11)).astype(np.float32)}
+    batch = _toy_batch(rng)
+    s, c = make_loss_sums(_toy_apply)(params, batch)
+    logits = params["emb"][batch["inputs"]].astype(np.float64) @ params["out"]
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = -np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+    np.testing.assert_allclose(float(s), (nll * batch["loss_mask"]).sum(), rtol=1e-5)
+    assert float(c) == batch["loss_mask"].sum()
+
+
+def test_grad_accumulation_equals_one_batch():
+    rng = np.random.default_rng(2)
+    params = {"emb": rng.normal(size=(11, 5)).astype(np.float32), "out": rng.normal(size=(5, 11)).astype(np.float32)}
+    batch = _toy_batch(rng)
+    tx = optax.sgd(0.5)  # linear in the gradient: any difference of the accumulated gradient shows
+    out = {}
+    for a in (1, 4):
+        step = jax.jit(make_train_step(_toy_apply, tx, grad_accum=a))
+        st = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+        st, m = step(st, batch)
+        out[a] = (float(m["loss"]), float(m["grad_norm"]), jax.device_get(st.params))
+    assert out[1][0] == pytest.approx(out[4][0], rel=1e-6) and out[1][1] == pytest.approx(out[4][1], rel=1e-5)
+    for k in params:
+        np.testing.assert_allclose(out[4][2][k], out[1][2][k], rtol=1e-5, atol=1e-6)
+        assert np.abs(out[1][2][k] - params[k]).max() > 1e-3
+
+
+def test_diff_dicts():
+    assert diff_dicts({"a": {"b": 1, "c": 2}}, {"a": {"b": 1, "c": 3, "d": 4}}) == [("a.c", 2, 3),
+                                                                                 ("a.d", "<missing>", 4)]
+
+
+# -------------------------------------------------------------------------------------------- a real run
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return T.cached_env(tmp_path_factory.getbasetemp())
+
+
+RUN = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2, "train.warmup_steps": 2,
+       "train.eval_batches": 2}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, env):
+    wd = str(tmp_path_factory.mktemp("run"))
+    proc = T.run_train(wd, overrides=RUN, env=env)
+    return wd, proc.stdout + proc.stderr
+
+
+def test_run_outputs(run_dir):
+    wd, out = run_dir
+    for needle in ("parameters (count_params:", "state budget", "HBM estimate per device", "ETA"):
+        assert needle in out, needle
+    rec = T.read_metrics(wd)
+    assert [r["step"] for r in rec] == [1, 2, 3, 4]
+    for r in rec:
+        for k in ("loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "step_time", "data_wait"):
+            assert k in r, k
+        assert math.isfinite(r["loss"]) and r["tokens_per_sec"] > 0
+        np.testing.assert_allclose(r["lr"], _sched_ref(r["step"] - 1, 3e-3, 1e-5, 2, 4), rtol=1e-6)
+    assert glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*"))
+    assert committed_steps(wd) == [2, 4]
+    cfg = json.load(open(os.path.join(wd, "config.json")))
+    assert cfg["train"]["num_steps"] == 4 and cfg["model"]["vocab_size"] == 512
+    from idattn.eval.schema import read_results
+    res = read_results(wd, "validation")
+    assert [r["step"] for r in res] == [2, 4]
+    for r in res:
+        assert r["metrics"]["ppl"] == pytest.approx(math.exp(r["metrics"]["loss"]), rel=1e-9)
+
+
+def test_load_params_reproduces_validation(run_dir, env, monkeypatch):
+    wd, _ = run_dir
+    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
+    from idattn.data import pipeline, tokenizer as tl
+    from idattn.eval.schema import read_results
+    from idattn.models import build_model
+    from idattn.train import load_params
+    config, params = load_params(wd)
+    assert config.train.num_steps == 4
+    tok = tl.load_tokenizer(config.data.tokenizer)
+    batches = pipeline.make_eval_batches(config.data, tok, batch_size=8, seq_len=config.data.seq_len, num_batches=2)
+    loss_sums = jax.jit(make_loss_sums(build_model(config.model).apply))
+    s = c = 0.0
+    for b in batches:
+        bs, bc = loss_sums(params, b)
+        s, c = s + float(bs), c + float(bc)
+    logged = [r for r in read_results(wd, "validation") if r["step"] == 4][0]["metrics"]["loss"]
+    np.testing.assert_allclose(s / c, logged, rtol=1e-5)
+    _, p2 = load_params(wd, step=2)
+    assert not np.allclose(np.asarray(p2["embedding"]), np.asarray(params["embedding"]))
+    with pytest.raises(ValueError, match="available steps"):
+        load_params(wd, step=3)
+
+
+def _snapshot(d):
+    out = {}
+    for root, _, files in os.walk(d):
+        for f in files:
+            p = os.path.join(root, f)
+            out[p] = os.stat(p).st_mtime_ns
+    return out
+
+
+def test_refuses_changed_model_on_resume(run_dir, env):
+    wd, _ = run_dir
+    before = _snapshot(wd)
+    proc = T.run_train(wd, overrides={**RUN, "model.d_model": 96, "train.num_steps": 6}, env=env, check=False)
+    assert proc.returncode == 1
+    assert "refusing to resume" in proc.stderr and "model.d_model: saved 64, now 96" in proc.stderr, proc.stderr
+    assert _snapshot(wd) == before
+
+
+def _refusal(tmp_path, env, overrides, extra_env=None):
+    wd = str(tmp_path / "never")
+    proc = T.run_train(wd, overrides=overrides, env={**env, **(extra_env or {})}, check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not os.path.exists(wd), os.listdir(wd)
+    return proc.stderr
+
+
+def test_refuses_batch_the_mesh_cannot_divide(tmp_path, env):
+    err = _refusal(tmp_path, env, {"train.batch_size": 6},
+                   {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert "config.train.batch_size=6" in err and "batch shards" in err and "multiple of 4" in err, err
+
+
+def test_refuses_data_from_another_tokenizer(tmp_path, env):
+    from idattn.data import formats
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / formats.META).write_text(json.dumps({"format": formats.FORMAT, "tokenizer": {
+        "name": "mistral", "vocab_size": 32000, "sha256": "0" * 64}}))
+    err = _refusal(tmp_path, env, {"data.source": "arrayrecord", "data.path": str(data)})
+    assert "Tokenizer mismatch" in err and "mistral" in err, err
+
+
+def test_refuses_tokenizer_larger_than_vocab(tmp_path, env):
+    err = _refusal(tmp_path, env, {"model.vocab_size": 300})
+    assert "has 512 tokens but config.model.vocab_size=300" in err, err
+
+
+def test_nonfinite_loss_stops_with_step_and_checkpoint(tmp_path, env):
+    wd = str(tmp_path / "nan")
+    proc = T.run_train(wd, overrides={"train.peak_lr": 1e30, "train.warmup_steps": 0, "train.checkpoint_every": 1,
+                                      "train.num_steps": 6}, env=env, check=False)
+    assert proc.returncode == 1
+    err = proc.stderr
+    assert "non-finite loss" in err, err[-3000:]
+    step = int(err.split("non-finite loss")[1].split("at step ")[1].split(";")[0])
+    good = committed_steps(wd)
+    assert good and max(good) == step - 1, (good, step)
+    assert f"Last good checkpoint: {os.path.join(wd, 'checkpoints', str(step - 1))}" in err
