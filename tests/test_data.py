@@ -271,3 +271,44 @@ def test_hub_subset_mapping():
     assert prepare._hf_subset_dir("CC-MAIN-2024-10") == "data/CC-MAIN-2024-10"
     assert prepare._is_hub_id("HuggingFaceFW/fineweb-edu")
     assert not prepare._is_hub_id("./data/x") and not prepare._is_hub_id("gs://b/p")
+
+
+def _memory_fs_with(paths_texts):
+    import fsspec
+    fs = fsspec.filesystem("memory")
+    for path, texts in paths_texts.items():
+        with fs.open(path, "wb") as f:
+            pq.write_table(pa.table({"text": texts}), f)
+    return fs
+
+
+def test_prepare_from_fsspec_url(tmp_path, kjv, small_tok):
+    """The bucket path (gs://...) goes through fsspec; memory:// exercises the same code without network."""
+    texts = _texts(kjv, 20)
+    fs = _memory_fs_with({"/idattn-test/fw/b.parquet": texts[10:], "/idattn-test/fw/a.parquet": texts[:10]})
+    try:
+        meta = prepare.prepare("memory://idattn-test/fw", str(tmp_path / "out"), tokenizer=small_tok,
+                               val_fraction=0.0, num_proc=0, log=lambda s: None)
+    finally:
+        fs.rm("/idattn-test", recursive=True)
+    assert [pathlib.PurePosixPath(f).name for f in meta["source"]["files"]] == ["a.parquet", "b.parquet"]
+    assert _read_split(tmp_path / "out", meta, "train") == [small_tok.encode(t) for t in texts]
+
+
+def test_prepare_from_hub_id_with_subset(tmp_path, kjv, small_tok, monkeypatch):
+    """A hub id + subset lists `datasets/<repo>/<subset folder>` through HfFileSystem (faked: no network)."""
+    import sys
+    import types
+    texts = _texts(kjv, 8)
+    fs = _memory_fs_with({"/datasets/HuggingFaceFW/fineweb-edu/sample/10BT/000_00000.parquet": texts,
+                          "/datasets/HuggingFaceFW/fineweb-edu/sample/100BT/000_00000.parquet": ["wrong"]})
+    fake = types.ModuleType("huggingface_hub")
+    fake.HfFileSystem = lambda: fs
+    monkeypatch.setitem(sys.modules, "huggingface_hub", fake)
+    try:
+        meta = prepare.prepare("HuggingFaceFW/fineweb-edu", str(tmp_path / "out"), subset="sample-10BT",
+                               tokenizer=small_tok, val_fraction=0.0, num_proc=0, log=lambda s: None)
+    finally:
+        fs.rm("/datasets", recursive=True)
+    assert meta["source"]["subset"] == "sample-10BT" and len(meta["source"]["files"]) == 1
+    assert _read_split(tmp_path / "out", meta, "train") == [small_tok.encode(t) for t in texts]

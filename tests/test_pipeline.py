@@ -323,3 +323,13 @@ def test_multiprocess_prefetch_state_round_trip(tok, prepared):
     assert_batches_equal(got, want)
     for g in got:
         assert_invariants(g, 32)
+
+
+def test_tfds_source_errors(tok):
+    import importlib.util
+    kw = dict(global_batch_size=2, seq_len=16, seed=0)
+    with pytest.raises(ValueError, match="needs data.tfds_name"):
+        pipeline.make_train_iterator(_cfg(source="tfds", tfds_name=""), tok, **kw)
+    if importlib.util.find_spec("tensorflow_datasets") is None:
+        with pytest.raises(ImportError, match="optional extra"):
+            pipeline.make_train_iterator(_cfg(source="tfds", tfds_name="wikipedia/20230601.en"), tok, **kw)
