@@ -79,6 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
     d.num_workers = 0
     d.prefetch = 2
     d.val_fraction = 0.05  # embedded corpus: share of documents held out
+    d.packing = "concat"  # concat (cut the document stream every seq_len) | pad (docs start rows; see docs/data.md)
 
     # ---- train (owned by idattn.train) ----
     c.train = ml_collections.ConfigDict()
