@@ -65,6 +65,11 @@ def test_trained_tokenizer_round_trip_cache_and_path(tmp_path, monkeypatch, smal
     assert small_tok.identity() != tok.identity()
 
 
+def test_train_sentencepiece_is_deterministic(kjv):
+    a = train_sentencepiece(kjv[0][:4], 384)
+    assert train_sentencepiece(kjv[0][:4], 384) == a  # hosts training "train:<vocab>" agree
+
+
 def test_train_sentencepiece_writes_model_file(tmp_path, kjv):
     proto = train_sentencepiece(kjv[0][:3], 384, model_prefix=tmp_path / "m")
     assert (tmp_path / "m.model").read_bytes() == proto
