@@ -30,6 +30,9 @@ import sentencepiece as spm
 MISTRAL_MODEL_RESOURCE = ("mistral_common", "data/tokenizer.model.v1")
 # Byte fallback needs 256 byte pieces plus <unk>, <s>, </s>; below this SentencePiece cannot train.
 MIN_TRAIN_VOCAB = 260 + 16
+# Part of the "train:<vocab>" cache key: bump it whenever train_sentencepiece's settings change, so that a model
+# cached by older code is never mistaken for the current recipe.
+TRAIN_RECIPE = "bpe-bytefallback-identity-1thread-v1"
 
 
 class Tokenizer:
@@ -168,6 +171,7 @@ def _atomic_write(path: pathlib.Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
     os.replace(tmp, path)
 
 
@@ -191,7 +195,7 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
                              "size, e.g. 'train:4096'.") from None
         from idattn.data import corpus  # local import: the corpus module is heavy-ish (6 MB text)
         train_docs, _ = corpus.kjv_documents()
-        key = hashlib.sha256(corpus.corpus_hash(train_docs).encode() + f":{vocab}".encode()).hexdigest()[:16]
+        key = hashlib.sha256(f"{corpus.corpus_hash(train_docs)}:{vocab}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
         cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
         path = cache / f"kjv-bpe{vocab}-{key}.model"
         if path.is_file():
