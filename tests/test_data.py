@@ -173,6 +173,10 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
     assert meta["train_docs"] == len(ref_train) and meta["train_tokens"] == sum(map(len, ref_train))
     assert meta["val_docs"] == len(ref_val) and meta["val_tokens"] == sum(map(len, ref_val))
     assert len(meta["train_shards"]) == -(-len(ref_train) // 20)
+    # a staging folder of a killed run (dead pid) is cleaned up by the next run
+    (tmp_path / "out" / ".prepare-staging-999999999").mkdir()
+    prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.2,
+                    max_val_docs=8, docs_per_shard=20, num_proc=0, batch_docs=7, log=lambda s: None, overwrite=True)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         meta["train_shards"] + meta["val_shards"] + ["meta.json"])  # no staging left behind
     formats.check_tokenizer_matches(tmp_path / "out", small_tok)

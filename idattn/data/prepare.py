@@ -216,6 +216,17 @@ def _check_output(out: pathlib.Path, tok: Tokenizer, overwrite: bool) -> dict | 
 # Main
 # ----------------------------------------------------------------------------------------------------------
 
+def _remove_stale_staging(out: pathlib.Path) -> None:
+    """Delete staging folders left by killed prepare runs (their pid is gone); a live run's is kept."""
+    for d in out.glob(".prepare-staging-*"):
+        try:
+            os.kill(int(d.name.rsplit("-", 1)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
 class _ShardWriter:
     def __init__(self, folder: pathlib.Path, prefix: str, docs_per_shard: int):
         self.folder, self.prefix, self.per = folder, prefix, docs_per_shard
@@ -280,6 +291,7 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
         raise
 
     out_p.mkdir(parents=True, exist_ok=True)
+    _remove_stale_staging(out_p)
     staging = out_p / f".prepare-staging-{os.getpid()}"
     if staging.exists():
         shutil.rmtree(staging)
