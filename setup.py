@@ -38,5 +38,6 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9"],
         "harness": ["lm-eval>=0.4.5"],
         "gcs": ["gcsfs>=2024.1"],
+        "hub": ["huggingface_hub>=0.24"],
     },
 )

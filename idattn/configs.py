@@ -73,6 +73,8 @@ def base_config() -> ml_collections.ConfigDict:
     d.source = "kjv"  # kjv (embedded corpus) | arrayrecord (prepared shards) | tfds
     d.path = ""  # folder of prepared ArrayRecord shards (source=arrayrecord)
     d.tfds_name = ""
+    d.tfds_train_split = "train"
+    d.tfds_val_split = "validation"
     d.tokenizer = "mistral"  # "mistral" (offline 32K Llama-2-compatible model) | path to a .model | "train:<vocab>"
     d.seq_len = 4096
     d.shuffle_seed = 0
