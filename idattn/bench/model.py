@@ -1,0 +1,161 @@
+"""Model benchmark: training tokens/s and MFU per mixer at one size and context, and decode tokens/s against
+context.
+
+Training step = loss (next-token cross-entropy) + gradients + AdamW update, jitted, timed as the median of
+``--repeats`` steps after warmup. MFU = flops_per_token(cfg.model, T) · tokens/s / peak FLOP/s, with
+``idattn.models.flops_per_token`` (6·N plus the mixer term; the interdomain mixer uses SPEC section 1's MAC
+count) and the peak from ``--peak-tflops`` or a table of known accelerators (bf16 dense).
+
+Decode: one ``decode_step`` per token with the cache index set to the context length (the KV cache of the
+softmax model is allocated for it, so its per-token cost grows with context; the recurrent mixers' state does
+not). Needs flax / optax / ml_collections (imported lazily, only by this subcommand).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+PEAK_TFLOPS = {  # bf16 dense, per device
+    "H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0, "A6000": 155.0,
+    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0,
+    "TPU v6e": 918.0,
+}
+
+
+def peak_flops(device, override=None):
+    if override:
+        return override * 1e12
+    kind = getattr(device, "device_kind", "")
+    for k, v in PEAK_TFLOPS.items():
+        if k.lower() in kind.lower():
+            return v * 1e12
+    return None
+
+
+def _timeit(fn, n, warmup):
+    import jax
+    out = None
+    for _ in range(warmup):
+        out = fn()
+        jax.block_until_ready(out)
+    ts = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = fn()
+        jax.block_until_ready(out)
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None, overrides=()):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from experiments.scaling import get_config
+    from idattn.models import build_model, flops_per_token
+
+    cfg = get_config(f"{mixer},{size}")
+    for kv in overrides:
+        k, v = kv.split("=", 1)
+        sect, key = k.split(".", 1) if "." in k else ("model", k)
+        cur = cfg[sect][key]
+        cfg[sect][key] = type(cur)(v) if not isinstance(cur, bool) else v.lower() in ("1", "true", "yes")
+    model = build_model(cfg.model)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch, seq_len + 1)),
+                         jnp.int32)
+    params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
+    opt = optax.adamw(1e-4, weight_decay=0.1)
+    opt_state = opt.init(params)
+
+    def loss_fn(p, toks):
+        logits = model.apply({"params": p}, toks[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
+
+    @jax.jit
+    def step(p, s, toks):
+        loss, g = jax.value_and_grad(loss_fn)(p, toks)
+        upd, s = opt.update(g, s, p)
+        return optax.apply_updates(p, upd), s, loss
+
+    state = {"p": params, "s": opt_state}
+
+    def run():
+        state["p"], state["s"], loss = step(state["p"], state["s"], tokens)
+        return loss
+
+    sec = _timeit(run, repeats, warmup)
+    tps = batch * seq_len / sec
+    fpt = flops_per_token(cfg.model, seq_len)
+    pk = peak_flops(jax.devices()[0], peak)
+    mfu = None if pk is None else fpt * tps / (pk * jax.device_count())
+    return dict(mixer=mixer, size=size, T=seq_len, B=batch, ms=sec * 1e3, tok_s=tps, flops_per_token=fpt, mfu=mfu)
+
+
+def decode_throughput(mixer, size, contexts, batch, steps=20):
+    import jax
+    import jax.numpy as jnp
+
+    from experiments.scaling import get_config
+    from idattn.models import build_model, decode_step, init_cache
+
+    cfg = get_config(f"{mixer},{size}")
+    model = build_model(cfg.model)
+    tok = jnp.zeros((batch,), jnp.int32)
+    params = model.init(jax.random.PRNGKey(0), tok[:, None])["params"]
+    rows = []
+    for ctx in contexts:
+        cache = init_cache(cfg.model, batch, max_len=ctx + 2 * steps + 8)
+        cache["index"] = jnp.asarray(ctx, jnp.int32)  # pretend a prefilled context of ctx tokens
+        state = {"c": cache}
+
+        def run():
+            logits, state["c"] = decode_step(model, params, tok, state["c"])
+            return logits
+
+        sec = _timeit(run, steps, 3)
+        rows.append(dict(mixer=mixer, ctx=ctx, B=batch, ms_per_token=sec * 1e3, tok_s=batch / sec))
+    return rows
+
+
+def main(argv=None):
+    import argparse
+    import jax
+    p = argparse.ArgumentParser(prog="python -m idattn.bench model", description=__doc__.split("\n\n")[0])
+    on_acc = jax.default_backend() in ("gpu", "tpu")
+    p.add_argument("--mixers", default="softmax,interdomain,s4d_only")
+    p.add_argument("--size", default="125m" if on_acc else "tiny")
+    p.add_argument("--seq", type=int, default=4096 if on_acc else 128)
+    p.add_argument("--batch", type=int, default=8 if on_acc else 2)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak (bf16 dense)")
+    p.add_argument("--decode-contexts", default="512,2048,8192,16384" if on_acc else "64,256")
+    p.add_argument("--decode-batch", type=int, default=1)
+    p.add_argument("--no-train", action="store_true")
+    p.add_argument("--no-decode", action="store_true")
+    p.add_argument("--set", action="append", default=[], help="config override, e.g. model.chunk_size=64")
+    a = p.parse_args(argv)
+    mixers = [m for m in a.mixers.split(",") if m]
+    print(f"backend={jax.default_backend()} devices={jax.devices()}", flush=True)
+    if not a.no_train:
+        print(f"{'mixer':>14} {'size':>6} {'T':>6} {'B':>4} {'ms/step':>10} {'tok/s':>12} {'GFLOP/tok':>10} {'MFU':>7}")
+        for m in mixers:
+            try:
+                r = train_throughput(m, a.size, a.seq, a.batch, a.repeats, peak=a.peak_tflops, overrides=a.set)
+                mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:6.1f}%"
+                print(f"{m:>14} {a.size:>6} {a.seq:>6} {a.batch:>4} {r['ms']:>10.1f} {r['tok_s']:>12.0f} "
+                      f"{r['flops_per_token'] / 1e9:>10.3f} {mfu:>7}", flush=True)
+            except Exception as e:
+                print(f"{m:>14}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    if not a.no_decode:
+        ctxs = [int(x) for x in a.decode_contexts.split(",") if x]
+        print(f"\n{'mixer':>14} {'context':>8} {'B':>4} {'ms/token':>10} {'tok/s':>10}")
+        for m in mixers:
+            try:
+                for r in decode_throughput(m, a.size, ctxs, a.decode_batch):
+                    print(f"{m:>14} {r['ctx']:>8} {r['B']:>4} {r['ms_per_token']:>10.2f} {r['tok_s']:>10.1f}",
+                          flush=True)
+            except Exception as e:
+                print(f"{m:>14}: {type(e).__name__}: {str(e)[:300]}", flush=True)
