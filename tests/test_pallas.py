@@ -105,7 +105,8 @@ def _inputs(rng, B, T, H, R, D, M, with_c, with_x0, with_seg):
     return f(B, T, H, R), f(B, T, H, R), f(B, T, H, D), lam, b, c, x0, seg
 
 
-def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg, tol_fwd, tol_grad, seed=0):
+def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg, tol_fwd, tol_grad, seed=0,
+              save_states=False):
     rng = np.random.default_rng(seed)
     fq, zk, zv, lam, b, c, x0, seg = _inputs(rng, B, T, H, R, D, M, with_c, with_x0, with_seg)
     fq_d, zk_d, zv_d = (jnp.asarray(x).astype(dtype) for x in (fq, zk, zv))
@@ -124,7 +125,8 @@ def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_se
     def f_pallas(fq, zk, zv, lam, b, c, x0k, x0v):
         o, (xk, xv) = interdomain_mix_pallas(
             fq, zk, zv, lam, b, c, conj=conj, chunk_size=L, segment_ids=seg_j, initial_state=(x0k, x0v),
-            return_state=True, out_dtype=jnp.float32, interpret=True, family=family)
+            return_state=True, out_dtype=jnp.float32, interpret=True, family=family,
+            save_states=save_states)
         return o, xk, xv
 
     @jax.jit
@@ -169,9 +171,10 @@ def test_gpu_family_f32_everything_on():
 
 
 def test_gpu_family_f32_plain_conj_false():
-    """No c, no segments, no initial state, conj=False, T = 37, two heads."""
+    """No c, no segments, no initial state, conj=False, T = 37, two heads; the forward keeps its
+    chunk-boundary states for the backward (save_states=True) instead of recomputing them."""
     _run_case("gpu", jnp.float32, False, B=1, T=37, H=2, R=8, D=16, M=4, L=16,
-              with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1)
+              with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1, save_states=True)
 
 
 def test_gpu_family_bf16():

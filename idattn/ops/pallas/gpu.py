@@ -68,21 +68,26 @@ def _split(refs, n_in, seg):
 # forward: fused readout + carry
 
 
-def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
-    """p [nRB, B, T, H, 2, M] (partial sums over feature blocks) and Xk_T [B, H, 2, M, R]."""
+def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
+    """p [nRB, B, T, H, 2, M] (partial sums over feature blocks) and Xk_T [B, H, 2, M, R]; with ``save_sdt``
+    also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward."""
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
     NC, nrb = T // L, R // block_r
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (fq_r, zk_r, *tab_r, x0_r), seg_r, (p_r, xt_r) = _split(refs, 9 + (4 if seg else 0), seg)
+        (fq_r, zk_r, *tab_r, x0_r), seg_r, outs = _split(refs, 9 + (4 if seg else 0), seg)
+        p_r, xt_r = outs[0], outs[1]
         bi, h, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         rs = pl.ds(rb * block_r, block_r)
 
         def body(c, X):
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            if save_sdt is not None:
+                outs[2][bi, h, c, 0, :, rs] = X[0].astype(outs[2].dtype)
+                outs[2][bi, h, c, 1, :, rs] = X[1].astype(outs[2].dtype)
             q = fq_r[bi, pl.ds(t0, L), h, rs]
             k = zk_r[bi, pl.ds(t0, L), h, rs]
             pr, pi = C.p_fwd(q, k, X, tb, mk, dot)
@@ -96,25 +101,31 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
         xt_r[bi, h, 1, :, rs] = X[1]
 
     out = (jax.ShapeDtypeStruct((nrb, B, T, H, 2, M), F32), jax.ShapeDtypeStruct((B, H, 2, M, R), F32))
+    if save_sdt is not None:
+        out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, R), save_sdt),)
     args = (fq, zk, *tabs, x0) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, nrb), interpret)(*args)
 
 
-def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
-    """o [B, T, H, D] and Xv_T [B, H, 2, M, D]."""
+def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_sdt=None):
+    """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``)."""
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     NC, ndb = T // L, D // block_d
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (w_r, zv_r, *tab_r, x0_r), seg_r, (o_r, xt_r) = _split(refs, 9 + (4 if seg else 0), seg)
+        (w_r, zv_r, *tab_r, x0_r), seg_r, outs = _split(refs, 9 + (4 if seg else 0), seg)
+        o_r, xt_r = outs[0], outs[1]
         bi, h, db = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ds_ = pl.ds(db * block_d, block_d)
 
         def body(c, X):
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            if save_sdt is not None:
+                outs[2][bi, h, c, 0, :, ds_] = X[0].astype(outs[2].dtype)
+                outs[2][bi, h, c, 1, :, ds_] = X[1].astype(outs[2].dtype)
             wc = (w_r[bi, pl.ds(t0, L), h, 0, :], w_r[bi, pl.ds(t0, L), h, 1, :])
             v = zv_r[bi, pl.ds(t0, L), h, ds_]
             o = C.o_fwd(wc, v, X, tb, mk, dot)
@@ -127,6 +138,8 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
         xt_r[bi, h, 1, :, ds_] = X[1]
 
     out = (jax.ShapeDtypeStruct((B, T, H, D), out_dtype), jax.ShapeDtypeStruct((B, H, 2, M, D), F32))
+    if save_sdt is not None:
+        out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
     args = (w, zv, *tabs, x0) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, ndb), interpret)(*args)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -63,6 +64,7 @@ class _Cfg:
     block_sv: int
     out_dtype: str
     seg: bool
+    save_states: bool    # keep the forward's chunk-boundary states for the backward (else recompute them)
 
 
 def _kernels(family):
@@ -145,19 +147,21 @@ def _half_p(cfg: _Cfg, fq, zk, lr, li, br, bi, x0, segs):
 def _half_p_fwd(cfg, fq, zk, lr, li, br, bi, x0, segs):
     K = _kernels(cfg.family)
     tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    p, xt = K.fwd_p(fq, zk, tabs, x0, _segs(segs), L=cfg.L, block_r=cfg.block_r, cdt=cfg.cdt,
-                    interpret=cfg.interpret)
-    return (jnp.sum(p, axis=0), xt), (fq, zk, lr, li, br, bi, x0, segs)
+    res = K.fwd_p(fq, zk, tabs, x0, _segs(segs), L=cfg.L, block_r=cfg.block_r, cdt=cfg.cdt,
+                  interpret=cfg.interpret, save_sdt=jnp.dtype(cfg.sdt) if cfg.save_states else None)
+    xs = res[2] if cfg.save_states else None
+    return (jnp.sum(res[0], axis=0), res[1]), (fq, zk, lr, li, br, bi, x0, segs, xs)
 
 
 def _half_p_bwd(cfg, res, cts):
-    fq, zk, lr, li, br, bi, x0, segs = res
+    fq, zk, lr, li, br, bi, x0, segs, xs = res
     dp, dxt = cts
     K = _kernels(cfg.family)
     tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
     sg = _segs(segs)
-    xs = K.scan_fwd(zk, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt, sdt=cfg.sdt,
-                    interpret=cfg.interpret)
+    if xs is None:
+        xs = K.scan_fwd(zk, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt, sdt=cfg.sdt,
+                        interpret=cfg.interpret)
     ys, y0 = K.scan_rev(fq, dp.astype(F32), tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt,
                         sdt=cfg.sdt, conj_g=False, interpret=cfg.interpret)
     dfq, dzk, row, col = K.bwd_p(fq, zk, dp.astype(F32), xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt,
@@ -177,19 +181,22 @@ def _half_o(cfg: _Cfg, w, zv, lr, li, br, bi, x0, segs):
 def _half_o_fwd(cfg, w, zv, lr, li, br, bi, x0, segs):
     K = _kernels(cfg.family)
     tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    o, xt = K.fwd_o(w, zv, tabs, x0, _segs(segs), L=cfg.L, block_d=cfg.block_d, cdt=cfg.cdt,
-                    out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret)
-    return (o, xt), (w, zv, lr, li, br, bi, x0, segs)
+    res = K.fwd_o(w, zv, tabs, x0, _segs(segs), L=cfg.L, block_d=cfg.block_d, cdt=cfg.cdt,
+                  out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret,
+                  save_sdt=jnp.dtype(cfg.sdt) if cfg.save_states else None)
+    xs = res[2] if cfg.save_states else None
+    return (res[0], res[1]), (w, zv, lr, li, br, bi, x0, segs, xs)
 
 
 def _half_o_bwd(cfg, res, cts):
-    w, zv, lr, li, br, bi, x0, segs = res
+    w, zv, lr, li, br, bi, x0, segs, xs = res
     do, dxt = cts
     K = _kernels(cfg.family)
     tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
     sg = _segs(segs)
-    xs = K.scan_fwd(zv, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
-                    interpret=cfg.interpret)
+    if xs is None:
+        xs = K.scan_fwd(zv, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
+                        interpret=cfg.interpret)
     ys, y0 = K.scan_rev(do, w, tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
                         conj_g=True, interpret=cfg.interpret)
     dw, dzv, row, col = K.bwd_o(w, zv, do, xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
@@ -217,13 +224,27 @@ def _planes(z):
     return jnp.stack([jnp.real(z), jnp.imag(z)], axis=2)  # [B, H, M, N] -> [B, H, 2, M, N]
 
 
+_SAVE_STATES = os.environ.get("IDATTN_PALLAS_SAVE_STATES", "0").lower() in ("1", "true", "yes")
+
+
+def set_save_states(flag: bool) -> bool:
+    """Default for ``save_states`` (also env IDATTN_PALLAS_SAVE_STATES=1). Returns the previous value."""
+    global _SAVE_STATES
+    prev, _SAVE_STATES = _SAVE_STATES, bool(flag)
+    return prev
+
+
 def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
-                           initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None):
+                           initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None,
+                           save_states=None):
     """Fused-kernel ``interdomain_mix`` (inputs already validated by ``idattn.ops.interdomain_mix``).
 
     Args as ``interdomain_mix``; extra:
       interpret: run the kernels in Pallas interpret mode (default: True unless the backend is GPU/TPU).
       family: "gpu" (Triton lowering) or "tpu" (Mosaic) kernels; default from the backend ("gpu" on CPU).
+      save_states: keep the forward's chunk-boundary states [B, H, T/L, 2, M, R+D] (compute dtype) as
+        residuals instead of recomputing them in the backward (two fewer sequential passes, more memory held
+        between forward and backward). Default False (``set_save_states``).
     Returns o [B, T, H, D] (out_dtype, default zv's dtype), plus (Xk [B, H, M, R], Xv [B, H, M, D]) complex64
     when return_state. Matmul operands are bf16 when the inputs are bf16 (else float32 at HIGHEST precision);
     the state and all accumulation are float32 (float64 inputs are computed in float32).
@@ -279,7 +300,8 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
     bh = B * H
     min_blk = 32 if family == "gpu" else 128
     cfg_common = dict(family=family, L=L, cdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
-                      interpret=bool(interpret), seg=segs is not None)
+                      interpret=bool(interpret), seg=segs is not None,
+                      save_states=bool(_SAVE_STATES if save_states is None else save_states))
     cfg_p = _Cfg(block_r=_blocks(rp, bh, min_blk), block_d=dp_, block_sk=_blocks(rp, bh, min_blk),
                  block_sv=_blocks(dp_, bh, min_blk), out_dtype=jnp.dtype(out_dtype).name, **cfg_common)
     cfg_o = dataclasses.replace(cfg_p, block_d=_blocks(dp_, bh, min_blk))

@@ -121,7 +121,7 @@ def _state_spec(M, N):
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
+def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
     NC = T // L
@@ -129,7 +129,8 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((fq_r, zk_r, *tab_r, x0_r), seg_r), (p_r, xt_r, xs) = _split(refs, 9, seg)
+        ((fq_r, zk_r, *tab_r, x0_r), seg_r), rest = _split(refs, 9, seg)
+        p_r, xt_r, xs = rest[0], rest[1], rest[-1]
         c = pl.program_id(2)
 
         @pl.when(c == 0)
@@ -138,6 +139,9 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
 
         tb, mk = _tabs(tab_r), _masks(seg_r, L)
         X = (xs[0], xs[1])
+        if save_sdt is not None:
+            rest[2][0] = X[0].astype(rest[2].dtype)
+            rest[2][1] = X[1].astype(rest[2].dtype)
         q, k = fq_r[...], zk_r[...]
         pr, pi = C.p_fwd(q, k, X, tb, mk, dot)
         p_r[0] = pr
@@ -153,12 +157,15 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret):
     in_specs = [_seq(B, T, H, R, L, cid)] * 2 + tspecs + [_state_spec(M, R)] + _seg_specs(seg, L, cid)
     out_specs = [_modes_spec(M, L, cid), _state_spec(M, R)]
     out = (jax.ShapeDtypeStruct((B, H, 2, T, M), F32), jax.ShapeDtypeStruct((B, H, 2, M, R), F32))
-    p, xt = _call(kernel, out, (B, H, NC), in_specs, out_specs, [_vmem((2, M, R))], interpret)(
+    if save_sdt is not None:
+        out_specs.append(_chunk_state_spec(M, R, cid))
+        out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, R), save_sdt),)
+    res = _call(kernel, out, (B, H, NC), in_specs, out_specs, [_vmem((2, M, R))], interpret)(
         _t_in(fq), _t_in(zk), *tabs, x0, *_seg_prep(segs, NC))
-    return _u_modes(p)[None], xt
+    return (_u_modes(res[0])[None],) + tuple(res[1:])
 
 
-def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
+def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_sdt=None):
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     NC = T // L
@@ -166,7 +173,8 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((w_r, zv_r, *tab_r, x0_r), seg_r), (o_r, xt_r, xs) = _split(refs, 9, seg)
+        ((w_r, zv_r, *tab_r, x0_r), seg_r), rest = _split(refs, 9, seg)
+        o_r, xt_r, xs = rest[0], rest[1], rest[-1]
         c = pl.program_id(2)
 
         @pl.when(c == 0)
@@ -175,6 +183,9 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
 
         tb, mk = _tabs(tab_r), _masks(seg_r, L)
         X = (xs[0], xs[1])
+        if save_sdt is not None:
+            rest[2][0] = X[0].astype(rest[2].dtype)
+            rest[2][1] = X[1].astype(rest[2].dtype)
         v = zv_r[...]
         o_r[...] = C.o_fwd((w_r[0], w_r[1]), v, X, tb, mk, dot).astype(o_r.dtype)
         nr, ni = C.carry_fwd(v, X, tb, mk, dot)
@@ -189,9 +200,12 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret):
                 + _seg_specs(seg, L, cid))
     out_specs = [_seq(B, T, H, D, L, cid), _state_spec(M, D)]
     out = (jax.ShapeDtypeStruct((B, H, T, D), out_dtype), jax.ShapeDtypeStruct((B, H, 2, M, D), F32))
-    o, xt = _call(kernel, out, (B, H, NC), in_specs, out_specs, [_vmem((2, M, D))], interpret)(
+    if save_sdt is not None:
+        out_specs.append(_chunk_state_spec(M, D, cid))
+        out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
+    res = _call(kernel, out, (B, H, NC), in_specs, out_specs, [_vmem((2, M, D))], interpret)(
         _t_modes(w), _t_in(zv), *tabs, x0, *_seg_prep(segs, NC))
-    return _t_in(o), xt
+    return (_t_in(res[0]),) + tuple(res[1:])
 
 
 def _chunk_state_spec(M, N, cid):
