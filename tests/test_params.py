@@ -1,0 +1,135 @@
+"""Parameter counts (Table 3 of the paper, exactly), state budget, FLOPs, optimiser groups, configs."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from idattn import models
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_spec = importlib.util.spec_from_file_location("scaling", os.path.join(ROOT, "experiments", "scaling.py"))
+scaling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(scaling)
+
+# PAPER.md, Table 3
+TABLE3 = {
+    "softmax": [134_105_856, 373_867_520, 777_856_512, 1_345_423_360],
+    "interdomain": [135_416_208, 377_360_768, 781_498_752, 1_352_406_784],
+    "s4d_only": [135_425_424, 377_385_344, 781_523_328, 1_352_455_936],
+}
+SIZES = ["125m", "350m", "760m", "1.3b"]
+
+
+@pytest.mark.parametrize("mixer", list(TABLE3))
+def test_table3_exact(mixer):
+    for size, want in zip(SIZES, TABLE3[mixer]):
+        cfg = scaling.get_config(f"{mixer},{size}").model
+        cfg.impl = "chunked"  # shapes only; keep the test independent of kernel availability
+        n = models.count_params(cfg)  # eval_shape of the real module
+        assert n == models.count_params_closed(cfg), (mixer, size)
+        assert models.table3_equivalent(cfg) == want, (mixer, size, models.table3_equivalent(cfg), want)
+        if mixer == "softmax":
+            assert n == want and models.differences(cfg) == []
+        # the paper's formula, written independently: softmax + layers·[8d + H(2M²+2M+1+4d_h) + (R+d_h)] (+ H·M)
+        d, L, H, dh, M = cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.head_dim, cfg.num_modes
+        soft = 2 * 32000 * d + L * (4 * d * d + 3 * d * cfg.ffn_dim + 2 * d) + d
+        assert soft == TABLE3["softmax"][SIZES.index(size)]
+        if mixer != "softmax":
+            paper = soft + L * (8 * d + H * (2 * M * M + 2 * M + 1 + 4 * dh) + 2 * dh) + L * H * M * (
+                mixer == "s4d_only")
+            assert paper == want
+
+
+def test_params_cli_prints_breakdown_budget_and_table3():
+    out = subprocess.run([sys.executable, "-m", "idattn.params",
+                          "--config=experiments/scaling.py:interdomain,1.3b", "--config.model.impl=chunked"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    assert lines[-2] == "params: 1352502016"  # ours: + 2·H·M·L (B) − (R + d_h)·L
+    assert lines[-1] == "table3_equivalent: 1352406784"
+    assert "state budget: 524,288 real numbers per layer" in out.stdout
+    assert "layers/mixer/ssm_c_re" in out.stdout and "+98,304" in out.stdout
+
+
+def test_state_budget():
+    for mixer in ("interdomain", "s4d_only", "generic-query-rope"):
+        assert models.state_budget(scaling.get_config(f"{mixer},1.3b").model) == 524_288
+    assert models.state_budget(scaling.get_config("softmax,1.3b").model) == 2 * 32 * 64  # per token
+
+
+def test_flops_per_token():
+    cfg = scaling.get_config("interdomain,1.3b").model
+    # SPEC section 1: R = D = M = L = 64 -> ~74K MACs per token-head (57K without C)
+    assert models.counting.mixer_macs_per_token_head(cfg, 4096) == 64 * 128 + 4 * 64 * (64 + 128) + 4 * 64 * 64
+    assert models.counting.mixer_macs_per_token_head(cfg, 4096) == 73_728
+    n_nonembed = models.count_params_closed(cfg) - 32000 * 2048
+    want = 6 * n_nonembed + 24 * 6 * 32 * 73_728
+    assert models.flops_per_token(cfg, 4096) == pytest.approx(want)
+    soft = scaling.get_config("softmax,1.3b").model
+    want = 6 * (1_345_423_360 - 32000 * 2048) + 24 * 6 * 4096 * 2048  # causal attention halved, ×3 training
+    assert models.flops_per_token(soft, 4096) == pytest.approx(want)
+    # the fixed-state mixer is cheaper than attention at long context, dearer at short
+    assert models.flops_per_token(cfg, 16384) < models.flops_per_token(soft, 16384)
+    assert models.flops_per_token(cfg, 256) > models.flops_per_token(soft, 256)
+
+
+def test_param_labels_groups():
+    cfg = scaling.get_config("interdomain,tiny").model
+    model = models.build_model(cfg)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    labels = models.param_labels(shapes)  # boxed input accepted
+    flat = {jax.tree_util.keystr(p): lab for p, lab in jax.tree_util.tree_flatten_with_path(labels)[0]}
+    ssm = sorted(k.split("'mixer']")[1] for k, v in flat.items() if v == "ssm")
+    assert ssm == sorted(["['ssm_log_dt']", "['ssm_log_a_re']", "['ssm_a_im']", "['ssm_b_re']", "['ssm_b_im']",
+                          "['ssm_c_re']", "['ssm_c_im']", "['ssm_norm_k']['scale']", "['ssm_norm_k']['bias']",
+                          "['ssm_norm_v']['scale']", "['ssm_norm_v']['bias']"])
+    assert flat["['layers']['mixer']['wq']['kernel']"] == "decay"
+    assert flat["['embedding']"] == "decay" and flat["['lm_head']['kernel']"] == "decay"
+    assert flat["['layers']['attn_norm']['scale']"] == "no_decay" and flat["['final_norm']['scale']"] == "no_decay"
+
+
+def test_complex_parameter_as_real_pair_descends():
+    """One step on z = re + i·im, stored as a real pair, lowers |z − target|²; on the complex leaf itself,
+    jax.grad gives the conjugate direction and the same step raises the loss."""
+    target = jnp.asarray([0.3 + 2.0j, -1.0 - 0.5j], jnp.complex64)
+
+    def loss_pair(p):
+        return jnp.sum(jnp.abs(jax.lax.complex(p["re"], p["im"]) - target) ** 2)
+
+    p = {"re": jnp.zeros(2), "im": jnp.zeros(2)}
+    opt = optax.sgd(0.1)
+    upd, _ = opt.update(jax.grad(loss_pair)(p), opt.init(p), p)
+    assert loss_pair(optax.apply_updates(p, upd)) < loss_pair(p)
+
+    def loss_c(z):
+        return jnp.sum(jnp.abs(z - target) ** 2)
+
+    z = jnp.zeros(2, jnp.complex64) + 0.1
+    z2 = z - 0.1 * jax.grad(loss_c)(z)
+    # the imaginary parts move the wrong way (the real parts happen to be right)
+    assert np.all(np.sign(np.imag(z2 - z)) != np.sign(np.imag(target - z)))
+
+
+def test_mixer_names_and_scaling_config_errors():
+    assert len(set(models.cube_cells())) == 8
+    c = models.apply_mixer_name(scaling.get_config("softmax,tiny").model, "s4d_only")
+    assert (c.input, c.readout, c.rope) == ("generic", "linear", False)
+    c = scaling.get_config("dualkv-linear-norope,125m")
+    assert (c.model.input, c.model.readout, c.model.rope) == ("dualkv", "linear", False)
+    assert c.train.total_tokens == 2_500_000_000 and c.train.peak_lr == 3e-3 and c.data.seq_len == 4096
+    assert scaling.get_config("softmax,1.3b").train.total_tokens == 26_000_000_000
+    with pytest.raises(ValueError, match="size '2b'"):
+        scaling.get_config("softmax,2b")
+    with pytest.raises(ValueError, match="model.mixer: got 'mamba'"):
+        scaling.get_config("mamba,125m")
+    with pytest.raises(ValueError, match="'<mixer>,<size>'"):
+        scaling.get_config("softmax")
