@@ -223,9 +223,7 @@ def load_params(workdir: str, step: int | None = None, *, shardings: Any = None)
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree.map(lambda _: dev, abstract)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    mngr = make_manager(workdir, config.train, read_only=True)
-    try:
-        out = mngr.restore(int(step), args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))
-    finally:
-        mngr.close()
-    return config, out["params"]
+    path = epath.Path(os.path.abspath(os.path.join(workdir, CKPT_DIR, str(step), "params")))
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore(path, abstract)
+    return config, params
