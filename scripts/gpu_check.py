@@ -191,6 +191,9 @@ def main():
     p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-table", action="store_true")
+    p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
+    p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
+    p.add_argument("--tokens", type=int, default=65536)
     a = p.parse_args()
     deadline = T0 + a.budget_s
     log(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
@@ -224,22 +227,30 @@ def main():
         from idattn.bench import op as bop
         log("=== (b) operator table: pallas vs cuDNN causal attention, bf16, 65,536 tokens/batch ===")
         rows = []
-        seqs = [1024, 2048, 4096, 8192, 16384]
-        for shape in [(16, 128, 32), (32, 64, 64)]:
+        seqs = [int(x) for x in a.seqs.split(",")]
+        shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
+        for shape in shapes:
             for T in seqs:
-                rows += bop.bench_case(shape, T, 65536, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
+                rows += bop.bench_case(shape, T, a.tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
                                        repeats=10, warmup=2, deadline=deadline - 60)
         log("\n" + bop.format_table(rows))
-        log("=== XLA chunked path (while the budget lasts) ===")
         rows2 = []
-        for shape in [(16, 128, 32), (32, 64, 64)]:
-            for T in (1024, 4096, 16384):
-                rows2 += bop.bench_case(shape, T, 65536, ["chunked"], ["fwd", "fwdbwd"], jnp.bfloat16,
+        log("=== pallas variants at (16, 128, 32), fwd+bwd: save_states=True, chunk 128 ===")
+        for T in [t for t in (4096, 16384) if t in seqs] or seqs[-1:]:
+            rows2 += bop.bench_case(shapes[0], T, a.tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, repeats=10,
+                                    attention=False, deadline=deadline - 40, pallas_kwargs={"save_states": True},
+                                    label="pallas+save")
+            rows2 += bop.bench_case(shapes[0], T, a.tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, chunk=128,
+                                    repeats=10, attention=False, deadline=deadline - 40, label="pallas L128")
+        log("=== XLA chunked path (while the budget lasts) ===")
+        for shape in shapes:
+            for T in [t for t in (1024, 4096, 16384) if t in seqs] or seqs[:1]:
+                rows2 += bop.bench_case(shape, T, a.tokens, ["chunked"], ["fwd", "fwdbwd"], jnp.bfloat16,
                                         repeats=5, warmup=1, attention=False, deadline=deadline - 20)
         attn_rows = [r for r in rows if r.impl == "attention"]
         log("\n" + bop.format_table(attn_rows + rows2))
         if time.time() < deadline - 10:
-            for shape in [(16, 128, 32), (32, 64, 64)]:
+            for shape in shapes:
                 bop.bench_decode(shape, batches=(1, 64))
     log("done")
 

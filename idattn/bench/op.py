@@ -65,15 +65,15 @@ def make_inputs(B, T, H, dh, M, dtype, seed=0, with_c=False):
     return fq, zk, zv, lam.astype(jnp.complex64), b.astype(jnp.complex64), c
 
 
-def mixer_fn(impl, mode, chunk, c_present, interpret=None):
+def mixer_fn(impl, mode, chunk, c_present, interpret=None, pallas_kwargs=None):
     from idattn.ops import interdomain_mix
 
     def fwd(fq, zk, zv, lam, b, c):
-        if impl == "pallas" and interpret is not None:
+        if impl == "pallas" and (interpret is not None or pallas_kwargs):
             from idattn.ops.pallas import interdomain_mix_pallas
             return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=True, chunk_size=chunk, segment_ids=None,
                                           initial_state=None, return_state=False, out_dtype=None,
-                                          interpret=interpret)
+                                          interpret=interpret, **(pallas_kwargs or {}))
         return interdomain_mix(fq, zk, zv, lam, b, c, impl=impl, chunk_size=chunk)
 
     if mode == "fwd":
@@ -122,7 +122,7 @@ def time_compiled(fn, args, warmup=2, repeats=10):
 
 
 def bench_case(shape, T, tokens, impls, modes, dtype, chunk=64, warmup=2, repeats=10, with_c=False,
-               attention=True, deadline=None, interpret=None):
+               attention=True, deadline=None, interpret=None, pallas_kwargs=None, label=None):
     """Rows for one (shape, T): every impl and attention, in every mode. Errors become notes (never raise)."""
     H, dh, M = shape
     B = max(1, tokens // T)
@@ -143,10 +143,10 @@ def bench_case(shape, T, tokens, impls, modes, dtype, chunk=64, warmup=2, repeat
                     fn = attention_fn(mode)
                     args = (fq.astype(dtype), zk.astype(dtype), zv) + ((g,) if mode == "fwdbwd" else ())
                 else:
-                    fn = mixer_fn(name, mode, chunk, c is not None, interpret=interpret)
+                    fn = mixer_fn(name, mode, chunk, c is not None, interpret=interpret, pallas_kwargs=pallas_kwargs)
                     args = (fq, zk, zv, lam, b, c) + ((g,) if mode == "fwdbwd" else ())
                 ms, temp = time_compiled(fn, args, warmup, repeats)
-                rows.append(Row(shape, T, B, name, mode, ms, temp))
+                rows.append(Row(shape, T, B, label if (label and name != "attention") else name, mode, ms, temp))
             except Exception as e:
                 msg = str(e).strip().splitlines()
                 rows.append(Row(shape, T, B, name, mode, note=f"{type(e).__name__}: {(msg[0] if msg else '')[:160]}"))

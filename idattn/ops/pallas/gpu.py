@@ -33,9 +33,16 @@ def _compiler_params(num_warps, num_stages):
         return None
 
 
-def _call(kernel, out_shape, grid, interpret, num_warps=4, num_stages=2):
+# (num_warps, num_stages) per kernel kind. The fused forward and the scans carry a small state tile per program
+# (4 warps); the chunk-parallel backward kernels hold several L×L and L×D fp32 tiles at once (8 warps, fewer
+# registers per thread). num_stages > 1 lets Triton prefetch the next chunk's loads inside the fori_loop.
+TUNING = {"fwd": (4, 2), "scan": (4, 2), "bwd": (8, 2)}
+
+
+def _call(kernel, out_shape, grid, interpret, kind="fwd"):
     kw = {}
     if not interpret:
+        num_warps, num_stages = TUNING[kind]
         cp = _compiler_params(num_warps, num_stages)
         if cp is not None:
             kw["compiler_params"] = cp
@@ -171,7 +178,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, block_n, cdt, sdt, interpret):
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt),)
     args = (z, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nnb), interpret)(*args)[0]
+    return _call(kernel, out, (B, H, nnb), interpret, "scan")(*args)[0]
 
 
 def scan_rev(x, g, tabs, yT, segs, *, L, block_n, cdt, sdt, conj_g, interpret):
@@ -202,7 +209,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, block_n, cdt, sdt, conj_g, interpret):
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt), jax.ShapeDtypeStruct((B, H, 2, M, N), F32))
     args = (x, g, *tabs, yT) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nnb), interpret)(*args)
+    return _call(kernel, out, (B, H, nnb), interpret, "scan")(*args)
 
 
 def _acc_out(B, H, NG, M):
@@ -253,7 +260,7 @@ def bwd_o(w, zv, do, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     out = (jax.ShapeDtypeStruct((B, T, H, 2, M), F32), jax.ShapeDtypeStruct(zv.shape, zv.dtype)) + _acc_out(B, H, NG, M)
     args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret)(*args)
+    return _call(kernel, out, (B, H, NG), interpret, "bwd")(*args)
 
 
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
@@ -286,4 +293,4 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     out = (jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype)) + _acc_out(B, H, NG, M)
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret)(*args)
+    return _call(kernel, out, (B, H, NG), interpret, "bwd")(*args)
