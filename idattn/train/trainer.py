@@ -252,6 +252,9 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     from idattn.data import pipeline, tokenizer as tok_lib
 
     t0 = time.time()
+    if "://" in str(workdir):
+        raise TrainingError(f"--workdir={workdir!r}: a URL; the trainer needs a filesystem path (mount the bucket, "
+                            f"e.g. with gcsfuse, and pass the mount point)")
     workdir = os.path.abspath(workdir)
     t = config.train
     num_steps, warmup_steps, tokens_per_step = derive_steps(config)

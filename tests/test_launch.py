@@ -1,0 +1,97 @@
+"""Launchers in dry-run mode (the commands they would run) and the multi-process start-up logic."""
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from idattn.train import distributed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = ["--config=experiments/scaling.py:interdomain,1.3b", "--workdir=/shared/runs/a b",
+         "--config.train.batch_size=256"]
+
+
+def _run(script, *args):
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", script), *args], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_local_dry_run():
+    out = _run("local.py", "--num_processes=3", "--port=4567", "--devices_per_process=2", "--dry_run", "--",
+               "-m", "idattn.train", *TRAIN).strip().splitlines()
+    assert len(out) == 3
+    for i, line in enumerate(out):
+        words = shlex.split(line)
+        env = dict(w.split("=", 1) for w in words if "=" in w and w.split("=", 1)[0].isupper())
+        assert env["IDATTN_COORDINATOR_ADDRESS"] == "localhost:4567"
+        assert env["IDATTN_NUM_PROCESSES"] == "3" and env["IDATTN_PROCESS_ID"] == str(i)
+        assert env["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+        assert words[-len(TRAIN) - 2:] == ["-m", "idattn.train", *TRAIN]  # argument with a space survives
+
+
+def test_tpu_dry_run_commands():
+    create = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=us-east5-a", "--type=v5p-128", "--queued",
+                              "--spot", "--project=p", "--dry_run"))
+    assert create[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "pod"]
+    assert {"--node-id=pod", "--accelerator-type=v5p-128", "--spot", "--zone=us-east5-a", "--project=p"} <= set(create)
+    direct = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=z", "--dry_run"))
+    assert direct[3:6] == ["tpu-vm", "create", "pod"]
+    setup = _run("tpu.py", "setup", "--name=pod", "--zone=z", "--dry_run").strip().splitlines()
+    assert len(setup) == 3 and all("--worker=all" in l for l in setup) and "pip install -e ." in setup[2]
+    train = shlex.split(_run("tpu.py", "train", "--name=pod", "--zone=z", "--dry_run", "--", *TRAIN))
+    assert train[3:6] == ["tpu-vm", "ssh", "pod"] and "--worker=all" in train
+    remote = [w for w in train if w.startswith("--command=")][0][len("--command="):]
+    inner = shlex.split(remote.split("&&", 1)[1].split(">", 1)[0])
+    assert inner == ["python", "-m", "idattn.train", *TRAIN]
+    delete = shlex.split(_run("tpu.py", "delete", "--name=pod", "--zone=z", "--queued", "--dry_run"))
+    assert delete[3:6] == ["queued-resources", "delete", "pod"] and "--force" in delete
+
+
+def test_slurm_dry_run_script(tmp_path):
+    out = _run("slurm.py", "--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--dry_run", "--", *TRAIN)
+    script = out.split("# submit with")[0]
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-task=1",
+                 "#SBATCH --partition=gpu", "#SBATCH --signal=TERM@120"):
+        assert line in script, line
+    srun = [l for l in script.splitlines() if l.startswith("srun")][0]
+    words = shlex.split(srun.split("||")[0])
+    assert words[words.index("idattn.train") + 1:] == ["--distributed=on", *TRAIN]
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    per_node = _run("slurm.py", "--nodes=2", "--mode=per_node", "--dry_run", "--", *TRAIN)
+    assert "#SBATCH --ntasks-per-node=1" in per_node and "--gpus-per-task" not in per_node
+
+
+@pytest.fixture
+def fake_init(monkeypatch):
+    calls = []
+    monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: calls.append(kw))
+    monkeypatch.setattr(distributed.jax.config, "update", lambda *a, **k: None)
+    for k in ("IDATTN_COORDINATOR_ADDRESS", "IDATTN_NUM_PROCESSES", "IDATTN_PROCESS_ID", "SLURM_NTASKS",
+              "TPU_WORKER_HOSTNAMES"):
+        monkeypatch.delenv(k, raising=False)
+    return calls
+
+
+def test_distributed_initialize_sources(fake_init, monkeypatch):
+    assert distributed.initialize("auto") is False and fake_init == []  # single process
+    assert distributed.initialize("auto", "h:1", 2, 1) is True
+    assert fake_init[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1, local_device_ids=None)
+    monkeypatch.setenv("IDATTN_COORDINATOR_ADDRESS", "localhost:9")
+    monkeypatch.setenv("IDATTN_NUM_PROCESSES", "4")
+    monkeypatch.setenv("IDATTN_PROCESS_ID", "3")
+    distributed.initialize("auto")
+    assert fake_init[-1]["coordinator_address"] == "localhost:9" and fake_init[-1]["process_id"] == 3
+    for k in ("IDATTN_COORDINATOR_ADDRESS", "IDATTN_NUM_PROCESSES", "IDATTN_PROCESS_ID"):
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("SLURM_NTASKS", "16")  # SLURM: jax reads the cluster itself
+    assert distributed.initialize("auto") is True and fake_init[-1] == {}
+    assert distributed.initialize("off") is False and len(fake_init) == 3
+    with pytest.raises(ValueError, match="needs num_processes and process_id"):
+        distributed.initialize("on", "h:1", None, None)
