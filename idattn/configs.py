@@ -108,6 +108,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.keep_every = 0  # 0: keep none beyond the last N
     t.async_checkpoint = True
     t.init_from = ""  # workdir of another run to initialise parameters from (explicit, never implicit)
+    t.peak_tflops_per_device = 0.0  # MFU denominator; 0: look up the device kind (idattn.train.metrics)
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES
