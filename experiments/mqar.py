@@ -8,7 +8,7 @@ in minutes) and float32 compute. The `mqar` section holds the task and the optim
 loss at query positions only, as Zoology trains).
 
 Run (CPU, ~minutes per mixer; prints a table and writes one result file per mixer when --workdir is given):
-    python experiments/mqar.py --mixers=softmax,interdomain,s4d_only --steps=1500
+    python experiments/mqar.py --mixers=softmax,interdomain,s4d_only --steps=3000
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def get_config(arg: str = "softmax") -> ml_collections.ConfigDict:
     c.model.remat = "none"
     c.mqar = ml_collections.ConfigDict(dict(
         seq_len=int(parts[1]) if len(parts) == 3 else 64, num_kv_pairs=int(parts[2]) if len(parts) == 3 else 4,
-        vocab_size=256, num_train=20_000, num_test=1_000, steps=1_500, batch_size=64, lr=3e-3,
+        vocab_size=256, num_train=20_000, num_test=1_000, steps=3_000, batch_size=64, lr=1e-3,
         weight_decay=0.1, warmup=100, seed=0))
     return c
 

@@ -95,12 +95,13 @@ def _size_rank(s: str) -> int:
     return SIZE_ORDER.index(s) if s in SIZE_ORDER else -1
 
 
-def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | None = None) -> Run | None:
-    """The run of a mixer family (at `size`, else the largest) that has metric prefix `need`."""
+def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | None = None,
+         exact: bool = False) -> Run | None:
+    """The run of a mixer family (at `size`, else - unless `exact` - the largest) that has metric prefix `need`."""
     cands = [r for r in runs if r.family == family and (need is None or any(k.startswith(need) for k in r.metrics))]
     if size is not None:
-        exact = [r for r in cands if r.size == size]
-        cands = exact or cands
+        at = [r for r in cands if r.size == size]
+        cands = at if (at or exact) else cands
     return max(cands, key=lambda r: _size_rank(r.size), default=None)
 
 
@@ -161,10 +162,14 @@ def table8(runs: list[Run]) -> str:
 def table4(runs: list[Run]) -> str:
     header = ["cell", "description", "paper loss", "paper ppl", "ours loss", "ours ppl", "ours vs softmax", "ours run"]
     rows = []
-    soft = pick(runs, "softmax", size="125m", need="validation/loss")
+    # one size for the whole cube (125M when measured there, else the size with the most cells measured), so
+    # that "vs softmax" never compares across sizes
+    sizes = [r.size for r in runs if "validation/loss" in r.metrics]
+    size = "125m" if "125m" in sizes else max(set(sizes), key=lambda s: (sizes.count(s), _size_rank(s)), default=None)
+    soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True)
     for cell, desc, loss, ppl in P.TABLE4:
         fam = mixer_family(cell)
-        r = pick(runs, fam, size="125m", need="validation/loss")
+        r = pick(runs, fam, size=size, need="validation/loss", exact=True)
         ol = r.metrics["validation/loss"] if r else None
         rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
                if r and soft and cell != "softmax" else "—")
@@ -173,7 +178,7 @@ def table4(runs: list[Run]) -> str:
     return "### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + _table(header, rows)
 
 
-def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc",)) -> str:
+def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm")) -> str:
     picked = {fam: pick(runs, fam, size="1.3b", need=spec[0][0].split("/")[0] if spec else None) for fam in P.MIXERS}
     header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in P.MIXERS]
     rows = []

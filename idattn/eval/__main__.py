@@ -36,6 +36,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
     ap.add_argument("--config", default="", help="experiments/<file>.py:<arg> (with --random_init)")
     ap.add_argument("--random_init", action="store_true", help="evaluate a random-init model built from --config")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a config key, e.g. --set=model.impl=chunked (repeatable)")
     ap.add_argument("--batch_size", type=int, default=8)
     ap.add_argument("--max_length", type=int, default=0, help="scoring context (default: config.data.seq_len)")
     ap.add_argument("--data_dir", default="", help="folder of <task>/ and <corpus>/ dataset files")
@@ -75,6 +77,29 @@ def load_config_file(spec: str):
     return mod.get_config(arg) if arg else mod.get_config()
 
 
+def apply_overrides(config, sets: list[str]):
+    """--set KEY=VALUE: the value is parsed as a Python literal when it is one (ints, floats, bools), else kept
+    as a string; the key must exist (ConfigDict refuses new keys with the key named)."""
+    import ast
+
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. model.impl=chunked")
+        try:
+            val = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            val = raw
+        node = config
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        if leaf not in node:
+            raise KeyError(f"--set {key}: no such config key; keys here: {sorted(node.keys())}")
+        node[leaf] = val
+    return config
+
+
 def load_run(args) -> tuple[Any, Any, int]:
     """(config, params, step)."""
     import jax
@@ -84,7 +109,7 @@ def load_run(args) -> tuple[Any, Any, int]:
     from idattn.models import build_model
 
     if args.random_init:
-        config = load_config_file(args.config)
+        config = apply_overrides(load_config_file(args.config), args.set)
         model = build_model(config.model)
         params = nn.unbox(model.init(jax.random.PRNGKey(config.get("seed", 0)), jnp.zeros((1, 8), jnp.int32))["params"])
         return config, params, -1
@@ -93,7 +118,7 @@ def load_run(args) -> tuple[Any, Any, int]:
     steps = checkpoint.committed_steps(args.workdir)
     step = args.step if args.step is not None else (steps[-1] if steps else None)
     config, params = checkpoint.load_params(args.workdir, step)
-    return config, params, int(step)
+    return apply_overrides(config, args.set), params, int(step)
 
 
 def size_name(model_cfg) -> str:

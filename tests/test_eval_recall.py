@@ -1,0 +1,81 @@
+"""MQAR generator (Zoology's definition), text recall prompts and greedy-match scoring."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from idattn.eval import recall
+from tests.eval_fixtures import ByteTokenizer, bigram_score_fn
+
+
+def test_mqar_structure():
+    V, T, P = 256, 64, 4
+    x, y = recall.mqar_generate(V, 200, T, P, seed=3)
+    assert x.shape == y.shape == (200, T) and x.dtype == np.int32
+    assert x.min() >= 0 and x.max() < V
+    for i in range(200):
+        keys, vals = x[i, 0:2 * P:2], x[i, 1:2 * P:2]
+        assert len(set(keys)) == P and len(set(vals)) == P
+        assert keys.min() >= 1 and keys.max() < V // 2 and vals.min() >= V // 2
+        q = np.nonzero(y[i] != recall.IGNORE)[0]
+        assert len(q) == P and (q >= 2 * P).all() and ((q - 2 * P) % 2 == 0).all()
+        kv = dict(zip(keys, vals))
+        for t in q:  # the token at a query position is a key; its label is that key's value
+            assert x[i, t] in kv and y[i, t] == kv[x[i, t]]
+        # the label sits on the query token itself (the model predicts the value after reading the key)
+    # power-law gaps: queries cluster right after the pairs
+    x, y = recall.mqar_generate(8192, 2000, 256, 16, seed=0)
+    first = np.array([np.nonzero(r != recall.IGNORE)[0].min() for r in y]) - 32
+    assert np.median(first) < 8
+
+
+def test_mqar_bad_args():
+    with pytest.raises(ValueError, match="num_kv_pairs"):
+        recall.mqar_generate(256, 1, 64, 17)
+    with pytest.raises(ValueError, match="vocab_size"):
+        recall.mqar_generate(64, 1, 64, 4)
+
+
+def test_mqar_accuracy_oracle():
+    """An oracle that reads the pairs scores 1; a constant predictor scores 0."""
+    x, y = recall.mqar_generate(256, 50, 64, 4, seed=1)
+
+    def oracle(xb):
+        out = np.zeros(xb.shape + (256,))
+        for i, row in enumerate(xb):
+            kv = dict(zip(row[0:8:2], row[1:8:2]))
+            for t, tok in enumerate(row):
+                out[i, t, kv.get(tok, 0)] = 1.0
+        return out
+
+    assert recall.mqar_accuracy(oracle, x, y, batch_size=7) == 1.0
+    assert recall.mqar_accuracy(lambda xb: np.zeros(xb.shape + (256,)), x, y) == 0.0
+
+
+def test_text_recall_prompts():
+    tok = ByteTokenizer()
+    ex = recall.niah_examples(tok, 1024, 3, seed=0)
+    for prompt, ans in ex:
+        value = ans.strip(" .")
+        assert f"is: {value}." in prompt and len(value) == 7
+        assert prompt.endswith("mentioned in the provided text is")
+        assert 900 < len(tok.encode(prompt)) <= 1024
+    ex = recall.phonebook_examples(16, 2, seed=0)
+    for prompt, ans in ex:
+        lines = prompt.split("\n")
+        assert len(lines) == 18 and lines[-1] == "Answer:"
+        name = lines[-2][len("What is the phone number of "):-1]
+        assert f"{name}:{ans}" in prompt
+
+
+def test_greedy_match_with_lookup_model():
+    """A bigram table whose argmax follows the answer's byte chain makes the answer greedy; the zero table
+    (argmax token 0) never is."""
+    tok = ByteTokenizer()
+    ex = [("x: 12", " 34"), ("y: 56", " 78")]
+    table = np.zeros((259, 259))
+    ids = tok.encode("x: 12 34")
+    for a, b in zip(ids[-4:-1], ids[-3:]):
+        table[a, b] = 10.0
+    assert recall.greedy_match_accuracy(bigram_score_fn(table), tok, ex, max_length=32) == 0.5
+    assert recall.greedy_match_accuracy(bigram_score_fn(np.zeros((259, 259))), tok, ex, max_length=32) == 0.0
