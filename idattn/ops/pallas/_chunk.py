@@ -7,6 +7,7 @@ matmuls with float32 accumulation. Shapes (one batch row, one head, one chunk of
 
     tables  pin[i]  = lam^(i+1)       pt[i] = lam^(i-mu)      (query side, [L, M])
             sp[j]   = lam^(mu-j)      ep[j] = lam^(L-1-j)     (key side, b-free, [L, M]); mu = (L-1)/2
+            (only sp is loaded; the others are rebuilt on chip, see Tabs)
             lamL    = lam^L  [M, 1] (a column: it scales state rows);  b [1, M]
             Ps = b * sp,  Pe = b * ep
     masks   mk [L, L] bool: i >= j and same document;  cm [L, 1]: row may read the carried state;
@@ -86,12 +87,23 @@ def exponents(length: int):
 
 
 class Tabs:
-    """Loaded tables of one head (planes). ``ps``/``pe`` include b."""
+    """Tables of one head (planes), rebuilt on chip from one loaded [L, M] table and four constant vectors:
 
-    def __init__(self, pin, pt, sp, ep, laml, b):
-        self.pin, self.pt, self.sp, self.ep, self.laml, self.b = pin, pt, sp, ep, laml, b
+        sp [L, M] = lam^(mu-j);  pt = 1/sp = lam^(i-mu);  pin = pt·lam^(mu+1) = lam^(i+1);
+        ep = sp·lam^mu = lam^(L-1-j)  (L-1 = 2 mu);   ps = b·sp;  pe = b·ep.
+
+    Loading one table instead of four halves the per-chunk table traffic and the shared memory that Triton
+    would pipeline for it; the rebuild is a handful of elementwise ops on [L, M] (|sp| stays within
+    exp(±κ(L-1)/2), so the reciprocal is exact to an ulp)."""
+
+    def __init__(self, sp, lmu1, lmu, laml, b):
+        self.sp, self.laml, self.b = sp, laml, b
+        inv = 1.0 / (sp[0] * sp[0] + sp[1] * sp[1])
+        self.pt = (sp[0] * inv, -sp[1] * inv)
+        self.pin = cmul(*self.pt, *lmu1)
+        self.ep = cmul(*sp, *lmu)
         self.ps = cmul(*b, *sp)
-        self.pe = cmul(*b, *ep)
+        self.pe = cmul(*b, *self.ep)
 
 
 class Masks:

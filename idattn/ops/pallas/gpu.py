@@ -7,7 +7,7 @@ time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
 
     fq, zk [B, T, H, R]; zv, do [B, T, H, D]         inputs (bf16 or f32), T a multiple of L
     p, w, dp, dw [B, T, H, 2, M] float32              complex per-token mode vectors as (re, im) planes
-    tables [H, 2, L, M] (pin, pt, sp, ep); laml [H, 2, M, 1]; b [H, 2, 1, M]
+    tables: sp [H, 2, L, M]; lam^(mu+1), lam^mu, b [H, 2, 1, M]; laml [H, 2, M, 1]
     states [B, H, 2, M, N] float32; per-chunk states [B, H, NC, 2, M, N] (``sdt``: the compute dtype)
     doc [B, T] int32; cm, em [B, T, 1] float32; keep [B, NC] float32       (only with segment ids)
 """
@@ -50,9 +50,8 @@ def _call(kernel, out_shape, grid, interpret, kind="fwd"):
 
 
 def _tabs(tab_refs, h):
-    pin, pt, sp, ep, laml, b = tab_refs
     two = lambda r: (r[h, 0], r[h, 1])  # noqa: E731
-    return C.Tabs(two(pin), two(pt), two(sp), two(ep), two(laml), two(b))
+    return C.Tabs(*(two(r) for r in tab_refs))
 
 
 def _masks(seg_refs, bi, c, t0, L):
@@ -84,7 +83,7 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (fq_r, zk_r, *tab_r, x0_r), seg_r, outs = _split(refs, 9 + (4 if seg else 0), seg)
+        (fq_r, zk_r, *tab_r, x0_r), seg_r, outs = _split(refs, 8 + (4 if seg else 0), seg)
         p_r, xt_r = outs[0], outs[1]
         bi, h, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         rs = pl.ds(rb * block_r, block_r)
@@ -122,7 +121,7 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (w_r, zv_r, *tab_r, x0_r), seg_r, outs = _split(refs, 9 + (4 if seg else 0), seg)
+        (w_r, zv_r, *tab_r, x0_r), seg_r, outs = _split(refs, 8 + (4 if seg else 0), seg)
         o_r, xt_r = outs[0], outs[1]
         bi, h, db = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ds_ = pl.ds(db * block_d, block_d)
@@ -163,7 +162,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, block_n, cdt, sdt, interpret):
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (z_r, *tab_r, x0_r), seg_r, (xs_r,) = _split(refs, 8 + (4 if seg else 0), seg)
+        (z_r, *tab_r, x0_r), seg_r, (xs_r,) = _split(refs, 7 + (4 if seg else 0), seg)
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
@@ -190,7 +189,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, block_n, cdt, sdt, conj_g, interpret):
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (x_r, g_r, *tab_r, yt_r), seg_r, (ys_r, y0_r) = _split(refs, 9 + (4 if seg else 0), seg)
+        (x_r, g_r, *tab_r, yt_r), seg_r, (ys_r, y0_r) = _split(refs, 8 + (4 if seg else 0), seg)
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
@@ -239,7 +238,7 @@ def bwd_o(w, zv, do, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     def kernel(*refs):
         (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, (dw_r, dzv_r, row_r, col_r) = _split(
-            refs, 11 + (4 if seg else 0), seg)
+            refs, 10 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         def body(c, acc):
@@ -273,7 +272,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
-            refs, 11 + (4 if seg else 0), seg)
+            refs, 10 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         def body(c, acc):

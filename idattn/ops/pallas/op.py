@@ -80,24 +80,32 @@ def _kernels(family):
 
 
 def _tables(lr, li, br, bi, L: int, mp: int):
-    """Power tables from log(lam) (principal branch) times integer exponents, float32, padded to mp modes.
+    """Power tables from log(lam) (principal branch) times integer exponents, float32, padded to mp modes
+    (padded modes: sp = 1 so that its on-chip reciprocal stays finite, and b = lamL = lam^mu = 0, so that
+    they contribute nothing).
 
-    Returns (pin, pt, sp, ep [H, 2, L, mp], laml [H, 2, mp, 1], b [H, 2, 1, mp])."""
+    Returns (sp [H, 2, L, mp] = lam^(mu-j), lmu1 [H, 2, 1, mp] = lam^(mu+1), lmu [H, 2, 1, mp] = lam^mu,
+    laml [H, 2, mp, 1] = lam^L, b [H, 2, 1, mp]); see _chunk.Tabs for the tables rebuilt from them."""
     lam = lax.complex(lr.astype(F32), li.astype(F32))
     loglam = jnp.log(lam)  # [H, M]
     m = lr.shape[-1]
     i = jnp.arange(L, dtype=F32)
     mu = (L - 1) / 2.0
 
-    def tab(e):  # e [L] -> [H, 2, L, mp]
-        z = jnp.exp(e[None, :, None] * loglam[:, None, :])
+    def planes(z, fill=0.0):  # [H, ..., M] complex -> [H, 2, ..., mp]
         t = jnp.stack([z.real, z.imag], axis=1)
-        return jnp.pad(t, ((0, 0), (0, 0), (0, 0), (0, mp - m)))
+        pad = [(0, 0)] * (t.ndim - 1) + [(0, mp - m)]
+        t = jnp.pad(t, pad)
+        if fill and mp > m:
+            t = t.at[:, 0, ..., m:].set(fill)
+        return t
 
-    laml = jnp.exp(L * loglam)
-    laml = jnp.pad(jnp.stack([laml.real, laml.imag], axis=1), ((0, 0), (0, 0), (0, mp - m)))[..., None]
-    b = jnp.pad(jnp.stack([br.astype(F32), bi.astype(F32)], axis=1), ((0, 0), (0, 0), (0, mp - m)))[:, :, None, :]
-    return (tab(i + 1.0), tab(i - mu), tab(mu - i), tab((L - 1.0) - i), laml, b)
+    sp = planes(jnp.exp((mu - i)[None, :, None] * loglam[:, None, :]), fill=1.0)
+    lmu1 = planes(jnp.exp((mu + 1.0) * loglam))[:, :, None, :]
+    lmu = planes(jnp.exp(mu * loglam))[:, :, None, :]
+    laml = planes(jnp.exp(L * loglam))[..., None]
+    b = planes(lax.complex(br.astype(F32), bi.astype(F32)))[:, :, None, :]
+    return (sp, lmu1, lmu, laml, b)
 
 
 def _segment_arrays(segment_ids, B: int, T: int, tp: int, L: int):

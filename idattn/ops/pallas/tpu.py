@@ -62,8 +62,8 @@ def _specs_common(tabs, L, NC, reverse=False):
     cid = _cidx(NC, reverse)
     tab = pl.BlockSpec((None, 2, L, M), lambda b, h, c: (h, 0, 0, 0))
     laml = pl.BlockSpec((None, 2, M, 1), lambda b, h, c: (h, 0, 0, 0))
-    bsp = pl.BlockSpec((None, 2, 1, M), lambda b, h, c: (h, 0, 0, 0))
-    return [tab, tab, tab, tab, laml, bsp], cid
+    row = pl.BlockSpec((None, 2, 1, M), lambda b, h, c: (h, 0, 0, 0))
+    return [tab, row, row, laml, row], cid
 
 
 def _seg_prep(segs, NC):
@@ -85,9 +85,8 @@ def _seg_specs(seg, L, cid):
 
 
 def _tabs(tab_refs):
-    pin, pt, sp, ep, laml, b = tab_refs
     two = lambda r: (r[0], r[1])  # noqa: E731
-    return C.Tabs(two(pin), two(pt), two(sp), two(ep), two(laml), two(b))
+    return C.Tabs(*(two(r) for r in tab_refs))
 
 
 def _masks(seg_refs, L):
@@ -129,7 +128,7 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((fq_r, zk_r, *tab_r, x0_r), seg_r), rest = _split(refs, 9, seg)
+        ((fq_r, zk_r, *tab_r, x0_r), seg_r), rest = _split(refs, 8, seg)
         p_r, xt_r, xs = rest[0], rest[1], rest[-1]
         c = pl.program_id(2)
 
@@ -173,7 +172,7 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((w_r, zv_r, *tab_r, x0_r), seg_r), rest = _split(refs, 9, seg)
+        ((w_r, zv_r, *tab_r, x0_r), seg_r), rest = _split(refs, 8, seg)
         o_r, xt_r, xs = rest[0], rest[1], rest[-1]
         c = pl.program_id(2)
 
@@ -220,7 +219,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, block_n, cdt, sdt, interpret):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((z_r, *tab_r, x0_r), seg_r), (out_r, xs) = _split(refs, 8, seg)
+        ((z_r, *tab_r, x0_r), seg_r), (out_r, xs) = _split(refs, 7, seg)
         c = pl.program_id(2)
 
         @pl.when(c == 0)
@@ -249,7 +248,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, block_n, cdt, sdt, conj_g, interpret):
     tspecs, cid = _specs_common(tabs, L, NC, reverse=True)
 
     def kernel(*refs):
-        ((x_r, g_r, *tab_r, yt_r), seg_r), (ys_r, y0_r, ysc) = _split(refs, 9, seg)
+        ((x_r, g_r, *tab_r, yt_r), seg_r), (ys_r, y0_r, ysc) = _split(refs, 8, seg)
         k = pl.program_id(2)
 
         @pl.when(k == 0)
@@ -307,7 +306,7 @@ def bwd_o(w, zv, do, xs, ys, tabs, segs, *, L, cdt, interpret):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r), (dw_r, dzv_r, row_r, col_r) = _split(refs, 11, seg)
+        ((w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r), (dw_r, dzv_r, row_r, col_r) = _split(refs, 10, seg)
         c = pl.program_id(2)
         tb, mk = _tabs(tab_r), _masks(seg_r, L)
 
@@ -339,7 +338,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
     tspecs, cid = _specs_common(tabs, L, NC)
 
     def kernel(*refs):
-        ((fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r), (dfq_r, dzk_r, row_r, col_r) = _split(refs, 11, seg)
+        ((fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r), (dfq_r, dzk_r, row_r, col_r) = _split(refs, 10, seg)
         c = pl.program_id(2)
         tb, mk = _tabs(tab_r), _masks(seg_r, L)
 
