@@ -186,6 +186,36 @@ def check_vs_chunked(shape, T, tokens, dtype=jnp.bfloat16):
         f"B={B}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
 
 
+def probe_tuning(shapes, T=1024, tokens=65536):
+    """Compile (no run) fwd+bwd at the benchmark tiles under each Triton tuning until one compiles for every
+    shape (shared-memory / register limits are only known to the device compiler); keep the first that does."""
+    from idattn.bench.op import mixer_fn
+    from idattn.ops.pallas import gpu as G
+    cands = [dict(G.TUNING), {"fwd": (4, 1), "scan": (4, 1), "bwd": (8, 1)}, {"fwd": (8, 1), "scan": (4, 1), "bwd": (4, 1)}]
+    for cand in cands:
+        G.TUNING.clear()
+        G.TUNING.update(cand)
+        ok = True
+        for (H, dh, M) in shapes:
+            B = tokens // T
+            sds = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
+            args = (sds(B, T, H, dh), sds(B, T, H, dh), sds(B, T, H, dh), sds(H, M, dt=jnp.complex64),
+                    sds(H, M, dt=jnp.complex64), None, sds(B, T, H, dh, dt=jnp.float32))
+            t = time.time()
+            try:
+                jax.jit(mixer_fn("pallas", "fwdbwd", 64, False)).lower(*args).compile()
+                log(f"probe tuning {cand} at {(H, dh, M)}: compiles ({time.time() - t:.1f}s)")
+            except Exception as e:
+                ok = False
+                log(f"probe tuning {cand} at {(H, dh, M)}: FAILS {type(e).__name__}: {str(e)[:600]}")
+                break
+        if ok:
+            return cand
+    G.TUNING.clear()
+    G.TUNING.update(cands[0])
+    return None
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
@@ -202,6 +232,11 @@ def main():
         log(f"pallas_available() = {pallas_available()}")
     except Exception as e:
         log(f"cannot import idattn.ops.pallas: {type(e).__name__}: {e}")
+
+    shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
+    if jax.default_backend() == "gpu":
+        log("=== compile probe (Triton tuning) ===")
+        log(f"using tuning {probe_tuning(shapes)}")
 
     if not a.skip_check:
         log("=== (a) correctness vs float64 references (CPU) ===")
@@ -228,7 +263,6 @@ def main():
         log("=== (b) operator table: pallas vs cuDNN causal attention, bf16, 65,536 tokens/batch ===")
         rows = []
         seqs = [int(x) for x in a.seqs.split(",")]
-        shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
         for shape in shapes:
             for T in seqs:
                 rows += bop.bench_case(shape, T, a.tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
