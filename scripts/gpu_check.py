@@ -218,7 +218,7 @@ def probe_tuning(shapes, T=1024, tokens=65536):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
+    p.add_argument("--budget-s", type=float, default=360.0, help="total wall-clock budget of this script")
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-table", action="store_true")
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
@@ -236,27 +236,31 @@ def main():
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
     if jax.default_backend() == "gpu":
         log("=== compile probe (Triton tuning) ===")
-        log(f"using tuning {probe_tuning(shapes)}")
+        log(f"using tuning {probe_tuning(shapes[:1])}")
 
     if not a.skip_check:
         log("=== (a) correctness vs float64 references (CPU) ===")
         cases = [
             ("f32 conj c seg x0 R=D=96 T=300", jnp.float32, True, 2, 300, 2, 96, 96, 8, 64, True, True, True, 1e-4),
             ("f32 plain conj=False T=256", jnp.float32, False, 2, 256, 2, 64, 64, 16, 64, False, False, False, 1e-4),
+            ("bf16 conj=False c seg x0 (16,128,32)-heads T=1000", jnp.bfloat16, False, 1, 1000, 2, 128, 128, 32,
+             64, True, True, True, 2e-2),
             ("bf16 conj c seg x0 R=D=96 T=300", jnp.bfloat16, True, 2, 300, 2, 96, 96, 8, 64, True, True, True, 2e-2),
-            ("bf16 conj=False c seg (16,128,32)-heads T=1000", jnp.bfloat16, False, 1, 1000, 2, 128, 128, 32, 64,
-             True, False, True, 2e-2),
         ]
         for i, cs in enumerate(cases):
+            if time.time() > T0 + 0.35 * a.budget_s:
+                log(f"skip {cs[0]} (time budget: the table comes first)")
+                continue
             try:
                 check_case(*cs, seed=i)
             except Exception as e:
                 log(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:2000]}")
                 traceback.print_exc(limit=3)
-        try:
-            check_vs_chunked((16, 128, 32), 1024, 8192)
-        except Exception as e:
-            log(f"ERROR pallas vs chunked: {type(e).__name__}: {str(e)[:1000]}")
+        for (shape, T, tok) in (((16, 128, 32), 65536, 65536),):
+            try:
+                check_vs_chunked(shape, T, tok)
+            except Exception as e:
+                log(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:1000]}")
 
     if not a.skip_table:
         from idattn.bench import op as bop

@@ -177,8 +177,12 @@ def test_gpu_family_f32_plain_conj_false():
               with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1, save_states=True)
 
 
-def test_gpu_family_bf16():
-    """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation)."""
+def test_gpu_family_bf16(monkeypatch):
+    """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation). The backward's chunk
+    groups are forced to 2 chunks per program (3 chunks: groups [0, 2) and a partial [2, 3))."""
+    from idattn.ops.pallas import gpu
+    monkeypatch.setattr(gpu, "BWD_TARGET_PROGRAMS", 3)
+    assert gpu._groups(2, 1, 3) == (2, 2)
     _run_case("gpu", jnp.bfloat16, True, B=2, T=40, H=1, R=16, D=16, M=4, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=2e-2, tol_grad=2e-2, seed=2)
 

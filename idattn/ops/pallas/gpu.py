@@ -222,7 +222,13 @@ def _store_acc(row_r, col_r, bi, h, gi, acc):
     col_r[bi, h, gi, 1, :, :] = acc[5]
 
 
-def _groups(B, H, NC, target_programs=512):
+# The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
+# registers across the group); groups are sized so that B·H·groups reaches about this many programs.
+BWD_TARGET_PROGRAMS = 512
+
+
+def _groups(B, H, NC, target_programs=None):
+    target_programs = BWD_TARGET_PROGRAMS if target_programs is None else target_programs
     per = max(1, -(-NC * B * H // target_programs))
     ng = -(-NC // per)
     return per, ng
