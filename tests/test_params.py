@@ -133,3 +133,21 @@ def test_mixer_names_and_scaling_config_errors():
         scaling.get_config("mamba,125m")
     with pytest.raises(ValueError, match="'<mixer>,<size>'"):
         scaling.get_config("softmax")
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "generic-linear-rope"])
+def test_every_parameter_has_logical_axes(mixer):
+    import flax.linen as nn
+
+    from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
+
+    known = {name for name, _ in DEFAULT_LOGICAL_AXIS_RULES}
+    model = models.build_model(scaling.get_config(f"{mixer},tiny").model)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))["params"]
+    leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
+    for x in leaves:
+        assert len(x.names) == len(x.value.shape) and set(x.names) - {None} <= known, x.names
+    specs = nn.get_partition_spec(boxed)
+    assert specs["layers"]["mixer"]["wo"]["kernel"] == jax.sharding.PartitionSpec("layers", "heads", "kv", "embed")
+    assert specs["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
