@@ -47,7 +47,8 @@ def param_labels(params: Any) -> Any:
 
 __all__ = ["build_model", "param_labels", "count_params", "count_params_closed", "state_budget",
            "flops_per_token", "apply_mixer_name", "parse_mixer", "cube_cells", "param_breakdown", "paper_count",
-           "differences", "table3_equivalent", "spec_from_config", "ModelSpec", "Decoder", "Block", "conv_names", "init_cache", "prefill", "decode_step",
-           "generate", "sample_logits"]
+           "differences", "table3_equivalent", "spec_from_config", "ModelSpec", "Decoder", "Block", "conv_names",
+           "decoding", "init_cache", "prefill", "decode_step", "generate", "sample_logits"]
 
+from idattn.models import decoding  # noqa: E402
 from idattn.models.decoding import decode_step, generate, init_cache, prefill, sample_logits  # noqa: E402
