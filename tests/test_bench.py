@@ -1,0 +1,61 @@
+"""The benchmark entry points run end to end at tiny sizes and report what they claim (not timed tests)."""
+import re
+
+import jax.numpy as jnp
+import numpy as np
+
+from idattn.bench import op as bop
+
+
+def test_op_rows_and_table():
+    rows = bop.bench_case((2, 8, 4), 32, 64, ["sequential", "chunked"], ["fwd", "fwdbwd"], jnp.float32,
+                          chunk=16, warmup=1, repeats=2)
+    got = {(r.impl, r.mode) for r in rows}
+    assert got == {(i, m) for i in ("attention", "sequential", "chunked") for m in ("fwd", "fwdbwd")}
+    for r in rows:
+        assert r.ms is not None and r.ms > 0, r
+        assert r.B == 2 and r.T == 32
+        assert abs(r.tokens_per_s - 64 / (r.ms / 1e3)) < 1e-6 * r.tokens_per_s
+    table = bop.format_table(rows)
+    attn = {r.mode: r.ms for r in rows if r.impl == "attention"}
+    # the ratio printed for chunked fwd is attention ms / chunked ms of this very run
+    ch = next(r for r in rows if r.impl == "chunked" and r.mode == "fwd")
+    line = next(ln for ln in table.splitlines() if " chunked " in ln and " fwd " in ln)
+    assert re.search(r"(\d+\.\d\d)x", line).group(1) == f"{attn['fwd'] / ch.ms:.2f}"
+
+
+def test_op_errors_become_notes():
+    """An implementation that refuses (associative past its memory bound) is reported, not raised."""
+    from idattn.ops import set_associative_max_bytes
+    prev = set_associative_max_bytes(1)
+    try:
+        rows = bop.bench_case((1, 4, 2), 16, 16, ["associative"], ["fwd"], jnp.float32, chunk=16, warmup=0,
+                              repeats=1, attention=False)
+    finally:
+        set_associative_max_bytes(prev)
+    note = rows[0].note.lower()
+    assert rows[0].ms is None and "valueerror" in note and "associative" in note, rows[0]
+
+
+def test_mixer_fwdbwd_grads_match_chunked():
+    """The fwd+bwd function the benchmark times is the gradient of the same loss for every impl."""
+    fq, zk, zv, lam, b, c = bop.make_inputs(1, 24, 2, 8, 4, jnp.float32)
+    g = jnp.ones((1, 24, 2, 8), jnp.float32)
+    v1, g1 = bop.mixer_fn("sequential", "fwdbwd", 8, False)(fq, zk, zv, lam, b, c, g)
+    v2, g2 = bop.mixer_fn("chunked", "fwdbwd", 8, False)(fq, zk, zv, lam, b, c, g)
+    assert np.allclose(v1, v2, rtol=1e-4)
+    for a, r in zip(g1, g2):
+        assert np.max(np.abs(np.asarray(a) - np.asarray(r))) <= 1e-4 * np.max(np.abs(np.asarray(r)))
+
+
+def test_theory_table_converges():
+    from idattn.bench import theory
+    rows = theory.run((2, 16), length=120, seeds=(0,))
+    (m2, e2, _, _), (m16, e16, _, _) = rows
+    assert e2 / e16 >= 5.0, rows
+
+
+def test_cli_dispatch(capsys):
+    from idattn.bench.__main__ import main
+    assert main([]) == 2
+    assert "theory" in capsys.readouterr().out
