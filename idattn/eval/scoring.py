@@ -20,7 +20,8 @@ Harness semantics (lm-evaluation-harness, HFLM):
   of `encode(context + continuation)` after the first `len(encode(context))` ones; an empty context becomes
   the prefix token (BOS, else EOS).
 - `loglikelihood`: input `(ctx + cont)[-(max_length + 1):][:-1]` (left truncation), score the last
-  `len(cont)` positions; returns (sum of log-probs, every continuation token is the argmax).
+  `len(cont)` positions (at most `max_length`); returns (sum of log-probs, every scored continuation token is
+  the argmax).
 - `rolling_windows` / `make_disjoint_window`: the harness's `get_rolling_token_windows(context_len=1)`:
   disjoint windows of `max_length` predicted tokens, the first fed `[prefix] + tokens[:max_length - 1]`.
 """
@@ -168,13 +169,12 @@ def loglikelihood(score_fn: ScoreFn, pairs: Sequence[tuple[Sequence[int], Sequen
         if len(ctx) == 0:
             raise ValueError(f"loglikelihood: pair {i} has an empty context; encode_pair substitutes the prefix "
                              "token for an empty context string.")
-        if len(cont) > max_length:
-            raise ValueError(f"loglikelihood: pair {i} continuation has {len(cont)} tokens > max_length="
-                             f"{max_length}; the harness would truncate it silently, we refuse.")
         whole = (list(ctx) + list(cont))[-(max_length + 1):]
         inputs.append(whole[:-1])
         targets.append(whole[1:])
-        ncont.append(len(cont))
+        # a continuation longer than the window keeps only its last max_length tokens (left truncation, as the
+        # harness truncates; its own slice is ill-defined there)
+        ncont.append(min(len(cont), max_length))
     scored = score_sequences(score_fn, inputs, targets, batch_size=batch_size, max_length=max_length,
                              min_bucket=min_bucket)
     out = []
