@@ -79,3 +79,17 @@ def test_greedy_match_with_lookup_model():
         table[a, b] = 10.0
     assert recall.greedy_match_accuracy(bigram_score_fn(table), tok, ex, max_length=32) == 0.5
     assert recall.greedy_match_accuracy(bigram_score_fn(np.zeros((259, 259))), tok, ex, max_length=32) == 0.0
+
+
+def test_train_mqar_short_run_learns():
+    """A very short MQAR run of the 2-layer softmax model (the documented run is experiments/mqar.py)."""
+    import sys
+
+    sys.path.insert(0, "experiments")
+    from mqar import get_config
+
+    c = get_config("softmax,32,2")
+    res = recall.train_mqar(c.model, seq_len=32, num_kv_pairs=2, vocab_size=64, num_train=512, num_test=64,
+                            steps=40, batch_size=32, lr=3e-3, warmup=5, log_every=0)
+    assert res["loss"] < res["first_loss"] - 0.3, res
+    assert 0.0 <= res["acc"] <= 1.0

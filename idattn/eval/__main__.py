@@ -156,6 +156,10 @@ def main(argv=None) -> int:
     score_fn = model_score_fn(model, params)
     suites = args.suite.split(",")
     tok = load_tokenizer(config.data.tokenizer) if set(suites) - {"decode"} else None
+    if tok is not None and tok.vocab_size > int(config.model.vocab_size):
+        raise ValueError(f"tokenizer {config.data.tokenizer!r} has {tok.vocab_size} pieces but the model's "
+                         f"vocab_size is {config.model.vocab_size}: ids would index past the embedding. Evaluate "
+                         "with the tokenizer the run was trained with (config.data.tokenizer).")
     written = []
 
     if "validation" in suites:

@@ -140,13 +140,15 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
 
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
     rng = np.random.default_rng(seed + 1)
-    t0, loss = time.time(), float("nan")
+    t0, loss, first_loss = time.time(), float("nan"), float("nan")
     for i in range(steps):
         idx = rng.integers(0, num_train, batch_size)
         params, state, loss = step(params, state, jnp.asarray(x_tr[idx]), jnp.asarray(y_tr[idx]))
+        if i == 0:
+            first_loss = float(loss)
         if log_every and (i + 1) % log_every == 0:
             log(f"mqar step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
-    out: dict[str, Any] = {"loss": float(loss), "steps": steps, "train_seconds": time.time() - t0,
+    out: dict[str, Any] = {"loss": float(loss), "first_loss": first_loss if steps else float("nan"), "steps": steps, "train_seconds": time.time() - t0,
                            "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V}
     logits_fn = lambda x: apply(params, jnp.asarray(x))  # noqa: E731
     x_te, y_te = mqar_generate(V, num_test, seq_len, num_kv_pairs, seed=seed + 12345)

@@ -1,0 +1,122 @@
+"""Optional: run lm-evaluation-harness itself on an idattn checkpoint (extra `harness`: `pip install lm-eval`).
+
+    python -m idattn.eval.lm_eval_adapter --workdir=DIR --tasks=lambada_openai,piqa,hellaswag --batch_size=8
+    # or from lm_eval's own CLI once registered (import idattn.eval.lm_eval_adapter; register()):
+    lm_eval --model idattn --model_args workdir=DIR,batch_size=8 --tasks piqa
+
+`register()` registers the model class under the name "idattn". Its `loglikelihood` and
+`loglikelihood_rolling` use the same scoring core as `idattn.eval.harness` (`scoring.encode_pair`,
+`scoring.loglikelihood`, `scoring.loglikelihood_rolling`), so the two paths agree to float rounding;
+`generate_until` decodes greedily with `idattn.models.decoding.generate` and cuts at the first stop string.
+lm_eval (and torch, which it pulls in) is imported lazily: nothing in idattn needs it, and no test imports it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+_REGISTERED: dict[str, Any] = {}
+
+
+def _build(workdir: str, step: int | None, max_length: int | None):
+    from idattn.data.tokenizer import load_tokenizer
+    from idattn.eval.scoring import model_score_fn
+    from idattn.models import build_model
+    from idattn.train.checkpoint import load_params
+
+    config, params = load_params(workdir, step)
+    model = build_model(config.model)
+    tok = load_tokenizer(config.data.tokenizer)
+    return model, params, tok, model_score_fn(model, params), int(max_length or config.data.seq_len)
+
+
+def register():
+    """Registers and returns the lm_eval model class `idattn` (idempotent)."""
+    if "cls" in _REGISTERED:
+        return _REGISTERED["cls"]
+    try:
+        from lm_eval.api.model import LM
+        from lm_eval.api.registry import register_model
+    except ImportError as e:
+        raise ImportError("idattn.eval.lm_eval_adapter needs lm-evaluation-harness: `pip install lm-eval` (the "
+                          "`harness` extra of idattn). idattn's own `python -m idattn.eval --suite=harness` "
+                          "needs nothing extra.") from e
+
+    from idattn.eval import scoring
+
+    @register_model("idattn")
+    class IdattnLM(LM):
+        def __init__(self, workdir: str, step: int | None = None, batch_size: int | str = 8,
+                     max_length: int | None = None, add_bos: bool = False, max_gen_toks: int = 64, **_):
+            super().__init__()
+            self.model, self.params, self.tok, self.score_fn, self._max_length = _build(
+                workdir, None if step in (None, "", "None") else int(step), None if max_length is None else int(max_length))
+            self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+            self.add_bos = str(add_bos).lower() in ("1", "true", "yes")
+            self.max_gen_toks = int(max_gen_toks)
+
+        @property
+        def max_length(self) -> int:
+            return self._max_length
+
+        def loglikelihood(self, requests, disable_tqdm: bool = False):
+            pairs = [scoring.encode_pair(self.tok, *r.args[:2], add_bos=self.add_bos) for r in requests]
+            return scoring.loglikelihood(self.score_fn, pairs, max_length=self.max_length, batch_size=self.batch_size)
+
+        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+            toks = [self.tok.encode(r.args[0]) for r in requests]
+            return scoring.loglikelihood_rolling(self.score_fn, toks, prefix=scoring.prefix_token(self.tok),
+                                                 max_length=self.max_length, batch_size=self.batch_size)
+
+        def generate_until(self, requests, disable_tqdm: bool = False):
+            import jax.numpy as jnp
+
+            from idattn.models.decoding import generate
+
+            out = []
+            for r in requests:
+                ctx, kw = r.args[0], (r.args[1] if len(r.args) > 1 else {}) or {}
+                until = kw.get("until") or []
+                until = [until] if isinstance(until, str) else list(until)
+                n = int(kw.get("max_gen_toks", self.max_gen_toks))
+                ids = ([self.tok.bos_id] if self.add_bos else []) + self.tok.encode(ctx)
+                ids = ids[-(self.max_length - n):] if self.max_length > n else ids[-1:]
+                gen = generate(self.model, self.params, jnp.asarray([ids], jnp.int32), n, eos_id=self.tok.eos_id)
+                text = self.tok.decode([int(t) for t in gen[0, len(ids):] if int(t) != self.tok.eos_id])
+                for stop in until:
+                    if stop and stop in text:
+                        text = text[:text.index(stop)]
+                out.append(text)
+            return out
+
+    _REGISTERED["cls"] = IdattnLM
+    return IdattnLM
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m idattn.eval.lm_eval_adapter", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--step", type=int, default=None)
+    ap.add_argument("--tasks", default="lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,social_iqa,"
+                                       "boolq,wikitext,openbookqa")
+    ap.add_argument("--batch_size", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=None)
+    ap.add_argument("--output", default="", help="write lm_eval's results JSON here")
+    a = ap.parse_args(argv)
+    cls = register()
+    import lm_eval
+
+    lm = cls(workdir=a.workdir, step=a.step, batch_size=a.batch_size)
+    res = lm_eval.simple_evaluate(model=lm, tasks=a.tasks.split(","), num_fewshot=0, limit=a.limit)
+    print(json.dumps(res["results"], indent=1, default=str))
+    if a.output:
+        with open(a.output, "w") as f:
+            json.dump(res["results"], f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
