@@ -1,6 +1,6 @@
 """Quickstart config: tiny Softmax / Interdomain / S4D-only models on the embedded King James corpus (CPU).
 
-Run everything (three models, evaluation, table and plot; ~10-13 minutes on 2 CPU cores):
+Run everything (three models, evaluation, table and plot; under 15 minutes on 2 CPU cores):
 
     pip install -e . && python -m idattn.quickstart                     # writes /tmp/idattn-quickstart/
 
@@ -45,15 +45,15 @@ def get_config(arg: str = "interdomain") -> ml_collections.ConfigDict:
 
     t = c.train
     t.batch_size = 16
-    t.num_steps = 200  # 200 x 16 x 256 = 819K tokens (~0.4 epoch of the training split)
-    t.warmup_steps = 20
+    t.num_steps = 150  # 150 x 16 x 256 = 614K tokens (~0.3 epoch of the training split)
+    t.warmup_steps = 15
     t.peak_lr = 3e-3
     t.end_lr = 1e-4
     t.ssm_lr_cap = 1e-3
     t.log_every = 50
     t.eval_every = 0  # validation at the end only
     t.eval_batches = 8
-    t.checkpoint_every = 100
+    t.checkpoint_every = 75
     t.keep_last = 1
 
     c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1

@@ -67,6 +67,10 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
     """Refuses a changed model config / tokenizer against the run saved in `workdir`. Returns the other diffs."""
     path = os.path.join(workdir, ckpt.CONFIG_FILE)
     if not os.path.exists(path):
+        if ckpt.committed_steps(workdir):
+            raise TrainingError(f"refusing to resume {workdir}: it holds checkpoints "
+                                f"{ckpt.committed_steps(workdir)} but no {ckpt.CONFIG_FILE}, so the model config "
+                                f"cannot be checked; restore the file or use a new --workdir")
         return None
     saved = ckpt.config_to_dict(ckpt.load_config(workdir))
     live = ckpt.config_to_dict(config)
@@ -242,6 +246,21 @@ class _Preemption:
             self._old = None
 
 
+def _should_stop(preempt: _Preemption, mngr, step: int, process_count: int, log_every: int) -> bool:
+    """SIGTERM seen (or orbax's preemption sync point reached). With several processes the local flags are
+    combined with an all-gather every `log_every` steps, so that every process stops at the same step (a
+    save is collective: one process saving alone would hang)."""
+    if mngr.reached_preemption(step):
+        return True
+    if process_count == 1:
+        return preempt.flag.is_set()
+    if step % max(1, log_every):
+        return False
+    from jax.experimental import multihost_utils
+    flags = multihost_utils.process_allgather(np.asarray(preempt.flag.is_set(), np.int32))
+    return bool(np.any(flags))
+
+
 def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     """Trains `config` in `workdir` (resuming if it holds a run). Returns a summary dict.
 
@@ -396,7 +415,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
 
     try:
         while step < num_steps:
-            if preempt.flag.is_set() or mngr.reached_preemption(step):
+            if _should_stop(preempt, mngr, step, process_count, int(t.log_every)):
                 if pending is not None:
                     check_finite(*pending)
                     pending = None
