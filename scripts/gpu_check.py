@@ -27,10 +27,16 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 T0 = time.time()
+SUMMARY = []
+_LOGFILE = None
 
 
 def log(*a):
-    print(f"[{time.time() - T0:6.1f}s]", *a, flush=True)
+    line = " ".join(str(x) for x in a)
+    print(f"[{time.time() - T0:6.1f}s]", line, flush=True)
+    if _LOGFILE is not None:
+        _LOGFILE.write(f"[{time.time() - T0:6.1f}s] {line}\n")
+        _LOGFILE.flush()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -156,8 +162,10 @@ def check_case(name, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg
             errs[n] = rel(np.asarray(g), gr)
     worst = max(errs.values())
     status = "PASS" if worst <= tol else "FAIL"
-    log(f"{status} {name}: worst {worst:.2e} (tol {tol:g}; gpu compile+run {t_gpu:.1f}s) "
-        + " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
+    msg = (f"{status} {name}: worst {worst:.2e} (tol {tol:g}; gpu compile+run {t_gpu:.1f}s) "
+           + " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
+    log(msg)
+    SUMMARY.append(msg)
     return status == "PASS"
 
 
@@ -182,8 +190,10 @@ def check_vs_chunked(shape, T, tokens, dtype=jnp.bfloat16):
     for n, a, r in zip(["dfq", "dzk", "dzv", "dlam", "db"], g1, g2):
         errs[n] = rel(np.asarray(a).astype(np.complex128 if np.iscomplexobj(r) else np.float64), np.asarray(r))
     worst = max(errs.values())
-    log(f"{'PASS' if worst < 3e-2 else 'FAIL'} pallas({jnp.dtype(dtype).name}) vs chunked(f32) at {shape} T={T} "
-        f"B={B}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
+    msg = (f"{'PASS' if worst < 3e-2 else 'FAIL'} pallas({jnp.dtype(dtype).name}) vs chunked(f32) at {shape} T={T} "
+           f"B={B}: " + " ".join(f"{k}={v:.1e}" for k, v in errs.items()))
+    log(msg)
+    SUMMARY.append(msg)
 
 
 def probe_tuning(shapes, T=1024, tokens=65536):
@@ -225,6 +235,9 @@ def main():
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
     a = p.parse_args()
+    global _LOGFILE
+    if os.environ.get("OUT"):
+        _LOGFILE = open(os.path.join(os.environ["OUT"], "gpu_check.log"), "w")
     deadline = T0 + a.budget_s
     log(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
     try:
@@ -236,7 +249,9 @@ def main():
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
     if jax.default_backend() == "gpu":
         log("=== compile probe (Triton tuning) ===")
-        log(f"using tuning {probe_tuning(shapes[:1])}")
+        tun = probe_tuning(shapes[:1])
+        log(f"using tuning {tun}")
+        SUMMARY.append(f"triton tuning (num_warps, num_stages): {tun}")
 
     if not a.skip_check:
         log("=== (a) correctness vs float64 references (CPU) ===")
@@ -255,12 +270,14 @@ def main():
                 check_case(*cs, seed=i)
             except Exception as e:
                 log(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:2000]}")
+                SUMMARY.append(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc(limit=3)
         for (shape, T, tok) in (((16, 128, 32), 65536, 65536),):
             try:
                 check_vs_chunked(shape, T, tok)
             except Exception as e:
                 log(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:1000]}")
+                SUMMARY.append(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:300]}")
 
     if not a.skip_table:
         from idattn.bench import op as bop
@@ -287,9 +304,14 @@ def main():
                                         repeats=5, warmup=1, attention=False, deadline=deadline - 20)
         attn_rows = [r for r in rows if r.impl == "attention"]
         log("\n" + bop.format_table(attn_rows + rows2))
+        SUMMARY.append(bop.format_table(rows + rows2))
         if time.time() < deadline - 10:
             for shape in shapes:
-                bop.bench_decode(shape, batches=(1, 64))
+                SUMMARY.extend(bop.bench_decode(shape, batches=(1, 64)))
+    print("\n======================== SUMMARY ========================", flush=True)
+    print(f"jax {jax.__version__} {jax.devices()}", flush=True)
+    for line in SUMMARY:
+        print(line, flush=True)
     log("done")
 
 
