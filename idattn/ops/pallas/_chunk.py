@@ -30,7 +30,6 @@ Backward (cotangent convention for a complex z = x + iy: dz = ∂L/∂x + i ∂L
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 

@@ -13,7 +13,6 @@ time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
 """
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 import os
 
 import jax
