@@ -20,7 +20,7 @@ from idattn.models.spec import apply_mixer_name
 
 # d_model, layers, heads, head_dim, ffn (SwiGLU hidden = (2/3)·4d rounded up to 128), modes, vocab
 SIZES = {
-    "tiny": dict(d_model=64, num_layers=2, num_heads=4, head_dim=16, ffn_dim=256, num_modes=8, vocab_size=256),
+    "tiny": dict(d_model=64, num_layers=2, num_heads=4, head_dim=16, ffn_dim=256, num_modes=8, vocab_size=512),
     "125m": dict(d_model=768, num_layers=12, num_heads=12, head_dim=64, ffn_dim=2048, num_modes=64, vocab_size=32000),
     "350m": dict(d_model=1024, num_layers=24, num_heads=16, head_dim=64, ffn_dim=2816, num_modes=64,
                  vocab_size=32000),
@@ -59,7 +59,7 @@ def get_config(arg: str = "interdomain,125m") -> ml_collections.ConfigDict:
         c.model.chunk_size = 16
         c.model.remat = "none"
         c.data.seq_len = 64
-        c.data.tokenizer = "train:256"
+        c.data.tokenizer = "train:512"  # the SentencePiece trainer needs >= 276 (byte fallback)
         c.train.batch_size = 8
         c.train.total_tokens = 8 * 64 * 200
         c.train.warmup_tokens = 8 * 64 * 20

@@ -30,7 +30,7 @@ import os
 import flax.linen as nn
 import jax
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from idattn.models.inference import load_model
@@ -168,6 +168,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     if not FLAGS.out:
         raise app.UsageError("--out=<folder> is required")
     config, _, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)

@@ -17,7 +17,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 
@@ -41,6 +41,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     from idattn.models import decoding
 
     config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)

@@ -13,7 +13,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from idattn.models.inference import check_ids, encode, get_tokenizer, load_model
@@ -39,6 +39,7 @@ def score_ids(model, params, ids: list[int]) -> list[float | None]:
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     if FLAGS.text is None:
         raise app.UsageError("--text is required")
     config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)

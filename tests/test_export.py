@@ -118,8 +118,8 @@ def test_cli_score_generate_export(tmp_path):
           f"--out={tmp_path}/g.json"])
     g = json.load(open(tmp_path / "g.json"))
     assert g["prompt_ids"] == [1, 2, 3] and len(g["generated_ids"]) == 3
-    assert all(0 <= i < 256 for i in g["generated_ids"])
+    assert all(0 <= i < 512 for i in g["generated_ids"])
     _run(["idattn.export", *cfg, f"--out={tmp_path}/exp"])
     assert (tmp_path / "exp" / "model.safetensors").is_file()
     cfg_back, _ = ex.import_export(str(tmp_path / "exp"))
-    assert cfg_back["mixer"] == "s4d_only" and cfg_back["vocab_size"] == 256
+    assert cfg_back["mixer"] == "s4d_only" and cfg_back["vocab_size"] == 512
