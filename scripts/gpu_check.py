@@ -88,6 +88,14 @@ def ref_scan64(fq, zk, zv, lam, b, c, x0k, x0v, *, conj, resets):
     return jax.vmap(one)(fq, zk, zv, resets, x0k, x0v)
 
 
+def x64():
+    """float64 context across jax versions (jax.enable_x64 / jax.experimental.enable_x64)."""
+    if hasattr(jax, "enable_x64"):
+        return jax.enable_x64(True)
+    from jax.experimental import enable_x64
+    return enable_x64()
+
+
 def rel(a, b):
     a, b = np.asarray(a), np.asarray(b)
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
@@ -148,7 +156,7 @@ def check_case(name, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg
     resets = np.zeros((B, T), bool)
     if seg is not None:
         resets[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    with jax.enable_x64(True), jax.default_device(cpu):
+    with x64(), jax.default_device(cpu):
         a64 = (jnp.asarray(fq64), jnp.asarray(zk64), jnp.asarray(zv64), jnp.asarray(lam, jnp.complex128),
                jnp.asarray(b, jnp.complex128), None if c is None else jnp.asarray(c, jnp.complex128),
                jnp.asarray(x0k, jnp.complex128), jnp.asarray(x0v, jnp.complex128))

@@ -11,7 +11,12 @@ def run(basis_sizes=(2, 4, 8, 16, 32), length=200, seeds=(0, 1, 2)):
     import jax
     from idattn.ops import theory
     rows = []
-    with jax.enable_x64(True):
+    if hasattr(jax, "enable_x64"):
+        ctx = jax.enable_x64(True)
+    else:  # older jax
+        from jax.experimental import enable_x64
+        ctx = enable_x64()
+    with ctx:
         per_seed = [dict(theory.convergence_table(basis_sizes, length=length, seed=s)) for s in seeds]
     for m in basis_sizes:
         errs = np.array([d[m] for d in per_seed])
