@@ -169,3 +169,33 @@ def test_bf16_compute_with_remat_tracks_float32():
     assert b.dtype == jnp.float32
     err = np.max(np.abs(a - np.asarray(b))) / np.max(np.abs(a))
     assert 0 < err < 3e-2, err
+
+
+def test_theory_mode_model():
+    """theory=True (LegS + Nadaraya-Watson denominator): runs, isolates documents, has no SSM parameters,
+    takes gradients; decoding is refused with a clear error; the count matches the closed form."""
+    from idattn.models import count_params, count_params_closed
+
+    cfg = small_cfg("interdomain", theory=True)
+    model = build_model(cfg)
+    params = _init(model)
+    assert not any("ssm_" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    assert count_params(cfg) == count_params_closed(cfg)
+    packed, seg, _ = _batch()
+
+    @jax.jit
+    def run(p):
+        def loss(p):
+            lg = model.apply({"params": p}, packed, segment_ids=seg)
+            return optax.softmax_cross_entropy_with_integer_labels(lg[:, :-1], packed[:, 1:]).mean(), lg
+        (val, lg), g = jax.value_and_grad(loss, has_aux=True)(p)
+        return val, lg, g
+    val, lg, g = run(params)
+    lg = np.asarray(lg)
+    assert np.isfinite(float(val)) and all(np.all(np.isfinite(x)) for x in jax.tree_util.tree_leaves(g))
+    assert np.max(np.abs(lg[0, TA:] - lg[1, TA:])) <= 1e-5 * np.max(np.abs(lg))
+    assert float(jnp.linalg.norm(g["layers"]["mixer"]["wk"]["kernel"])) > 0
+    with pytest.raises(NotImplementedError, match="theory"):
+        decoding.init_cache(model, 1, 8)
+    with pytest.raises(ValueError, match="model.theory"):
+        build_model(small_cfg("s4d_only", theory=True))
