@@ -26,9 +26,12 @@ def _spec(model_or_cfg) -> ModelSpec:
     return spec if isinstance(spec, ModelSpec) else spec_from_config(model_or_cfg)
 
 
-def init_cache(model_or_cfg: Any, batch_size: int, max_len: int | None = None, dtype=jnp.float32) -> dict:
-    """Empty cache. `max_len` (prompt + new tokens) is required for softmax, ignored by the recurrent mixers."""
+def init_cache(model_or_cfg: Any, batch_size: int, max_len: int | None = None, dtype=None) -> dict:
+    """Empty cache. `max_len` (prompt + new tokens) is required for softmax, ignored by the recurrent mixers.
+    `dtype` (KV cache and short-conv states) defaults to the model's compute dtype; the S4D states are always
+    complex64."""
     s = _spec(model_or_cfg)
+    dtype = jnp.dtype(s.dtype) if dtype is None else dtype
     n, b, h, dh, m = s.num_layers, batch_size, s.num_heads, s.head_dim, s.num_modes
     if s.theory:
         raise NotImplementedError("model.theory=True has no decoding path (time-varying LegS basis); "
@@ -106,7 +109,7 @@ def sample_logits(rng, logits, temperature: float = 0.0, top_p: float = 1.0):
 
 
 def generate(model, params, prompt, max_new_tokens: int, *, rng=None, temperature: float = 0.0,
-             top_p: float = 1.0, eos_id: int | None = None, prefill_chunk: int = 256, cache_dtype=jnp.float32):
+             top_p: float = 1.0, eos_id: int | None = None, prefill_chunk: int = 256, cache_dtype=None):
     """Prompt [B, P] int32 -> [B, P + max_new_tokens] int32 (after `eos_id`, a row repeats eos_id)."""
     prompt = jnp.asarray(prompt, jnp.int32)
     if prompt.ndim != 2:
