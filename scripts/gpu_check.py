@@ -209,7 +209,8 @@ def probe_tuning(shapes, T=1024, tokens=65536):
     shape (shared-memory / register limits are only known to the device compiler); keep the first that does."""
     from idattn.bench.op import mixer_fn
     from idattn.ops.pallas import gpu as G
-    cands = [dict(G.TUNING), {"fwd": (4, 1), "scan": (4, 1), "bwd": (8, 1)}, {"fwd": (8, 1), "scan": (4, 1), "bwd": (4, 1)}]
+    cands = [dict(G.TUNING), {"fwd": (4, 1), "fwd_big": (8, 1), "scan": (4, 1), "bwd": (8, 1)},
+             {"fwd": (8, 1), "fwd_big": (8, 1), "scan": (4, 1), "bwd": (4, 1)}]
     for cand in cands:
         G.TUNING.clear()
         G.TUNING.update(cand)
@@ -257,7 +258,7 @@ def main():
     shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
     if jax.default_backend() == "gpu":
         log("=== compile probe (Triton tuning) ===")
-        tun = probe_tuning(shapes[:1])
+        tun = probe_tuning(shapes)
         log(f"using tuning {tun}")
         SUMMARY.append(f"triton tuning (num_warps, num_stages): {tun}")
 

@@ -96,13 +96,38 @@ class Tabs:
     exp(±κ(L-1)/2), so the reciprocal is exact to an ulp)."""
 
     def __init__(self, sp, lmu1, lmu, laml, b):
-        self.sp, self.laml, self.b = sp, laml, b
-        inv = 1.0 / (sp[0] * sp[0] + sp[1] * sp[1])
-        self.pt = (sp[0] * inv, -sp[1] * inv)
-        self.pin = cmul(*self.pt, *lmu1)
-        self.ep = cmul(*sp, *lmu)
-        self.ps = cmul(*b, *sp)
-        self.pe = cmul(*b, *self.ep)
+        self.sp, self.lmu1, self.lmu, self.laml, self.b = sp, lmu1, lmu, laml, b
+        self._cache = {}
+
+    # Derived tables are built on first use (in program order), not all up front: each is an [L, M] pair of
+    # fp32 planes, and building them where they are needed keeps fewer of them live at once (registers).
+    def _get(self, name, fn):
+        if name not in self._cache:
+            self._cache[name] = fn()
+        return self._cache[name]
+
+    @property
+    def pt(self):
+        def build():
+            inv = 1.0 / (self.sp[0] * self.sp[0] + self.sp[1] * self.sp[1])
+            return (self.sp[0] * inv, -self.sp[1] * inv)
+        return self._get("pt", build)
+
+    @property
+    def pin(self):
+        return self._get("pin", lambda: cmul(*self.pt, *self.lmu1))
+
+    @property
+    def ep(self):
+        return self._get("ep", lambda: cmul(*self.sp, *self.lmu))
+
+    @property
+    def ps(self):
+        return self._get("ps", lambda: cmul(*self.b, *self.sp))
+
+    @property
+    def pe(self):
+        return self._get("pe", lambda: cmul(*self.b, *self.ep))
 
 
 class Masks:

@@ -35,7 +35,8 @@ def _compiler_params(num_warps, num_stages):
 # (num_warps, num_stages) per kernel kind. The fused forward and the scans carry a small state tile per program
 # (4 warps); the chunk-parallel backward kernels hold several L×L and L×D fp32 tiles at once (8 warps, fewer
 # registers per thread). num_stages > 1 lets Triton prefetch the next chunk's loads inside the fori_loop.
-TUNING = {"fwd": (4, 2), "scan": (4, 2), "bwd": (8, 2)}
+# "fwd_big": the forward kernels when the padded mode count M >= 64 (bigger [L, M] tiles per program).
+TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2)}
 
 
 def _call(kernel, out_shape, grid, interpret, kind="fwd"):
@@ -109,7 +110,7 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, R), save_sdt),)
     args = (fq, zk, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nrb), interpret)(*args)
+    return _call(kernel, out, (B, H, nrb), interpret, "fwd" if M < 64 else "fwd_big")(*args)
 
 
 def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_sdt=None):
@@ -146,7 +147,7 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
     args = (w, zv, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, ndb), interpret)(*args)
+    return _call(kernel, out, (B, H, ndb), interpret, "fwd" if M < 64 else "fwd_big")(*args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
