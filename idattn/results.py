@@ -58,8 +58,16 @@ class Run:
         ident: dict[str, Any] = {}
         for r in recs:
             ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
+        cfg = _saved_config(workdir) if ("size" not in ident or "seq_len" not in ident) else None
+        if cfg is not None:  # the trainer's validation records no size / seq_len: take them from the config
+            from idattn.eval.__main__ import size_name
+
+            ident.setdefault("size", size_name(cfg.model))
+            ident.setdefault("seq_len", int(cfg.data.seq_len))
+            ident.setdefault("mixer", str(cfg.model.mixer))
         self.mixer = canonical_mixer(str(ident.get("mixer", os.path.basename(os.path.normpath(workdir)))))
         self.size = str(ident.get("size", "?")).lower()
+        self.ident = ident
         self.metrics: dict[str, float] = {}
         self.details: dict[str, Any] = {}
         latest: dict[str, dict] = {}
@@ -82,13 +90,26 @@ class Run:
         return mixer_family(self.mixer)
 
     def seq_len(self) -> int | None:
-        for k, v in self.details.items():
-            if k.endswith("/run") and v.get("seq_len"):
-                return int(v["seq_len"])
+        """The run's training context (run record, the quickstart's `train_seq_len` detail, or its config)."""
+        if self.ident.get("seq_len"):
+            return int(self.ident["seq_len"])
+        for v in self.details.values():
+            if isinstance(v, dict) and v.get("train_seq_len"):
+                return int(v["train_seq_len"])
         return None
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r}, {self.mixer}, {self.size})"
+
+
+def _saved_config(workdir: str):
+    """The run's saved config (written by the trainer), or None when there is none or it cannot be read."""
+    try:
+        from idattn.train.checkpoint import load_config
+
+        return load_config(workdir)
+    except Exception:  # no trainer config in this folder (e.g. result files written by hand)
+        return None
 
 
 def _size_rank(s: str) -> int:

@@ -98,3 +98,20 @@ def test_runs_without_results_refused(tmp_path):
     os.makedirs(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no eval"):
         results.Run(str(tmp_path / "empty"))
+
+
+def test_run_identity_from_trainer_config(tmp_path):
+    """The trainer's validation records carry no size / seq_len: they come from the saved config."""
+    import sys
+
+    sys.path.insert(0, "experiments")
+    from scaling import get_config
+
+    from idattn.train.checkpoint import save_config
+
+    wd = str(tmp_path / "run")
+    os.makedirs(wd)
+    save_config(wd, get_config("s4d_only,tiny"))
+    write_result(wd, "validation", 5, {"loss": 3.0, "ppl": math.exp(3.0)}, run={"workdir": wd, "mixer": "s4d_only"})
+    r = results.Run(wd)
+    assert (r.size, r.seq_len(), r.family, r.mixer) == ("tiny", 64, "s4d_only", "generic-linear-norope")

@@ -195,8 +195,19 @@ def main(argv=None) -> int:
             except FileNotFoundError as e:
                 print(f"extrapolation: skipping {name}: {e}", file=sys.stderr)
                 continue
-            toks = [tok.encode(t) for t in texts]
-            corpora[name] = [t for t in toks if len(t) >= max(lengths)][:limit]
+            # encode only a prefix long enough for the longest window (>= 16 characters per token is far more
+            # than any tokenizer needs), and stop once `limit` long documents are found
+            kept = []
+            for t in texts:
+                ids = tok.encode(t[:16 * max(lengths)])
+                if len(ids) >= max(lengths):
+                    kept.append(ids)
+                    if limit and len(kept) >= limit:
+                        break
+            if not kept:
+                print(f"extrapolation: skipping {name}: no document has {max(lengths)} tokens", file=sys.stderr)
+                continue
+            corpora[name] = kept
         if not corpora:
             raise FileNotFoundError("extrapolation: no corpus found; pass --data_dir with <corpus>/ folders or --hub.")
         m, details = perplexity.extrapolation(score_fn, corpora, lengths, bos=prefix_token(tok), max_docs=limit,

@@ -258,8 +258,8 @@ def load_task_docs(task: str, *, data_dir: str | None = None, hub: bool = False,
     t = get_task(task)
     local = None
     if data_dir:
-        for cand in (os.path.join(data_dir, task), os.path.join(data_dir, t.hf_path.split("/")[-1]), data_dir):
-            if os.path.exists(cand) and (cand != data_dir or os.path.isfile(cand)):
+        for cand in (os.path.join(data_dir, task), os.path.join(data_dir, t.hf_path.split("/")[-1])):
+            if os.path.exists(cand):
                 local = cand
                 break
         if local is None and not hub:
