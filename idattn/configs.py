@@ -60,6 +60,7 @@ def base_config() -> ml_collections.ConfigDict:
     m.short_conv = 4
     m.impl = "auto"  # operator implementation: auto | chunked | sequential | associative | pallas
     m.chunk_size = 64
+    m.attn_impl = "auto"  # softmax attention: auto | xla | cudnn | pallas_tpu
     m.norm_eps = 1e-5
     m.init_std = 0.02
     m.dtype = "bfloat16"  # compute dtype
