@@ -450,15 +450,17 @@ def _pallas_module():
     return pallas_ops
 
 
-def resolve_impl(impl: str) -> str:
-    """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU), else 'chunked'."""
+def resolve_impl(impl: str, chunk_size: int = 64) -> str:
+    """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU) and take this chunk size, else 'chunked'."""
     if impl != "auto":
         return impl
     try:
         pallas_ops = _pallas_module()
     except NotImplementedError:
         return "chunked"
-    return "pallas" if pallas_ops.pallas_available() else "chunked"
+    if pallas_ops.pallas_available() and pallas_ops.chunk_size_supported(chunk_size):
+        return "pallas"
+    return "chunked"
 
 
 def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto", chunk_size: int = 64,
@@ -487,7 +489,7 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
     _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
     out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = _real_dtype(fq, zk, zv, lam, b)
-    impl = resolve_impl(impl)
+    impl = resolve_impl(impl, int(chunk_size))
     if impl == "sequential":
         o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
     elif impl == "associative":

@@ -7,6 +7,6 @@
 Design, tiling and numerics: docs/kernels.md; the per-chunk math: ``idattn/ops/pallas/_chunk.py``; the
 wrapper (padding, masks, custom_vjp): ``idattn/ops/pallas/op.py``. Imports only jax and numpy.
 """
-from idattn.ops.pallas.op import interdomain_mix_pallas, pallas_available, set_save_states
+from idattn.ops.pallas.op import chunk_size_supported, interdomain_mix_pallas, pallas_available, set_save_states
 
-__all__ = ["interdomain_mix_pallas", "pallas_available", "set_save_states"]
+__all__ = ["chunk_size_supported", "interdomain_mix_pallas", "pallas_available", "set_save_states"]

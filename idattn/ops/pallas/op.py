@@ -42,6 +42,17 @@ def pallas_available() -> bool:
         return False
 
 
+def chunk_size_supported(chunk_size: int, family: str | None = None) -> bool:
+    """Whether the kernels of `family` (default: the backend's) take this chunk length: GPU (Triton) a power of
+    two >= 16, TPU a multiple of 8."""
+    if family is None:
+        family = "tpu" if jax.default_backend() == "tpu" else "gpu"
+    L = int(chunk_size)
+    if family == "gpu":
+        return L >= 16 and not (L & (L - 1))
+    return L % 8 == 0
+
+
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
@@ -267,9 +278,9 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
     D = zv.shape[-1]
     M = lam.shape[-1]
     L = int(chunk_size)
-    if family == "gpu" and (L < 16 or L & (L - 1)):
+    if family == "gpu" and not chunk_size_supported(L, "gpu"):
         raise ValueError(f"chunk_size: the GPU (Triton) kernels need a power of two >= 16, got {L}; use 64")
-    if family == "tpu" and L % 8:
+    if family == "tpu" and not chunk_size_supported(L, "tpu"):
         raise ValueError(f"chunk_size: the TPU kernels need a multiple of 8, got {L}; use 128")
     out_dtype = jnp.dtype(zv.dtype if out_dtype is None else out_dtype)
     in_dt = jnp.result_type(fq.dtype, zk.dtype, zv.dtype)
