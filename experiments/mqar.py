@@ -7,7 +7,8 @@ vocabulary (keys 1..127, values 128..255; Zoology uses 8192, which a CPU run can
 in minutes) and float32 compute. The `mqar` section holds the task and the optimiser (AdamW, warmup + cosine,
 loss at query positions only, as Zoology trains).
 
-Run (CPU, ~minutes per mixer; prints a table and writes one result file per mixer when --workdir is given):
+Run (prints a table; writes one result file per mixer when --workdir is given). Cost of 3000 steps: ~10-30 s
+per mixer on one H200, ~70 ms/step softmax on 16 CPU cores, ~1 s/step on a busy 2-core machine:
     python experiments/mqar.py --mixers=softmax,interdomain,s4d_only --steps=3000
 """
 from __future__ import annotations

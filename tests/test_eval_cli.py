@@ -76,6 +76,13 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     assert {"niah@96/acc", "phonebook@2/acc"} <= set(recs["recall"]["metrics"])
     assert "ms_per_token@8/b1" in recs["decode"]["metrics"]
 
+    # the default validation path: the run's held-out split packed as the trainer validates (KJV corpus here)
+    assert main([f"--workdir={wd}", "--suite=validation", "--random_init", f"--config={cfg}:interdomain",
+                 "--val_batches=1", "--batch_size=2"]) == 0
+    v2 = read_results(wd, "validation")[0]
+    assert v2["details"]["method"] == "packed eval batches" and v2["metrics"]["tokens"] > 64
+    assert abs(v2["metrics"]["loss"] - np.log(300)) < 0.5
+
     out = str(tmp_path / "tables")
     assert results.main([f"--runs={wd}", f"--out={out}"]) == 0
     md = open(os.path.join(out, "results.md")).read()
