@@ -93,3 +93,19 @@ def test_train_mqar_short_run_learns():
                             steps=40, batch_size=32, lr=3e-3, warmup=5, log_every=0)
     assert res["loss"] < res["first_loss"] - 0.3, res
     assert 0.0 <= res["acc"] <= 1.0
+
+
+@pytest.mark.slow
+def test_mqar_softmax_reaches_90_percent():
+    """The documented CPU check (experiments/mqar.py, 64 tokens, 4 pairs): softmax >= 90% query accuracy."""
+    import sys
+
+    sys.path.insert(0, "experiments")
+    from mqar import get_config
+
+    c = get_config("softmax")
+    q = c.mqar
+    res = recall.train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
+                            num_train=q.num_train, num_test=q.num_test, steps=1500, batch_size=q.batch_size,
+                            lr=q.lr, weight_decay=q.weight_decay, warmup=q.warmup, seed=q.seed, log_every=0)
+    assert res["acc"] >= 0.9, res["acc"]

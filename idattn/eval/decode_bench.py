@@ -36,7 +36,8 @@ def _compiled_bytes(fn, *args) -> dict[str, int]:
     return out
 
 
-def prefill_memory(model, params, *, batch_size: int, context: int, chunk: int = 2048) -> dict[str, Any]:
+def prefill_memory(model, params, *, batch_size: int, context: int, chunk: int = 2048,
+                   modes: Sequence[str] = ("full", "chunked")) -> dict[str, Any]:
     """Compiled memory of a full-prompt prefill and of one chunk of a chunked prefill (module docstring)."""
     from idattn.models.decoding import init_cache
 
@@ -46,6 +47,8 @@ def prefill_memory(model, params, *, batch_size: int, context: int, chunk: int =
     cache = init_cache(model, batch_size, context + 1)
     out = {}
     for mode, T in (("full", context), ("chunked", min(chunk, context))):
+        if mode not in modes:
+            continue
         toks = jax.ShapeDtypeStruct((batch_size, T), jnp.int32)
         try:
             out[mode] = _compiled_bytes(run, params, toks, cache)
