@@ -233,3 +233,15 @@ def test_nonfinite_loss_stops_with_step_and_checkpoint(tmp_path, env):
     good = committed_steps(wd)
     assert good and max(good) == step - 1, (good, step)
     assert f"Last good checkpoint: {os.path.join(wd, 'checkpoints', str(step - 1))}" in err
+
+
+@pytest.mark.slow
+def test_quickstart_smoke(tmp_path, env):
+    """The quickstart end to end, 3 steps of one model (the full run takes ~10 minutes: not in the default suite)."""
+    proc = subprocess.run([sys.executable, "-m", "idattn.quickstart", f"--workdir={tmp_path}", "--steps=3",
+                           "--mixers=softmax"], cwd=T.REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 3 steps need not beat the unigram baseline
+    assert "| Unigram |" in proc.stdout and "| Softmax |" in proc.stdout
+    assert os.path.getsize(tmp_path / "quickstart.png") > 1000
+    res = json.load(open(tmp_path / "quickstart.json"))
+    assert set(res["unigram"]) == {"256", "512", "896"}

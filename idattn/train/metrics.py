@@ -113,12 +113,12 @@ class MetricsWriter:
         if not self.enabled:
             return
         rec = {"step": int(step)}
-        for k, v in metrics.items():
-            rec[k] = None if (isinstance(v, float) and not math.isfinite(v)) and k == "mfu" else v
+        for k, v in metrics.items():  # JSON has no NaN / inf: write null (mfu is null on unknown devices)
+            rec[k] = None if (isinstance(v, float) and not math.isfinite(v)) else v
         self._file.write(json.dumps(rec, sort_keys=False) + "\n")
         if self._tb is not None:
             for k, v in metrics.items():
-                if isinstance(v, (int, float)) and v is not None and math.isfinite(v):
+                if isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(f"{prefix}/{k}", v, step)
             self._tb.flush()
         if console:

@@ -286,15 +286,23 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} could not be loaded: {e}") from e
     check_tokenizer(config, tokenizer, pipeline)
     other_diffs = check_resume_compatible(workdir, config)
-    mesh = shd.make_mesh(config.mesh, devices)
-    process_count, process_index = jax.process_count(), jax.process_index()
-    micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
-    rules = shd.normalize_rules(config.logical_axis_rules)
     if t.init_from and os.path.abspath(t.init_from) == workdir:
         raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
+    process_count, process_index = jax.process_count(), jax.process_index()
+    try:
+        mesh = shd.make_mesh(config.mesh, devices)
+        micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
+        model = models.build_model(config.model)
+        # abstract: traces shapes only, allocates nothing
+        setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)
+    except (ValueError, KeyError) as e:
+        raise TrainingError(str(e)) from e
+    n_params, state_sh, abstract_state, param_sh = (setup.n_params, setup.state_sh, setup.abstract_state,
+                                                    setup.param_sh)
+    p_init, p_train, p_eval, batch_shardings = setup.init, setup.train, setup.eval, setup.batch_shardings
 
-    # ---- workdir and config
+    # ---- workdir and config (first writes)
     is_main = process_index == 0
     if is_main:
         os.makedirs(workdir, exist_ok=True)
@@ -303,13 +311,6 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         elif other_diffs:
             log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
                 + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
-    model = models.build_model(config.model)
-
-    setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)
-    n_params, state_sh, abstract_state, param_sh = (setup.n_params, setup.state_sh, setup.abstract_state,
-                                                    setup.param_sh)
-    p_init, p_train, p_eval, batch_shardings = setup.init, setup.train, setup.eval, setup.batch_shardings
-    rep = shd.replicated(mesh)
 
     # ---- start-up report
     est = hbm_estimate(n_params, config, mesh)
