@@ -120,7 +120,7 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
     x_tr, y_tr = mqar_generate(V, num_train, seq_len, num_kv_pairs, seed=seed)
     from flax import linen as nn
 
-    params = nn.unbox(model.init(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
     state = opt.init(params)
