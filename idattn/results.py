@@ -10,7 +10,8 @@ the paper's numbers (idattn/eval/paper_numbers.py) beside ours:
   Table 8   per-corpus extrapolation perplexity
   Table 9   recall: RULER S-NIAH-1 against context, phonebook against size (Based: paper only)
   Fig. 2    validation perplexity against scale
-and writes `results.md` plus PNG plots (extrapolation against length, validation perplexity against scale) to
+and writes `results.md` plus PNG plots (extrapolation against length, validation perplexity against scale,
+S-NIAH-1 accuracy against context) to
 `--out` (default: the current directory).
 
 Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...); the mixer is
@@ -324,6 +325,33 @@ def plot_scaling(runs: list[Run], path: str) -> str:
     return path
 
 
+def plot_recall(runs: list[Run], path: str) -> str:
+    """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, fam in enumerate(P.MIXERS):
+        ax.plot(P.NIAH_LENGTHS, P.TABLE9_NIAH[fam], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
+        r = pick(runs, fam, size="1.3b", need="recall/niah@")
+        if r:
+            Ls = sorted(int(k.split("@")[1].split("/")[0]) for k in r.metrics if k.startswith("recall/niah@"))
+            ax.plot(Ls, [100 * r.metrics[f"recall/niah@{L}/acc"] for L in Ls], marker="o", color=f"C{i}",
+                    label=f"{P.MIXER_LABEL[fam]} ours {r.size}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel("S-NIAH-1 accuracy (%)")
+    ax.set_title("Recall against context length (Table 9)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def render(runs: list[Run]) -> str:
     parts = ["# idattn results against the paper (arXiv 2605.24330)", "",
              "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size})" for r in runs), "",
@@ -362,8 +390,9 @@ def main(argv=None) -> int:
         f.write(md)
     plot_extrapolation(runs, os.path.join(a.out, "extrapolation.png"))
     plot_scaling(runs, os.path.join(a.out, "scaling.png"))
+    plot_recall(runs, os.path.join(a.out, "recall.png"))
     print(md)
-    print(f"wrote {os.path.join(a.out, 'results.md')}, extrapolation.png, scaling.png", file=sys.stderr)
+    print(f"wrote {os.path.join(a.out, 'results.md')}, extrapolation.png, scaling.png, recall.png", file=sys.stderr)
     return 0
 
 

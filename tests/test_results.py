@@ -58,7 +58,7 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert results.main(["--runs", os.path.join(root, "*"), "--out", out]) == 0
     md = open(os.path.join(out, "results.md")).read()
     assert "### Table 2" in capsys.readouterr().out and "### Table 9" in md
-    for png in ("extrapolation.png", "scaling.png"):
+    for png in ("extrapolation.png", "scaling.png", "recall.png"):
         assert os.path.getsize(os.path.join(out, png)) > 1000
     lines = md.splitlines()
 
