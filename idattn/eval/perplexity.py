@@ -174,6 +174,8 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "") -> s
     a1.set_xlabel("context length")
     a1.set_ylabel("perplexity")
     a1.set_xscale("log", base=2)
+    a1.set_xticks(lengths, [str(L) for L in lengths])
+    a1.minorticks_off()
     a1.legend(fontsize=7)
     a2.set_xlabel(f"position (bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
     a2.set_ylabel("bucket perplexity")
