@@ -50,11 +50,12 @@ def commands(args, rest: list[str]) -> list[list[str]]:
             c.append("--spot")
         return [c]
     if a == "setup":
+        tarball = f"/tmp/{args.name}-idattn.tgz"
         return [
-            ssh_all(args, f"mkdir -p {args.remote_dir}"),
-            _base(args, "tpu-vm", "scp", "--recurse", args.local_dir, f"{args.name}:{args.remote_dir}/..")
-            + ["--worker=all"],
-            ssh_all(args, f"cd {args.remote_dir} && pip install -U 'jax[tpu]' && pip install -e ."),
+            ["tar", "czf", tarball, "--exclude=.git", "--exclude=__pycache__", "-C", args.local_dir, "."],
+            _base(args, "tpu-vm", "scp", tarball, f"{args.name}:{tarball}") + ["--worker=all"],
+            ssh_all(args, f"mkdir -p {args.remote_dir} && tar xzf {tarball} -C {args.remote_dir} && "
+                          f"cd {args.remote_dir} && pip install -U 'jax[tpu]' && pip install -e ."),
         ]
     if a == "train":
         if not rest:

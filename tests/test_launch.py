@@ -41,7 +41,9 @@ def test_tpu_dry_run_commands():
     direct = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=z", "--dry_run"))
     assert direct[3:6] == ["tpu-vm", "create", "pod"]
     setup = _run("tpu.py", "setup", "--name=pod", "--zone=z", "--dry_run").strip().splitlines()
-    assert len(setup) == 3 and all("--worker=all" in l for l in setup) and "pip install -e ." in setup[2]
+    assert len(setup) == 3 and setup[0].startswith("tar czf /tmp/pod-idattn.tgz")
+    assert all("--worker=all" in l for l in setup[1:]) and "pip install -e ." in setup[2]
+    assert "tpu-vm scp /tmp/pod-idattn.tgz pod:/tmp/pod-idattn.tgz" in setup[1]
     train = shlex.split(_run("tpu.py", "train", "--name=pod", "--zone=z", "--dry_run", "--", *TRAIN))
     assert train[3:6] == ["tpu-vm", "ssh", "pod"] and "--worker=all" in train
     remote = [w for w in train if w.startswith("--command=")][0][len("--command="):]

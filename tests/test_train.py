@@ -245,3 +245,27 @@ def test_quickstart_smoke(tmp_path, env):
     assert os.path.getsize(tmp_path / "quickstart.png") > 1000
     res = json.load(open(tmp_path / "quickstart.json"))
     assert set(res["unigram"]) == {"256", "512", "896"}
+
+
+def test_init_from_another_run(run_dir, env, tmp_path):
+    """train.init_from starts a new run (step 0, fresh optimiser) from another run's latest parameters."""
+    src, _ = run_dir
+    wd = str(tmp_path / "child")
+    proc = T.run_train(wd, overrides={**RUN, "train.init_from": src}, env=env)
+    assert f"initialised parameters from {src}" in proc.stdout
+    child, parent = T.read_metrics(wd), T.read_metrics(src)
+    assert [r["step"] for r in child] == [1, 2, 3, 4]
+    # step 1 of the child is scored with the parent's step-4 parameters on the parent's step-1 batch: far below
+    # the parent's own step-1 loss at random init
+    assert child[0]["loss"] < parent[0]["loss"] - 0.1, (child[0]["loss"], parent[0]["loss"])
+    err = T.run_train(str(tmp_path / "bad"), overrides={**RUN, "train.init_from": src, "model.num_layers": 3},
+                      env=env, check=False)
+    assert err.returncode == 1 and "model.num_layers: 2 there, 3 here" in err.stderr, err.stderr[-2000:]
+    assert not os.path.exists(str(tmp_path / "bad"))
+
+
+def test_refuses_checkpoints_without_config(tmp_path):
+    from idattn.train.trainer import TrainingError, check_resume_compatible
+    (tmp_path / "checkpoints" / "5").mkdir(parents=True)
+    with pytest.raises(TrainingError, match=r"checkpoints \[5\] but no config.json"):
+        check_resume_compatible(str(tmp_path), T.tiny_config())

@@ -289,6 +289,17 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     if t.init_from and os.path.abspath(t.init_from) == workdir:
         raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
+    if t.init_from:
+        try:
+            src_model = ckpt.config_to_dict(ckpt.load_config(t.init_from).model)
+        except FileNotFoundError as e:
+            raise TrainingError(f"config.train.init_from={t.init_from!r}: {e}") from e
+        diffs = ckpt.diff_dicts(src_model, ckpt.config_to_dict(config.model))
+        if diffs:
+            raise TrainingError(f"config.train.init_from={t.init_from!r}: that run's model config differs: "
+                                + ", ".join(f"model.{k}: {a!r} there, {b!r} here" for k, a, b in diffs))
+        if not ckpt.committed_steps(t.init_from):
+            raise TrainingError(f"config.train.init_from={t.init_from!r} has no committed checkpoint")
     process_count, process_index = jax.process_count(), jax.process_index()
     try:
         mesh = shd.make_mesh(config.mesh, devices)
@@ -344,10 +355,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         with setup.context():
             state = p_init(jax.random.PRNGKey(int(config.seed)))
         if t.init_from:
-            src_cfg, src_params = ckpt.load_params(t.init_from, shardings=param_sh)
-            diffs = ckpt.diff_dicts(ckpt.config_to_dict(src_cfg.model), ckpt.config_to_dict(config.model))
-            if diffs:
-                raise TrainingError(f"config.train.init_from={t.init_from!r}: its model config differs: {diffs}")
+            _, src_params = ckpt.load_params(t.init_from, shardings=param_sh)
             state = state.replace(params=src_params)
             log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
         start_step = 0
