@@ -410,6 +410,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     win_steps, win_wait = 0, 0.0
     win_t = time.perf_counter()
     step = start_step
+    first_dt = float("nan")
     data_state = data_iter.get_state()
 
     def check_finite(s: int, m) -> float:
@@ -446,6 +447,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             if pending is not None:
                 check_finite(*pending)
             pending = (step, m)
+            if step == start_step + 1:  # keep compilation out of the step time, the throughput and the ETA
+                jax.block_until_ready(m)
+                first_dt = time.perf_counter() - win_t
+                log(f"first step done in {first_dt:.1f} s (includes compilation)")
+                win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
             if debug_sleep:
                 time.sleep(debug_sleep)
 
@@ -457,7 +463,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                 pending = None
                 summary.update(step=step, loss=loss)
             if is_log:
-                dt = (time.perf_counter() - win_t) / max(1, win_steps)
+                dt = (time.perf_counter() - win_t) / win_steps if win_steps else first_dt
                 tps = tokens_per_step / dt
                 tps_dev = tps / mesh.size
                 mfu = (tps_dev * train_flops_tok / peak) if (peak and train_flops_tok) else None
