@@ -26,7 +26,6 @@ restricted to an answer at the start of the generation (a lower bound of its `co
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Any, Callable, Sequence
 
