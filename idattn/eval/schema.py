@@ -3,7 +3,7 @@
 Every evaluation (the trainer's periodic validation, `python -m idattn.eval`, the quickstart) writes one file per
 (suite, step) under `<workdir>/eval/`:
 
-    <workdir>/eval/<suite>-step<step:08d>.json
+    <workdir>/eval/<suite>-step<step:08d>.json          (<suite>-stepinit.json for step < 0)
     {
       "schema": "idattn.eval/v1",
       "suite": "validation" | "extrapolation" | "harness" | "recall" | "decode" | ...,
@@ -30,7 +30,9 @@ SCHEMA = "idattn.eval/v1"
 
 
 def result_path(workdir: str, suite: str, step: int) -> str:
-    return os.path.join(workdir, "eval", f"{suite}-step{int(step):08d}.json")
+    """`<workdir>/eval/<suite>-step<step:08d>.json`; a random-init / unknown step (< 0) is `<suite>-stepinit.json`."""
+    tag = "init" if int(step) < 0 else f"{int(step):08d}"
+    return os.path.join(workdir, "eval", f"{suite}-step{tag}.json")
 
 
 def write_result(workdir: str, suite: str, step: int, metrics: dict[str, float], *,
