@@ -352,3 +352,17 @@ def test_pallas_impl_dispatch():
     ref, _ = ref_mix(*(np.asarray(a, np.float64 if a.dtype == np.float32 else complex) for a in args),
                      seg=np.array([[0] * 7 + [1] * 13]))
     assert rel_err(o, ref) <= 1e-4
+
+
+def test_ops_and_bench_import_with_only_jax_and_numpy():
+    """idattn.ops and idattn.bench must run on a bare accelerator image (jax + numpy only)."""
+    import subprocess
+    import sys
+    blocked = ["flax", "optax", "orbax", "grain", "ml_collections", "sentencepiece", "absl", "tensorboardX",
+               "matplotlib", "array_record", "pyarrow", "safetensors"]
+    code = ("import sys\n"
+            f"for n in {blocked!r}: sys.modules[n] = None\n"
+            "import idattn.ops, idattn.ops.theory, idattn.ops.pallas, idattn.bench.op, idattn.bench.theory\n"
+            "import idattn.bench.__main__\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
