@@ -1,0 +1,1 @@
+"""Ahead-of-time compilation for TPU / GPU targets on any host (`python -m idattn.aot`)."""
