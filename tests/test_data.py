@@ -161,8 +161,12 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
     texts = _texts(kjv)
     files = [texts[:25] + ["", None], texts[25:]]  # empty/None texts are skipped
     _write_parquet(tmp_path / "src", files)
-    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.2,
-                           max_val_docs=8, docs_per_shard=20, num_proc=num_proc, batch_docs=7, log=lambda s: None)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # spawned workers: no "os.fork() was called ... JAX" warning
+        meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.2,
+                               max_val_docs=8, docs_per_shard=20, num_proc=num_proc, batch_docs=7,
+                               log=lambda s: None, min_val_docs=1, min_val_tokens=1)  # the rule alone meets these
     ref_train, ref_val = _reference_split(small_tok, texts, 0.2, 8)
     assert 0 < len(ref_val) <= 8
     assert _read_split(tmp_path / "out", meta, "train") == ref_train
@@ -176,7 +180,8 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
     # a staging folder of a killed run (dead pid) is cleaned up by the next run
     (tmp_path / "out" / ".prepare-staging-999999999").mkdir()
     prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.2,
-                    max_val_docs=8, docs_per_shard=20, num_proc=0, batch_docs=7, log=lambda s: None, overwrite=True)
+                    max_val_docs=8, docs_per_shard=20, num_proc=0, batch_docs=7, log=lambda s: None, overwrite=True,
+                    min_val_docs=1, min_val_tokens=1)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
         meta["train_shards"] + meta["val_shards"] + ["meta.json"])  # no staging left behind
     formats.check_tokenizer_matches(tmp_path / "out", small_tok)
@@ -221,15 +226,15 @@ def _no_text(folder):
 def test_prepare_refuses_bad_shards_and_keeps_existing_data(tmp_path, kjv, small_tok, make, match):
     out = tmp_path / "out"
     _write_parquet(tmp_path / "good", [_texts(kjv, 12)])
-    prepare.prepare(str(tmp_path / "good"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+    prepare.prepare(str(tmp_path / "good"), str(out), tokenizer=small_tok, min_val_tokens=1, num_proc=0, log=lambda s: None)
     before = _snapshot(out)
     make(tmp_path / "bad")
     with pytest.raises(prepare.PrepareError, match=match):
-        prepare.prepare(str(tmp_path / "bad"), str(out), tokenizer=small_tok, num_proc=0, overwrite=True,
+        prepare.prepare(str(tmp_path / "bad"), str(out), tokenizer=small_tok, min_val_tokens=1, num_proc=0, overwrite=True,
                         log=lambda s: None)
     assert _snapshot(out) == before
     with pytest.raises(prepare.PrepareError, match=match):  # into a fresh folder: nothing created either
-        prepare.prepare(str(tmp_path / "bad"), str(tmp_path / "fresh"), tokenizer=small_tok, num_proc=0,
+        prepare.prepare(str(tmp_path / "bad"), str(tmp_path / "fresh"), tokenizer=small_tok, min_val_tokens=1, num_proc=0,
                         log=lambda s: None)
     assert not (tmp_path / "fresh").exists() or not any((tmp_path / "fresh").iterdir())
 
@@ -237,15 +242,15 @@ def test_prepare_refuses_bad_shards_and_keeps_existing_data(tmp_path, kjv, small
 def test_prepare_refuses_other_tokenizer_and_unflagged_overwrite(tmp_path, kjv, small_tok, other_tok):
     out = tmp_path / "out"
     _write_parquet(tmp_path / "src", [_texts(kjv, 12)])
-    prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+    prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, min_val_tokens=1, num_proc=0, log=lambda s: None)
     before = _snapshot(out)
     for kw in ({}, {"overwrite": True}):
         with pytest.raises(prepare.PrepareError, match="already holds data tokenised with 'small400'"):
-            prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=other_tok, num_proc=0, log=lambda s: None,
+            prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=other_tok, min_val_tokens=1, num_proc=0, log=lambda s: None,
                             **kw)
         assert _snapshot(out) == before
     with pytest.raises(prepare.PrepareError, match="--overwrite"):
-        prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, num_proc=0, log=lambda s: None)
+        prepare.prepare(str(tmp_path / "src"), str(out), tokenizer=small_tok, min_val_tokens=1, num_proc=0, log=lambda s: None)
     assert _snapshot(out) == before
     # the pipeline's check names both tokenizers
     with pytest.raises(ValueError, match="Tokenizer mismatch.*small400.*small384"):
@@ -254,10 +259,10 @@ def test_prepare_refuses_other_tokenizer_and_unflagged_overwrite(tmp_path, kjv, 
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.txt").write_text("mine")
     with pytest.raises(prepare.PrepareError, match="holds no meta.json"):
-        prepare.prepare(str(tmp_path / "src"), str(tmp_path / "foreign"), tokenizer=small_tok, num_proc=0)
+        prepare.prepare(str(tmp_path / "src"), str(tmp_path / "foreign"), tokenizer=small_tok, min_val_tokens=1, num_proc=0)
     # overwrite with the same tokenizer replaces the data
     _write_parquet(tmp_path / "src2", [_texts(kjv, 5)])
-    meta = prepare.prepare(str(tmp_path / "src2"), str(out), tokenizer=small_tok, num_proc=0, overwrite=True,
+    meta = prepare.prepare(str(tmp_path / "src2"), str(out), tokenizer=small_tok, min_val_tokens=1, num_proc=0, overwrite=True,
                            val_fraction=0.0, log=lambda s: None)
     assert meta["train_docs"] == 5 and formats.read_meta(out)["train_docs"] == 5
 
@@ -321,3 +326,122 @@ def test_prepare_from_hub_id_with_subset(tmp_path, kjv, small_tok, monkeypatch):
         fs.rm("/datasets", recursive=True)
     assert meta["source"]["subset"] == "sample-10BT" and len(meta["source"]["files"]) == 1
     assert _read_split(tmp_path / "out", meta, "train") == [small_tok.encode(t) for t in texts]
+
+
+# ---------------------------------------------------------------------------------------------- own data
+
+def _docs(n, seed=0, words=40):
+    rng = np.random.default_rng(seed)
+    vocab = ("the grass is green and the sky is blue while rivers run to the sea under a yellow sun we go "
+             "there and back again").split()
+    return [f"Doc {i}: " + " ".join(rng.choice(vocab, words)) + "." for i in range(n)]
+
+
+def test_prepare_plain_text_jsonl_and_globs(tmp_path, small_tok):
+    """Plain text (one document per file, or cut at a separator), JSON Lines (.jsonl, .jsonl.gz, another field)
+    and glob patterns all give the documents written by hand, tokenised, in file order."""
+    import gzip
+    docs = _docs(12)
+    (tmp_path / "txt").mkdir()
+    for i, d in enumerate(docs[:6]):
+        (tmp_path / "txt" / f"{i:02d}.txt").write_text(d)
+    (tmp_path / "txt" / ".hidden").write_text("never read")
+    (tmp_path / "sep.txt").write_text("\n<|endoftext|>\n".join(docs[6:]))
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"body": d, "id": i}) + "\n" for i, d in enumerate(docs[:4])))
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write("".join(json.dumps({"body": d}) + "\n" for d in docs[4:]))
+    kw = dict(tokenizer=small_tok, val_fraction=0.0, log=lambda s: None)
+    meta = prepare.prepare(str(tmp_path / "txt"), str(tmp_path / "o1"), num_proc=0, **kw)
+    assert _read_split(tmp_path / "o1", meta, "train") == [small_tok.encode(d) for d in docs[:6]]
+    assert meta["source"]["format"] == ["text"]
+    meta = prepare.prepare(str(tmp_path / "sep.txt"), str(tmp_path / "o2"), separator="\\n<|endoftext|>\\n",
+                           num_proc=0, **kw)
+    assert _read_split(tmp_path / "o2", meta, "train") == [small_tok.encode(d) for d in docs[6:]]
+    meta = prepare.prepare(str(tmp_path / "*.jsonl*"), str(tmp_path / "o3"), text_field="body", num_proc=0, **kw)
+    assert _read_split(tmp_path / "o3", meta, "train") == [small_tok.encode(d) for d in docs]
+    with pytest.raises(prepare.PrepareError, match="no field 'text'.*--text_field"):
+        prepare.prepare(str(tmp_path / "a.jsonl"), str(tmp_path / "o4"), num_proc=0, **kw)
+    assert not (tmp_path / "o4").exists()
+
+
+def test_prepare_unknown_format_refused_before_writing(tmp_path, small_tok, capsys):
+    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+    (tmp_path / "model.model").write_bytes(small_tok.model_proto)
+    rc = prepare.main(["--source", str(tmp_path / "data.csv"), "--out", str(tmp_path / "out"), "--tokenizer",
+                       str(tmp_path / "model.model")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "unknown format" in err and ".txt" in err and ".jsonl.gz" in err and ".parquet" in err and "--format" in err
+    assert not (tmp_path / "out").exists()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "x.csv").write_text("1")
+    with pytest.raises(prepare.PrepareError, match="no file of an accepted format"):
+        prepare.prepare(str(tmp_path / "folder"), str(tmp_path / "out"), tokenizer=small_tok, num_proc=0)
+    assert not (tmp_path / "out").exists()
+
+
+def test_prepare_guarantees_validation_split(tmp_path, small_tok):
+    """A corpus too small for the hash rule to hold anything out: the training documents of smallest
+    sha1 fraction (recomputed here) move to the held-out split until both minimums hold."""
+    docs = _docs(30, words=30)
+    (tmp_path / "src").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "src" / f"{i:02d}.txt").write_text(d)
+    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.0005,
+                           min_val_docs=3, min_val_tokens=300, docs_per_shard=7, num_proc=0, log=lambda s: None)
+    u = {d: int.from_bytes(hashlib.sha1(d.encode()).digest()[:8], "little") / 2**64 for d in docs}
+    assert min(u.values()) >= 0.0005  # the rule alone holds out nothing
+    order = sorted(docs, key=u.get)
+    k, toks = 0, 0
+    while k < 3 or toks < 300:
+        toks += len(small_tok.encode(order[k]))
+        k += 1
+    val = set(order[:k])
+    assert meta["val_docs"] == k and meta["val_tokens"] == toks and meta["val_promoted"] == k
+    assert sorted(map(tuple, _read_split(tmp_path / "out", meta, "val"))) == sorted(
+        tuple(small_tok.encode(d)) for d in val)
+    assert _read_split(tmp_path / "out", meta, "train") == [small_tok.encode(d) for d in docs if d not in val]
+    # too small: refused with the numbers, nothing written
+    with pytest.raises(prepare.PrepareError, match=r"the corpus has 30 documents / \d+ tokens.*--min_val_tokens"):
+        prepare.prepare(str(tmp_path / "src"), str(tmp_path / "o2"), tokenizer=small_tok, min_val_tokens=10**6,
+                        num_proc=0, log=lambda s: None)
+    assert not (tmp_path / "o2").exists()
+
+
+def test_tokenizer_cli_and_prepare_train_tokenizer_agree(tmp_path):
+    """`python -m idattn.data.tokenizer train` and `prepare --train_tokenizer` train the same model, on the
+    training documents only (the held-out ones never reach it), with the project's settings."""
+    from idattn.data import tokenizer as tk
+    docs = _docs(40, seed=1)
+    (tmp_path / "src").mkdir()
+    for i, d in enumerate(docs):
+        (tmp_path / "src" / f"{i:02d}.txt").write_text(d)
+    held = [d for d in docs if int.from_bytes(hashlib.sha1(d.encode()).digest()[:8], "little") / 2**64 < 0.2]
+    assert held
+    assert tk.main(["train", f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}",
+                    "--val_fraction=0.2"]) == 0
+    ref = train_sentencepiece([d for d in docs if d not in held], 300)
+    assert (tmp_path / "t.model").read_bytes() == ref
+    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), train_tokenizer=300, val_fraction=0.2,
+                           min_val_docs=1, min_val_tokens=1, num_proc=0, log=lambda s: None)
+    assert (tmp_path / "out" / "tokenizer.model").read_bytes() == ref
+    tok = load_tokenizer(str(tmp_path / "out" / "tokenizer.model"))
+    formats.check_tokenizer_matches(tmp_path / "out", tok)
+    assert meta["tokenizer"]["vocab_size"] == 300 and meta["val_docs"] == len(held)
+    assert tk.main(["train", f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}"]) == 2
+
+
+def test_check_splits_refuses_missing_split(tmp_path, small_tok):
+    import ml_collections
+
+    from idattn.data import pipeline
+    docs = _docs(6)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    prepare.prepare(str(tmp_path / "a.jsonl"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.0,
+                    num_proc=0, log=lambda s: None)
+    cfg = ml_collections.ConfigDict({"source": "arrayrecord", "path": str(tmp_path / "out")})
+    pipeline.check_splits(cfg, small_tok, ("train",))
+    with pytest.raises(ValueError, match="val split is empty.*--val_fraction > 0"):
+        pipeline.check_splits(cfg, small_tok, ("train", "val"))
+    with pytest.raises(ValueError, match="val_fraction in"):
+        pipeline.check_splits(ml_collections.ConfigDict({"source": "kjv", "val_fraction": 0.0}), small_tok)

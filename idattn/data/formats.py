@@ -70,8 +70,9 @@ def shard_paths(data_dir, meta: dict, split: str) -> list[str]:
     key = {"train": "train_shards", "val": "val_shards"}[split]
     names = meta.get(key) or []
     if not names:
-        raise ValueError(f"{data_dir}/{META}: no {key} listed; the {split} split is empty. Prepare with more "
-                         "documents (or a val_fraction > 0 for the held-out split).")
+        raise ValueError(f"{data_dir}/{META}: no {key} listed; the {split} split is empty. Prepare the data again "
+                         "with --val_fraction > 0 (prepare then guarantees a held-out split of --min_val_docs "
+                         "documents and --min_val_tokens tokens), or with more documents.")
     paths = [pathlib.Path(data_dir) / n for n in names]
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:

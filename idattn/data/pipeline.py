@@ -233,6 +233,31 @@ def _packing_mode(data_cfg) -> str:
 # Public API
 # ----------------------------------------------------------------------------------------------------------
 
+def check_splits(data_cfg, tokenizer, splits=("train", "val")) -> None:
+    """Refuse (ValueError, one line with the fix) when a split the run will read is missing or empty, so a run
+    fails at start rather than at its first validation. Cheap: reads meta.json, never the documents (kjv: the
+    split rule; tfds: not checked, listing it needs the dataset)."""
+    source = _cfg(data_cfg, "source", "kjv")
+    for split in splits:
+        if source == "kjv":
+            vf = float(_cfg(data_cfg, "val_fraction", 0.05))
+            if split == "val" and vf <= 0:
+                raise ValueError(f"data.source='kjv' with data.val_fraction={vf}: the val split the trainer "
+                                 "validates on is empty; set data.val_fraction in (0, 1), e.g. 0.05.")
+        elif source == "arrayrecord":
+            path = _cfg(data_cfg, "path", "")
+            try:
+                meta = formats.read_meta(path)
+                formats.shard_paths(path, meta, split)
+            except FileNotFoundError as e:
+                raise ValueError(str(e)) from e
+            docs = meta.get(f"{split}_docs", 0)
+            if not docs:
+                raise ValueError(f"data.path={path!r}: the {split} split has 0 documents; prepare the data again "
+                                 "with --val_fraction > 0 (prepare then guarantees --min_val_docs / "
+                                 "--min_val_tokens).")
+
+
 def make_train_dataset(data_cfg, tokenizer, *, global_batch_size: int, seq_len: int, seed: int,
                        process_index: int = 0, process_count: int = 1) -> grain.IterDataset:
     """The training `IterDataset` (see `make_train_iterator`)."""

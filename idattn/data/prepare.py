@@ -1,39 +1,60 @@
-"""Tokenise parquet text (FineWeb-Edu) into ArrayRecord shards: `python -m idattn.data.prepare`.
+"""Tokenise text into ArrayRecord shards: `python -m idattn.data.prepare --source=... --out=...`.
 
+    python -m idattn.data.prepare --source=my_texts/ --out=data/mine --train_tokenizer=4096
+    python -m idattn.data.prepare --source='notes/*.jsonl.gz' --text_field=body --out=data/notes --tokenizer=tok.model
     python -m idattn.data.prepare --source HuggingFaceFW/fineweb-edu --subset sample-10BT \
         --out /data/fineweb-edu-10BT-mistral --tokenizer mistral --num_proc 16
 
-Sources (`--source`):
+Sources (`--source`; several may be given comma-separated):
+  local files, folders (every file of an accepted format under it, recursively, sorted) or glob patterns
+      (`'corpus/**/*.txt'`), in these formats (by file name; `--format` forces one):
+        text      .txt .text .md   one document per file, or cut into documents at every `--separator`
+                                   (e.g. --separator='\n\n\n' or a marker line '<|endoftext|>'; backslash
+                                   escapes are decoded);
+        jsonl     .jsonl .jsonl.gz one JSON object a line, the document in `--text_field` (default "text");
+        parquet   .parquet         a string column `--text_field` (default "text");
+      any other suffix is refused, naming these formats;
   a Hugging Face hub dataset id (`owner/name`, e.g. HuggingFaceFW/fineweb-edu) with `--subset`
       (sample-10BT -> folder sample/10BT, sample-100BT -> sample/100BT, default -> data, CC-MAIN-... ->
-      data/CC-MAIN-...; `--hf_data_dir` overrides the folder); files are listed and streamed through
+      data/CC-MAIN-...; `--hf_data_dir` overrides the folder): its parquet files are listed and streamed through
       `huggingface_hub.HfFileSystem` (needs `huggingface_hub`; nothing is stored besides the output);
-  a local folder (every *.parquet under it, recursively, sorted) or a single .parquet file;
-  a bucket or other fsspec URL (gs://bucket/path, needs `gcsfs`), listed and streamed the same way.
-Every file must be parquet with a string column `text`.
+  a bucket or other fsspec URL (gs://bucket/path, needs `gcsfs`): its parquet files, listed and streamed the same way.
+
+Tokenizer: `--tokenizer` (mistral | path to a SentencePiece .model | train:<vocab> on the embedded KJV text), or
+`--train_tokenizer=<vocab>`: train a SentencePiece model on the *training* documents of `--source` itself (the
+held-out ones never reach it; same settings as the project's own, `idattn.data.tokenizer.train_sentencepiece`),
+write it to `<out>/tokenizer.model` and tokenise with it. Then set `data.tokenizer=<out>/tokenizer.model`.
 
 Output (`--out`, a local folder; see idattn.data.formats for the record format): train-XXXXX.array_record
-shards of `--docs_per_shard` documents, val-XXXXX.array_record, meta.json. A document goes to the held-out
-split when the first 8 bytes of sha1(text), read as a fraction of 2^64, fall below `--val_fraction`, until
-`--max_val_docs` are held out: a stable, order-independent choice. Documents with empty text are skipped.
+shards of `--docs_per_shard` documents, val-XXXXX.array_record, meta.json (and tokenizer.model when trained).
 
-Tokenisation runs in `--num_proc` worker processes (forked; 0 tokenises in this process); the main process
-reads record batches of `--batch_docs` texts and writes the records in input order, so the output is the same
-for any worker count. At most 2 x num_proc batches are in flight, so memory stays bounded however large the
-input.
+Held-out split: a document goes to it when the first 8 bytes of sha1(text), read as a fraction of 2^64, fall
+below `--val_fraction`, until `--max_val_docs` are held out: a stable, order-independent choice. When
+`--val_fraction` > 0 the split is guaranteed usable: if the rule holds out fewer than `--min_val_docs`
+documents or `--min_val_tokens` tokens (a small corpus), the training documents with the smallest hashes are
+moved to it until both minimums hold; if that would take more than half of the corpus's tokens, prepare
+refuses with the numbers (and writes nothing). `--val_fraction=0` means no held-out split (the trainer then
+refuses to start a config that validates on it). Documents with empty text are skipped.
+
+Tokenisation runs in `--num_proc` worker processes started with "spawn" (a fresh interpreter: never a fork of a
+process that may have JAX or I/O threads loaded; 0 tokenises in this process); the main process reads batches
+of `--batch_docs` texts and writes the records in input order, so the output is the same for any worker count.
+At most 2 x num_proc batches are in flight, so memory stays bounded however large the input.
 
 Safety: everything is written to a staging folder inside `--out` and moved into place only when the whole
-input was read; meta.json goes last. Refused, with nothing written over existing data: an input file that is
-empty, not parquet or has no `text` column; an output folder holding data prepared with another tokenizer;
-an output folder already holding prepared data with the same tokenizer (unless `--overwrite`); an output
-folder holding other files.
+input was read; meta.json goes last. Refused, with nothing written: an unknown input format, an input file that
+is empty, unreadable or lacks the text field; a held-out split below the minimums; an output folder holding
+data prepared with another tokenizer; an output folder already holding prepared data with the same tokenizer
+(unless `--overwrite`); an output folder holding other files.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import datetime
+import glob
 import hashlib
+import heapq
 import json
 import multiprocessing
 import os
@@ -56,6 +77,23 @@ class PrepareError(ValueError):
 # Inputs
 # ----------------------------------------------------------------------------------------------------------
 
+FORMATS = {"text": (".txt", ".text", ".md"), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)}
+ACCEPTED = "plain text (" + " ".join(FORMATS["text"]) + "), JSON Lines (" + " ".join(FORMATS["jsonl"]) + \
+    "), parquet (.parquet), or a Hugging Face hub id (owner/name)"
+_GLOB_CHARS = "*?["
+
+
+def file_format(path: str, forced: str | None = None) -> str | None:
+    """"text" | "jsonl" | "parquet" from the file name (or `forced`); None when the suffix is not accepted."""
+    if forced:
+        return forced
+    name = str(path).lower()
+    for fmt, suffixes in FORMATS.items():
+        if name.endswith(suffixes):
+            return fmt
+    return None
+
+
 def _hf_subset_dir(subset: str) -> str:
     if subset.startswith("sample-"):
         return "sample/" + subset[len("sample-"):]
@@ -66,11 +104,49 @@ def _hf_subset_dir(subset: str) -> str:
 
 def _is_hub_id(source: str) -> bool:
     return ("://" not in source and source.count("/") == 1 and not os.path.exists(source)
-            and not source.startswith((".", "/", "~")))
+            and not source.startswith((".", "/", "~")) and not any(c in source for c in _GLOB_CHARS)
+            and file_format(source) is None)
 
 
-def list_inputs(source: str, subset: str | None = None, hf_data_dir: str | None = None):
-    """Return (filesystem or None for local, sorted list of parquet paths)."""
+def _local_files(source: str, forced: str | None) -> list[str]:
+    """Files of one local source (file, folder or glob), all of accepted formats, sorted."""
+    if any(c in source for c in _GLOB_CHARS):
+        hits = sorted(glob.glob(os.path.expanduser(source), recursive=True))
+        files = [f for f in hits if os.path.isfile(f)]
+        if not files:
+            raise PrepareError(f"--source={source!r}: the pattern matches no files.")
+        bad = [f for f in files if file_format(f, forced) is None]
+        if bad:
+            raise PrepareError(f"--source={source!r} matches {bad[0]!r}, whose format is unknown; accepted: "
+                               f"{ACCEPTED}. Narrow the pattern (e.g. '*.txt') or pass --format=text|jsonl|parquet.")
+        return files
+    p = pathlib.Path(source).expanduser()
+    if p.is_file():
+        if file_format(str(p), forced) is None:
+            raise PrepareError(f"--source={source!r}: unknown format (suffix {''.join(p.suffixes) or 'none'!r}); "
+                               f"accepted: {ACCEPTED}. Rename the file or pass --format=text|jsonl|parquet.")
+        return [str(p)]
+    if not p.is_dir():
+        raise PrepareError(f"--source={source!r}: no such file or folder (expected {ACCEPTED}, a folder or glob "
+                           "of such files, or gs://bucket/path).")
+    every = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    files = [f for f in every if file_format(f, forced) is not None]
+    if not files:
+        raise PrepareError(f"--source={source!r}: the folder holds no file of an accepted format ({ACCEPTED}); "
+                           f"found {[os.path.basename(f) for f in every[:3]]}. Pass --format=text to read them "
+                           "as plain text.")
+    fmts = {file_format(f, forced) for f in files}
+    if len(fmts) > 1:
+        raise PrepareError(f"--source={source!r}: the folder mixes formats {sorted(fmts)}; prepare one format per "
+                           "run (use a glob such as 'folder/**/*.txt') so that every document is read the same way.")
+    return files
+
+
+def list_inputs(source: str, subset: str | None = None, hf_data_dir: str | None = None,
+                fmt: str | None = None):
+    """Return (filesystem or None for local, sorted list of input paths); see the module docstring."""
+    if fmt is not None and fmt not in FORMATS:
+        raise PrepareError(f"--format={fmt!r}; expected one of {sorted(FORMATS)} (or leave it out to go by suffix).")
     if source.startswith("hf://") or _is_hub_id(source):
         try:
             from huggingface_hub import HfFileSystem
@@ -102,19 +178,16 @@ def list_inputs(source: str, subset: str | None = None, hf_data_dir: str | None 
         if not files:
             raise PrepareError(f"--source={source!r}: no *.parquet files found there.")
         return fs, files
-    p = pathlib.Path(source).expanduser()
-    if p.is_file():
-        return None, [str(p)]
-    if not p.is_dir():
-        raise PrepareError(f"--source={source!r}: no such file or folder (expected a parquet folder, a .parquet "
-                           "file, a hub id like HuggingFaceFW/fineweb-edu, or gs://bucket/path).")
-    files = sorted(str(f) for f in p.rglob("*.parquet"))
-    if not files:
-        raise PrepareError(f"--source={source!r}: the folder holds no *.parquet files.")
+    files: list[str] = []
+    for part in [x for x in source.split(",") if x.strip()] or [source]:
+        files += [f for f in _local_files(part.strip(), fmt) if f not in files]
+    fmts = {file_format(f, fmt) for f in files}
+    if len(fmts) > 1:
+        raise PrepareError(f"--source={source!r} mixes formats {sorted(fmts)}; prepare one format per run.")
     return None, files
 
 
-def _open_parquet(fs, path: str):
+def _open_parquet(fs, path: str, field: str = "text"):
     import pyarrow as pa
     import pyarrow.parquet as pq
     try:
@@ -123,26 +196,98 @@ def _open_parquet(fs, path: str):
     except (pa.ArrowException, OSError) as e:
         raise PrepareError(f"input shard {path!r} is not a readable parquet file ({e}); it is corrupt or "
                            "truncated. Re-download it or remove it from the source.") from e
-    if "text" not in pf.schema_arrow.names:
-        raise PrepareError(f"input shard {path!r} has no 'text' column (columns: {pf.schema_arrow.names}); "
-                           "prepare reads the FineWeb(-Edu) layout with a string column 'text'.")
+    if field not in pf.schema_arrow.names:
+        raise PrepareError(f"input shard {path!r} has no {field!r} column (columns: {pf.schema_arrow.names}); "
+                           "pass --text_field=<column> (FineWeb(-Edu) uses 'text').")
     if pf.metadata.num_rows == 0:
         raise PrepareError(f"input shard {path!r} is empty (0 rows); remove it from the source or re-download it.")
     return pf
 
 
-def iter_text_batches(fs, files, batch_docs: int) -> Iterator[tuple[str, list[str]]]:
-    """(file, texts) for record batches of up to batch_docs rows, in file then row order."""
+def _open_text(path: str):
+    if path.lower().endswith(".gz"):
+        import gzip
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
+def _iter_jsonl(path: str, field: str) -> Iterator[str]:
+    try:
+        with _open_text(path) as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise PrepareError(f"{path}:{n}: not a JSON object ({e}); JSON Lines need one object a line.") \
+                        from e
+                if not isinstance(row, dict) or field not in row:
+                    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                    raise PrepareError(f"{path}:{n}: no field {field!r} (found {keys}); pass --text_field=<field>.")
+                text = row[field]
+                if text is not None and not isinstance(text, str):
+                    raise PrepareError(f"{path}:{n}: field {field!r} holds {type(text).__name__}, not text; pass "
+                                       "--text_field=<a string field>.")
+                yield text or ""
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise PrepareError(f"{path}: unreadable ({e}); expected UTF-8 JSON Lines (gzip for .jsonl.gz).") from e
+
+
+def _iter_plain(path: str, separator: str | None) -> Iterator[str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PrepareError(f"{path}: unreadable as UTF-8 text ({e}); convert it to UTF-8 or leave it out.") from e
+    if separator:
+        yield from (d.strip("\n") for d in text.split(separator))
+    else:
+        yield text
+
+
+def _check_local(path: str, fmt: str, field: str) -> None:
+    """Refuse an unusable local input before anything is tokenised or written."""
+    if fmt == "parquet":
+        _open_parquet(None, path, field)
+        return
+    if os.path.getsize(path) == 0:
+        raise PrepareError(f"input file {path!r} is empty; remove it from the source.")
+    if fmt == "jsonl":
+        for _ in _iter_jsonl(path, field):  # the first row checks the field and the encoding
+            break
+
+
+def iter_texts(fs, files, *, fmt: str | None = None, field: str = "text",
+               separator: str | None = None) -> Iterator[str]:
+    """Document texts of every input file, in file then document order."""
     import pyarrow as pa
     for path in files:
-        pf = _open_parquet(fs, path)
-        try:
-            for rb in pf.iter_batches(batch_size=batch_docs, columns=["text"]):
-                texts = [t if t is not None else "" for t in rb.column(0).to_pylist()]
-                yield path, texts
-        except (pa.ArrowException, OSError) as e:
-            raise PrepareError(f"input shard {path!r} is corrupt: reading it failed part-way ({e}). "
-                               "Re-download it or remove it from the source.") from e
+        kind = file_format(path, fmt) or "parquet"  # hub / bucket listings are parquet
+        if kind == "text":
+            yield from _iter_plain(path, separator)
+        elif kind == "jsonl":
+            yield from _iter_jsonl(path, field)
+        else:
+            pf = _open_parquet(fs, path, field)
+            try:
+                for rb in pf.iter_batches(batch_size=1024, columns=[field]):
+                    yield from (t if t is not None else "" for t in rb.column(0).to_pylist())
+            except (pa.ArrowException, OSError) as e:
+                raise PrepareError(f"input shard {path!r} is corrupt: reading it failed part-way ({e}). "
+                                   "Re-download it or remove it from the source.") from e
+
+
+def iter_text_batches(fs, files, batch_docs: int, **kw) -> Iterator[list[str]]:
+    """Lists of up to batch_docs texts, in input order."""
+    batch: list[str] = []
+    for t in iter_texts(fs, files, **kw):
+        batch.append(t)
+        if len(batch) >= batch_docs:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -152,24 +297,21 @@ def iter_text_batches(fs, files, batch_docs: int) -> Iterator[tuple[str, list[st
 _WORKER: dict = {}
 
 
-def _init_worker(proto: bytes, dtype: str, val_fraction: float) -> None:
+def _init_worker(proto: bytes, dtype: str) -> None:
     _WORKER["tok"] = Tokenizer(proto, "worker")
     _WORKER["dtype"] = np.dtype(dtype)
-    _WORKER["val"] = float(val_fraction)
 
 
 def _val_hash(text: str) -> float:
     return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "little") / 2.0**64
 
 
-def _tokenize_batch(texts: list[str]) -> list[tuple[bytes, int, bool]]:
-    """-> [(record bytes, n_tokens, held_out)] for the non-empty texts, in order."""
-    tok, dtype, frac = _WORKER["tok"], _WORKER["dtype"], _WORKER["val"]
+def _tokenize_batch(texts: list[str]) -> list[tuple[bytes, int, float]]:
+    """-> [(record bytes, n_tokens, held-out hash in [0, 1))] for the non-empty texts, in order."""
+    tok, dtype = _WORKER["tok"], _WORKER["dtype"]
     texts = [t for t in texts if t]
-    out = []
-    for t, ids in zip(texts, tok.encode_batch(texts)):
-        out.append((np.asarray(ids, dtype).tobytes(), len(ids), _val_hash(t) < frac))
-    return out
+    return [(np.asarray(ids, dtype).tobytes(), len(ids), _val_hash(t))
+            for t, ids in zip(texts, tok.encode_batch(texts))]
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -202,7 +344,7 @@ def _check_output(out: pathlib.Path, tok: Tokenizer, overwrite: bool) -> dict | 
             raise PrepareError(f"--out={str(out)!r} already holds prepared data ({meta.get('train_docs')} train "
                                "documents) with this tokenizer; pass --overwrite to replace it, or choose a new "
                                "--out.")
-        known = set(meta.get("train_shards", [])) | set(meta.get("val_shards", [])) | {formats.META}
+        known = set(meta.get("train_shards", [])) | set(meta.get("val_shards", [])) | {formats.META, TOKENIZER_FILE}
         others = [e.name for e in entries if e.name not in known]
         if others:
             raise PrepareError(f"--out={str(out)!r} holds files prepare did not write ({others[:3]}); refusing "
@@ -225,6 +367,11 @@ def _remove_stale_staging(out: pathlib.Path) -> None:
             shutil.rmtree(d, ignore_errors=True)
         except (ValueError, PermissionError):
             pass
+
+
+TOKENIZER_FILE = "tokenizer.model"
+# Training documents with the smallest held-out hashes remembered for the validation guarantee (bounded memory).
+_RESERVE = 100_000
 
 
 class _ShardWriter:
@@ -255,41 +402,101 @@ class _ShardWriter:
             self._w = None
 
 
+def _promote_to_val(staging: pathlib.Path, train_w: "_ShardWriter", val_w: "_ShardWriter", promote: set,
+                    docs_per_shard: int, itemsize: int) -> "_ShardWriter":
+    """Move the training documents whose indices are in `promote` to the held-out split (rewrites the staged
+    training shards; only happens for small corpora). Returns the new training writer."""
+    from array_record.python.array_record_module import ArrayRecordReader
+    old = [staging / n for n in train_w.names]
+    tmp = staging / "rewrite"
+    tmp.mkdir()
+    new_w = _ShardWriter(tmp, "train", docs_per_shard)
+    i = 0
+    for path in old:
+        r = ArrayRecordReader(str(path))
+        n = r.num_records()
+        for rec in r.read(list(range(n))) if n else []:
+            ntok = len(rec) // itemsize
+            (val_w if i in promote else new_w).write(rec, ntok)
+            i += 1
+        r.close()
+        path.unlink()
+    new_w.close()
+    val_w.close()
+    for name in new_w.names:
+        os.replace(tmp / name, staging / name)
+    tmp.rmdir()
+    new_w.folder = staging
+    return new_w
+
+
+def _decode_separator(sep: str | None) -> str | None:
+    if not sep:
+        return None
+    import codecs
+    return codecs.decode(sep, "unicode_escape") if "\\" in sep else sep
+
+
+def train_tokenizer_on(source: str, vocab: int, *, fs=None, files=None, fmt: str | None = None,
+                       field: str = "text", separator: str | None = None, val_fraction: float = 0.0,
+                       subset: str | None = None, hf_data_dir: str | None = None) -> bytes:
+    """A SentencePiece model (`train_sentencepiece`, the project's settings) trained on the documents of `source`
+    that the held-out rule (sha1 fraction < val_fraction) keeps for training. Returns the model proto."""
+    from idattn.data.tokenizer import train_sentencepiece
+    if files is None:
+        fs, files = list_inputs(source, subset, hf_data_dir, fmt)
+    texts = (t for t in iter_texts(fs, files, fmt=fmt, field=field, separator=separator)
+             if t and not _val_hash(t) < val_fraction)
+    try:
+        return train_sentencepiece(texts, int(vocab))
+    except ValueError as e:
+        raise PrepareError(f"--train_tokenizer={vocab}: {e}") from e
+
+
 def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", subset: str | None = None,
             hf_data_dir: str | None = None, val_fraction: float = 0.0005, max_val_docs: int = 10_000,
-            docs_per_shard: int = 100_000, num_proc: int | None = None, batch_docs: int = 1024,
-            max_docs: int | None = None, max_tokens: int | None = None, overwrite: bool = False,
+            min_val_docs: int = 2, min_val_tokens: int = 2048, docs_per_shard: int = 100_000,
+            num_proc: int | None = None, batch_docs: int = 1024, max_docs: int | None = None,
+            max_tokens: int | None = None, overwrite: bool = False, fmt: str | None = None,
+            text_field: str = "text", separator: str | None = None, train_tokenizer: int | None = None,
             log=print) -> dict:
     """Tokenise `source` into ArrayRecord shards in `out`; returns the meta dict written (module docstring)."""
-    tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     if not 0.0 <= val_fraction < 1.0:
         raise PrepareError(f"--val_fraction={val_fraction}; expected a number in [0, 1).")
     if docs_per_shard < 1 or batch_docs < 1:
         raise PrepareError(f"--docs_per_shard={docs_per_shard}, --batch_docs={batch_docs}; expected positive ints.")
+    if min_val_docs < 0 or min_val_tokens < 0 or (val_fraction > 0 and min_val_docs > max_val_docs):
+        raise PrepareError(f"--min_val_docs={min_val_docs}, --min_val_tokens={min_val_tokens}, --max_val_docs="
+                           f"{max_val_docs}; expected 0 <= min_val_docs <= max_val_docs and min_val_tokens >= 0.")
+    separator = _decode_separator(separator)
     out_p = pathlib.Path(out).expanduser()
     if "://" in str(out):
         raise PrepareError(f"--out={out!r}: write to a local (or mounted, e.g. gcsfuse) folder and copy it to the "
                            "bucket afterwards; ArrayRecord writes local files.")
+    if out_p.exists() and not out_p.is_dir():
+        raise PrepareError(f"--out={str(out_p)!r} exists and is not a folder; choose another --out.")
+    fs, files = list_inputs(source, subset, hf_data_dir, fmt)
+    if fs is None:  # local inputs: check every file before tokenising anything
+        for f in files:
+            _check_local(f, file_format(f, fmt), text_field)
+    trained_proto = None
+    if train_tokenizer:
+        log(f"prepare: training a {train_tokenizer}-piece SentencePiece tokenizer on the training documents of "
+            f"{source}")
+        trained_proto = train_tokenizer_on(source, int(train_tokenizer), fs=fs, files=files, fmt=fmt,
+                                           field=text_field, separator=separator, val_fraction=val_fraction)
+        tok = Tokenizer(trained_proto, name=str((out_p / TOKENIZER_FILE).resolve()))
+    else:
+        tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
     old_meta = _check_output(out_p, tok, overwrite)
     dtype = formats.token_dtype(tok.vocab_size)
     num_proc = (os.cpu_count() or 1) if num_proc is None else int(num_proc)
-    args = (tok.model_proto, dtype.str, val_fraction)
-    # Workers are forked before any remote filesystem starts its I/O threads (fork after that can deadlock);
-    # fork needs no re-import of __main__, unlike spawn.
-    methods = multiprocessing.get_all_start_methods()
-    ctx = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-    pool = ctx.Pool(num_proc, initializer=_init_worker, initargs=args) if num_proc > 0 else None
-    try:
-        fs, files = list_inputs(source, subset, hf_data_dir)
-        if fs is None:  # local inputs: check every file before tokenising anything
-            for f in files:
-                _open_parquet(None, f)
-    except BaseException:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-        raise
+    args = (tok.model_proto, dtype.str)
+    # "spawn": workers are fresh interpreters, never forks of a process that may hold JAX's or a remote
+    # filesystem's threads (a fork of those can deadlock); they import only numpy and sentencepiece.
+    pool = None
 
+    created = not out_p.exists()
     out_p.mkdir(parents=True, exist_ok=True)
     _remove_stale_staging(out_p)
     staging = out_p / f".prepare-staging-{os.getpid()}"
@@ -298,26 +505,35 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
     staging.mkdir()
     train_w = _ShardWriter(staging, "train", docs_per_shard)
     val_w = _ShardWriter(staging, "val", docs_per_shard)
+    reserve: list[tuple[float, int, int]] = []  # max-heap (by -hash) of the training docs with the smallest hashes
     try:
-        if pool is None:
+        if num_proc > 0:
+            pool = multiprocessing.get_context("spawn").Pool(num_proc, initializer=_init_worker, initargs=args)
+        else:
             _init_worker(*args)
         pending: collections.deque = collections.deque()
-        batches = iter_text_batches(fs, files, batch_docs)
+        batches = iter_text_batches(fs, files, batch_docs, fmt=fmt, field=text_field, separator=separator)
         stop = False
 
         def consume(results):
             nonlocal stop
-            for record, n, held_out in results:
-                if held_out and val_w.docs < max_val_docs:
+            for record, n, u in results:
+                if u < val_fraction and val_w.docs < max_val_docs:
                     val_w.write(record, n)
                 else:
+                    if val_fraction > 0:
+                        item = (-u, train_w.docs, n)
+                        if len(reserve) < _RESERVE:
+                            heapq.heappush(reserve, item)
+                        elif item > reserve[0]:
+                            heapq.heapreplace(reserve, item)
                     train_w.write(record, n)
                 if (max_docs is not None and train_w.docs >= max_docs) or (
                         max_tokens is not None and train_w.tokens >= max_tokens):
                     stop = True
                     return
 
-        for n_batch, (_, texts) in enumerate(batches, 1):
+        for n_batch, texts in enumerate(batches, 1):
             if pool is None:
                 consume(_tokenize_batch(texts))
             else:
@@ -332,8 +548,37 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
             consume(pending.popleft().get())
         train_w.close()
         val_w.close()
-        if train_w.docs == 0:
+        if train_w.docs + val_w.docs == 0:
             raise PrepareError(f"--source={source!r}: no non-empty documents were read; nothing to write.")
+        promoted = 0
+        if val_fraction > 0 and (val_w.docs < min_val_docs or val_w.tokens < min_val_tokens):
+            # a small corpus: top the held-out split up with the training docs of smallest hash (stable choice)
+            cands = sorted((-h, i, n) for h, i, n in reserve)
+            promote, docs, toks = set(), val_w.docs, val_w.tokens
+            for _, i, n in cands:
+                if docs >= min_val_docs and toks >= min_val_tokens:
+                    break
+                promote.add(i)
+                docs, toks = docs + 1, toks + n
+            total_docs, total_toks = train_w.docs + val_w.docs, train_w.tokens + val_w.tokens
+            if docs < min_val_docs or toks < min_val_tokens or 2 * toks > total_toks or docs >= total_docs:
+                raise PrepareError(
+                    f"validation split: the corpus has {total_docs} documents / {total_toks} tokens; a held-out "
+                    f"split of >= {min_val_docs} documents and >= {min_val_tokens} tokens would take {docs} "
+                    f"documents / {toks} tokens ({100 * toks / max(total_toks, 1):.0f}% of the tokens; at most 50% "
+                    "allowed). Add text, or lower --min_val_docs / --min_val_tokens (or --val_fraction=0 for no "
+                    "held-out split).")
+            if promote:
+                train_w = _promote_to_val(staging, train_w, val_w, promote, docs_per_shard, dtype.itemsize)
+                promoted = len(promote)
+                log(f"prepare: the held-out rule (val_fraction={val_fraction}) kept {val_w.docs - promoted} "
+                    f"documents; moved {promoted} more to the validation split to reach >= {min_val_docs} "
+                    f"documents and >= {min_val_tokens} tokens")
+        if train_w.docs == 0:
+            raise PrepareError(f"--source={source!r}: every document went to the held-out split; add text or "
+                               "lower --val_fraction.")
+        if trained_proto is not None:
+            (staging / TOKENIZER_FILE).write_bytes(trained_proto)
         meta = {
             "format": formats.FORMAT,
             "tokenizer": {**tok.identity(), "name": tok.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
@@ -342,15 +587,22 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
             "train_docs": train_w.docs, "train_tokens": train_w.tokens,
             "val_docs": val_w.docs, "val_tokens": val_w.tokens,
             "source": {"source": source, "subset": subset, "files": [str(f) for f in files],
+                       "format": sorted({file_format(f, fmt) or "parquet" for f in files}),
+                       "text_field": text_field, "separator": separator,
                        "max_docs": max_docs, "max_tokens": max_tokens, "stopped_early": stop},
-            "val_fraction": val_fraction, "max_val_docs": max_val_docs,
+            "val_fraction": val_fraction, "max_val_docs": max_val_docs, "min_val_docs": min_val_docs,
+            "min_val_tokens": min_val_tokens, "val_promoted": promoted,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         }
+        if trained_proto is not None:
+            meta["tokenizer"]["trained"] = {"file": TOKENIZER_FILE, "vocab_size": int(train_tokenizer)}
         (staging / formats.META).write_text(json.dumps(meta, indent=2))
     except BaseException:
         train_w.close()
         val_w.close()
         shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(out_p.iterdir()):
+            out_p.rmdir()  # created by this run: leave nothing behind
         raise
     finally:
         if pool is not None:
@@ -359,26 +611,42 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
     # Success: replace the old data (if --overwrite), move the new shards in, meta.json last.
     if old_meta is not None:
         (out_p / formats.META).unlink()
-        for name in old_meta.get("train_shards", []) + old_meta.get("val_shards", []):
+        for name in old_meta.get("train_shards", []) + old_meta.get("val_shards", []) + [TOKENIZER_FILE]:
             (out_p / name).unlink(missing_ok=True)
-    for name in train_w.names + val_w.names:
+    for name in train_w.names + val_w.names + ([TOKENIZER_FILE] if trained_proto is not None else []):
         os.replace(staging / name, out_p / name)
     os.replace(staging / formats.META, out_p / formats.META)
     staging.rmdir()
     log(f"prepare: wrote {train_w.docs} train docs ({train_w.tokens} tokens, {len(train_w.names)} shards) and "
         f"{val_w.docs} val docs ({val_w.tokens} tokens) to {out_p}")
+    if trained_proto is not None:
+        log(f"prepare: tokenizer {out_p / TOKENIZER_FILE} ({tok.vocab_size} pieces); train with "
+            f"--config.data.tokenizer={out_p / TOKENIZER_FILE} --config.data.path={out_p}")
     return meta
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m idattn.data.prepare", description=__doc__.split("\n")[0])
-    p.add_argument("--source", required=True, help="hub id (HuggingFaceFW/fineweb-edu), local folder/file, gs://...")
+    p = argparse.ArgumentParser(prog="python -m idattn.data.prepare", description=__doc__.split("\n")[0],
+                                epilog="Details: python -c 'import idattn.data.prepare as p; help(p)' or docs/data.md")
+    p.add_argument("--source", required=True,
+                   help="file(s), folder, glob ('texts/*.txt'), hub id (HuggingFaceFW/fineweb-edu) or gs://...; "
+                        "comma-separated for several")
+    p.add_argument("--format", default=None, choices=sorted(FORMATS), help="force the input format (default: suffix)")
+    p.add_argument("--text_field", default="text", help="JSON Lines field / parquet column holding the text")
+    p.add_argument("--separator", default=None,
+                   help="plain text: cut files into documents at this string (backslash escapes decoded, e.g. "
+                        "'\\n\\n\\n'); default: one document per file")
     p.add_argument("--subset", default=None, help="hub subset, e.g. sample-10BT")
     p.add_argument("--hf_data_dir", default=None, help="hub folder, overrides the subset mapping")
     p.add_argument("--out", required=True, help="local output folder")
-    p.add_argument("--tokenizer", default="mistral", help="mistral | path to .model | train:<vocab>")
+    p.add_argument("--tokenizer", default="mistral", help="mistral | path to .model | train:<vocab> (KJV text)")
+    p.add_argument("--train_tokenizer", type=int, default=None, metavar="VOCAB",
+                   help="train a VOCAB-piece SentencePiece model on --source's training documents, write it to "
+                        "<out>/tokenizer.model and use it (instead of --tokenizer)")
     p.add_argument("--val_fraction", type=float, default=0.0005)
     p.add_argument("--max_val_docs", type=int, default=10_000)
+    p.add_argument("--min_val_docs", type=int, default=2, help="held-out split minimum (documents)")
+    p.add_argument("--min_val_tokens", type=int, default=2048, help="held-out split minimum (tokens)")
     p.add_argument("--docs_per_shard", type=int, default=100_000)
     p.add_argument("--num_proc", type=int, default=None, help="tokeniser processes (default: all CPUs; 0: inline)")
     p.add_argument("--batch_docs", type=int, default=1024)
@@ -388,10 +656,11 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         prepare(a.source, a.out, tokenizer=a.tokenizer, subset=a.subset, hf_data_dir=a.hf_data_dir,
-                val_fraction=a.val_fraction, max_val_docs=a.max_val_docs, docs_per_shard=a.docs_per_shard,
-                num_proc=a.num_proc, batch_docs=a.batch_docs, max_docs=a.max_docs, max_tokens=a.max_tokens,
-                overwrite=a.overwrite)
-    except PrepareError as e:
+                val_fraction=a.val_fraction, max_val_docs=a.max_val_docs, min_val_docs=a.min_val_docs,
+                min_val_tokens=a.min_val_tokens, docs_per_shard=a.docs_per_shard, num_proc=a.num_proc,
+                batch_docs=a.batch_docs, max_docs=a.max_docs, max_tokens=a.max_tokens, overwrite=a.overwrite,
+                fmt=a.format, text_field=a.text_field, separator=a.separator, train_tokenizer=a.train_tokenizer)
+    except (PrepareError, FileNotFoundError) as e:
         print(f"prepare: refused: {e}", file=sys.stderr)
         return 2
     return 0

@@ -11,6 +11,13 @@ embedded corpus.
                      documents (never the held-out ones), cached under `cache_dir` keyed by the corpus hash
                      and the vocabulary size, so it is trained once per machine.
 
+Train one on your own text (the same settings; documents prepare would hold out are left out):
+
+    python -m idattn.data.tokenizer train --source=my_texts/ --vocab=4096 --out=my_tok.model
+
+or in one go with the data: `python -m idattn.data.prepare --source=my_texts/ --out=DIR --train_tokenizer=4096`
+(writes DIR/tokenizer.model). Either path then works as `data.tokenizer=<path>` everywhere.
+
 A tokenizer's identity is `{"vocab_size", "sha256"}`, the sha256 being taken over the serialized model proto:
 prepared data (`meta.json`) and checkpoints record it so that data tokenised with one model is never read
 with another.
@@ -207,3 +214,51 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
         raise FileNotFoundError(f"data.tokenizer={spec!r}: no such file. Expected 'mistral', an existing "
                                 "SentencePiece .model path, or 'train:<vocab>'.")
     return Tokenizer(path.read_bytes(), name=str(path))
+
+
+def main(argv=None) -> int:
+    """`python -m idattn.data.tokenizer train --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`."""
+    import argparse
+    import sys
+
+    ap = argparse.ArgumentParser(prog="python -m idattn.data.tokenizer",
+                                 description="Train a SentencePiece tokenizer on your own text (the settings of "
+                                             "train_sentencepiece: BPE, byte fallback, identity normalisation, "
+                                             "<unk>=0 <s>=1 </s>=2, one thread so the model is reproducible).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train a .model file")
+    t.add_argument("--source", required=True, help="the same forms as `python -m idattn.data.prepare --source`")
+    t.add_argument("--vocab", type=int, required=True, help=f"vocabulary size (>= {MIN_TRAIN_VOCAB})")
+    t.add_argument("--out", required=True, help="output path ending in .model")
+    t.add_argument("--format", default=None, choices=("text", "jsonl", "parquet"))
+    t.add_argument("--text_field", default="text")
+    t.add_argument("--separator", default=None, help="plain text: document separator (default: one per file)")
+    t.add_argument("--val_fraction", type=float, default=0.0005,
+                   help="leave out the documents prepare would hold out with this fraction (use the same value)")
+    t.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    from idattn.data import prepare as prep
+
+    out = pathlib.Path(a.out).expanduser()
+    try:
+        if out.suffix != ".model":
+            raise prep.PrepareError(f"--out={a.out!r}: expected a path ending in .model (e.g. tok.model).")
+        if out.exists() and not a.overwrite:
+            raise prep.PrepareError(f"--out={a.out!r} exists; pass --overwrite or choose another path.")
+        if a.vocab < MIN_TRAIN_VOCAB:
+            raise prep.PrepareError(f"--vocab={a.vocab}; expected >= {MIN_TRAIN_VOCAB} (256 byte pieces + specials).")
+        proto = prep.train_tokenizer_on(a.source, a.vocab, fmt=a.format, field=a.text_field,
+                                        separator=prep._decode_separator(a.separator), val_fraction=a.val_fraction)
+    except prep.PrepareError as e:
+        print(f"tokenizer: refused: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(out, proto)
+    tok = Tokenizer(proto, str(out))
+    print(f"tokenizer: wrote {out} ({tok.vocab_size} pieces, sha256 {tok.identity()['sha256'][:16]}...); use it with "
+          f"--tokenizer={out} (prepare) and data.tokenizer={out} (train, eval)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -302,6 +302,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             raise TrainingError(f"config.train.init_from={t.init_from!r} has no committed checkpoint")
     process_count, process_index = jax.process_count(), jax.process_index()
     try:
+        pipeline.check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation always runs
         mesh = shd.make_mesh(config.mesh, devices)
         micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
         model = models.build_model(config.model)
