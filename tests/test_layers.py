@@ -132,8 +132,6 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
     if readout == "query":
         q = conv("conv_q", dense("wq"))
         fq = ksi(np_rope(q, pos) if use_rope else q)
-    else:
-        fq = np.broadcast_to(p["readout_vec"], (bsz, t) + p["readout_vec"].shape)
     if inp == "dualkv":
         k = conv("conv_k", dense("wk"))
         zk, zv = nb("ssm_norm_k", ksi(np_rope(k, pos) if use_rope else k)), nb("ssm_norm_v", dense("wv"))
@@ -157,8 +155,11 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
                 xk = lam[hh][:, None] * xk + np.outer(bb[hh], zk[b, s, hh])
                 xv = lam[hh][:, None] * xv + np.outer(bb[hh], zv[b, s, hh])
                 u, g = c[hh] @ xk, c[hh] @ xv
-                pq = u @ fq[b, s, hh]
-                o[b, s, hh] = np.real((np.conj(pq) if conj else pq) @ g)
+                if readout == "query":
+                    pq = u @ fq[b, s, hh]
+                    o[b, s, hh] = np.real((np.conj(pq) if conj else pq) @ g)
+                else:  # linear in the state: the coefficients summed over their mode index, both halves added
+                    o[b, s, hh] = np.real(u.sum(0)) + np.real(g.sum(0))
     if gate:
         o = o / (1 + np.exp(-dense("wg")))
     if readout == "linear":
@@ -169,12 +170,15 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
 @pytest.mark.parametrize("inp,readout,use_rope,conj,gate", [
     ("dualkv", "query", True, True, False),
     ("generic", "linear", False, False, True),
+    ("dualkv", "linear", True, True, False),
 ])
 def test_interdomain_mixer_matches_numpy_loop(inp, readout, use_rope, conj, gate):
     r = np.random.RandomState(4)
     x = r.randn(2, 9, 16).astype(np.float32)
+    # The linear cells run the chunked path (chunk 4 over 9 tokens: a tail chunk, resets inside chunks).
+    impl = "sequential" if readout == "query" else ("chunked" if inp == "dualkv" else "sequential")
     m = InterdomainMixer(d_model=16, num_heads=2, head_dim=8, num_modes=4, input=inp, readout=readout,
-                         use_rope=use_rope, conj=conj, output_gate=gate, impl="sequential", chunk_size=4)
+                         use_rope=use_rope, conj=conj, output_gate=gate, impl=impl, chunk_size=4)
     doc, pos = np_doc_pos(SEG)
     args = (jnp.asarray(x), jnp.asarray(doc), jnp.asarray(pos))
     p = nn.meta.unbox(m.init(jax.random.PRNGKey(0), *args, segment_ids=jnp.asarray(SEG)))["params"]

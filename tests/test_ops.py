@@ -366,3 +366,160 @@ def test_ops_and_bench_import_with_only_jax_and_numpy():
             "import idattn.bench.__main__\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The linear S4D readout (cube `linear`, S4D-only): y_t = Re(Σ_m c_m X_t[m]), X_t = lam ⊙ X_{t-1} + b ⊗ z_t
+# ----------------------------------------------------------------------------------------------------------------
+
+from idattn.ops import s4d_linear_mix, s4d_linear_step  # noqa: E402
+
+
+def ref_linear(z, lam, b, c, seg=None, x0=None, dz=None, dlam=None, db=None, dc=None, dx0=None):
+    """float64 loop: y [B,T,H,W] and final X [B,H,M,W]; with tangents (dz, dlam, db, dc, dx0) also the forward-mode
+    derivatives (dy, dX) of the same loop (differentiated by hand: dX_t = dlam X_{t-1} + lam dX_{t-1} + db z_t +
+    b dz_t, dy_t = Re(dc X_t + c dX_t), both reset with X)."""
+    bsz, t, h, w = z.shape
+    m = lam.shape[-1]
+    tangent = dz is not None
+    y, dy = np.zeros((bsz, t, h, w)), np.zeros((bsz, t, h, w))
+    xs, dxs = np.zeros((bsz, h, m, w), complex), np.zeros((bsz, h, m, w), complex)
+    for bb in range(bsz):
+        for hh in range(h):
+            x = np.zeros((m, w), complex) if x0 is None else x0[bb, hh].astype(complex).copy()
+            dx = np.zeros((m, w), complex) if (x0 is None or not tangent) else dx0[bb, hh].astype(complex).copy()
+            for tt in range(t):
+                if seg is not None and tt > 0 and seg[bb, tt] != seg[bb, tt - 1]:
+                    x, dx = np.zeros_like(x), np.zeros_like(dx)
+                if tangent:
+                    dx = dlam[hh][:, None] * x + lam[hh][:, None] * dx + np.outer(db[hh], z[bb, tt, hh]) \
+                        + np.outer(b[hh], dz[bb, tt, hh])
+                x = lam[hh][:, None] * x + np.outer(b[hh], z[bb, tt, hh])
+                y[bb, tt, hh] = np.real(c[hh] @ x)
+                if tangent:
+                    dy[bb, tt, hh] = np.real(dc[hh] @ x + c[hh] @ dx)
+            xs[bb, hh], dxs[bb, hh] = x, dx
+    return (y, xs, dy, dxs) if tangent else (y, xs)
+
+
+def make_linear_inputs(bsz=2, t=37, h=2, w=5, m=6, init="inv", seed=0, dtype=np.float64):
+    x = make_inputs(bsz=bsz, t=t, h=h, r=w, d=w, m=m, init=init, seed=seed, dtype=dtype)
+    rng = np.random.default_rng(seed + 100)
+    cvec = (rng.normal(size=(h, m)) + 1j * rng.normal(size=(h, m))) / math.sqrt(m)
+    return dict(z=np.concatenate([x["zk"], x["zv"]], -1)[..., :w], lam=x["lam"], b=x["b"], c=cvec,
+                x0=x["x0"][0])
+
+
+LINEAR_CASES = [("sequential", 8, "inv"), ("chunked", 8, "inv"), ("chunked", 1, "lin"), ("chunked", 37, "legs"),
+                ("chunked", 64, "lin")]  # 8: tail chunk of 5; 37 = T; 64 > T
+
+
+@pytest.mark.parametrize("impl,chunk,init", LINEAR_CASES)
+def test_linear_readout_matches_float64_reference(impl, chunk, init):
+    """Forward and final state vs the float64 loop (x64), segment ids [1, 2, 1] and an initial state: ≤ 1e-10."""
+    x = make_linear_inputs(init=init, seed=20 + LINEAR_CASES.index((impl, chunk, init)))
+    ref, ref_x = ref_linear(x["z"], x["lam"], x["b"], x["c"], SEG, x["x0"])
+    with jax.enable_x64(True):
+        y, xt = s4d_linear_mix(x["z"], x["lam"], x["b"], x["c"], impl=impl, chunk_size=chunk, segment_ids=SEG,
+                               initial_state=x["x0"], return_state=True)
+    assert y.dtype == np.float64 and y.shape == ref.shape
+    err = rel_err(y, ref)
+    print(f"\nlinear readout {impl} chunk={chunk} x64: relative error {err:.2e}")
+    assert err <= 1e-10
+    np.testing.assert_allclose(np.asarray(xt), ref_x, rtol=1e-10, atol=1e-10)
+
+
+def _linear_loss(impl, chunk, seg, wy, wx):
+    def loss(z, lam_re, lam_im, b_re, b_im, c_re, c_im, x0_re, x0_im):
+        y, xt = s4d_linear_mix(z, jax.lax.complex(lam_re, lam_im), jax.lax.complex(b_re, b_im),
+                               jax.lax.complex(c_re, c_im), impl=impl, chunk_size=chunk, segment_ids=seg,
+                               initial_state=jax.lax.complex(x0_re, x0_im), return_state=True)
+        return jnp.sum(y * wy) + jnp.sum(jnp.real(jnp.conj(wx) * xt))
+    return loss
+
+
+@pytest.mark.parametrize("impl,chunk", [("sequential", 4), ("chunked", 4), ("chunked", 5)])
+def test_linear_readout_gradients_match_float64_reference(impl, chunk):
+    """Gradients w.r.t. z, lam, b, c and the initial state (complex as real pairs), with segment resets, against the
+    float64 loop's hand-written forward-mode derivative: <grad, v> == d/dε loss(p + ε v) for random directions v
+    (≤ 1e-10 relative, x64)."""
+    x = make_linear_inputs(bsz=2, t=13, h=2, w=3, m=4, seed=31)
+    seg = SEG[:, :13].copy()
+    seg[1, 6:] = 9
+    rng = np.random.default_rng(3)
+    wy = rng.normal(size=x["z"].shape)
+    wx = rng.normal(size=x["x0"].shape) + 1j * rng.normal(size=x["x0"].shape)
+    args = (x["z"], x["lam"].real, x["lam"].imag, x["b"].real, x["b"].imag, x["c"].real, x["c"].imag,
+            x["x0"].real, x["x0"].imag)
+    with jax.enable_x64(True):
+        grads = jax.jit(jax.grad(_linear_loss(impl, chunk, seg, wy, wx), argnums=tuple(range(9))))(*args)
+    for k in range(3):
+        v = [rng.normal(size=np.shape(a)) for a in args]
+        _, _, dy, dxt = ref_linear(x["z"], x["lam"], x["b"], x["c"], seg, x["x0"], dz=v[0], dlam=v[1] + 1j * v[2],
+                                   db=v[3] + 1j * v[4], dc=v[5] + 1j * v[6], dx0=v[7] + 1j * v[8])
+        want = float(np.sum(dy * wy) + np.sum(np.real(np.conj(wx) * dxt)))
+        got = float(sum(np.sum(np.asarray(g) * vi) for g, vi in zip(grads, v)))
+        assert abs(got - want) <= 1e-10 * max(1.0, abs(want)), (k, got, want)
+        # Per argument too (directions that move one argument only), so no error hides in a sum.
+        for i in range(9):
+            vi = [np.zeros_like(a) if j != i else v[i] for j, a in enumerate(v)]
+            _, _, dy, dxt = ref_linear(x["z"], x["lam"], x["b"], x["c"], seg, x["x0"], dz=vi[0],
+                                       dlam=vi[1] + 1j * vi[2], db=vi[3] + 1j * vi[4], dc=vi[5] + 1j * vi[6],
+                                       dx0=vi[7] + 1j * vi[8])
+            want_i = float(np.sum(dy * wy) + np.sum(np.real(np.conj(wx) * dxt)))
+            got_i = float(np.sum(np.asarray(grads[i]) * v[i]))
+            assert abs(got_i - want_i) <= 1e-10 * max(1.0, abs(want_i)), (k, i, got_i, want_i)
+
+
+def test_linear_readout_step_reproduces_mix():
+    """Decode step token by token == the full chunked forward (outputs and final state), from an initial state."""
+    x = make_linear_inputs(bsz=2, t=11, h=2, w=4, m=5, seed=41)
+    with jax.enable_x64(True):
+        y_full, x_full = s4d_linear_mix(x["z"], x["lam"], x["b"], x["c"], impl="chunked", chunk_size=4,
+                                        initial_state=x["x0"], return_state=True)
+        state, outs = x["x0"], []
+        step = jax.jit(s4d_linear_step)
+        for t in range(11):
+            y_t, state = step(state, x["z"][:, t], x["lam"], x["b"], x["c"])
+            outs.append(y_t)
+    np.testing.assert_allclose(np.stack(outs, 1), y_full, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(state, x_full, rtol=1e-10, atol=1e-12)
+
+
+def test_linear_readout_float32_long_sequence():
+    """float32 chunked at M = 64, T = 4096 with segments against the float64 loop: ≤ 1e-4."""
+    x = make_linear_inputs(bsz=1, t=4096, h=2, w=8, m=64, seed=3)
+    seg = np.repeat(np.array([[1, 2, 1, 3]]), 1024, axis=1)
+    ref, _ = ref_linear(x["z"], x["lam"], x["b"], x["c"], seg)
+    y = jax.jit(lambda *a: s4d_linear_mix(*a, segment_ids=seg))(
+        x["z"].astype(np.float32), *(x[k].astype(np.complex64) for k in ("lam", "b", "c")))
+    assert y.dtype == np.float32
+    err = rel_err(y, ref)
+    print(f"\nlinear readout float32 T=4096 M=64: worst relative error {err:.3e}")
+    assert err <= 1e-4
+
+
+def test_linear_readout_is_linear_in_the_state():
+    """The defining property (SPEC section 3): y(z1 + z2) = y(z1) + y(z2), and y(α z) = α y(z). The frozen-query
+    bilinear form this replaces fails both (it is quadratic in z)."""
+    x = make_linear_inputs(bsz=1, t=20, h=2, w=3, m=4, seed=5)
+    z2 = np.random.default_rng(9).normal(size=x["z"].shape)
+    with jax.enable_x64(True):
+        f = lambda z: np.asarray(s4d_linear_mix(z, x["lam"], x["b"], x["c"], chunk_size=8))  # noqa: E731
+        np.testing.assert_allclose(f(x["z"] + z2), f(x["z"]) + f(z2), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(f(3.0 * x["z"]), 3.0 * f(x["z"]), rtol=1e-12, atol=1e-12)
+
+
+def test_linear_readout_bad_inputs():
+    x = make_linear_inputs(bsz=1, t=8, h=2, w=3, m=4, dtype=np.float32)
+    lam, b, c = (x[k].astype(np.complex64) for k in ("lam", "b", "c"))
+    with pytest.raises(ValueError, match=r"z must be \[B, T, H, W\]"):
+        s4d_linear_mix(x["z"][0], lam, b, c)
+    with pytest.raises(ValueError, match=r"b and c must match lam's \[H, M\] = \(2, 4\)"):
+        s4d_linear_mix(x["z"], lam, b, c[:, :3])
+    with pytest.raises(ValueError, match=r"initial_state must be complex X \[B, H, M, W\] = \[1, 2, 4, 3\]"):
+        s4d_linear_mix(x["z"], lam, b, c, initial_state=np.zeros((1, 2, 4, 2), np.complex64))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        s4d_linear_mix(x["z"], lam, b, c, impl="associative")
+    with pytest.raises(ValueError, match=r"\|lam\| < 1"):
+        s4d_linear_mix(x["z"], _lam_with_modulus(2, 4, 1.0001), b, c)

@@ -5,10 +5,15 @@ Per layer, with H heads of width d_h, feature width R = d_h and M complex S4D mo
   dualkv input:   k = SC(W_K x), v = W_V x;  k <- RoPE(k) if rope;  k̃ = N+β(ξ(k)),  ṽ = N+β(v)
   generic input:  h1 = SC(W_1 x), h2 = SC(W_2 x);  h1 <- RoPE(h1) if rope;  k̃ = N+β(h1),  ṽ = N+β(h2)
   query readout:  q = SC(W_Q x);  q <- RoPE(q) if rope;  f_q = ξ(q)
-  linear readout: f_q = w_h, a learned per-head vector of width R (no W_Q, no token dependence), and after
-                  the mixer a learned d×d contraction C_out (stored [H, d_h, H, d_h]) before W_O
+                  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn.ops, SPEC section 1)
+  linear readout: no W_Q, no query. Both halves enter the one shared recurrence, X = [X_k | X_v] ∈ C^{M×(R+d_h)},
+                  and are read out linearly in the state, as S4D's y = Re(C x), with the mode contraction
+                  c_h = 1ᵀ C_h ∈ C^M (the column sums of the same C_h: Σ_m (C_h X)[m, :] = c_hᵀ X):
+                      y = s4d_linear_mix([k̃ | ṽ], Λ_h, b_h, c_h)          ∈ R^{R+d_h} per head
+                      o = y[:R] + y[R:]                                   (each half reaches o additively)
+                  then a learned d×d contraction C_out (stored [H, d_h, H, d_h]) before W_O. No parameter
+                  besides C_out (which takes W_Q's place); see docs/model.md for why this reading.
   ξ(x) = SiLU(x) / ‖SiLU(x)‖₂ per head;  N+β = per-head RMSNorm with learned scale and bias ([H, w] each)
-  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)            (idattn.ops, SPEC section 1)
   o <- σ(W_g x) ⊙ o   (output gate, optional);  y = W_O concat_h(o)
 
 S4D parameterisation per head h and mode m (idattn.ops.s4d):
@@ -23,7 +28,8 @@ Theory mode (`theory=True`, dualkv + query only): the dense real HiPPO-LegS basi
 denominator, `idattn.ops.theory.legs_interdomain(elu(q)+1, elu(k)+1, v, M)`; it has no SSM parameters.
 
 Decoding cache (one document per row): {"conv_<name>": [B, K−1, H, d_h] last inputs of every short
-convolution, "xk": [B, H, M, R] complex64, "xv": [B, H, M, d_h] complex64}.
+convolution, "xk": [B, H, M, R] complex64, "xv": [B, H, M, d_h] complex64} (both readouts: the linear readout
+carries the same two state halves).
 """
 from __future__ import annotations
 
@@ -122,16 +128,12 @@ class InterdomainMixer(nn.Module):
         if self.theory:
             return self._theory(x, doc, positions, cache, segment_ids)
 
-        # Readout features f_q [B, T, H, R].
+        # Readout features f_q [B, T, H, R] (query readout only).
         if self.readout == "query":
             q = self._conv("conv_q", self._dense("wq")(x), doc, cache, new_cache)
             if self.use_rope:
                 q = rope(q, positions, self.rope_base)
             fq = xi(q)
-        else:
-            w = param(self, "readout_vec", nn.initializers.constant(1.0 / np.sqrt(dh)), (h, dh), ("heads", "kv"),
-                      self.param_dtype)
-            fq = jnp.broadcast_to(w.astype(self.dtype), (bsz, t, h, dh))
 
         # SSM inputs k̃ [B, T, H, R], ṽ [B, T, H, d_h].
         norm_kw = dict(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
@@ -150,6 +152,8 @@ class InterdomainMixer(nn.Module):
             zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(h2)
 
         lam, b, c = self.ssm_params()
+        if self.readout == "linear":
+            return self._output(x, self._linear(zk, zv, lam, b, c, cache, new_cache, segment_ids)), new_cache
         from idattn.ops import interdomain_mix, interdomain_step
 
         if cache is None:
@@ -166,6 +170,29 @@ class InterdomainMixer(nn.Module):
                                           return_state=True, out_dtype=self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv
         return self._output(x, o), new_cache
+
+    def _linear(self, zk, zv, lam, b, c, cache, new_cache, segment_ids):
+        """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = 1ᵀ C_h (module docstring)."""
+        from idattn.ops import s4d_linear_mix, s4d_linear_step
+
+        r = zk.shape[-1]
+        cvec = jnp.sum(c, axis=1)  # [H, M]: Σ_m (C_h X)[m, :] = (1ᵀ C_h) X
+        z = jnp.concatenate([zk, zv], axis=-1)  # [B, T, H, R + d_h]
+        # The chunked path is a convolution (no kernel needed): every other impl name maps to it.
+        impl = "sequential" if self.impl == "sequential" else "chunked"
+        if cache is None:
+            y = s4d_linear_mix(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size, segment_ids=segment_ids,
+                               out_dtype=jnp.float32)
+        else:
+            x0 = jnp.concatenate([cache["xk"], cache["xv"]], axis=-1)
+            if z.shape[1] == 1:
+                y, xt = s4d_linear_step(x0, z[:, 0].astype(jnp.float32), lam, b, cvec)
+                y = y[:, None]
+            else:
+                y, xt = s4d_linear_mix(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size, initial_state=x0,
+                                       return_state=True, out_dtype=jnp.float32)
+            new_cache["xk"], new_cache["xv"] = xt[..., :r].astype(jnp.complex64), xt[..., r:].astype(jnp.complex64)
+        return (y[..., :r] + y[..., r:]).astype(self.dtype)
 
     def _output(self, x, o):
         h, dh, d = self.num_heads, self.head_dim, self.d_model

@@ -36,7 +36,6 @@ def _mixer_counts(s: ModelSpec) -> dict[str, int]:
     out["projections"] = n_mat * d * hd
     if s.readout == "linear":
         out["C_out contraction"] = hd * hd
-        out["linear readout vector"] = h * dh
     convs = conv_names(s) if not s.theory else ("conv_q", "conv_k")
     out["short convolutions"] = len(convs) * s.short_conv * hd
     if not s.theory:

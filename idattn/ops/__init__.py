@@ -3,12 +3,17 @@
     interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj=True, impl="auto", chunk_size=64, segment_ids=None,
                     initial_state=None, return_state=False, out_dtype=None)
     interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj=True) -> (o_t, new_state)
+    s4d_linear_mix(z, lam, b, c, *, impl="auto", chunk_size=64, segment_ids=None, initial_state=None,
+                   return_state=False, out_dtype=None)          the linear S4D readout y = Re(c·X) (cube `linear`)
+    s4d_linear_step(state, z_t, lam, b, c) -> (y_t, new_state)
     s4d: init_s4d_a, init_log_dt, discretize, max_chunk_size
     theory.legs_interdomain(fq, fk, v, num_basis, *, denominator=True, segment_ids=None)
 """
 from idattn.ops import s4d
 from idattn.ops.interdomain import (IMPLS, associative_bytes, chunked_cost_macs, document_index, interdomain_mix,
                                     interdomain_step, resolve_impl, set_associative_max_bytes)
+from idattn.ops.s4d_linear import LINEAR_IMPLS, linear_cost_macs, s4d_linear_mix, s4d_linear_step
 
 __all__ = ["IMPLS", "associative_bytes", "chunked_cost_macs", "document_index", "interdomain_mix",
-           "interdomain_step", "resolve_impl", "s4d", "set_associative_max_bytes"]
+           "interdomain_step", "resolve_impl", "s4d", "set_associative_max_bytes", "LINEAR_IMPLS", "linear_cost_macs",
+           "s4d_linear_mix", "s4d_linear_step"]
