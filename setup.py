@@ -2,7 +2,7 @@
 
 Core install: the operator, layers, models, trainer, data pipeline and evaluation.
 Extras: `test` (pytest), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter),
-`gcs` (bucket paths for the data prep step).
+`gcs` (bucket paths for the data prep step), `cuda12` (NVIDIA GPUs; deviceless H100/H200 compilation).
 """
 from setuptools import find_packages, setup
 
@@ -11,6 +11,7 @@ setup(
     version="0.1.0",
     description="Interdomain Attention: a fixed-state token mixer on a shared complex S4D basis (JAX/Flax).",
     packages=find_packages(include=["idattn", "idattn.*"]),
+    package_data={"idattn.aot": ["targets/*.txtpb"]},  # GPU target descriptions (idattn/aot/gpu.py)
     python_requires=">=3.11",
     install_requires=[
         # Lower bounds are the versions this repository was developed and tested with (CPU, Python 3.11).
@@ -39,5 +40,9 @@ setup(
         "harness": ["lm-eval>=0.4.5"],
         "gcs": ["gcsfs>=2024.1"],
         "hub": ["huggingface_hub>=0.24"],
+        # GPU: the CUDA 12 plugin at exactly the jax version above (runs on an NVIDIA host; on a CPU-only host it
+        # compiles for H100/H200 targets, `python -m idattn.aot --topology=h200x8`); the nvcc wheel supplies ptxas
+        # and libdevice for that compile (docs/kernels.md, "Deviceless compilation").
+        "cuda12": ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"],
     },
 )
