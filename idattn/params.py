@@ -6,7 +6,10 @@ Prints the parameters by module (from `jax.eval_shape` of the real model: nothin
 instant), the recurrent state per layer, the itemised deliberate differences from the paper's
 parameterisation (ours − paper), and as its last two lines `params: <int>` and `table3_equivalent: <int>`
 (= params − Σ differences; equals the paper's Table 3 for softmax, interdomain and s4d_only at the paper
-sizes).
+sizes, and for every mechanism-cube cell at 125M the paper's count inside App. B.1's range
+[135,379,344, 135,462,288], whose ends are dualkv-linear-* and generic-query-*). Works for every mixer name:
+
+    python -m idattn.params --config=experiments/scaling.py:generic-query-norope,125m
 """
 from __future__ import annotations
 

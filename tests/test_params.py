@@ -48,6 +48,57 @@ def test_table3_exact(mixer):
             assert paper == want
 
 
+# App. B.1: "all six Interdomain/S4D variants lie in [135,379,344, 135,462,288]" at 125M.
+B1_RANGE = (135_379_344, 135_462_288)
+
+
+def test_cube_cells_at_125m_in_appendix_b1_range():
+    """Every cube cell at 125M, counted from the real module (eval_shape), minus the itemised differences: inside
+    App. B.1's range, with its ends exactly the cheapest cell (dual-KV input + linear readout: Interdomain − 4d per
+    layer) and the dearest (generic input + query readout: Interdomain + 4d + H·M per layer), S4D-only on Table 3,
+    and RoPE never changing a count."""
+    from idattn.params import report
+
+    want_min, want_max = B1_RANGE
+    d, L, H, M = 768, 12, 12, 64
+    interdomain = TABLE3["interdomain"][0]
+    # The ends follow from Table 3 and the paper's text alone: independent of our counting code.
+    assert interdomain - L * 4 * d == want_min and interdomain + L * (4 * d + H * M) == want_max
+    got = {}
+    for cell in models.cube_cells():
+        cfg = scaling.get_config(f"{cell},125m").model
+        n = models.count_params(cfg)
+        assert n == models.count_params_closed(cfg), cell
+        got[cell] = models.table3_equivalent(cfg)
+        assert want_min <= got[cell] <= want_max, (cell, got[cell])
+        # the itemised differences are the only gap: learned complex B (+2HM), the unidentified R + d_h (−2·64),
+        # and with the generic input the paper's H·M that our B already covers (−HM)
+        assert n - got[cell] == L * (2 * H * M - 2 * 64 - H * M * cell.startswith("generic")), cell
+        lines = report(cfg)  # what `python -m idattn.params` prints
+        assert lines[-1] == f"table3_equivalent: {got[cell]}" and lines[-2] == f"params: {n}"
+    for rope in ("rope", "norope"):
+        assert got[f"dualkv-linear-{rope}"] == want_min
+        assert got[f"generic-query-{rope}"] == want_max
+        assert got[f"dualkv-query-{rope}"] == interdomain
+        assert got[f"generic-linear-{rope}"] == TABLE3["s4d_only"][0]
+
+
+def test_linear_readout_parameters():
+    """The linear readout owns C_out (d×d, in W_Q's place) and nothing else: no W_Q, no q short conv, no readout
+    vector; the generic input has two short convs, the dual-KV input one."""
+    import flax.linen as nn
+
+    def names(mixer):
+        model = models.build_model(scaling.get_config(f"{mixer},tiny").model)
+        shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+        return set(nn.meta.unbox(shapes["params"])["layers"]["mixer"])
+
+    full, s4d, dkl = names("interdomain"), names("s4d_only"), names("dualkv-linear-rope")
+    assert full - s4d == {"wq", "conv_q", "wk", "conv_k", "wv"}
+    assert s4d - full == {"c_out", "w1", "conv_1", "w2", "conv_2"}
+    assert full - dkl == {"wq", "conv_q"} and dkl - full == {"c_out"}
+
+
 def test_params_cli_prints_breakdown_budget_and_table3():
     out = subprocess.run([sys.executable, "-m", "idattn.params",
                           "--config=experiments/scaling.py:interdomain,1.3b", "--config.model.impl=chunked"],
@@ -58,6 +109,11 @@ def test_params_cli_prints_breakdown_budget_and_table3():
     assert lines[-1] == "table3_equivalent: 1352406784"
     assert "state budget: 524,288 real numbers per layer" in out.stdout
     assert "layers/mixer/ssm_c_re" in out.stdout and "+98,304" in out.stdout
+    out = subprocess.run([sys.executable, "-m", "idattn.params", "--config=experiments/scaling.py:s4d_only,125m"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "table3_equivalent: 135425424"
+    assert "-9,216  the paper's count adds H·M per layer with the generic input" in out.stdout
 
 
 def test_state_budget():

@@ -40,8 +40,7 @@ def _label(path) -> str:
 
 def param_labels(params: Any) -> Any:
     """Optimiser group per leaf: "ssm" (N+β scales/biases, log Δ, A, B, C: LR cap, no weight decay),
-    "decay" (matrices, embeddings, short-conv kernels: weight decay) and "no_decay" (RMSNorm scales, the linear
-    readout vector). Accepts boxed (nn.Partitioned) or plain params; the result matches the unboxed tree."""
+    "decay" (matrices, embeddings, short-conv kernels: weight decay) and "no_decay" (RMSNorm scales). Accepts boxed (nn.Partitioned) or plain params; the result matches the unboxed tree."""
     return jax.tree_util.tree_map_with_path(lambda p, _: _label(p), nn.meta.unbox(params))
 
 

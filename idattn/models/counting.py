@@ -9,8 +9,9 @@ K short-conv kernel):
       short convs  (#convs)·K·H·d_h      (q and k, or h1 and h2, [+ q])
       N+β          2·H·(R + d_h)         (scale and bias, both halves)
       S4D          H (log Δ) + 2HM (A) + 2HM (B) + 2HM² (C)
-      linear readout vector  H·R
-  paper interdomain = softmax + L·[8d + H(2M² + 2M + 1 + 4d_h) + (R + d_h)];  S4D-only adds L·H·M.
+      (the linear readout has no parameter besides C_out, which takes W_Q's place)
+  paper interdomain = softmax + L·[8d + H(2M² + 2M + 1 + 4d_h) + (R + d_h)]                (Table 3, exact)
+  paper cube cells: generic input + L·(4d + H·M), linear readout − L·4d      (App. B.1 range, Table 3 S4D-only)
 
 `differences(spec)` itemises ours − paper; `table3_equivalent = params − Σ differences`.
 """
@@ -32,7 +33,7 @@ def _mixer_counts(s: ModelSpec) -> dict[str, int]:
         return {"projections (W_Q, W_K, W_V, W_O)": 4 * d * hd}
     out: dict[str, int] = {}
     n_mat = 3 + int(s.output_gate)  # two input maps + W_O (+ gate)
-    n_mat += 1 if s.readout == "query" else 0
+    n_mat += 1 if s.readout == "query" else 0  # W_Q; the linear readout's C_out is counted below
     out["projections"] = n_mat * d * hd
     if s.readout == "linear":
         out["C_out contraction"] = hd * hd
@@ -61,47 +62,70 @@ def count_params_closed(model_cfg: Any) -> int:
     return int(sum(param_breakdown(model_cfg).values()))
 
 
+def _paper_layer_terms(s: ModelSpec) -> dict[str, int]:
+    """The paper's per-layer mixer count (Table 3, App. B.1) as named terms, for a recurrent cube cell.
+
+    Interdomain (Table 3, exact at all four sizes): 4d² + 8d + H(2M² + 2M + 1 + 4d_h) + (R + d_h).
+    Cube (App. B.1 range [135,379,344, 135,462,288] at 125M, Table 3 S4D-only = Interdomain + H·M):
+      generic input [a, b]: + 4d (a third short conv: SC on both halves) + H·M
+      linear readout:       − 4d (no q short conv; C_out's d² takes W_Q's d²)
+    """
+    d, h, dh, m = s.d_model, s.num_heads, s.head_dim, s.num_modes
+    r = dh
+    n_conv = 2 + (s.input == "generic") - (s.readout == "linear")
+    terms = {"projections (4 d×d)": 4 * d * d, "short convolutions (width 4 over d)": n_conv * 4 * d,
+             "N+beta": 4 * h * dh, "S4D log_dt": h, "S4D A": 2 * h * m, "S4D C": 2 * h * m * m,
+             "unidentified R + d_h": r + dh}
+    if s.input == "generic":
+        terms["generic-input H·M"] = h * m
+    return terms
+
+
 def paper_count(model_cfg: Any) -> int:
-    """The paper's Table-3 formula for this size (interdomain formula for query readout, S4D-only for linear)."""
+    """The paper's parameter count for this model's sizes: Table 3's formula for softmax and interdomain, and for
+    the other cube cells the App. B.1 / Table 3 deltas (generic input +4d + H·M, linear readout −4d per layer)."""
     s = spec_from_config(model_cfg)
-    v, d, n, f, h, dh, m = s.vocab_size, s.d_model, s.num_layers, s.ffn_dim, s.num_heads, s.head_dim, s.num_modes
+    v, d, n, f = s.vocab_size, s.d_model, s.num_layers, s.ffn_dim
     softmax = 2 * v * d + n * (4 * d * d + 3 * d * f + 2 * d) + d
     if s.family == "softmax":
         return softmax
-    r = dh
-    extra = 8 * d + h * (2 * m * m + 2 * m + 1 + 4 * dh) + (r + dh)
-    if s.readout == "linear":
-        extra += h * m
-    return softmax + n * extra
+    return softmax - n * 4 * d * d + n * sum(_paper_layer_terms(s).values())
 
 
 def differences(model_cfg: Any) -> list[tuple[str, int]]:
-    """Itemised deliberate differences from the paper's parameterisation: (description, ours − paper)."""
+    """Itemised differences from the paper's parameterisation: (description, ours − paper), totals over layers.
+    `count_params_closed − Σ differences == paper_count` for every cell (checked in tests/test_params.py)."""
     s = spec_from_config(model_cfg)
     if s.family == "softmax":
         return []
     d, n, h, dh, m = s.d_model, s.num_layers, s.num_heads, s.head_dim, s.num_modes
-    r, hd = dh, s.num_heads * s.head_dim
+    r = dh
     mc = _mixer_counts(s)
+    pt = _paper_layer_terms(s)
     items: list[tuple[str, int]] = []
     if not s.theory:
-        items.append(("learned complex B per head and mode (b_re, b_im; 2·H·M per layer): the paper's count "
-                      "has no B", n * 2 * h * m))
+        items.append(("learned complex B per head and mode (b_re, b_im; 2·H·M per layer): the paper's Interdomain "
+                      "count has no B", n * 2 * h * m))
+        if s.input == "generic":
+            items.append(("the paper's count adds H·M per layer with the generic input [a, b] (Table 3 S4D-only − "
+                          "Interdomain; App. B.1's range puts it with the input, not the readout), a term its text "
+                          "does not describe; we read it as vanilla S4D's learned input gain B (real, per head and "
+                          "mode), which our complex B above already is, in every cell", -n * h * m))
         items.append(("the paper's count has R + d_h more per layer, a term its text does not describe (we read "
                       "it as a layer-wide scale over [k, v]); our N+beta is per head only", -n * (r + dh)))
     else:
         items.append(("theory mode: fixed LegS basis, no N+beta and no S4D parameters",
                       -n * (h * (2 * m * m + 2 * m + 1 + 4 * dh) + (r + dh))))
     mats = mc["projections"] + mc.get("C_out contraction", 0)
-    if mats != 4 * d * d:
+    if mats != pt["projections (4 d×d)"]:
         items.append(("projection matrices: ours " + ("with the output gate W_g" if s.output_gate else
-                      "with H·d_h != d_model") + " vs the paper's 4·d² per layer", n * (mats - 4 * d * d)))
-    if mc["short convolutions"] != 8 * d:
-        items.append((f"short convolutions: {mc['short convolutions'] // (s.short_conv * hd)} kernels of width "
-                      f"{s.short_conv} (paper: two of width 4 over d)", n * (mc["short convolutions"] - 8 * d)))
-    if s.readout == "linear":
-        items.append(("linear readout vector of width R = d_h per head (the paper's S4D-only count has H·M)",
-                      n * h * (r - m)))
+                      "with H·d_h != d_model") + " vs the paper's 4·d² per layer",
+                      n * (mats - pt["projections (4 d×d)"])))
+    paper_conv = pt["short convolutions (width 4 over d)"]
+    if mc["short convolutions"] != paper_conv:
+        k = len(conv_names(s)) if not s.theory else 2
+        items.append((f"short convolutions: {k} kernels of width {s.short_conv} over H·d_h (paper: "
+                      f"{paper_conv // (4 * d)} of width 4 over d)", n * (mc["short convolutions"] - paper_conv)))
     return items
 
 
