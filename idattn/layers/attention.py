@@ -3,9 +3,16 @@
 q, k, v = W_Q x, W_K x, W_V x  ([d] -> [H, d_h], no bias);  q, k <- RoPE(q), RoPE(k);
 o = softmax(q kᵀ / √d_h + causal & same-document mask) v;  y = W_O concat_h(o).
 
-Backend (`impl`): "auto" picks cuDNN on GPU (`jax.nn.dot_product_attention(implementation="cudnn")`), the Pallas
-TPU flash-attention kernel on TPU when importable (segment ids passed as document indices), XLA otherwise.
-"xla", "cudnn", "pallas_tpu" force one. A backend that refuses the shapes falls back to XLA.
+Backend (`impl`): "auto" picks, for the platform the program is *lowered for* (`jax.lax.platform_dependent`, not
+the host's default backend): cuDNN on CUDA (`jax.nn.dot_product_attention(implementation="cudnn")`), the Pallas
+TPU flash-attention kernel on TPU (segment ids passed as document indices), XLA elsewhere. "xla", "cudnn",
+"pallas_tpu" force one on its platform (XLA on the others). A kernel that refuses the shapes at trace time falls
+back to XLA (logged).
+
+Partitioning: a Pallas (Mosaic) kernel cannot be partitioned by XLA, so under a device mesh in context (the
+trainer's `jax.set_mesh`) the TPU kernel runs inside `jax.shard_map` over the mesh axes that carry the batch and
+the heads (`idattn.ops.pallas.op.mesh_partition`; attention is independent per row and head). Heads that the
+tensor axis does not divide are refused with the numbers.
 
 Decoding: a KV cache {"k", "v": [B, S_max, H, d_h]}; a chunk of C tokens at `cache_index` is written into the
 cache and attends to cache positions ≤ its own (one document per row while decoding).
@@ -37,35 +44,84 @@ def _xla_attention(q, k, v, doc):
     return jax.nn.dot_product_attention(q, k, v, mask=_segment_mask(doc), implementation="xla")
 
 
-def _tpu_flash(q, k, v, doc):
+def _tpu_flash_local(q, k, v, doc):
     from jax.experimental.pallas.ops.tpu import flash_attention as fa  # noqa: WPS433 (optional, TPU only)
+    t = q.shape[1]
+    blk = min(128, t)
+    bs = fa.BlockSizes(block_q=blk, block_k_major=blk, block_k=blk, block_b=1, block_q_major_dkv=blk,
+                       block_k_major_dkv=blk, block_k_dkv=blk, block_q_dkv=blk, block_k_major_dq=blk,
+                       block_k_dq=blk, block_q_dq=blk)
     qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [B, H, T, D]
     seg = None if doc is None else fa.SegmentIds(q=doc, kv=doc)
-    o = fa.flash_attention(qt, kt, vt, segment_ids=seg, causal=True, sm_scale=q.shape[-1] ** -0.5)
+    o = fa.flash_attention(qt, kt, vt, segment_ids=seg, causal=True, sm_scale=q.shape[-1] ** -0.5, block_sizes=bs)
     return jnp.swapaxes(o, 1, 2)
 
 
+def _tpu_flash(q, k, v, doc):
+    """The TPU kernel, inside shard_map over the context mesh's batch and head axes (when there is a mesh)."""
+    from idattn.ops.pallas.op import _spec, mesh_partition
+
+    plan = mesh_partition(q.shape[0], q.shape[2])
+    if plan is None:
+        return _tpu_flash_local(q, k, v, doc)
+    mesh, bx, hx = plan
+    qs = _spec(bx, (), hx, ())
+    if doc is None:
+        return jax.shard_map(lambda q, k, v: _tpu_flash_local(q, k, v, None), mesh=mesh, in_specs=(qs, qs, qs),
+                             out_specs=qs, check_vma=False)(q, k, v)
+    return jax.shard_map(_tpu_flash_local, mesh=mesh, in_specs=(qs, qs, qs, _spec(bx, ())), out_specs=qs,
+                         check_vma=False)(q, k, v, doc)
+
+
+def _cudnn(q, k, v, doc):
+    if doc is None:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
+    return jax.nn.dot_product_attention(q, k, v, mask=_segment_mask(doc), is_causal=True, implementation="cudnn")
+
+
+def _or_xla(fn, name, platform):
+    """fn, or XLA attention when fn refuses the shapes / is unavailable while tracing (logged once per trace; a
+    warning when this host runs that platform, else debug: a CPU host has no cuDNN to offer)."""
+    def run(q, k, v, doc):
+        try:
+            return fn(q, k, v, doc)
+        except Exception as e:  # cuDNN / the flash kernel support a subset of shapes, dtypes and installs
+            here = {"gpu": ("cuda", "rocm")}.get(jax.default_backend(), (jax.default_backend(),))
+            (_log.warning if platform in here else _log.debug)("%s attention refused (%s); using XLA", name, e)
+            return _xla_attention(q, k, v, doc)
+    return run
+
+
+_PLATFORM_IMPL = {"cudnn": ("cuda", _cudnn, "cuDNN"), "pallas_tpu": ("tpu", _tpu_flash, "Pallas TPU flash")}
+
+
 def causal_attention(q, k, v, doc=None, impl: str = "auto"):
-    """q, k, v [B, T, H, D]; doc [B, T] document index or None. Returns [B, T, H, D]."""
-    backend = jax.default_backend()
+    """q, k, v [B, T, H, D]; doc [B, T] document index or None. Returns [B, T, H, D].
+
+    The kernel is chosen when the program is lowered (see the module docstring): `impl` names which kernels may
+    be used ("auto": cuDNN on CUDA and flash attention on TPU), XLA on every other platform."""
+    if impl == "xla":
+        return _xla_attention(q, k, v, doc)
     if impl == "auto":
-        impl = {"gpu": "cudnn", "tpu": "pallas_tpu"}.get(backend, "xla")
-    if impl == "cudnn":
-        try:
-            if doc is None:
-                return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-            return jax.nn.dot_product_attention(q, k, v, mask=_segment_mask(doc), is_causal=True,
-                                                implementation="cudnn")
-        except Exception as e:  # cuDNN supports a subset of shapes / dtypes
-            _log.warning("cuDNN attention refused (%s); using XLA", e)
-    elif impl == "pallas_tpu":
-        try:
-            return _tpu_flash(q, k, v, doc)
-        except Exception as e:  # not importable, or block sizes do not divide T
-            _log.warning("Pallas TPU flash attention unavailable (%s); using XLA", e)
-    elif impl != "xla":
+        chosen = ("cudnn", "pallas_tpu")
+    elif impl in _PLATFORM_IMPL:
+        chosen = (impl,)
+    else:
         raise ValueError(f"attention impl: got {impl!r}; expected one of auto, xla, cudnn, pallas_tpu")
-    return _xla_attention(q, k, v, doc)
+    branches = {}
+    for name in chosen:
+        plat, fn, label = _PLATFORM_IMPL[name]
+        branches[plat] = _or_xla(fn, label, plat)
+    from idattn.ops.pallas.op import context_platform
+
+    plat = context_platform()
+    if plat is not None:  # the mesh in context fixes the platform the program is lowered for
+        return branches.get(plat, _xla_attention)(q, k, v, doc)
+    if doc is None:
+        return jax.lax.platform_dependent(
+            q, k, v, default=lambda q, k, v: _xla_attention(q, k, v, None),
+            **{p: (lambda f: lambda q, k, v: f(q, k, v, None))(f) for p, f in branches.items()})
+    return jax.lax.platform_dependent(q, k, v, doc, default=_xla_attention, **branches)
 
 
 class SoftmaxAttention(nn.Module):

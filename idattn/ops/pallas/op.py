@@ -252,28 +252,13 @@ def set_save_states(flag: bool) -> bool:
     return prev
 
 
-def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
-                           initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None,
-                           save_states=None):
-    """Fused-kernel ``interdomain_mix`` (inputs already validated by ``idattn.ops.interdomain_mix``).
-
-    Args as ``interdomain_mix``; extra:
-      interpret: run the kernels in Pallas interpret mode (default: True unless the backend is GPU/TPU).
-      family: "gpu" (Triton lowering) or "tpu" (Mosaic) kernels; default from the backend ("gpu" on CPU).
-      save_states: keep the forward's chunk-boundary states [B, H, T/L, 2, M, R+D] (compute dtype) as
-        residuals instead of recomputing them in the backward (two fewer sequential passes, more memory held
-        between forward and backward). Default False (``set_save_states``).
-    Returns o [B, T, H, D] (out_dtype, default zv's dtype), plus (Xk [B, H, M, R], Xv [B, H, M, D]) complex64
-    when return_state. Matmul operands are bf16 when the inputs are bf16 (else float32 at HIGHEST precision);
-    the state and all accumulation are float32 (float64 inputs are computed in float32).
-    """
-    backend = jax.default_backend()
-    if family is None:
-        family = "tpu" if backend == "tpu" else "gpu"
+def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
+               initial_state=None, return_state=False, out_dtype=None, interpret=False, family="gpu",
+               save_states=None):
+    """One device's fused-kernel ``interdomain_mix`` with a fixed kernel family and interpret flag (the public
+    entry ``interdomain_mix_pallas`` chooses both at lowering time and partitions over the mesh)."""
     if family not in ("gpu", "tpu"):
         raise ValueError(f"family must be 'gpu' or 'tpu', got {family!r}")
-    if interpret is None:
-        interpret = not pallas_available()
     B, T, H, R = fq.shape
     D = zv.shape[-1]
     M = lam.shape[-1]
@@ -342,3 +327,183 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
     xk = lax.complex(xkt[:, :, 0, :M, :R], xkt[:, :, 1, :M, :R]) * corr
     xv = lax.complex(xvt[:, :, 0, :M, :D], xvt[:, :, 1, :M, :D]) * corr
     return o, (xk, xv)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# kernel family by lowering platform, and partitioning over the mesh
+
+# Platforms whose compiler runs each family natively (jax.lax.platform_dependent names).
+_NATIVE = {"tpu": ("tpu",), "gpu": ("cuda", "rocm")}
+
+
+def _platform_dispatch(fn, args, family, interpret, chunk_size):
+    """Calls fn(*args, family=..., interpret=...) with the kernels of the platform the program is *lowered for*
+    (``jax.lax.platform_dependent``), not the host's default backend: a CPU host compiling for a TPU topology gets
+    Mosaic kernels, for CUDA the Triton kernels, and a CPU run the kernels in interpret mode. `family` / `interpret`
+    given: that choice only (interpret=None then means: natively on the family's platforms, interpreted elsewhere).
+    """
+    if family is not None and family not in ("gpu", "tpu"):
+        raise ValueError(f"family must be 'gpu' or 'tpu', got {family!r}")
+    if interpret is not None:
+        fam = family or ("tpu" if jax.default_backend() == "tpu" else "gpu")
+        return fn(*args, family=fam, interpret=bool(interpret))
+    fams = [family] if family is not None else [f for f in ("tpu", "gpu") if chunk_size_supported(chunk_size, f)]
+    if not fams:
+        raise ValueError(f"chunk_size: {chunk_size} suits neither kernel family (GPU/Triton: a power of two >= 16; "
+                         f"TPU: a multiple of 8); use 64 or 128")
+    plat = context_platform()
+    if plat is not None:  # the mesh in context fixes the platform: trace one family only (a third of the work)
+        native = [f for f in fams if plat in _NATIVE[f]]
+        if native:
+            return fn(*args, family=native[0], interpret=False)
+        return fn(*args, family="gpu" if "gpu" in fams else fams[0], interpret=True)
+    branches = {}
+    for fam in fams:
+        for plat in _NATIVE[fam]:
+            branches[plat] = functools.partial(fn, family=fam, interpret=False)
+    # Everything else (CPU) runs the kernels in interpret mode: the GPU family where it takes the chunk size.
+    default = functools.partial(fn, family="gpu" if "gpu" in fams else fams[0], interpret=True)
+    return lax.platform_dependent(*args, default=default, **branches)
+
+
+def context_platform() -> str | None:
+    """The platform of the devices of the mesh in context (``jax.set_mesh``; inside ``jit`` its abstract mesh
+    keeps the device kind): the program is lowered for them. "tpu", "cuda", "rocm" or "cpu"; None without a mesh
+    (then ``jax.lax.platform_dependent`` decides at lowering time)."""
+    try:
+        mesh = jax.sharding.get_abstract_mesh()
+        dev = None if mesh is None or getattr(mesh, "empty", True) else getattr(mesh, "abstract_device", None)
+    except Exception:
+        return None
+    plat = getattr(dev, "platform", None)
+    if not plat:
+        return None
+    plat = str(plat).lower()
+    if plat == "gpu":  # a device's platform says "gpu"; platform_dependent's names are cuda / rocm
+        plat = "rocm" if "rocm" in str(getattr(dev, "device_kind", "")).lower() else "cuda"
+    return plat
+
+
+def _logical_mesh_axes(names):
+    """Mesh axes of logical axis names under flax's logical axis rules, when flax and rules are present (the
+    trainer sets them); None otherwise. Imported lazily: idattn.ops imports with jax and numpy only."""
+    try:
+        from flax.linen import partitioning as nn_partitioning  # noqa: WPS433
+        rules = nn_partitioning.get_axis_rules()
+    except Exception:  # flax missing: no rules
+        return None
+    if not rules:
+        return None
+    out = []
+    for name in names:
+        axes = dict(rules).get(name)
+        if axes is None:
+            out.append(())
+        else:
+            out.append(tuple(axes) if isinstance(axes, (tuple, list)) else (axes,))
+    return out
+
+
+# Axis names of idattn.train.sharding's mesh, used when no logical rules are set.
+_DEFAULT_BATCH_AXES = ("dcn", "data", "fsdp")
+_DEFAULT_HEAD_AXES = ("tensor",)
+
+
+def mesh_partition(batch: int, heads: int, batch_axes=None, head_axes=None):
+    """How the context mesh splits an operator call that is independent per batch row and per head.
+
+    The mesh is the one in context (``jax.set_mesh`` / ``jax.sharding.get_abstract_mesh()``; the trainer sets
+    it); the axes that carry the batch and the heads come from the arguments, else flax's logical axis rules
+    ("batch", "heads"), else the trainer's names (dcn, data, fsdp / tensor). Returns None without a mesh (or with
+    a mesh of one device), else (mesh, batch_axes, head_axes) with only axes of size > 1. Batch axes that do not
+    divide `batch` are left out (those rows are computed replicated, e.g. a decode batch of 1); heads that the
+    head axes do not divide are refused, naming the numbers.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or getattr(mesh, "empty", True) or mesh.size <= 1:
+        return None
+    if batch_axes is None or head_axes is None:
+        logical = _logical_mesh_axes(("batch", "heads"))
+        if logical is not None:
+            batch_axes = logical[0] if batch_axes is None else batch_axes
+            head_axes = logical[1] if head_axes is None else head_axes
+        batch_axes = _DEFAULT_BATCH_AXES if batch_axes is None else batch_axes
+        head_axes = _DEFAULT_HEAD_AXES if head_axes is None else head_axes
+    shape = dict(mesh.shape)
+    b_axes = []
+    rest = int(batch)
+    for ax in batch_axes:
+        n = int(shape.get(ax, 1))
+        if n > 1 and rest % n == 0:
+            b_axes.append(ax)
+            rest //= n
+    h_axes = tuple(ax for ax in head_axes if int(shape.get(ax, 1)) > 1 and ax not in b_axes)
+    nh = 1
+    for ax in h_axes:
+        nh *= int(shape[ax])
+    if heads % nh:
+        raise ValueError(f"heads: the mesh splits heads over {'x'.join(h_axes)} = {nh} devices but the layer has "
+                         f"{heads} heads ({heads} % {nh} = {heads % nh}); use a head count divisible by {nh} or a "
+                         f"smaller tensor axis (config.mesh.tensor)")
+    if not b_axes and not h_axes:
+        return None
+    return mesh, tuple(b_axes), h_axes
+
+
+def _spec(*dims):
+    from jax.sharding import PartitionSpec as P
+    return P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims])
+
+
+def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
+                           initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None,
+                           save_states=None, batch_axes=None, head_axes=None):
+    """Fused-kernel ``interdomain_mix`` (inputs already validated by ``idattn.ops.interdomain_mix``).
+
+    Args as ``interdomain_mix``; extra:
+      interpret: run the kernels in Pallas interpret mode. Default None: chosen when the program is lowered
+        (natively on GPU / TPU, interpreted on CPU).
+      family: "gpu" (Triton lowering) or "tpu" (Mosaic) kernels. Default None: the family of the platform the
+        program is lowered for (``jax.lax.platform_dependent``), never the host's default backend, so that a
+        CPU host compiling for a TPU topology gets Mosaic kernels.
+      save_states: keep the forward's chunk-boundary states [B, H, T/L, 2, M, R+D] (compute dtype) as
+        residuals instead of recomputing them in the backward (two fewer sequential passes, more memory held
+        between forward and backward). Default False (``set_save_states``).
+      batch_axes, head_axes: mesh axes that carry the batch rows and the heads (default: see mesh_partition).
+    Partitioning: Pallas kernels cannot be partitioned by XLA, so under a device mesh in context the whole
+    operator runs inside ``jax.shard_map``, each device on its rows (batch axes) and heads (head axes): the
+    recurrence is independent per row and per head, so this is exact. Λ, b, c [H, ...] are split over the head
+    axes only; their cotangents are summed over the batch axes by shard_map's transpose.
+    Returns o [B, T, H, D] (out_dtype, default zv's dtype), plus (Xk [B, H, M, R], Xv [B, H, M, D]) complex64
+    when return_state. Matmul operands are bf16 when the inputs are bf16 (else float32 at HIGHEST precision);
+    the state and all accumulation are float32 (float64 inputs are computed in float32).
+    """
+    B, T, H, _ = fq.shape
+    L = int(chunk_size)
+    if family == "gpu" and not chunk_size_supported(L, "gpu"):
+        raise ValueError(f"chunk_size: the GPU (Triton) kernels need a power of two >= 16, got {L}; use 64")
+    if family == "tpu" and not chunk_size_supported(L, "tpu"):
+        raise ValueError(f"chunk_size: the TPU kernels need a multiple of 8, got {L}; use 128")
+    out_dtype = jnp.dtype(zv.dtype if out_dtype is None else out_dtype)
+    kw = dict(conj=conj, chunk_size=L, return_state=return_state, out_dtype=out_dtype, save_states=save_states)
+    has_c, has_seg, has_x0 = c is not None, segment_ids is not None, initial_state is not None
+
+    def local(fq, zk, zv, lam, b, c, seg, x0, *, family, interpret):
+        return _mix_local(fq, zk, zv, lam, b, c if has_c else None, segment_ids=seg if has_seg else None,
+                          initial_state=x0 if has_x0 else None, family=family, interpret=interpret, **kw)
+
+    def run(fq, zk, zv, lam, b, c, seg, x0):
+        return _platform_dispatch(local, (fq, zk, zv, lam, b, c, seg, x0), family, interpret, L)
+
+    empty = jnp.zeros((0,), F32)
+    args = (fq, zk, zv, jnp.asarray(lam), jnp.asarray(b), jnp.asarray(c) if has_c else empty,
+            jnp.asarray(segment_ids) if has_seg else empty, tuple(initial_state) if has_x0 else (empty, empty))
+    plan = mesh_partition(B, H, batch_axes, head_axes)
+    if plan is None:
+        return run(*args)
+    mesh, bx, hx = plan
+    tok, head_p, rowhead, rep = _spec(bx, (), hx, ()), _spec(hx, ()), _spec(bx, hx, (), ()), _spec()
+    in_specs = (tok, tok, tok, head_p, head_p, _spec(hx, (), ()) if has_c else rep, _spec(bx, ()) if has_seg else rep,
+                (rowhead, rowhead) if has_x0 else (rep, rep))
+    out_specs = (tok, (rowhead, rowhead)) if return_state else tok
+    return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)
