@@ -1,7 +1,8 @@
 """Decode benchmark: prefill memory of the chunked recurrent prefill does not grow with the prompt."""
 from __future__ import annotations
 
-import sys
+import importlib.util
+import os
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +11,13 @@ from flax import linen as nn
 from idattn.eval.decode_bench import prefill_memory
 from idattn.models import build_model
 
-sys.path.insert(0, "experiments")
-from scaling import get_config  # noqa: E402
+# experiments/scaling.py loaded by path (not via sys.path): the test runs from any working directory.
+_spec = importlib.util.spec_from_file_location(
+    "_scaling_cfg_decode", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments",
+                                        "scaling.py"))
+_scaling = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_scaling)
+get_config = _scaling.get_config
 
 
 def _model(mixer):

@@ -234,16 +234,39 @@ def test_bad_chunk_size_is_refused():
                                initial_state=None, return_state=False, out_dtype=None, family="gpu")
 
 
-def test_available_on_cpu_is_false():
-    assert pallas_available() is (jax.default_backend() in ("gpu", "tpu"))
+def test_auto_dispatch_and_chunk_sizes(monkeypatch):
+    """impl='auto' takes the kernels exactly on a GPU/TPU backend: on a CPU-only host the kernel entry point is never
+    called (patched to raise) and the output is the float64 loop's; on an accelerator it is called. The chunk
+    lengths each kernel family takes are the documented ones (GPU: a power of two >= 16; TPU: a multiple of 8)."""
+    from idattn.ops import interdomain_mix
+    from idattn.ops import pallas as pallas_ops
+    on_accel = any(d.platform in ("gpu", "cuda", "rocm", "tpu") for d in jax.devices())
+    assert pallas_available() is on_accel
+    calls = []
+    real = pallas_ops.interdomain_mix_pallas
+
+    def spy(*a, **k):
+        if not on_accel:
+            raise AssertionError("impl='auto' called the Pallas kernels on a CPU-only backend")
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(pallas_ops, "interdomain_mix_pallas", spy)
+    rng = np.random.default_rng(6)
+    fq, zk, zv, lam, b, c, _, seg = _inputs(rng, 1, 20, 1, 8, 8, 2, True, False, True)
+    o = jax.jit(lambda *a: interdomain_mix(*a, impl="auto", chunk_size=16, segment_ids=seg))(fq, zk, zv, lam, b, c)
+    o_ref, _, _ = ref_numpy(fq, zk, zv, lam, b, c, True, seg, None)
+    assert _rel(o, o_ref) <= 1e-4
+    assert len(calls) == int(on_accel)
+    assert [L for L in range(1, 130) if pallas_ops.chunk_size_supported(L, "gpu")] == [16, 32, 64, 128]
+    assert [L for L in range(1, 30) if pallas_ops.chunk_size_supported(L, "tpu")] == [8, 16, 24]
 
 
-def test_dispatcher_impl_pallas_matches_chunked():
-    """The lead's interdomain_mix(impl='pallas') routes here (interpret mode on CPU)."""
+def test_dispatcher_impl_pallas_matches_float64_loop():
+    """The lead's interdomain_mix(impl='pallas') routes here (interpret mode on CPU): against the float64 loop."""
     from idattn.ops import interdomain_mix
     rng = np.random.default_rng(5)
     fq, zk, zv, lam, b, c, x0, seg = _inputs(rng, 1, 20, 1, 8, 8, 2, True, False, False)
-    f = lambda impl: jax.jit(lambda *a: interdomain_mix(*a, impl=impl, chunk_size=16))  # noqa: E731
-    o1 = f("pallas")(fq, zk, zv, lam, b, c)
-    o2 = f("chunked")(fq, zk, zv, lam, b, c)
-    assert _rel(o1, o2) < 1e-4
+    o = jax.jit(lambda *a: interdomain_mix(*a, impl="pallas", chunk_size=16))(fq, zk, zv, lam, b, c)
+    o_ref, _, _ = ref_numpy(fq, zk, zv, lam, b, c, True, None, None)
+    assert _rel(o, o_ref) < 1e-4

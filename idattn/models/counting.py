@@ -161,9 +161,12 @@ def state_budget(model_cfg: Any) -> int:
 
 
 def mixer_macs_per_token_head(model_cfg: Any, seq_len: int) -> float:
-    """SPEC section 1's operator cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length)."""
+    """SPEC section 1's operator cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length);
+    the linear readout (a convolution per chunk plus the carried state): L(R+D) + 4M(R+D)."""
     s = spec_from_config(model_cfg)
     lch, r, dd, m = min(s.chunk_size, seq_len), s.head_dim, s.head_dim, s.num_modes
+    if s.readout == "linear":
+        return lch * (r + dd) + 4 * m * (r + dd)
     return lch * (r + dd) + 4 * m * (lch + r + dd) + 4 * m * m
 
 

@@ -7,8 +7,9 @@ Cache (one document per batch row):
                 constant in the context length
 `prefill` feeds the prompt in chunks of `chunk_size` tokens (one jitted function per chunk length), so that
 activation memory is O(chunk) and, for the recurrent mixers, the whole prefill is independent of the prompt
-length. `decode_step` takes one token per row; for the recurrent mixers it runs `interdomain_step`, whose cost
-does not depend on the context length.
+length. `decode_step` takes one token per row; for the recurrent mixers it runs `interdomain_step` (query
+readout) or `s4d_linear_step` (linear readout: the same two state halves xk, xv), whose cost does not depend on
+the context length.
 """
 from __future__ import annotations
 
