@@ -102,12 +102,15 @@ def test_runs_without_results_refused(tmp_path):
 
 def test_run_identity_from_trainer_config(tmp_path):
     """The trainer's validation records carry no size / seq_len: they come from the saved config."""
-    import sys
-
-    sys.path.insert(0, "experiments")
-    from scaling import get_config
+    import importlib.util
 
     from idattn.train.checkpoint import save_config
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "scaling.py")
+    spec = importlib.util.spec_from_file_location("_scaling_cfg_results", path)  # by path: any working directory
+    scaling = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(scaling)
+    get_config = scaling.get_config
 
     wd = str(tmp_path / "run")
     os.makedirs(wd)
