@@ -3,9 +3,11 @@
 Mixer names (`model.mixer`):
   softmax                      causal softmax attention with RoPE (the baseline)
   interdomain                  = dualkv-query-rope (the paper's full layer)
-  s4d_only                     = generic-linear-norope
+  s4d_only                     = generic-linear-norope (the paper's "vanilla S4D" control)
   <input>-<readout>-<rope>     any cube cell: input ∈ {dualkv, generic}, readout ∈ {query, linear},
                                rope ∈ {rope, norope}; e.g. generic-query-rope, dualkv-linear-norope
+                               (readout `query`: Re(ξ(q)ᵀ U^H Γ); `linear`: S4D's Re(c·X), linear in the
+                               state, then C_out; see idattn.layers.interdomain and docs/model.md)
 The name is the single source of truth: `model.input`, `model.readout` and `model.rope` must agree with it
 (`apply_mixer_name` fills them); a disagreement is an error rather than a silently different model.
 """
