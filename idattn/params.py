@@ -77,4 +77,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from idattn.cli import run_app  # a --config.<key> typo: one readable line
+
+    run_app(main)

@@ -139,7 +139,7 @@ def main(argv=None) -> int:
     import jax
 
     from idattn.data import tokenizer as tok_lib
-    from idattn.eval.schema import write_result
+    from idattn.eval.schema import read_results, write_result
     from idattn.train import load_params, run
 
     exp = load_experiment()
@@ -170,11 +170,17 @@ def main(argv=None) -> int:
         tokenizer = tok_lib.load_tokenizer(cfg.data.tokenizer)
         ppl = perplexities(cfg, params, tokenizer, lengths, exp.EVAL_TOKENS)
         step = int(cfg.train.num_steps)
-        write_result(wd, "extrapolation", step, {f"ppl@{L}": v for L, v in ppl.items()},
+        # the length sweep is measured on EVAL_TOKENS held-out tokens (its own protocol, named in its file), not
+        # on the trainer's validation tokens: its ppl@<train length> is not "the validation perplexity"
+        write_result(wd, "extrapolation", step, {f"kjv.val/ppl@{L}": v for L, v in ppl.items()},
                      run={"workdir": wd, "mixer": mixer, "params": summary["num_params"], "size": "quickstart"},
-                     details={"eval_tokens": exp.EVAL_TOKENS, "train_seq_len": int(cfg.data.seq_len)})
+                     details={"eval_tokens": exp.EVAL_TOKENS, "train_seq_len": int(cfg.data.seq_len)},
+                     protocol={"corpus": "kjv.val", "tokens": exp.EVAL_TOKENS, "context": list(lengths),
+                               "method": "rows of L tokens from the first eval_tokens held-out tokens"})
+        val = [r for r in read_results(wd, "validation") if not r["tagged"] and r["step"] == step]
         rows.append({"mixer": mixer, "name": NAMES.get(mixer, mixer), "params": summary["num_params"],
-                     "train_s": train_s, "ppl": ppl})
+                     "train_s": train_s, "ppl": ppl, "val_ppl": val[0]["metrics"]["ppl"] if val else float("nan"),
+                     "val_tokens": int(val[0]["details"].get("tokens", 0)) if val else 0})
         print(f"{NAMES.get(mixer, mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
               + f"  ({time.time() - ts:.0f} s)", flush=True)
 
@@ -190,9 +196,14 @@ def main(argv=None) -> int:
     with open(os.path.join(args.workdir, "quickstart.json"), "w") as f:
         json.dump({"lengths": list(lengths), "unigram": unigram, "unigram_train_tokens": n_tok,
                    "models": rows, "wall_time_s": wall, "pass": ok}, f, indent=1, default=str)
-    print(f"\nValidation perplexity on {exp.EVAL_TOKENS:,} held-out KJV tokens (trained at context {train_len}; "
-          f"unigram from {n_tok:,} training tokens):\n")
+    print(f"\nPerplexity at each evaluation length on the first {exp.EVAL_TOKENS:,} held-out KJV tokens (trained at "
+          f"context {train_len}; unigram from {n_tok:,} training tokens):\n")
     print(table)
+    vt = next((r["val_tokens"] for r in rows if r["val_tokens"]), 0)
+    print(f"\nValidation perplexity (the trainer's: first {vt:,} held-out tokens at context {train_len}; the number "
+          "in idattn.results and `python -m idattn.eval --suite=validation`). It differs from ppl@"
+          f"{train_len} above only by the tokens scored ({vt:,} vs {exp.EVAL_TOKENS:,}):\n")
+    print("| model | validation ppl |\n|---|---|\n" + "\n".join(f"| {r['name']} | {r['val_ppl']:.2f} |" for r in rows))
     print(f"\nplot: {png}\ntotal wall time {wall / 60:.1f} min")
     print(("PASS" if ok else "FAIL") + f": every model's ppl@{train_len} finite and >= {100 * REQUIRED_GAIN:.0f}% "
           f"below the unigram baseline")

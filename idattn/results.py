@@ -10,9 +10,18 @@ the paper's numbers (idattn/eval/paper_numbers.py) beside ours:
   Table 8   per-corpus extrapolation perplexity
   Table 9   recall: RULER S-NIAH-1 against context, phonebook against size (Based: paper only)
   Fig. 2    validation perplexity against scale
-and writes `results.md` plus PNG plots (extrapolation against length, validation perplexity against scale,
-S-NIAH-1 accuracy against context) to
+  Extrapolation per corpus   every corpus a run was evaluated on (your own corpora by the name given to
+            `python -m idattn.eval --corpora=name=path`), each row on its own corpus, never averaged
+and writes `results.md` plus PNG plots (extrapolation against length, validation perplexity against parameter
+count, S-NIAH-1 accuracy against context; labelled axes with units, training length marked) to
 `--out` (default: the current directory).
+
+Numbers are never mixed: a run's validation perplexity is its trainer's validation (held-out split, first
+eval_batches x microbatch x seq_len tokens at the training context; `idattn.eval.schema`), or, for a run with no
+trainer file, the eval CLI's; every table with validation numbers lists what each was measured on, and a value
+measured on another corpus / token count / context than the others in its table is marked †, with no
+"vs softmax" ratio across protocols. Table 2's "five-corpus mean" is filled only from runs evaluated on all five
+paper corpora; any other corpus appears, named, in the per-corpus table.
 
 Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...); the mixer is
 canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` = `generic-linear-norope`). For the 1.3B tables
@@ -30,7 +39,7 @@ import sys
 from typing import Any
 
 from idattn.eval import paper_numbers as P
-from idattn.eval.schema import read_results
+from idattn.eval.schema import protocol_of, read_results
 
 SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
 CANON = {"interdomain": "dualkv-query-rope", "s4d_only": "generic-linear-norope"}
@@ -71,20 +80,57 @@ class Run:
         self.ident = ident
         self.metrics: dict[str, float] = {}
         self.details: dict[str, Any] = {}
+        self.protocols: dict[str, dict] = {}
         latest: dict[str, dict] = {}
         for r in recs:
-            if r["suite"] not in latest or r["step"] >= latest[r["suite"]]["step"]:
+            if r["suite"] == "validation":
+                continue
+            if r["suite"] not in latest or (r["step"], r.get("time", 0)) >= (latest[r["suite"]]["step"],
+                                                                           latest[r["suite"]].get("time", 0)):
                 latest[r["suite"]] = r
         for suite, r in latest.items():
             self.metrics.update({f"{suite}/{k}": v for k, v in r["metrics"].items()})
             self.details[suite] = r.get("details", {})
             self.details[suite + "/run"] = r.get("run", {})
+            self.protocols[suite] = protocol_of(r)
+        # validation: the trainer's files (one protocol) when there are any, else the eval CLI's of one protocol
         vals = [r for r in recs if r["suite"] == "validation" and "loss" in r["metrics"]]
-        if vals:
-            best = min(vals, key=lambda r: r["metrics"]["loss"])
+        trainer = [r for r in vals if not r["tagged"]]
+        if not trainer and vals:
+            last = max(vals, key=lambda r: (r["step"], r.get("time", 0)))
+            trainer = [r for r in vals if protocol_key(protocol_of(r)) == protocol_key(protocol_of(last))]
+        if trainer:
+            best = min(trainer, key=lambda r: r["metrics"]["loss"])
+            final = max(trainer, key=lambda r: (r["step"], r.get("time", 0)))
             self.metrics["validation/loss"] = best["metrics"]["loss"]
             self.metrics["validation/ppl"] = math.exp(best["metrics"]["loss"])
-            self.metrics["validation/final_loss"] = latest["validation"]["metrics"]["loss"]
+            self.metrics["validation/final_loss"] = final["metrics"]["loss"]
+            self.protocols["validation"] = protocol_of(best)
+            if not best["tagged"] and "corpus" not in best.get("details", {}):
+                cfg = _saved_config(workdir)
+                if cfg is not None:
+                    from idattn.eval.__main__ import corpus_label
+
+                    self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
+
+    def params(self) -> int | None:
+        p = self.ident.get("params")
+        return int(p) if isinstance(p, (int, float)) and p > 0 else None
+
+    def extrap_corpora(self) -> list[str]:
+        """Corpora with per-corpus extrapolation numbers, in first-seen order."""
+        out: list[str] = []
+        for k in self.metrics:
+            if k.startswith("extrapolation/") and k.count("/") == 2:
+                c = k.split("/")[1]
+                if c not in out:
+                    out.append(c)
+        return out
+
+    def five_corpus_mean(self) -> bool:
+        """True when the headline extrapolation/ppl@L is the paper's five-corpus mean (all five measured)."""
+        return all(c in self.extrap_corpora() for c in P_FIVE) and any(
+            k.startswith("extrapolation/ppl@") for k in self.metrics)
 
     @property
     def family(self) -> str:
@@ -101,6 +147,26 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r}, {self.mixer}, {self.size})"
+
+
+P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
+
+
+def protocol_key(p: dict | None) -> tuple:
+    """What makes two numbers comparable: corpus, token count, context."""
+    p = p or {}
+    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")))
+
+
+def protocol_text(p: dict | None) -> str:
+    p = p or {}
+    parts = [str(p["corpus"])] if p.get("corpus") else []
+    if p.get("tokens"):
+        parts.append(f"{int(p['tokens']):,} tokens")
+    if p.get("context"):
+        c = p["context"]
+        parts.append("context " + ("/".join(map(str, c)) if isinstance(c, (list, tuple)) else str(c)))
+    return ", ".join(parts) or "unknown protocol"
 
 
 def _saved_config(workdir: str):
@@ -161,12 +227,35 @@ def _ratio_value(run: Run, ratio: float, key_prefix: str) -> float | None:
 def table2(runs: list[Run]) -> str:
     header = ["mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS] + ["ours run"]
     rows = []
+    five = [r for r in runs if r.five_corpus_mean()]
     for fam in P.MIXERS:
-        r = pick(runs, fam, need="extrapolation/ppl@")
+        r = pick(five, fam, need="extrapolation/ppl@")
         ours = [fmt(_ratio_value(r, x, "extrapolation/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
         rows.append([P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE2[fam]] + ours + [r.size if r else "—"])
-    return "### Table 2: length extrapolation (five-corpus mean perplexity; paper: 1.3B trained at 4K)\n\n" + \
-        _table(header, rows)
+    others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
+    note = ("\n\n'ours' is filled only from runs evaluated on all five corpora (PG19, CodeParrot, GovReport, "
+            "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
+                                                   "see the per-corpus table." if others else ""))
+    return ("### Table 2: length extrapolation (five-corpus mean perplexity; paper: 1.3B trained at 4K)\n\n" +
+            _table(header, rows) + note)
+
+
+def table_corpora(runs: list[Run]) -> str:
+    """Every (run, corpus) measured, each on its own row, at the lengths it was measured (no averaging)."""
+    rows = []
+    for r in runs:
+        for c in r.extrap_corpora():
+            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
+            base = r.seq_len()
+            vals = ", ".join(f"{r.metrics[f'extrapolation/{c}/ppl@{L}']:.2f} @{L}" +
+                             (f" ({L / base:g}x)" if base else "") for L in Ls)
+            docs = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get("docs")
+            rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), str(docs if docs is not None else "?"), vals])
+    if not rows:
+        return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
+    return ("### Length extrapolation per corpus (ours; perplexity per token at each context length, each row on "
+            "its own corpus, never averaged)\n\n" +
+            _table(["corpus", "run", "train length", "docs", "ppl @ context length (x train length)"], rows))
 
 
 def table8(runs: list[Run]) -> str:
@@ -181,6 +270,27 @@ def table8(runs: list[Run]) -> str:
         _table(header, rows)
 
 
+def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], str]:
+    """Marks (†) for runs whose validation protocol differs from the most common one among `shown`, and a
+    'measured on' note listing each protocol."""
+    shown = [r for r in shown if r is not None and "validation" in r.protocols]
+    if not shown:
+        return {}, ""
+    keys = [protocol_key(r.protocols["validation"]) for r in shown]
+    common = max(set(keys), key=keys.count)
+    marks = {id(r): ("" if protocol_key(r.protocols["validation"]) == common else "†") for r in shown}
+    seen, lines = set(), []
+    for r in shown:
+        t = protocol_text(r.protocols["validation"])
+        if (r.workdir, t) not in seen:
+            seen.add((r.workdir, t))
+            lines.append(f"{marks[id(r)]}{r.mixer} ({r.size}): {t}")
+    note = "\n\nValidation measured on: " + "; ".join(lines)
+    if any(marks.values()):
+        note += ". † measured on another corpus / token count / context than the unmarked values: not comparable."
+    return marks, note
+
+
 def table4(runs: list[Run]) -> str:
     header = ["cell", "description", "paper loss", "paper ppl", "ours loss", "ours ppl", "ours vs softmax", "ours run"]
     rows = []
@@ -189,15 +299,20 @@ def table4(runs: list[Run]) -> str:
     sizes = [r.size for r in runs if "validation/loss" in r.metrics]
     size = "125m" if "125m" in sizes else max(set(sizes), key=lambda s: (sizes.count(s), _size_rank(s)), default=None)
     soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True)
-    for cell, desc, loss, ppl in P.TABLE4:
-        fam = mixer_family(cell)
-        r = pick(runs, fam, size=size, need="validation/loss", exact=True)
+    picked = [(cell, desc, loss, ppl, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True))
+              for cell, desc, loss, ppl in P.TABLE4]
+    marks, note = _protocol_notes(runs, [x[4] for x in picked])
+    for cell, desc, loss, ppl, r in picked:
         ol = r.metrics["validation/loss"] if r else None
+        m = marks.get(id(r), "") if r else ""
+        same = r and soft and protocol_key(r.protocols.get("validation")) == protocol_key(soft.protocols.get("validation"))
         rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
-               if r and soft and cell != "softmax" else "—")
-        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), fmt(ol, 4), fmt(math.exp(ol) if ol is not None else None),
+               if r and soft and cell != "softmax" and same else ("n/c (other protocol)" if r and soft and cell != "softmax"
+                                                                  else "—"))
+        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), m + fmt(ol, 4), m + fmt(math.exp(ol) if ol is not None else None),
                      rel, r.size if r else "—"])
-    return "### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + _table(header, rows)
+    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + _table(header, rows)
+            + note)
 
 
 def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm")) -> str:
@@ -216,7 +331,8 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
 
 
 def table6(runs: list[Run]) -> str:
-    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs)
+    _, note = _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss") for f in P.MIXERS])
+    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs) + note
 
 
 def table7(runs: list[Run]) -> str:
@@ -253,45 +369,59 @@ def fig2_table(runs: list[Run]) -> str:
     header = ["size"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [f"{P.MIXER_LABEL[f]} ours" for f in P.MIXERS]
     rows = []
     sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=_size_rank)
+    shown = [r for r in runs if r.family in P.MIXERS and "validation/ppl" in r.metrics]
+    marks, note = _protocol_notes(runs, shown)
     for s in sizes:
         paper = P.VAL_PPL.get(s, {})
         ours = []
         for f in P.MIXERS:
             r = next((x for x in runs if x.family == f and x.size == s and "validation/ppl" in x.metrics), None)
-            ours.append(fmt(r.metrics["validation/ppl"] if r else None))
+            ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
         approx = "≈" if s in P.APPROX_FIG2 else ""
         rows.append([s] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
-    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + _table(header, rows)
+    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + _table(header, rows) + note
+
+
+PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
+PAPER_TRAIN_LEN = 4096
 
 
 def plot_extrapolation(runs: list[Run], path: str) -> str | None:
+    """Five-corpus mean perplexity against context length / training length (paper dashed, ours solid), plus
+    every other corpus of ours as its own dotted line named by its corpus; the training length is x = 1."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
+    five = [r for r in runs if r.five_corpus_mean()]
     for i, fam in enumerate(P.MIXERS):
-        ax.plot(P.EXTRAP_RATIOS, P.TABLE2[fam], ls="--", marker="x", color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
-        r = pick(runs, fam, need="extrapolation/ppl@")
+        ax.plot(P.EXTRAP_RATIOS, P.TABLE2[fam], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper 1.3B (five-corpus mean)")
+        r = pick(five, fam, need="extrapolation/ppl@")
         if r:
             Ls = _extrap_lengths(r)
             base = r.seq_len() or Ls[0]
             ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/ppl@{L}"] for L in Ls], marker="o",
-                    color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} ours {r.size}")
+                    color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} ours {r.size} (five-corpus mean)")
             drawn = True
+    k = len(P.MIXERS)
     for r in runs:
-        if r.family not in P.MIXERS and any(k.startswith("extrapolation/ppl@") for k in r.metrics):
-            Ls = _extrap_lengths(r)
+        for c in [c for c in r.extrap_corpora() if not (r in five and c in P_FIVE)]:
+            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
             base = r.seq_len() or Ls[0]
-            ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/ppl@{L}"] for L in Ls], marker="o",
-                    label=f"{r.mixer} ours {r.size}")
+            ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/{c}/ppl@{L}"] for L in Ls], marker="o", ls=":",
+                    color=f"C{k % 10}", label=f"{r.mixer} ours {r.size} on {c}")
+            k += 1
             drawn = True
-    ax.set_xlabel("context length / train length")
-    ax.set_ylabel("perplexity (corpus mean)")
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+    ax.set_xlabel("context length / training length (ratio; paper: 4K tokens = 1)")
+    ax.set_ylabel("perplexity (per token, log scale)")
     ax.set_yscale("log")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -300,25 +430,37 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
 
 
 def plot_scaling(runs: list[Run], path: str) -> str:
+    """Best-of-run validation perplexity against parameter count (log-log): the paper's sizes at their nominal
+    counts, and every run of ours, of any size, at its own count (marked † when its validation protocol differs
+    from the others')."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = list(P.VAL_PPL)
+    shown = [r for r in runs if "validation/ppl" in r.metrics and r.params()]
+    marks, _ = _protocol_notes(runs, shown)
     for i, fam in enumerate(P.MIXERS):
-        ax.plot(range(len(xs)), [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
-                label=f"{P.MIXER_LABEL[fam]} paper")
-        pts = [(xs.index(r.size), r.metrics["validation/ppl"]) for r in runs
-               if r.family == fam and r.size in xs and "validation/ppl" in r.metrics]
+        ax.plot([PAPER_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper (FineWeb-Edu val)")
+    families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
+    for i, fam in enumerate(families):
+        pts = sorted((r.params(), r.metrics["validation/ppl"], marks.get(id(r), "")) for r in shown if r.family == fam)
         if pts:
-            pts.sort()
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} ours")
-    ax.set_xticks(range(len(xs)), xs)
-    ax.set_ylabel("validation perplexity")
+            lab = P.MIXER_LABEL.get(fam, fam)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i % 10}",
+                    label=f"{lab} ours ({protocol_text(next(r for r in shown if r.family == fam).protocols['validation'])})")
+            for x, y, m in pts:
+                if m:
+                    ax.annotate(m, (x, y), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (count, log scale)")
+    ax.set_ylabel("validation perplexity (per token, log scale)")
     ax.set_title("Validation perplexity against scale (Fig. 2)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -326,13 +468,15 @@ def plot_scaling(runs: list[Run], path: str) -> str:
 
 
 def plot_recall(runs: list[Run], path: str) -> str:
-    """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer."""
+    """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer; training lengths
+    marked (paper 4K, ours per run)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
+    ax.axvline(PAPER_TRAIN_LEN, color="k", lw=0.8, ls=":", label=f"paper training length {PAPER_TRAIN_LEN}")
     for i, fam in enumerate(P.MIXERS):
         ax.plot(P.NIAH_LENGTHS, P.TABLE9_NIAH[fam], ls="--", marker="x", color=f"C{i}",
                 label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
@@ -341,11 +485,14 @@ def plot_recall(runs: list[Run], path: str) -> str:
             Ls = sorted(int(k.split("@")[1].split("/")[0]) for k in r.metrics if k.startswith("recall/niah@"))
             ax.plot(Ls, [100 * r.metrics[f"recall/niah@{L}/acc"] for L in Ls], marker="o", color=f"C{i}",
                     label=f"{P.MIXER_LABEL[fam]} ours {r.size}")
+            if r.seq_len():
+                ax.axvline(r.seq_len(), color=f"C{i}", lw=0.8, ls=":",
+                           label=f"{P.MIXER_LABEL[fam]} ours training length {r.seq_len()}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context tokens")
+    ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("S-NIAH-1 accuracy (%)")
     ax.set_title("Recall against context length (Table 9)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -356,7 +503,7 @@ def render(runs: list[Run]) -> str:
     parts = ["# idattn results against the paper (arXiv 2605.24330)", "",
              "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size})" for r in runs), "",
              "Accuracies in %, perplexities per token (WikiText-2: per word). '—': not measured.", ""]
-    for fn in (table2, table4, table6, table7, table8, table9, fig2_table):
+    for fn in (table2, table_corpora, table4, table6, table7, table8, table9, fig2_table):
         parts += [fn(runs), ""]
     return "\n".join(parts)
 

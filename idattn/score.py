@@ -61,4 +61,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from idattn.cli import run_app
+
+    run_app(main)

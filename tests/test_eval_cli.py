@@ -6,6 +6,7 @@ import os
 import textwrap
 
 import numpy as np
+import pytest
 
 from idattn.eval import harness
 from idattn.eval.datasets import write_jsonl
@@ -49,8 +50,37 @@ def _setup(tmp_path):
     return str(cfg), str(data)
 
 
+class _Reference:
+    """log p(next | prefix) in float64 NumPy from a direct forward of the same random-init model (one jit: inputs
+    are right-padded to 256 tokens, which a causal model never reads back)."""
+
+    def __init__(self, cfg_spec):
+        import jax
+        import jax.numpy as jnp
+        from flax import linen as nn
+
+        from idattn.eval.__main__ import load_config_file
+        from idattn.models import build_model
+
+        config = load_config_file(cfg_spec)
+        model = build_model(config.model)
+        self.params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(config.get("seed", 0)),
+                                                   jnp.zeros((1, 8), jnp.int32))["params"])
+        self.fn = jax.jit(lambda p, x: model.apply({"params": p}, x))
+
+    def logprobs(self, inputs, pad_to=256):
+        x = np.zeros((1, pad_to), np.int32)
+        x[0, :len(inputs)] = inputs
+        logits = np.asarray(self.fn(self.params, x)[0, :len(inputs)], np.float64)
+        m = logits.max(-1, keepdims=True)
+        return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+
+
 def test_eval_cli_all_suites_then_results(tmp_path, capsys):
+    import re
+
     from idattn import results
+    from idattn.data.tokenizer import load_tokenizer
     from idattn.eval.__main__ import main
 
     cfg, data = _setup(tmp_path)
@@ -59,28 +89,71 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
                f"--config={cfg}:interdomain", f"--data_dir={data}", f"--val_path={tmp_path / 'val.jsonl'}",
                "--lengths=32,64,112", "--corpora=pg19", "--niah_lengths=96", "--phonebook_sizes=2",
                "--recall_n=2", "--decode_contexts=8", "--decode_batches=1", "--decode_steps=2", "--batch_size=4",
-               "--prefill_chunk=8"])
+               "--prefill_chunk=8", "--max_length=256"])
     assert rc == 0
+    printed = capsys.readouterr()
     recs = {r["suite"]: r for r in read_results(wd)}
     assert set(recs) == {"validation", "extrapolation", "harness", "recall", "decode"}
     for r in recs.values():
         assert r["step"] == -1 and r["run"]["mixer"] == "interdomain" and r["run"]["size"] == "tiny"
+    assert "ETA" in printed.err  # progress lines
+    # the final table holds every metric with the value of the JSON files
+    for r in recs.values():
+        for k, v in r["metrics"].items():
+            assert re.search(rf"\| {r['suite']} \| [^|]* \| {re.escape(k)} \| {v:.4f} \|", printed.out), (k, v)
+
+    tok = load_tokenizer(str(tmp_path / "tok.model"))
+    bos = tok.bos_id
+    ref = _Reference(f"{cfg}:interdomain")
+    # validation (rolling windows; every document fits one 256-token window): NumPy recomputation
+    texts = [json.loads(ln)["text"] for ln in open(tmp_path / "val.jsonl")]
+    nll = n = 0.0
+    for t in texts:
+        ids = tok.encode(t)
+        assert len(ids) < 256
+        lp = ref.logprobs([bos] + ids[:-1])
+        nll -= lp[np.arange(len(ids)), ids].sum()
+        n += len(ids)
     v = recs["validation"]["metrics"]
-    # random init: the loss is near log(vocab) (weights std 0.02), never wildly off
-    assert abs(v["loss"] - np.log(300)) < 0.5 and v["ppl"] == np.exp(v["loss"])
+    assert v["tokens"] == n and v["loss"] == pytest.approx(nll / n, rel=1e-5) and v["ppl"] == pytest.approx(np.exp(nll / n), rel=1e-5)
+    assert os.path.basename(recs["validation"]["path"]) == f"validation-val-t{int(n)}-c256-b4-stepinit.json"
+    # extrapolation: pg19 at L=32 is the mean nll of the first 32 tokens of each document (input [BOS] + doc[:31])
     e = recs["extrapolation"]["metrics"]
-    assert set(e) == {"pg19/ppl@32", "pg19/ppl@64", "pg19/ppl@112", "ppl@32", "ppl@64", "ppl@112"}
-    assert os.path.getsize(os.path.join(wd, "eval", "extrapolation-stepinit.png")) > 1000
+    assert set(e) == {"pg19/ppl@32", "pg19/ppl@64", "pg19/ppl@112"}  # one corpus: no "mean" headline
+    docs = [json.loads(ln)["text"] for ln in open(os.path.join(data, "pg19", "test.jsonl"))]
+    nlls = []
+    for t in docs:
+        ids = tok.encode(t)[:32]
+        lp = ref.logprobs([bos] + ids[:-1])
+        nlls.append(-lp[np.arange(32), ids])
+    assert e["pg19/ppl@32"] == pytest.approx(float(np.exp(np.mean(nlls))), rel=1e-5)
+    assert os.path.getsize(recs["extrapolation"]["path"][:-5] + ".png") > 1000
+    # harness: the average is the mean of the eight headline accuracies; WikiText word perplexity recomputed from
+    # a direct forward of each (detokenised) page: exp(-sum log p / words)
     h = recs["harness"]["metrics"]
-    assert 0.0 <= h["average/acc"] <= 1.0 and h["wikitext/word_perplexity"] > 1
+    heads = [h[f"{t}/{harness.TASKS[t].headline}"] for t in harness.EIGHT_TASKS]
+    assert h["average/acc"] == pytest.approx(float(np.mean(heads)), abs=1e-12)
+    ll = words = 0.0
+    for d in WIKITEXT:
+        ids = tok.encode(harness.wikitext_detokenizer(d["page"]))
+        assert len(ids) < 256
+        lp = ref.logprobs([bos] + ids[:-1])
+        ll += lp[np.arange(len(ids)), ids].sum()
+        words += len(re.split(r"\s+", d["page"]))
+    assert h["wikitext/word_perplexity"] == pytest.approx(float(np.exp(-ll / words)), rel=1e-4)
     assert {"niah@96/acc", "phonebook@2/acc"} <= set(recs["recall"]["metrics"])
     assert "ms_per_token@8/b1" in recs["decode"]["metrics"]
 
-    # the default validation path: the run's held-out split packed as the trainer validates (KJV corpus here)
+    # the default validation path: the run's held-out split packed as the trainer validates (KJV corpus here), on
+    # the trainer's token count (eval_batches x batch x seq_len) whatever --batch_size; a file of its own
     assert main([f"--workdir={wd}", "--suite=validation", "--random_init", f"--config={cfg}:interdomain",
-                 "--val_batches=1", "--batch_size=2"]) == 0
-    v2 = read_results(wd, "validation")[0]
-    assert v2["details"]["method"] == "packed eval batches" and v2["metrics"]["tokens"] > 64
+                 "--batch_size=3", "--quiet"]) == 0
+    from idattn.eval.__main__ import load_config_file, trainer_val_rows
+    c = load_config_file(f"{cfg}:interdomain")
+    rows = trainer_val_rows(c)
+    v2 = [r for r in read_results(wd, "validation") if r["protocol"]["corpus"] == "kjv.val"][0]
+    assert v2["metrics"]["tokens"] == rows * 64 and v2["protocol"]["tokens"] == rows * 64
+    assert os.path.basename(v2["path"]) == f"validation-kjv.val-t{rows * 64}-c64-b3-stepinit.json"
     assert abs(v2["metrics"]["loss"] - np.log(300)) < 0.5
 
     out = str(tmp_path / "tables")
@@ -89,5 +162,22 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     ours = f"{h['lambada_openai/acc'] * 100:.2f}"
     assert any(ln.startswith("| LAMBADA (acc)") and ln.rstrip(" |").split("|")[6].strip() == ours
                for ln in md.splitlines())
-    assert f"{e['ppl@64']:.2f}" in md and "Interdomain ours (tiny)" in md
+    assert f"{e['pg19/ppl@64']:.2f} @64" in md and "Interdomain ours (tiny)" in md
     json.dumps(recs)  # everything JSON-serialisable
+
+
+def test_eval_cli_refuses_unknown_corpus_before_anything(tmp_path, capsys):
+    from idattn.eval.__main__ import main
+
+    wd = tmp_path / "run"
+    rc = main([f"--workdir={wd}", "--suite=extrapolation", "--corpora=pg19,pydocs", "--random_init",
+               "--config=experiments/scaling.py:interdomain,tiny"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert "unknown corpus 'pydocs'" in err and "pydocs=<path>" in err and "pg19" in err
+    assert not wd.exists()
+    rc = main([f"--workdir={wd}", "--suite=extrapolation", f"--corpora=mine={tmp_path / 'nowhere'}",
+               "--random_init", "--config=experiments/scaling.py:interdomain,tiny"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "no such file or folder" in err
+    assert not wd.exists()

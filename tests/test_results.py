@@ -43,9 +43,9 @@ def test_tables_from_result_files(tmp_path, capsys):
         write_result(wd, "harness", 300, m, run=run)
         ext = {}
         for L in (64, 128, 224):
-            for c in ("pg19", "qmsum", "narrativeqa"):
-                ext[f"{c}/ppl@{L}"] = 10.0 + i + L / 1000
-            ext[f"ppl@{L}"] = 10.0 + i + L / 1000
+            for c in ("pg19", "codeparrot", "govreport", "qasper", "qmsum", "narrativeqa"):
+                ext[f"{c}/ppl@{L}"] = 10.0 + i + L / 1000 + (0.5 if c == "govreport" else 0.0)
+            ext[f"ppl@{L}"] = 10.0 + i + L / 1000 + 0.1  # the five-corpus mean
         write_result(wd, "extrapolation", 300, ext, run=run)
         write_result(wd, "recall", 300, {"niah@1024/acc": 0.25 * i, "phonebook@16/acc": 0.125},
                      run=run)
@@ -53,6 +53,13 @@ def test_tables_from_result_files(tmp_path, capsys):
     write_result(wd, "validation", 10, {"loss": 2.9, "ppl": math.exp(2.9)}, run=run)
     wd, run = _run(root, "soft125", "softmax", "125m")
     write_result(wd, "validation", 10, {"loss": 2.8, "ppl": math.exp(2.8)}, run=run)
+    # a cube cell validated on another token count: marked, and no ratio to softmax
+    wd, run = _run(root, "cube2", "dualkv-linear-rope", "125m")
+    write_result(wd, "validation", 10, {"loss": 2.7, "ppl": math.exp(2.7)}, run=run, details={"tokens": 999})
+    # a user's own corpus (and an old-style headline mean over it): never in the five-corpus Table 2
+    wd, run = _run(root, "mine", "interdomain", "d128xL2")
+    write_result(wd, "extrapolation", 5, {"pydocs/ppl@64": 30.0, "pydocs/ppl@128": 31.5, "ppl@64": 99.0,
+                                          "ppl@128": 98.0}, run=run, details={"corpora": {"pydocs": {"docs": 3}}})
 
     out = str(tmp_path / "out")
     assert results.main(["--runs", os.path.join(root, "*"), "--out", out]) == 0
@@ -74,16 +81,25 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert r[1:4] == ["39.43", "44.36", "25.64"] and r[4:7] == ["50.00", "51.00", "52.00"]
     r = row("| HellaSwag (acc_norm)")
     assert r[4:7] == ["40.00", "40.00", "40.00"]
-    # Table 2: our 1x / 2x / 3.5x columns come from lengths 64 / 128 / 224 at seq_len 64
+    # Table 2: our 1x / 2x / 3.5x columns come from lengths 64 / 128 / 224 at seq_len 64 (five-corpus runs only)
     r = row("| Interdomain | 14.36")
-    assert r[4:7] == ["11.06", "11.13", "11.22"] and r[7] == "1.3b"
-    # Table 8: per corpus; govreport not measured
+    assert r[4:7] == ["11.16", "11.23", "11.32"] and r[7] == "1.3b"
+    t2 = md.split("### Table 2")[1].split("###")[0]
+    assert "99.00" not in t2 and "98.00" not in t2 and "pydocs" in t2  # named as not averaged in
+    # the per-corpus table: the user's corpus by its name, each value at its length
+    r = row("| pydocs |")
+    assert r[1] == "dualkv-query-rope (d128xl2)" and r[4] == "30.00 @64 (1x), 31.50 @128 (2x)"
+    # Table 8: per corpus
     assert row("| qmsum | S4D-only")[5:8] == ["12.06", "12.13", "12.22"]
-    assert row("| govreport | Softmax")[5:8] == ["—", "—", "—"]
+    assert row("| govreport | Softmax")[5:8] == ["10.56", "10.63", "10.72"]
     # Table 4: the 125M cells, relative to the 125M softmax run
     r = row("| generic-query-rope")
     assert r[4] == "2.9000" and r[6] == f"{(math.exp(2.9) / math.exp(2.8) - 1) * 100:+.2f}%" and r[7] == "125m"
     assert row("| softmax | Softmax")[4] == "2.8000"
+    r = row("| dualkv-linear-rope")
+    assert r[4] == "†2.7000" and r[6].startswith("n/c")
+    t4 = md.split("### Table 4")[1].split("###")[0]
+    assert "999 tokens" in t4 and "† measured on another" in t4
     # Table 9: S-NIAH-1 at 1K (ours 0 / 25 / 50 %), phonebook 12.5 %
     assert row("| S-NIAH-1 | S4D-only")[6] == "50.00"
     assert row("| Phonebook (16/32/64/128 entries) | Softmax")[6] == "12.50"

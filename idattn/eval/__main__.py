@@ -1,14 +1,28 @@
 """Evaluate a checkpoint: `python -m idattn.eval --workdir=DIR --suite=validation,extrapolation,harness,...`.
 
-Suites (each writes `<workdir>/eval/<suite>-step<step>.json` through `idattn.eval.schema.write_result`):
-  validation     token perplexity of the run's held-out split, packed exactly as the trainer's validation
-                 (`make_eval_batches`), or of `--val_path` documents (jsonl/parquet/json text, or .npy tokens)
-                 with rolling windows at the model's context
-  extrapolation  perplexity at `--lengths` on the long-document corpora in `--data_dir/<corpus>` (or `--hub`),
-                 per corpus and position bucket, plus a PNG plot beside the JSON
+Suites (each writes one JSON file under `<workdir>/eval/` through `idattn.eval.schema.write_result`):
+  validation     token perplexity of the run's held-out split, packed exactly as the trainer validates
+                 (`make_eval_batches`) and by default on the *same tokens* as the trainer's validation
+                 (train.eval_batches x microbatch x data.seq_len), so the number equals the trainer's for the same
+                 checkpoint; `--val_tokens` changes the count. `--val_path=[name=]path` scores another corpus: a
+                 prepared folder (its held-out split, packed the same way) or documents (.jsonl/.jsonl.gz/.txt/
+                 .parquet/.json text, or .npy tokens) with rolling windows at the model's context
+  extrapolation  perplexity at `--lengths` per corpus of `--corpora` and per position bucket, plus a PNG plot
   harness        the eight-task suite + WikiText-2 + OpenBookQA from `--data_dir/<task>` (or `--hub`)
   recall         RULER S-NIAH-1 at `--niah_lengths`, phonebook at `--phonebook_sizes`
   decode         ms/token and tokens/s against context and batch, prefill memory (chunked and full)
+
+Corpora (`--corpora=a,b=path,...`): a bare name is one of the six long-document corpora the paper uses
+(pg19, codeparrot, govreport, qasper, qmsum, narrativeqa) read from `--data_dir/<name>` (or `--hub`);
+`name=path` is *any* corpus under the name you choose, shown in every file, table and plot: a prepared folder
+(`python -m idattn.data.prepare --out=path`; its held-out split is scored) or a file / folder / glob of
+.txt / .jsonl / .jsonl.gz / .parquet documents (`--text_field`, `--separator` as in prepare). An unknown bare
+name is refused before anything is loaded or written.
+
+Files never replace the trainer's: the validation and extrapolation files carry their protocol in the name
+(`validation-<corpus>-t<tokens>-c<context>-b<batch>-step<step>.json`, `extrapolation-<corpora>-c<lengths>-...`;
+see idattn.eval.schema). Progress goes to stderr with an ETA; at the end a table of every number measured is
+printed (the same values as the JSON files, rounded to 4 decimals) followed by the files written.
 
 The checkpoint comes from `idattn.train.checkpoint.load_params(workdir, step)`; `--config=<file.py>:<arg>
 --random_init` evaluates a freshly initialised model instead (decode benchmarks, smoke tests; step -1).
@@ -17,11 +31,17 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import os
 import sys
+import time
 from typing import Any
 
 SUITES = ("validation", "extrapolation", "harness", "recall", "decode")
+
+
+class EvalError(ValueError):
+    """A refused command line (one line: what is wrong and the fix); raised before anything is written."""
 
 
 def _ints(s: str) -> list[int]:
@@ -38,17 +58,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--random_init", action="store_true", help="evaluate a random-init model built from --config")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a config key, e.g. --set=model.impl=chunked (repeatable)")
-    ap.add_argument("--batch_size", type=int, default=8)
+    ap.add_argument("--batch_size", type=int, default=8, help="rows per forward pass (speed only: same numbers)")
     ap.add_argument("--max_length", type=int, default=0, help="scoring context (default: config.data.seq_len)")
     ap.add_argument("--data_dir", default="", help="folder of <task>/ and <corpus>/ dataset files")
     ap.add_argument("--hub", action="store_true", help="download missing datasets with `datasets`")
     ap.add_argument("--limit", type=int, default=0, help="documents per task/corpus (0: all)")
     ap.add_argument("--tasks", default="", help="harness tasks (default: the eight + wikitext + openbookqa)")
     ap.add_argument("--add_bos", action="store_true", help="harness: prepend BOS to every context")
-    ap.add_argument("--val_path", default="", help="validation: documents to score instead of the run's split")
-    ap.add_argument("--val_batches", type=int, default=0, help="validation: packed batches (default train.eval_batches)")
+    ap.add_argument("--val_path", default="", help="validation: [name=]path of another corpus (prepared folder "
+                                                   "or documents) instead of the run's held-out split")
+    ap.add_argument("--val_tokens", type=int, default=0,
+                    help="validation: packed tokens scored (default: the trainer's, eval_batches x micro x seq_len)")
+    ap.add_argument("--val_batches", type=int, default=0, help="validation: packed batches of --batch_size rows "
+                                                               "(alternative to --val_tokens)")
     ap.add_argument("--lengths", default="", help="extrapolation lengths (default: 1x, 2x, 3.5x the train length)")
-    ap.add_argument("--corpora", default="pg19,codeparrot,govreport,qasper,qmsum,narrativeqa")
+    ap.add_argument("--corpora", default="pg19,codeparrot,govreport,qasper,qmsum,narrativeqa",
+                    help="extrapolation corpora: known names and/or name=path (prepared folder or documents)")
+    ap.add_argument("--text_field", default="text", help="field holding the text in .jsonl/.parquet corpora")
+    ap.add_argument("--separator", default=None, help="plain-text corpora: document separator (default: per file)")
     ap.add_argument("--niah_lengths", default="1024,2048,4096,8192")
     ap.add_argument("--phonebook_sizes", default="16,32,64,128")
     ap.add_argument("--recall_n", type=int, default=200)
@@ -56,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode_batches", default="1,8")
     ap.add_argument("--decode_steps", type=int, default=32)
     ap.add_argument("--prefill_chunk", type=int, default=2048)
+    ap.add_argument("--quiet", action="store_true", help="no progress lines")
     a = ap.parse_args(argv)
     bad = [s for s in a.suite.split(",") if s not in SUITES]
     if bad:
@@ -64,6 +92,100 @@ def parse_args(argv=None) -> argparse.Namespace:
         ap.error("--random_init needs --config=experiments/<file>.py:<arg>")
     return a
 
+
+# ------------------------------------------------------------------------------------------------ corpora
+
+def parse_corpora(spec: str, data_dir: str = "", hub: bool = False) -> dict[str, str | None]:
+    """`a,b=path,...` -> {name: path or None (a known corpus)}; refuses unknown bare names and missing paths."""
+    from idattn.eval.perplexity import CORPORA
+
+    out: dict[str, str | None] = {}
+    for item in [c.strip() for c in spec.split(",") if c.strip()]:
+        name, eq, path = item.partition("=")
+        name = name.strip()
+        if not name:
+            raise EvalError(f"--corpora item {item!r}: expected name or name=path.")
+        if name in out:
+            raise EvalError(f"--corpora: {name!r} given twice; give each corpus a distinct name.")
+        if eq:
+            if not path or not (os.path.exists(os.path.expanduser(path)) or any(c in path for c in "*?[")):
+                raise EvalError(f"--corpora {name}={path}: no such file or folder; point it at a prepared folder "
+                                "(python -m idattn.data.prepare --out=...) or .txt/.jsonl/.parquet documents.")
+            out[name] = os.path.expanduser(path)
+        elif name in CORPORA:
+            out[name] = None
+        else:
+            raise EvalError(f"--corpora: unknown corpus {name!r}; known: {', '.join(sorted(CORPORA))}. For your own "
+                            f"data pass {name}=<path> (a prepared folder or .txt/.jsonl/.parquet documents).")
+    if not out:
+        raise EvalError("--corpora is empty; pass e.g. --corpora=mine=data/mine or --corpora=pg19 --data_dir=DIR.")
+    return out
+
+
+def corpus_label(data_cfg) -> str:
+    """The name of a run's own held-out split: `<data name>.val` (kjv.val, <prepared folder name>.val, ...)."""
+    src = str(data_cfg.get("source", "kjv"))
+    if src == "arrayrecord":
+        return os.path.basename(os.path.normpath(str(data_cfg.get("path", "data")))) + ".val"
+    if src == "tfds":
+        return str(data_cfg.get("tfds_name", "tfds")).replace("/", "_") + ".val"
+    return f"{src}.val"
+
+
+def _is_prepared(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "meta.json"))
+
+
+def _prepared_cfg(data_cfg, path: str):
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict(data_cfg.to_dict() if hasattr(data_cfg, "to_dict") else dict(data_cfg))
+    cfg.source, cfg.path = "arrayrecord", path
+    return cfg
+
+
+def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) -> list[list[int]]:
+    """Token-id documents of one corpus (held-out split of a prepared folder, documents, or a known corpus)."""
+    from idattn.eval import perplexity
+
+    if path is not None and _is_prepared(path):
+        import numpy as np
+
+        from idattn.data import formats
+
+        try:
+            meta = formats.check_tokenizer_matches(path, tok)
+            shards = formats.shard_paths(path, meta, "val")
+        except (ValueError, FileNotFoundError) as e:
+            raise EvalError(f"corpus {name}={path}: {e}") from e
+        import grain
+
+        src = grain.sources.ArrayRecordDataSource(shards)
+        return [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+    if path is not None:
+        from idattn.data import prepare
+
+        try:
+            fs, files = prepare.list_inputs(path)
+            texts = prepare.iter_texts(fs, files, field=args.text_field,
+                                       separator=prepare._decode_separator(args.separator))
+        except prepare.PrepareError as e:
+            raise EvalError(f"corpus {name}={path}: {e}") from e
+    else:
+        texts = perplexity.load_corpus(name, data_dir=args.data_dir or None, hub=args.hub, limit=None)
+    kept = []
+    for t in texts:
+        # encode only a prefix long enough for the longest window (>= 16 characters per token is far more than
+        # any tokenizer needs), and stop once `limit` long enough documents are found
+        ids = tok.encode(t[:16 * min_tokens] if min_tokens else t)
+        if len(ids) >= min_tokens and ids:
+            kept.append(ids)
+            if args.limit and len(kept) >= args.limit:
+                break
+    return kept
+
+
+# ------------------------------------------------------------------------------------------------ config / run
 
 def load_config_file(spec: str):
     """`path.py[:arg]` -> the ConfigDict of its get_config(arg)."""
@@ -79,23 +201,29 @@ def load_config_file(spec: str):
 
 def apply_overrides(config, sets: list[str]):
     """--set KEY=VALUE: the value is parsed as a Python literal when it is one (ints, floats, bools), else kept
-    as a string; the key must exist (ConfigDict refuses new keys with the key named)."""
+    as a string; the key must exist (refused with the keys that do, and the closest one)."""
     import ast
+    import difflib
 
     for item in sets:
         key, eq, raw = item.partition("=")
         if not eq:
-            raise ValueError(f"--set {item!r}: expected KEY=VALUE, e.g. model.impl=chunked")
+            raise EvalError(f"--set {item!r}: expected KEY=VALUE, e.g. model.impl=chunked")
         try:
             val = ast.literal_eval(raw)
         except (ValueError, SyntaxError):
             val = raw
-        node = config
+        node, path = config, []
         *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        if leaf not in node:
-            raise KeyError(f"--set {key}: no such config key; keys here: {sorted(node.keys())}")
+        for i, p in enumerate(parents + [leaf]):
+            if p not in node:
+                near = difflib.get_close_matches(p, list(node.keys()), n=1)
+                hint = f"; did you mean {'.'.join(path + near)!r}?" if near else ""
+                raise EvalError(f"--set {key}: no config key {'.'.join(path + [p])!r}{hint} (keys there: "
+                                f"{', '.join(sorted(node.keys()))})")
+            if i < len(parents):
+                node = node[p]
+                path.append(p)
         node[leaf] = val
     return config
 
@@ -117,7 +245,10 @@ def load_run(args) -> tuple[Any, Any, int]:
     from idattn.train import checkpoint
 
     steps = checkpoint.committed_steps(args.workdir)
-    step = args.step if args.step is not None else (steps[-1] if steps else None)
+    if not steps:
+        raise EvalError(f"--workdir={args.workdir}: no committed checkpoint there; train first (python -m "
+                        "idattn.train ... --workdir=...) or pass --random_init --config=...")
+    step = args.step if args.step is not None else steps[-1]
     config, params = checkpoint.load_params(args.workdir, step)
     return apply_overrides(config, args.set), params, int(step)
 
@@ -139,8 +270,94 @@ def run_info(args, config, params) -> dict[str, Any]:
             "seq_len": int(config.data.seq_len)}
 
 
+def trainer_val_rows(config) -> int:
+    """Rows of the trainer's validation: train.eval_batches x its microbatch (train.batch_size / grad_accum)."""
+    t = config.train
+    return int(t.eval_batches) * (int(t.batch_size) // max(int(t.get("grad_accum", 1) or 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+class Progress:
+    """One stderr line per update: `<label>: i/n (p%) elapsed Xs, ETA Ys` (carriage return on a terminal)."""
+
+    def __init__(self, label: str, total: int, quiet: bool = False):
+        self.label, self.total, self.quiet = label, max(int(total), 1), quiet
+        self.t0 = time.time()
+        self.done = 0
+        self.tty = sys.stderr.isatty()
+        self._last = -1.0
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if self.quiet:
+            return
+        el = time.time() - self.t0
+        frac = min(self.done / self.total, 1.0)
+        if not self.tty and self.done < self.total and el - self._last < 2.0:
+            return  # a log file gets a line every 2 s at most
+        self._last = el
+        eta = el / frac * (1 - frac) if frac > 0 else float("nan")
+        msg = (f"{self.label}: {self.done}/{self.total} ({100 * frac:.0f}%) elapsed {el:.0f}s, ETA "
+               f"{eta:.0f}s")
+        end = "\n" if (not self.tty or self.done >= self.total) else ""
+        print(("\r" if self.tty else "") + msg, end=end, file=sys.stderr, flush=True)
+
+
+def format_number(v: float) -> str:
+    return f"{v:.4f}"
+
+
+def results_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
+    from idattn.eval.schema import protocol_of
+
+    lines = ["| suite | measured on | metric | value |", "|---|---|---|---|"]
+    for rec in records:
+        p = protocol_of(rec)
+        on = ", ".join(f"{k} {v}" for k, v in p.items() if k in ("corpus", "tokens", "context", "batch", "lengths")
+                       and v not in (None, "", []))
+        for k, v in rec["metrics"].items():
+            lines.append(f"| {rec['suite']} | {on or '-'} | {k} | {format_number(v)} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def _resolve(args) -> dict[str, Any]:
+    """Everything a command line names, checked before the model is loaded or anything is written."""
+    out: dict[str, Any] = {}
+    suites = args.suite.split(",")
+    if "extrapolation" in suites:
+        out["corpora"] = parse_corpora(args.corpora, args.data_dir, args.hub)
+    if "validation" in suites and args.val_path:
+        name, eq, path = args.val_path.partition("=")
+        if not eq:
+            name, path = "", args.val_path
+        path = os.path.expanduser(path)
+        if not os.path.exists(path):
+            raise EvalError(f"--val_path={args.val_path}: no such file or folder.")
+        if not name:
+            base = os.path.basename(os.path.normpath(path))
+            name = (base if _is_prepared(path) else os.path.splitext(base)[0]) or "val_path"
+        out["val"] = (name, path)
+    if args.val_tokens < 0 or args.val_batches < 0 or args.batch_size < 1:
+        raise EvalError(f"--val_tokens={args.val_tokens}, --val_batches={args.val_batches}, --batch_size="
+                        f"{args.batch_size}: expected non-negative counts and a positive batch size.")
+    return out
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    try:
+        return _main(args)
+    except EvalError as e:
+        print(f"eval: refused: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args) -> int:
+    resolved = _resolve(args)
     import numpy as np
 
     from idattn.data.tokenizer import load_tokenizer
@@ -158,80 +375,124 @@ def main(argv=None) -> int:
     suites = args.suite.split(",")
     tok = load_tokenizer(config.data.tokenizer) if set(suites) - {"decode"} else None
     if tok is not None and tok.vocab_size > int(config.model.vocab_size):
-        raise ValueError(f"tokenizer {config.data.tokenizer!r} has {tok.vocab_size} pieces but the model's "
-                         f"vocab_size is {config.model.vocab_size}: ids would index past the embedding. Evaluate "
-                         "with the tokenizer the run was trained with (config.data.tokenizer).")
-    written = []
+        raise EvalError(f"tokenizer {config.data.tokenizer!r} has {tok.vocab_size} pieces but the model's "
+                        f"vocab_size is {config.model.vocab_size}: ids would index past the embedding. Evaluate "
+                        "with the tokenizer the run was trained with (config.data.tokenizer).")
+    # documents of every corpus are read (and refused) before the first file is written
+    corpora_docs: dict[str, list[list[int]]] = {}
+    lengths: list[int] = []
+    if "extrapolation" in suites:
+        lengths = _ints(args.lengths) or [seq_len, 2 * seq_len, int(3.5 * seq_len)]
+        for name, path in resolved["corpora"].items():
+            try:
+                kept = corpus_docs(name, path, tok, args, min_tokens=max(lengths))
+            except FileNotFoundError as e:
+                if path is not None:
+                    raise EvalError(f"corpus {name}: {e}") from e
+                print(f"extrapolation: skipping {name}: {e}", file=sys.stderr)
+                continue
+            if not kept:
+                msg = (f"corpus {name!r} has no document with {max(lengths)} tokens (the longest length); lower "
+                       "--lengths or add longer documents")
+                if path is not None:
+                    raise EvalError(msg + ".")
+                print(f"extrapolation: skipping {msg}", file=sys.stderr)
+                continue
+            corpora_docs[name] = kept
+        if not corpora_docs:
+            raise EvalError("extrapolation: no corpus found; pass --corpora=name=path, or --data_dir with "
+                            "<corpus>/ folders, or --hub.")
+    records: list[dict[str, Any]] = []
+    written: list[str] = []
+
+    def write(suite, metrics, details, protocol=None):
+        path = write_result(args.workdir, suite, step, metrics, run=run, details=details, protocol=protocol)
+        written.append(path)
+        import json
+
+        with open(path) as f:
+            records.append(json.load(f))
+        return path
 
     if "validation" in suites:
-        if args.val_path:
-            if args.val_path.endswith(".npy"):
-                arr = np.load(args.val_path, allow_pickle=True)
+        name, path = resolved.get("val", (None, None))
+        if path is not None and not _is_prepared(path):
+            if path.endswith(".npy"):
+                arr = np.load(path, allow_pickle=True)
                 docs = [list(map(int, d)) for d in (arr if arr.dtype == object or arr.ndim == 2 else [arr])]
             else:
-                from idattn.eval.datasets import read_records
-
-                docs = [tok.encode(t) for t in perplexity._texts(read_records(args.val_path), None, args.val_path)]
-            m = perplexity.validation_perplexity(score_fn, docs[:limit] if limit else docs, prefix=prefix_token(tok),
-                                                 max_length=seq_len, batch_size=args.batch_size)
-            details = {"source": args.val_path, "method": "rolling windows"}
+                docs = corpus_docs(name, path, tok, args)
+            docs = docs[:limit] if limit else docs
+            prog = Progress(f"validation {name}", sum(-(-len(d) // seq_len) for d in docs), args.quiet)
+            m = perplexity.validation_perplexity(score_fn, docs, prefix=prefix_token(tok), max_length=seq_len,
+                                                 batch_size=args.batch_size, progress=prog)
+            protocol = {"corpus": name, "tokens": int(m["tokens"]), "context": seq_len, "batch": args.batch_size,
+                        "method": "rolling windows over documents"}
+            write("validation", m, {"source": path, "method": "rolling windows", "docs": len(docs)}, protocol)
         else:
             from idattn.data.pipeline import make_eval_batches
 
-            batches = make_eval_batches(config.data, tok, batch_size=args.batch_size, seq_len=seq_len,
-                                        num_batches=args.val_batches or int(config.train.eval_batches))
+            data_cfg = config.data if path is None else _prepared_cfg(config.data, path)
+            label = corpus_label(config.data) if path is None else name
+            if args.val_tokens:
+                rows = max(args.val_tokens // seq_len, 1)
+            elif args.val_batches:
+                rows = args.val_batches * args.batch_size
+            else:
+                rows = trainer_val_rows(config)
+            nb = -(-rows // args.batch_size)
+            try:
+                batches = make_eval_batches(data_cfg, tok, batch_size=args.batch_size, seq_len=seq_len,
+                                            num_batches=nb)
+            except (ValueError, FileNotFoundError) as e:
+                raise EvalError(f"validation on {label}: {e}") from e
+            extra = nb * args.batch_size - rows  # rows past the protocol's count in the last batch: masked out
+            if extra and batches and len(batches) == nb:
+                batches[-1] = dict(batches[-1])
+                batches[-1]["loss_mask"] = batches[-1]["loss_mask"].copy()
+                batches[-1]["loss_mask"][args.batch_size - extra:] = 0.0
+            prog = Progress(f"validation {label}", len(batches), args.quiet)
             m = perplexity.packed_perplexity(lambda p, b: model.apply({"params": p}, b["inputs"],
                                                                       segment_ids=b["segment_ids"],
-                                                                      positions=b["positions"]), params, batches)
-            details = {"source": f"data.source={config.data.source}", "method": "packed eval batches",
-                       "batches": len(batches)}
-        written.append(write_result(args.workdir, "validation", step, m, run=run, details=details))
+                                                                      positions=b["positions"]), params, batches,
+                                             progress=prog)
+            protocol = {"corpus": label, "tokens": rows * seq_len, "context": seq_len, "batch": args.batch_size,
+                        "method": "packed held-out split (the trainer's validation)"}
+            if int(m["tokens"]) < rows * seq_len:
+                protocol["note"] = f"the split holds only {int(m['tokens'])} tokens"
+            write("validation", m, {"source": f"data.source={data_cfg.source}" + (
+                f", data.path={data_cfg.path}" if data_cfg.source == "arrayrecord" else ""),
+                "method": "packed eval batches", "batches": len(batches), "rows": rows}, protocol)
 
     if "extrapolation" in suites:
-        lengths = _ints(args.lengths) or [seq_len, 2 * seq_len, int(3.5 * seq_len)]
-        corpora = {}
-        for name in [c for c in args.corpora.split(",") if c]:
-            try:
-                texts = perplexity.load_corpus(name, data_dir=args.data_dir or None, hub=args.hub, limit=None)
-            except FileNotFoundError as e:
-                print(f"extrapolation: skipping {name}: {e}", file=sys.stderr)
-                continue
-            # encode only a prefix long enough for the longest window (>= 16 characters per token is far more
-            # than any tokenizer needs), and stop once `limit` long documents are found
-            kept = []
-            for t in texts:
-                ids = tok.encode(t[:16 * max(lengths)])
-                if len(ids) >= max(lengths):
-                    kept.append(ids)
-                    if limit and len(kept) >= limit:
-                        break
-            if not kept:
-                print(f"extrapolation: skipping {name}: no document has {max(lengths)} tokens", file=sys.stderr)
-                continue
-            corpora[name] = kept
-        if not corpora:
-            raise FileNotFoundError("extrapolation: no corpus found; pass --data_dir with <corpus>/ folders or --hub.")
-        m, details = perplexity.extrapolation(score_fn, corpora, lengths, bos=prefix_token(tok), max_docs=limit,
-                                              batch_size=1)
-        path = write_result(args.workdir, "extrapolation", step, m, run=run, details=details)
-        perplexity.plot_extrapolation(details, path[:-5] + ".png", title=f"{run['mixer']} {run['size']}")
-        written.append(path)
+        total = sum(len(d) for d in corpora_docs.values()) * len(lengths)
+        prog = Progress("extrapolation", total, args.quiet)
+        m, details = perplexity.extrapolation(score_fn, corpora_docs, lengths, bos=prefix_token(tok),
+                                              max_docs=limit, batch_size=1, progress=prog)
+        details["train_seq_len"] = int(config.data.seq_len)
+        protocol = {"corpus": "+".join(corpora_docs), "context": lengths,
+                    "docs": {k: details["corpora"][k]["docs"] for k in corpora_docs},
+                    "method": "first L tokens of each document"}
+        path = write("extrapolation", m, details, protocol)
+        perplexity.plot_extrapolation(details, path[:-5] + ".png", title=f"{run['mixer']} {run['size']}",
+                                      train_len=int(config.data.seq_len))
 
     if "harness" in suites:
         from idattn.eval import harness
 
         tasks = [t for t in args.tasks.split(",") if t] or list(harness.DEFAULT_TASKS)
+        prog = Progress("harness (tasks)", len(tasks), args.quiet)
         m, details = harness.run_harness(score_fn, tok, tasks=tasks, data_dir=args.data_dir or None, hub=args.hub,
                                          limit=limit, max_length=seq_len, batch_size=args.batch_size,
-                                         add_bos=args.add_bos)
-        written.append(write_result(args.workdir, "harness", step, m, run=run, details=details))
+                                         add_bos=args.add_bos, progress=prog)
+        write("harness", m, details)
 
     if "recall" in suites:
         from idattn.eval.recall import run_text_recall
 
         m, details = run_text_recall(score_fn, tok, niah_lengths=_ints(args.niah_lengths),
                                      phonebook_sizes=_ints(args.phonebook_sizes), n=args.recall_n, batch_size=1)
-        written.append(write_result(args.workdir, "recall", step, m, run=run, details=details))
+        write("recall", m, details)
 
     if "decode" in suites:
         from idattn.eval.decode_bench import decode_benchmark
@@ -239,8 +500,11 @@ def main(argv=None) -> int:
         m, details = decode_benchmark(model, params, contexts=_ints(args.decode_contexts),
                                       batch_sizes=_ints(args.decode_batches), steps=args.decode_steps,
                                       prefill_chunk=args.prefill_chunk)
-        written.append(write_result(args.workdir, "decode", step, m, run=run, details=details))
+        write("decode", m, details)
 
+    print(f"\n{run['mixer']} ({run['size']}, {run['params']:,} params), step {step}, {args.workdir}:\n")
+    print(results_table(records))
+    print()
     for p in written:
         print(p)
     return 0

@@ -270,9 +270,10 @@ def load_task_docs(task: str, *, data_dir: str | None = None, hub: bool = False,
 
 def run_harness(score_fn: ScoreFn, tok: TextTokenizer, *, tasks: Sequence[str] = DEFAULT_TASKS,
                 data_dir: str | None = None, hub: bool = False, limit: int | None = None, max_length: int = 4096,
-                batch_size: int = 8, add_bos: bool = False, docs: dict[str, list] | None = None
-                ) -> tuple[dict[str, float], dict]:
-    """Runs tasks; returns flat metrics `<task>/<metric>` plus `average/acc` when all eight ran, and details."""
+                batch_size: int = 8, add_bos: bool = False, docs: dict[str, list] | None = None,
+                progress=None) -> tuple[dict[str, float], dict]:
+    """Runs tasks; returns flat metrics `<task>/<metric>` plus `average/acc` when all eight ran, and details.
+    `progress(1)` is called after each task."""
     metrics: dict[str, float] = {}
     details: dict[str, Any] = {"max_length": max_length, "add_bos": add_bos, "limit": limit}
     for name in tasks:
@@ -281,6 +282,8 @@ def run_harness(score_fn: ScoreFn, tok: TextTokenizer, *, tasks: Sequence[str] =
                              add_bos=add_bos)
         metrics.update({f"{name}/{k}": v for k, v in m.items()})
         details[name] = d
+        if progress is not None:
+            progress(1)
     if all(f"{n}/{TASKS[n].headline}" in metrics for n in EIGHT_TASKS):
         metrics["average/acc"] = float(np.mean([metrics[f"{n}/{TASKS[n].headline}"] for n in EIGHT_TASKS]))
     return metrics, details

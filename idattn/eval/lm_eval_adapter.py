@@ -1,19 +1,29 @@
-"""Optional: run lm-evaluation-harness itself on an idattn checkpoint (extra `harness`: `pip install lm-eval`).
+"""Optional: run lm-evaluation-harness itself on an idattn checkpoint (extra `harness`: `pip install -e ".[harness]"`).
 
-    python -m idattn.eval.lm_eval_adapter --workdir=DIR --tasks=lambada_openai,piqa,hellaswag --batch_size=8
-    # or from lm_eval's own CLI once registered (import idattn.eval.lm_eval_adapter; register()):
-    lm_eval --model idattn --model_args workdir=DIR,batch_size=8 --tasks piqa
+    python -m idattn.eval.lm_eval_adapter --workdir=DIR --tasks piqa,hellaswag --batch_size 8 \
+        [--include_path my_tasks/] [--log_samples --output_path out/] [--limit 100] [any other lm-eval option]
+    idattn-lm-eval --workdir=DIR --tasks piqa ...          # the same, as a console script
+
+The adapter's own options are `--workdir` (required), `--step`, `--max_length`, `--add_bos`, `--max_gen_toks`;
+everything else is lm-eval's own command line, passed through untouched (`--tasks`, `--include_path`,
+`--log_samples`, `--output_path`, `--batch_size`, `--limit`, `--num_fewshot`, ...): the adapter registers the
+model class under the name "idattn" and runs lm-eval's CLI with `--model idattn --model_args workdir=DIR,...`.
+Batch size is lm-eval's `--batch_size` (never a model argument: lm-eval passes it to the model itself).
+Plain `lm_eval --model idattn` cannot work: lm-eval's CLI never imports idattn, so the name is unknown there.
+From Python: `from idattn.eval.lm_eval_adapter import register; register()` then `lm_eval.simple_evaluate(
+model="idattn", model_args="workdir=DIR", ...)`.
 
 `register()` registers the model class under the name "idattn". Its `loglikelihood` and
 `loglikelihood_rolling` use the same scoring core as `idattn.eval.harness` (`scoring.encode_pair`,
 `scoring.loglikelihood`, `scoring.loglikelihood_rolling`), so the two paths agree to float rounding;
 `generate_until` decodes greedily with `idattn.models.decoding.generate` and cuts at the first stop string.
-lm_eval (and torch, which it pulls in) is imported lazily: nothing in idattn needs it, and no test imports it.
+lm_eval (and torch, which it pulls in) is imported lazily: nothing else in idattn needs it. Its test
+(`tests/test_eval_lm_eval.py`) runs the command on a local task YAML when lm-eval is installed and is skipped
+otherwise.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
@@ -95,26 +105,43 @@ def register():
     return IdattnLM
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m idattn.eval.lm_eval_adapter", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workdir", required=True)
-    ap.add_argument("--step", type=int, default=None)
-    ap.add_argument("--tasks", default="lambada_openai,piqa,hellaswag,winogrande,arc_easy,arc_challenge,social_iqa,"
-                                       "boolq,wikitext,openbookqa")
-    ap.add_argument("--batch_size", type=int, default=8)
-    ap.add_argument("--limit", type=int, default=None)
-    ap.add_argument("--output", default="", help="write lm_eval's results JSON here")
-    a = ap.parse_args(argv)
-    cls = register()
-    import lm_eval
+ADAPTER_OPTIONS = ("--workdir", "--step", "--max_length", "--add_bos", "--max_gen_toks")
 
-    lm = cls(workdir=a.workdir, step=a.step, batch_size=a.batch_size)
-    res = lm_eval.simple_evaluate(model=lm, tasks=a.tasks.split(","), num_fewshot=0, limit=a.limit)
-    print(json.dumps(res["results"], indent=1, default=str))
-    if a.output:
-        with open(a.output, "w") as f:
-            json.dump(res["results"], f, indent=1, default=str)
+
+def lm_eval_argv(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    """(our options, lm-eval's argv with `--model idattn --model_args ...` added); refuses options that would
+    override the model."""
+    ap = argparse.ArgumentParser(prog="python -m idattn.eval.lm_eval_adapter", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, add_help=True)
+    ap.add_argument("--workdir", required=True, help="the run directory (checkpoints)")
+    ap.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    ap.add_argument("--max_length", type=int, default=None, help="scoring context (default: data.seq_len)")
+    ap.add_argument("--add_bos", action="store_true", help="prepend BOS to every context")
+    ap.add_argument("--max_gen_toks", type=int, default=64)
+    a, rest = ap.parse_known_args(argv)
+    for bad in ("--model", "--model_args", "-a"):
+        if any(x == bad or x.startswith(bad + "=") for x in rest):
+            ap.error(f"{bad} is set by the adapter (model idattn, workdir={a.workdir}); leave it out and use "
+                     "--step / --max_length / --add_bos for the model, --batch_size for lm-eval's batch size.")
+    margs = f"workdir={a.workdir}"
+    for key in ("step", "max_length"):
+        if getattr(a, key) is not None:
+            margs += f",{key}={getattr(a, key)}"
+    margs += f",add_bos={a.add_bos},max_gen_toks={a.max_gen_toks}"
+    return a, ["--model", "idattn", "--model_args", margs] + rest
+
+
+def main(argv=None) -> int:
+    a, fwd = lm_eval_argv(argv)
+    register()
+    from lm_eval.__main__ import cli_evaluate
+
+    old = sys.argv
+    sys.argv = ["lm-eval"] + fwd  # lm-eval's CLI reads sys.argv (every version: 0.4.5 ... 0.4.13)
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = old
     return 0
 
 

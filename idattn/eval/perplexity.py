@@ -14,8 +14,9 @@ Length extrapolation (`extrapolation`), per corpus and context length L:
   `max(lengths) / num_buckets`, same edges for every L) the bucket perplexity, which shows where past the
   training length the loss starts to rise;
 - the headline `ppl@L` is the arithmetic mean of the per-corpus perplexities over the paper's five corpora
-  (PG19, CodeParrot, GovReport, Qasper, QMSum; NarrativeQA is reported per corpus only, as in Table 8), or
-  over all corpora evaluated when none of the five is present.
+  (PG19, CodeParrot, GovReport, Qasper, QMSum; NarrativeQA is reported per corpus only, as in Table 8), and
+  only when all five were evaluated: perplexities of other corpora are never averaged (each is its own
+  `<corpus>/ppl@L`).
 
 Corpora (`CORPORA`) read from local files (`<data_dir>/<corpus>/...` jsonl/parquet/json in the HF layout, or
 any such file in that folder) or lazily from the hub.
@@ -45,18 +46,25 @@ TEXT_FIELDS = ("text", "content", "report", "input", "document", "article")
 
 
 def validation_perplexity(score_fn: ScoreFn, docs_tokens: Sequence[Sequence[int]], *, prefix: int, max_length: int,
-                          batch_size: int = 8) -> dict[str, float]:
-    """{"loss": nats/token, "ppl": exp(loss), "tokens": count} over documents (module docstring)."""
+                          batch_size: int = 8, progress=None) -> dict[str, float]:
+    """{"loss": nats/token, "ppl": exp(loss), "tokens": count} over documents (module docstring).
+    `progress(n)` is called with the number of windows scored after each chunk of documents."""
     docs_tokens = [d for d in docs_tokens if len(d)]
     if not docs_tokens:
         raise ValueError("validation_perplexity: no non-empty documents.")
-    lls = loglikelihood_rolling(score_fn, docs_tokens, prefix=prefix, max_length=max_length, batch_size=batch_size)
+    lls: list[float] = []
+    chunk = max(1, 4 * batch_size)
+    for i in range(0, len(docs_tokens), chunk):
+        part = docs_tokens[i:i + chunk]
+        lls += loglikelihood_rolling(score_fn, part, prefix=prefix, max_length=max_length, batch_size=batch_size)
+        if progress is not None:
+            progress(sum(-(-len(d) // max_length) for d in part))
     n = sum(len(d) for d in docs_tokens)
     loss = -sum(lls) / n
     return {"loss": float(loss), "ppl": float(math.exp(loss)), "tokens": float(n)}
 
 
-def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]]) -> dict[str, float]:
+def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]], progress=None) -> dict[str, float]:
     """Token perplexity of packed batches exactly as the trainer validates: `apply_fn(params, batch) -> logits`
     on {"inputs", "targets", "segment_ids", "positions", "loss_mask"} [B, T]; loss = sum(nll * mask) / sum(mask)."""
     import jax
@@ -76,6 +84,8 @@ def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]]
     for b in batches:
         s, c = _sums(params, {k: jnp.asarray(v) for k, v in b.items()})
         tot, cnt = tot + float(s), cnt + float(c)
+        if progress is not None:
+            progress(1)
     loss = tot / max(cnt, 1.0)
     return {"loss": loss, "ppl": float(math.exp(loss)), "tokens": cnt}
 
@@ -117,12 +127,14 @@ def load_corpus(name: str, *, data_dir: str | None = None, hub: bool = False, li
 
 
 def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]], lengths: Sequence[int], *,
-                  bos: int, num_buckets: int = 16, max_docs: int | None = None, batch_size: int = 1
-                  ) -> tuple[dict[str, float], dict[str, Any]]:
+                  bos: int, num_buckets: int = 16, max_docs: int | None = None, batch_size: int = 1,
+                  progress=None) -> tuple[dict[str, float], dict[str, Any]]:
     """Perplexity at each context length per corpus (module docstring). Returns (metrics, details).
 
-    metrics: `<corpus>/ppl@<L>`, `ppl@<L>` (five-corpus mean); details: per corpus and L the token count,
-    number of documents and the per-bucket perplexities with their bucket edges.
+    metrics: `<corpus>/ppl@<L>`, and `ppl@<L>` (five-corpus mean) only when all five paper corpora ran;
+    details: per corpus and L the token count, number of documents and the per-bucket perplexities with their
+    bucket edges; `average_over` (the five, or [] when no mean was taken). `progress(n)` is called with the
+    number of documents scored (once per document and length).
     """
     lengths = sorted(int(x) for x in lengths)
     if not lengths or lengths[0] < 2:
@@ -142,23 +154,29 @@ def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]]
         for L in lengths:
             inputs = [[bos] + d[:L - 1] for d in kept]
             targets = [d[:L] for d in kept]
-            scored = score_sequences(score_fn, inputs, targets, batch_size=batch_size, max_length=L)
+            scored = []
+            for j in range(0, len(inputs), batch_size):
+                scored += score_sequences(score_fn, inputs[j:j + batch_size], targets[j:j + batch_size],
+                                          batch_size=batch_size, max_length=L)
+                if progress is not None:
+                    progress(len(inputs[j:j + batch_size]))
             nll = -np.stack([lp for lp, _ in scored])  # [docs, L]
             ppl = float(np.exp(nll.mean()))
             bucket_ppl = [float(np.exp(nll[:, a:min(b, L)].mean())) for a, b in zip(edges[:-1], edges[1:]) if a < L]
             metrics[f"{name}/ppl@{L}"] = ppl
             cd[str(L)] = {"ppl": ppl, "tokens": int(nll.size), "bucket_ppl": bucket_ppl}
         details["corpora"][name] = cd
-    avg_over = [c for c in FIVE_CORPORA if c in corpora] or list(corpora)
+    avg_over = list(FIVE_CORPORA) if all(c in corpora for c in FIVE_CORPORA) else []
     details["average_over"] = avg_over
-    for L in lengths:
+    for L in lengths if avg_over else []:
         metrics[f"ppl@{L}"] = float(np.mean([metrics[f"{c}/ppl@{L}"] for c in avg_over]))
     return metrics, details
 
 
-def plot_extrapolation(details: dict[str, Any], path: str, title: str = "") -> str:
+def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", train_len: int | None = None) -> str:
     """PNG: left, perplexity against context length per corpus; right, per-position-bucket perplexity at the
-    longest length (where past the training context the loss starts to rise)."""
+    longest length (where past the training context the loss starts to rise). The training length (`train_len`,
+    else details["train_seq_len"]) is marked on both by a dotted vertical line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -171,14 +189,19 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "") -> s
         bp = cd[str(lengths[-1])]["bucket_ppl"]
         mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])][:len(bp)]
         a2.plot(mids, bp, marker=".", label=name)
-    a1.set_xlabel("context length")
-    a1.set_ylabel("perplexity")
+    train_len = train_len or details.get("train_seq_len")
+    if train_len:
+        for ax in (a1, a2):
+            ax.axvline(train_len, color="k", lw=0.8, ls=":", label=f"training length {train_len}")
+    a1.set_xlabel("context length (tokens)")
+    a1.set_ylabel("perplexity (per token)")
     a1.set_xscale("log", base=2)
     a1.set_xticks(lengths, [str(L) for L in lengths])
     a1.minorticks_off()
     a1.legend(fontsize=7)
-    a2.set_xlabel(f"position (bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
-    a2.set_ylabel("bucket perplexity")
+    a2.set_xlabel(f"token position (tokens; bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
+    a2.set_ylabel("bucket perplexity (per token)")
+    a2.legend(fontsize=7)
     a2.set_yscale("log")
     fig.suptitle(title or "length extrapolation")
     fig.tight_layout()

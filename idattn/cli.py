@@ -1,0 +1,64 @@
+"""`run_app(main)`: absl's `app.run` for the config-file CLIs, with `--config.<key>=<value>` mistakes as one line.
+
+ml_collections' config flags resolve an override key while absl parses the flags; an unknown key raises an
+AttributeError wrapping a KeyError whose text is itself a repr, so the user saw
+`AttributeError: '\\'num_step\\'\\nDid you mean "num_steps" instead of "num_step"?'` under a traceback. Here the
+same mistake prints
+
+    error: --config.train.num_step=5: config.train has no key 'num_step'; did you mean 'num_steps'? ...
+
+and exits with status 2, before anything runs. Errors raised by `main` itself pass through untouched.
+"""
+from __future__ import annotations
+
+import re
+import sys
+import traceback
+
+
+def _from_flag_parsing(exc: BaseException) -> bool:
+    """True when the exception was raised while absl parsed the command line (not inside main)."""
+    files = [f.filename.replace("\\", "/") for f in traceback.extract_tb(exc.__traceback__)]
+    return any("ml_collections/config_flags" in f for f in files)
+
+
+def _missing_key(exc: BaseException) -> str | None:
+    text = str(exc)
+    m = re.search(r"'\\?'?([A-Za-z_][A-Za-z0-9_]*)\\?'?", text)
+    return m.group(1) if m else None
+
+
+def config_flag_error(exc: BaseException, argv: list[str]) -> str | None:
+    """The one-line message for a bad `--config.<key>` override, or None when `exc` is not one."""
+    key = _missing_key(exc)
+    if key is None:
+        return None
+    flags = [a for a in argv if a.startswith("--config.")]
+    flag = next((a for a in flags if re.search(rf"(^--config\.|\.){re.escape(key)}(=|\.|$)", a)), None)
+    if flag is None:
+        return None
+    path = flag.split("=", 1)[0][len("--"):]
+    parent = path[: path.rfind("." + key)] if ("." + key) in path else "config"
+    hint = re.search(r'Did you mean "([^"]+)"', str(exc).replace('\\"', '"'))
+    near = hint.group(1) if hint else None
+    msg = f"error: {flag}: {parent} has no key {key!r}"
+    if near:
+        msg += f"; did you mean {near!r} ({flag.replace(key, near, 1).split('=')[0]})?"
+    return msg + " Run with --helpfull to list the flags, or see the config file for its keys."
+
+
+def run_app(main, argv=None) -> None:
+    """`absl.app.run(main)`; a mistyped `--config.<key>` is reported on one line (exit status 2)."""
+    from absl import app
+
+    try:
+        app.run(main, argv=argv)
+    except (AttributeError, KeyError) as e:
+        if not _from_flag_parsing(e):
+            raise
+        msg = config_flag_error(e, list(argv if argv is not None else sys.argv))
+        if msg is None:
+            raise
+        print(msg, file=sys.stderr)
+        sys.exit(2)
+

@@ -1,0 +1,90 @@
+"""The lm-evaluation-harness adapter's documented command, run by lm-eval itself on a local task YAML.
+
+Skipped unless lm-eval is installed (it pulls torch, so it is not in the `test` extra). To run it:
+
+    pip install -e ".[harness]"            # lm-eval (and torch)
+    python -m pytest -q tests/test_eval_lm_eval.py
+
+It trains a tiny model for 2 steps, writes a PIQA-format task YAML over local JSON Lines documents, runs
+`python -m idattn.eval.lm_eval_adapter --workdir=... --tasks ... --include_path ... --batch_size ... --limit ...
+--log_samples --output_path ...` as a subprocess, and checks lm-eval's accuracy against idattn's own harness on
+the same documents and prompts (two independent implementations of the same scoring).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[harness]')")
+
+from idattn.train import testing as T  # noqa: E402
+from tests.eval_fixtures import PIQA  # noqa: E402
+
+
+def test_adapter_command_runs_local_task_yaml(tmp_path):
+    env = T.subprocess_env()
+    wd = str(tmp_path / "run")
+    overrides = {"train.num_steps": 2, "train.checkpoint_every": 2, "train.warmup_steps": 1, "data.seq_len": 64}
+    proc = subprocess.run(T.train_command(wd, overrides=overrides), env=env, capture_output=True, text=True,
+                          timeout=600, cwd=T.REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    docs = PIQA * 3  # 6 documents, 12 requests
+    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tasks / "mypiqa.yaml").write_text(textwrap.dedent(f"""\
+        task: mypiqa
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            validation: {tasks / 'docs.jsonl'}
+        output_type: multiple_choice
+        validation_split: validation
+        doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
+        doc_to_target: label
+        doc_to_choice: "{{{{[sol1, sol2]}}}}"
+        metric_list:
+          - metric: acc
+          - metric: acc_norm
+        metadata:
+          version: 1.0
+        """))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "idattn.eval.lm_eval_adapter", f"--workdir={wd}", "--tasks", "mypiqa",
+           "--include_path", str(tasks), "--batch_size", "2", "--limit", "5", "--log_samples",
+           "--output_path", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, cwd=T.REPO)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res_files = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
+    assert res_files, proc.stdout[-2000:]
+    res = json.load(open(res_files[0]))["results"]["mypiqa"]
+    assert glob.glob(str(out / "**" / "samples_mypiqa_*.jsonl"), recursive=True)  # --log_samples
+
+    # idattn's own harness on the same five documents: the same accuracies
+    from idattn.data.tokenizer import load_tokenizer
+    from idattn.eval import harness
+    from idattn.eval.scoring import model_score_fn
+    from idattn.models import build_model
+    from idattn.train.checkpoint import load_params
+
+    config, params = load_params(wd)
+    m, _ = harness.evaluate_task("piqa", docs[:5], model_score_fn(build_model(config.model), params),
+                                 load_tokenizer(config.data.tokenizer), max_length=64, batch_size=2)
+    assert res["acc,none"] == pytest.approx(m["acc"], abs=1e-9)
+    assert res["acc_norm,none"] == pytest.approx(m["acc_norm"], abs=1e-9)
+
+
+def test_adapter_refuses_model_args():
+    from idattn.eval.lm_eval_adapter import lm_eval_argv
+
+    a, fwd = lm_eval_argv(["--workdir=/x", "--tasks", "piqa", "--batch_size", "8", "--limit", "3"])
+    assert fwd[:3] == ["--model", "idattn", "--model_args"] and fwd[3].startswith("workdir=/x")
+    assert fwd[4:] == ["--tasks", "piqa", "--batch_size", "8", "--limit", "3"] and "batch_size" not in fwd[3]
+    with pytest.raises(SystemExit):
+        lm_eval_argv(["--workdir=/x", "--model_args", "batch_size=8"])
