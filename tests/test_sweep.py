@@ -1,0 +1,183 @@
+"""Shape rules (idattn.shapes), sweep files and the sweep runner (idattn.sweep).
+
+The local runner is tested with a stand-in trainer (a tiny script given as --python) that writes the files
+the real trainer writes (config.json, metrics.jsonl, eval/validation-step<N>.json), so that skipping finished
+runs, resuming failed ones and the states shown by `status` are checked without compiling a model.
+"""
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import os
+import stat
+import subprocess
+import sys
+from contextlib import redirect_stdout
+
+import pytest
+
+from idattn import shapes, sweep
+from idattn.configs import base_config
+from idattn.models.counting import count_params_closed
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_SWEEP = os.path.join(REPO, "experiments", "sweeps", "cpu_isoflop.py")
+PAPER_SWEEP = os.path.join(REPO, "experiments", "sweeps", "paper_sizes.py")
+ISO_SWEEP = os.path.join(REPO, "experiments", "sweeps", "paper_isoflop.py")
+
+
+def _scaling_sizes():
+    spec = importlib.util.spec_from_file_location("_exp_scaling", os.path.join(REPO, "experiments", "scaling.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.SIZES
+
+
+# Paper Table 3, softmax column (exact).
+TABLE3_SOFTMAX = {"125m": 134_105_856, "350m": 373_867_520, "760m": 777_856_512, "1.3b": 1_345_423_360}
+
+
+@pytest.mark.parametrize("size", shapes.PAPER_SIZES)
+def test_shape_rules_reproduce_the_paper_sizes(size):
+    got = shapes.paper_shape(shapes.PAPER_WIDTHS[size])
+    want = _scaling_sizes()[size]
+    assert got == {k: want[k] for k in got}, (size, got, want)
+    c = base_config()
+    c.model.update(got)
+    c.model.mixer = "softmax"
+    assert count_params_closed(c.model) == TABLE3_SOFTMAX[size]
+
+
+def test_shape_rules_between_and_beyond():
+    # documented formulas: L = round(d / aspect), H = d / d_h, f = ceil(8d/3 / 128) * 128
+    assert shapes.paper_shape(896) == dict(d_model=896, num_layers=21, num_heads=14, head_dim=64, ffn_dim=2432,
+                                           num_modes=64, vocab_size=32000)
+    assert shapes.paper_shape(3072)["num_layers"] == 36 and shapes.paper_shape(3072)["num_heads"] == 48
+    assert shapes.cpu_shape(96) == dict(d_model=96, num_layers=3, num_heads=6, head_dim=16, ffn_dim=256,
+                                        num_modes=8, vocab_size=512)
+    with pytest.raises(ValueError, match="multiple of the rule's head width d_h=96"):
+        shapes.paper_shape(1280)
+    assert shapes.size_name(shapes.cpu_shape(64)) == "d64L2"
+
+
+def test_cpu_sweep_names_and_isoflop_budgets():
+    configs = sweep.load_sweep(CPU_SWEEP)
+    names = [c.sweep.name for c in configs]
+    assert len(configs) == 24 and len(set(names)) == 24
+    assert names[:3] == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
+                         "cpu-iso-softmax-d32L1-C6e10"]
+    tps = 8 * 64
+    for c in configs:
+        n = shapes.non_embedding_params(c.model)
+        assert c.sweep.n_params == n
+        assert c.sweep.tokens % tps == 0
+        # D = C / (6N) to within half a step
+        assert abs(c.sweep.tokens - c.sweep.compute / (6 * n)) <= tps / 2 + 1e-6, c.sweep.name
+        assert c.model.mixer == c.sweep.mixer
+    mod = sweep.load_sweep_module(CPU_SWEEP)
+    one = mod.get_config(names[5])  # what `python -m idattn.train --config=<file>:<name>` trains
+    assert one.to_dict() == configs[5].to_dict()
+    with pytest.raises(ValueError, match="no run named"):
+        mod.get_config("nope")
+
+
+def _main(argv):
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        rc = sweep.main(argv)
+    return rc, buf.getvalue()
+
+
+@pytest.fixture
+def no_subprocess(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError(f"a dry run started a process: {a}")
+    monkeypatch.setattr(subprocess, "call", boom)
+    monkeypatch.setattr(subprocess, "Popen", boom)
+
+
+def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
+    with pytest.raises(SystemExit, match="--data_path"):
+        _main([PAPER_SWEEP, f"--root={tmp_path}", "--dry_run"])
+    assert not os.listdir(tmp_path)  # nothing written before the refusal
+    rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--dry_run", "--data_path=/data/fw"])
+    assert rc == 0 and "--config.data.source=arrayrecord --config.data.path=/data/fw" in out
+    assert not os.path.exists(f"{tmp_path}/r")
+    configs = sweep.load_sweep(ISO_SWEEP)
+    assert {c.sweep.size for c in configs} >= {"125m", "350m", "760m", "1.3b"}
+
+
+def test_slurm_dry_run_is_a_job_array_with_data_flags(tmp_path, no_subprocess):
+    rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}", "--launcher=slurm", "--dry_run", "--data_path=/data/fw",
+                     "--max_parallel=4", "--", "--nodes=4", "--gpus_per_node=8", "--partition=gpu"])
+    assert rc == 0
+    assert "#SBATCH --array=0-23%4" in out and "#SBATCH --nodes=4" in out
+    assert 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"' in out
+    line = [l for l in out.splitlines() if l.startswith("srun ")][0]
+    assert "--config=experiments/sweeps/paper_sizes.py:${RUN}" in line or \
+           f"--config={PAPER_SWEEP}:${{RUN}}" in line
+    assert f"--workdir={tmp_path}/${{RUN}}" in line
+    assert "--config.data.source=arrayrecord --config.data.path=/data/fw" in line
+    runs = [l for l in out.splitlines() if l.startswith("RUNS=(")][0]
+    assert runs.count("paper-") == 24 and "paper-interdomain-1.3b-D5.2e10" in runs
+
+
+def test_tpu_dry_run_prints_per_run_commands(tmp_path, no_subprocess):
+    rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}", "--launcher=tpu", "--dry_run", "--data_path=/mnt/fw",
+                     "--only=125m-D2.5", "--", "--zone=us-east5-a", "--type=v5p-64"])
+    assert rc == 0
+    assert out.count("# run paper-") == 2
+    assert out.count("gcloud compute tpus queued-resources create") == 2
+    trains = [l for l in out.splitlines() if l.startswith("gcloud") and "idattn.train" in l]
+    assert len(trains) == 2
+    assert all("--config.data.source=arrayrecord --config.data.path=/mnt/fw" in l for l in trains)
+    assert "queued-resources delete" in out
+
+
+STUB = r'''#!{python}
+"""Stand-in for `python -m idattn.train`: writes the trainer's output files; fails when asked."""
+import json, os, sys
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+wd, name = args["workdir"], args["config"].rsplit(":", 1)[1]
+os.makedirs(os.path.join(wd, "eval"), exist_ok=True)
+with open(os.path.join(os.path.dirname(wd), "calls.txt"), "a") as f:
+    f.write(name + "\n")
+json.dump({{"train": {{"num_steps": 4, "batch_size": 1, "total_tokens": 4}}, "data": {{"seq_len": 1}}}},
+          open(os.path.join(wd, "config.json"), "w"))
+if os.environ.get("STUB_FAIL") == name:
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.write(json.dumps({{"step": 2, "loss": 3.5}}) + "\n")
+    sys.exit(3)
+with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+    f.write(json.dumps({{"step": 4, "loss": 3.0}}) + "\n")
+json.dump({{"schema": "idattn.eval/v1", "suite": "validation", "step": 4, "metrics": {{"loss": 2.9, "ppl": 18.2}}}},
+          open(os.path.join(wd, "eval", "validation-step00000004.json"), "w"))
+'''
+
+
+def test_local_runner_skips_done_and_resumes_failed(tmp_path, monkeypatch):
+    stub = tmp_path / "stub.py"
+    stub.write_text(STUB.format(python=sys.executable))
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    root = tmp_path / "root"
+    argv = [CPU_SWEEP, f"--root={root}", f"--python={stub}", "--only=d32L1-C3e10"]
+    monkeypatch.setenv("STUB_FAIL", "cpu-iso-interdomain-d32L1-C3e10")
+    rc, out = _main(argv)
+    assert rc == 1 and "FAILED (exit 3)" in out
+    rows = {r["name"]: r for r in sweep.status(str(root))}
+    assert rows["cpu-iso-softmax-d32L1-C3e10"]["state"] == "done"
+    assert rows["cpu-iso-softmax-d32L1-C3e10"]["val_loss"] == pytest.approx(2.9)
+    assert rows["cpu-iso-interdomain-d32L1-C3e10"]["state"] == "failed"
+    assert rows["cpu-iso-interdomain-d32L1-C3e10"]["step"] == 2
+    assert rows["cpu-iso-softmax-d64L2-C3e10"]["state"] == "pending"  # in the manifest, not run (--only)
+    monkeypatch.delenv("STUB_FAIL")
+    rc, out = _main(argv)
+    assert rc == 0 and "skip (done)  cpu-iso-softmax-d32L1-C3e10" in out and "resume" in out
+    calls = (root / "calls.txt").read_text().split()
+    assert calls == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
+                     "cpu-iso-interdomain-d32L1-C3e10"]
+    rc, out = _main(["status", f"--root={root}"])
+    assert rc == 0 and "2 done" in out and "22 pending" in out
+    log = (root / "cpu-iso-softmax-d32L1-C3e10" / "train.log").read_text()
+    assert "--config.data.source=kjv" in log  # the data flag is explicit on every command
