@@ -31,6 +31,7 @@ setup(
         "absl-py>=2.5.1",
         "tensorboardX>=2.6.5",
         "matplotlib>=3.11.2",
+        "scipy>=1.17.1",  # idattn.scaling: the scaling-law fits (BFGS)
         "safetensors>=0.8.0",
         "pyarrow>=26.0.1",
         "fsspec>=2026.9.0",
