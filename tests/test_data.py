@@ -445,3 +445,8 @@ def test_check_splits_refuses_missing_split(tmp_path, small_tok):
         pipeline.check_splits(cfg, small_tok, ("train", "val"))
     with pytest.raises(ValueError, match="val_fraction in"):
         pipeline.check_splits(ml_collections.ConfigDict({"source": "kjv", "val_fraction": 0.0}), small_tok)
+
+
+def test_train_sentencepiece_too_many_pieces_for_the_text():
+    with pytest.raises(ValueError, match=r"more pieces than this text can give \(at most \d+\)"):
+        train_sentencepiece(["ab ab ab"] * 3, 400)

@@ -155,6 +155,11 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
             raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} is below what the text needs (256 byte "
                              f"pieces + specials + every distinct character): {e}. Use a larger vocabulary, e.g. "
                              "512.") from e
+        import re
+        m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
+        if m:
+            raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} is more pieces than this text can "
+                             f"give (at most {m.group(2)}); use a smaller vocabulary or more text.") from None
         raise
     proto = buf.getvalue()
     if model_prefix is not None:

@@ -10,7 +10,7 @@ Zero-shot, harness v0.4 task YAMLs (read from the harness repository; `docs/eval
 | winogrande     | allenai/winogrande (winogrande_xl)      | validation | `sentence[:i] + option{1,2}` (i = index of _)  | ` sentence[i+1:].strip()` (shared)      | `{"1": 0, "2": 1}[answer]`     |
 | arc_easy       | allenai/ai2_arc (ARC-Easy)              | test       | `Question: {question}\nAnswer:`                | ` {choices.text[k]}`                    | `choices.label.index(answerKey)` |
 | arc_challenge  | allenai/ai2_arc (ARC-Challenge)         | test       | as arc_easy                                    | as arc_easy                             | as arc_easy                    |
-| social_iqa     | allenai/social_i_qa                     | validation | `Q: {context} {question}\nA:`                  | ` {answerA}`, ` {answerB}`, ` {answerC}` | `int(label) - 1`              |
+| social_iqa     | lighteval/siqa                          | validation | `Q: {context} {question}\nA:`                  | ` {answerA}`, ` {answerB}`, ` {answerC}` | `int(label) - 1`              |
 | boolq          | aps/super_glue (boolq)                  | validation | `{passage}\nQuestion: {question}?\nAnswer:`    | ` no`, ` yes`                           | `label`                        |
 | openbookqa     | allenai/openbookqa (main)               | test       | `{question_stem}`                              | ` {choices.text[k]}`                    | `choices.label.index(answerKey.lstrip())` |
 | wikitext       | EleutherAI/wikitext_document_level (wikitext-2-raw-v1) | test | rolling log-likelihood of `wikitext_detokenizer(page)` at the model's context |  |        |
@@ -67,7 +67,7 @@ TASKS: dict[str, Task] = {t.name: t for t in [
     Task("arc_easy", "allenai/ai2_arc", "ARC-Easy", "test", "multiple_choice", "acc", ("acc", "acc_norm")),
     Task("arc_challenge", "allenai/ai2_arc", "ARC-Challenge", "test", "multiple_choice", "acc_norm",
          ("acc", "acc_norm")),
-    Task("social_iqa", "allenai/social_i_qa", None, "validation", "multiple_choice", "acc", ("acc",)),
+    Task("social_iqa", "lighteval/siqa", None, "validation", "multiple_choice", "acc", ("acc",)),
     Task("boolq", "aps/super_glue", "boolq", "validation", "multiple_choice", "acc", ("acc",)),
     Task("openbookqa", "allenai/openbookqa", "main", "test", "multiple_choice", None, ("acc", "acc_norm")),
     Task("wikitext", "EleutherAI/wikitext_document_level", "wikitext-2-raw-v1", "test", "rolling", None,
