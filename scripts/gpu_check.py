@@ -1,15 +1,28 @@
-"""One-shot GPU check of the fused Pallas kernels (needs only jax + numpy):
+"""The one prepared device script of the GPU kernel issue: one run, about 6 minutes, on a bare GPU image.
 
-    PYTHONPATH=. python scripts/gpu_check.py [--budget-s 330] [--skip-table] [--skip-check]
+    PYTHONPATH=. python scripts/gpu_check.py --budget-s 330          # on the lent H200 (see docs/kernels.md)
+    PYTHONPATH=. python scripts/gpu_check.py --dry-run               # CPU: every code path at tiny shapes
 
+Needs only jax + numpy for (a) and (b); (c) and (d) need flax / optax / ml-collections. On an image without
+them, `--deps DIR` (default build/gpu_deps when present) is appended to sys.path: a folder of the pure-Python
+packages made on a CPU host with `python scripts/gpu_check.py --make-deps build/gpu_deps` (copied from the
+installed environment, no download; carried to the device with carry=["build/gpu_deps"]). Missing packages
+skip (c) / (d) with the reason; they never stop (a) / (b).
+
+(0) a compile probe of the Triton tuning at the benchmark tiles (fwd+bwd, bf16 and float32): the device
+    compiler's shared-memory limit decides; the first candidate that compiles everywhere is kept.
 (a) correctness: the Pallas kernels on the GPU against float64 references computed on the CPU backend (a numpy
-    loop for outputs and final states, a float64 lax.scan for the gradients of every input), fp32 and bf16,
-    segment resets, carried initial state, c, conj both ways, R = D = 96, T not a multiple of the chunk;
-    plus pallas vs the XLA chunked path at a benchmark shape. Prints max relative errors and PASS/FAIL.
-(b) the operator table of ``python -m idattn.bench op`` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
-    T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention; then the XLA
-    chunked path and the decode step while the time budget lasts.
-Every case catches and prints its own error; progress is flushed as it goes.
+    loop for outputs and final states, a float64 lax.scan for the gradients of every input), fp32 <= 1e-4 and
+    bf16 <= 2e-2: segment resets, carried initial state, c, conj both ways, R = D = 96, T not a multiple of the
+    chunk; plus pallas vs the XLA chunked path at a benchmark shape. Prints max relative errors and PASS/FAIL.
+(b) the operator table of `python -m idattn.bench op` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
+    T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run.
+(c) `python -m idattn.models.gpu_smoke` (cuDNN attention with segment masks, the model-level Pallas path).
+(d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
+    tok/s at batch 1 and 8 against context.
+(e) while the budget lasts: pallas variants (save_states, chunk 128), the XLA chunked path, the decode step.
+Sections have deadlines inside --budget-s (the table first); every case catches and prints its own error;
+progress is flushed as it goes and mirrored to $OUT/gpu_check.log when $OUT is set; a SUMMARY closes the run.
 """
 from __future__ import annotations
 
@@ -22,6 +35,8 @@ import traceback
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# (c) and (d) run as child processes on the same GPU: no process may grab 75% of its memory up front.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -101,7 +116,7 @@ def rel(a, b):
     return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
 
 
-def make_case(rng, B, T, H, R, D, M, with_c, with_x0, with_seg):
+def make_case(rng, B, T, H, R, D, M, with_c, with_x0, with_seg, L=64):
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     cplx = lambda *s, sc=1.0: (sc * (rng.standard_normal(s) + 1j * rng.standard_normal(s))).astype(np.complex64)  # noqa: E731
     mag = np.exp(-rng.uniform(1e-6, 0.25, (H, M)))
@@ -116,14 +131,14 @@ def make_case(rng, B, T, H, R, D, M, with_c, with_x0, with_seg):
         seg[:, T // 5:] = 1
         seg[:, T // 2:] = 2
         seg[:, (3 * T) // 4:] = 1        # ids repeat: a fourth document
-        seg[:, 128] = 7 if T > 130 else 0  # a one-token document at a chunk start
+        seg[:, 2 * L if T > 2 * L + 2 else L] = 7  # a one-token document at a chunk start
     return f(B, T, H, R), f(B, T, H, R), f(B, T, H, D), lam, b, c, x0, seg
 
 
 def check_case(name, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg, tol, seed=0):
     from idattn.ops.pallas import interdomain_mix_pallas
     rng = np.random.default_rng(seed)
-    fq, zk, zv, lam, b, c, x0, seg = make_case(rng, B, T, H, R, D, M, with_c, with_x0, with_seg)
+    fq, zk, zv, lam, b, c, x0, seg = make_case(rng, B, T, H, R, D, M, with_c, with_x0, with_seg, L)
     gpu = jax.devices()[0]
     cpu = jax.devices("cpu")[0]
     fq_d, zk_d, zv_d = (jax.device_put(jnp.asarray(x).astype(dtype), gpu) for x in (fq, zk, zv))
@@ -204,76 +219,198 @@ def check_vs_chunked(shape, T, tokens, dtype=jnp.bfloat16):
     SUMMARY.append(msg)
 
 
-def probe_tuning(shapes, T=1024, tokens=65536):
-    """Compile (no run) fwd+bwd at the benchmark tiles under each Triton tuning until one compiles for every
-    shape (shared-memory / register limits are only known to the device compiler); keep the first that does."""
+def probe_tuning(shapes, dtypes=("bfloat16", "float32"), deadline=None):
+    """Compile (no run) value-and-grad of the operator at the benchmark tiles under each Triton tuning until one
+    compiles for every shape and dtype; keep the first that does. Shared-memory limits are only known to the
+    device compiler (and they depend on its Triton version). B = 256 // H rows of T = 128 tokens: the feature
+    blocks are then whole (B·H >= 256), the largest tiles the benchmark uses; compile time does not grow with T."""
     from idattn.bench.op import mixer_fn
     from idattn.ops.pallas import gpu as G
-    cands = [dict(G.TUNING), {"fwd": (4, 1), "fwd_big": (8, 1), "scan": (4, 1), "bwd": (8, 1)},
-             {"fwd": (8, 1), "fwd_big": (8, 1), "scan": (4, 1), "bwd": (4, 1)}]
+    base = dict(G.TUNING)
+    cands = [base, dict(base, bwd=(base["bwd"][0], 1)),
+             {k: (w, 1) for k, (w, _) in base.items()},
+             {"fwd": (4, 1), "fwd_big": (4, 1), "scan": (4, 1), "bwd": (4, 1)}]
     for cand in cands:
         G.TUNING.clear()
         G.TUNING.update(cand)
         ok = True
         for (H, dh, M) in shapes:
-            B = tokens // T
-            sds = lambda *s, dt=jnp.bfloat16: jax.ShapeDtypeStruct(s, dt)  # noqa: E731
-            args = (sds(B, T, H, dh), sds(B, T, H, dh), sds(B, T, H, dh), sds(H, M, dt=jnp.complex64),
-                    sds(H, M, dt=jnp.complex64), None, sds(B, T, H, dh, dt=jnp.float32))
-            t = time.time()
-            try:
-                jax.jit(mixer_fn("pallas", "fwdbwd", 64, False)).lower(*args).compile()
-                log(f"probe tuning {cand} at {(H, dh, M)}: compiles ({time.time() - t:.1f}s)")
-            except Exception as e:
-                ok = False
-                log(f"probe tuning {cand} at {(H, dh, M)}: FAILS {type(e).__name__}: {str(e)[:600]}")
+            for dt in dtypes:
+                if deadline is not None and time.time() > deadline:
+                    log("probe: out of time, keeping the current tuning")
+                    return dict(G.TUNING)
+                B, T = max(1, 256 // H), 128
+                sds = lambda *s, d=jnp.dtype(dt): jax.ShapeDtypeStruct(s, d)  # noqa: E731
+                args = (sds(B, T, H, dh), sds(B, T, H, dh), sds(B, T, H, dh), sds(H, M, d=jnp.complex64),
+                        sds(H, M, d=jnp.complex64), None, sds(B, T, H, dh, d=jnp.float32))
+                t = time.time()
+                try:
+                    jax.jit(mixer_fn("pallas", "fwdbwd", 64, False)).lower(*args).compile()
+                    log(f"probe tuning {cand} at {(H, dh, M)} {dt}: compiles ({time.time() - t:.1f}s)")
+                except Exception as e:
+                    ok = False
+                    log(f"probe tuning {cand} at {(H, dh, M)} {dt}: FAILS {type(e).__name__}: {str(e)[:400]}")
+                    break
+            if not ok:
                 break
         if ok:
             return cand
     G.TUNING.clear()
-    G.TUNING.update(cands[0])
+    G.TUNING.update(base)
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# dependencies of (c) and (d) on a bare image
+
+MODEL_DEPS = ("flax", "optax", "ml_collections")
+# Packages the device image brings with jax itself (never copied: the image's own versions must win).
+_IMAGE_OWN = {"jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "scipy", "jax_plugins", "nvidia", "libtpu",
+              "jax_cuda12_plugin", "jax_cuda12_pjrt", "jax_cuda13_plugin", "jax_cuda13_pjrt", "idattn",
+              "experiments", "_distutils_hack", "pkg_resources", "setuptools", "pip"}
+
+
+def deps_missing():
+    import importlib.util
+    return [m for m in MODEL_DEPS if importlib.util.find_spec(m) is None]
+
+
+def make_deps(dest):
+    """Copy the third-party pure-Python packages that idattn.models, idattn.models.gpu_smoke and
+    idattn.bench.model import (beyond jax / numpy / the image's own) from this environment into dest."""
+    import importlib
+    import shutil
+    import sysconfig
+    for m in ("optax", "flax.linen", "ml_collections", "idattn.models", "idattn.models.gpu_smoke",
+              "idattn.bench.model", "experiments.scaling"):
+        importlib.import_module(m)
+    stdlib = sysconfig.get_paths()["stdlib"]
+    tops = sorted({m.split(".")[0] for m in list(sys.modules)} | set(MODEL_DEPS))
+    os.makedirs(dest, exist_ok=True)
+    copied, size = [], 0
+    for top in tops:
+        mod = sys.modules.get(top)
+        f = getattr(mod, "__file__", None)
+        if top in _IMAGE_OWN or top.startswith("__editable__") or top in sys.builtin_module_names or f is None or "site-packages" not in f \
+                or f.startswith(stdlib + os.sep) and "site-packages" not in f:
+            continue
+        src = os.path.dirname(f) if os.path.basename(f) == "__init__.py" else f
+        dst = os.path.join(dest, os.path.basename(src))
+        if os.path.isdir(src):
+            shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "tests"))
+        else:
+            shutil.copy2(src, dst)
+        for root, _, files in os.walk(dst) if os.path.isdir(dst) else [(dest, None, [os.path.basename(dst)])]:
+            size += sum(os.path.getsize(os.path.join(root, x)) for x in files)
+        copied.append(top)
+    print(f"copied {len(copied)} packages ({size / 2**20:.1f} MiB) into {dest}: {' '.join(copied)}")
+    print(f"carry it to the device: run(..., carry=[{dest!r}])")
+
+
+def run_module(args, timeout, extra_path=None):
+    """Run `python -m ...` as a child (its own jax, its own failures), streaming its output; returns its
+    output lines (exit status appended)."""
+    import subprocess
+    env = dict(os.environ)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")] + ([extra_path] if extra_path else []))
+    lines = []
+    t = time.time()
+    try:
+        p = subprocess.Popen([sys.executable, "-u", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True, env=env)
+        for line in p.stdout:
+            line = line.rstrip("\n")
+            if "cudart_stub" in line or "absl::InitializeLog" in line:
+                continue
+            lines.append(line)
+            log("  | " + line)
+            if time.time() - t > timeout:
+                p.kill()
+                lines.append(f"(stopped after {timeout:.0f} s: time budget)")
+                break
+        rc = p.wait()
+        lines.append(f"(exit {rc}, {time.time() - t:.0f} s)")
+    except Exception as e:  # noqa: BLE001
+        lines.append(f"could not run {args}: {type(e).__name__}: {e}")
+    log(lines[-1])
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------------------------
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--budget-s", type=float, default=360.0, help="total wall-clock budget of this script")
-    p.add_argument("--skip-check", action="store_true")
-    p.add_argument("--skip-table", action="store_true")
+    p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
+    p.add_argument("--dry-run", action="store_true", help="tiny shapes on any backend (CPU: interpret mode)")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,table,smoke,model,extra")
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--deps", default=None, help="folder of pure-Python packages for (c), (d) (see --make-deps)")
+    p.add_argument("--make-deps", default=None, metavar="DIR", help="build that folder here and exit")
     a = p.parse_args()
+    if a.make_deps:
+        make_deps(a.make_deps)
+        return
     global _LOGFILE
     if os.environ.get("OUT"):
         _LOGFILE = open(os.path.join(os.environ["OUT"], "gpu_check.log"), "w")
-    deadline = T0 + a.budget_s
-    log(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}")
-    try:
-        from idattn.ops.pallas import pallas_available
-        log(f"pallas_available() = {pallas_available()}")
-    except Exception as e:
-        log(f"cannot import idattn.ops.pallas: {type(e).__name__}: {e}")
+    skip = set(x for x in a.skip.split(",") if x)
+    B = a.budget_s
+    deadline = T0 + B
+    on_gpu = jax.default_backend() == "gpu"
+    dry = a.dry_run
+    log(f"jax {jax.__version__}, backend {jax.default_backend()}, devices {jax.devices()}, budget {B:.0f}s"
+        f"{' (dry run: tiny shapes)' if dry else ''}")
+    if not on_gpu and not dry:
+        log("no GPU backend: run with --dry-run to exercise the code paths on this host")
+        return
+    deps_dir = a.deps or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "gpu_deps")
+    if deps_missing() and os.path.isdir(deps_dir):
+        sys.path.append(deps_dir)
+        log(f"model dependencies from {deps_dir}")
+    else:
+        deps_dir = None
+    missing = deps_missing()
+    log("model dependencies: " + ("all present" if not missing else f"MISSING {missing}: (c) and (d) will be "
+                                  "skipped (make a folder with --make-deps on a CPU host and carry it)"))
 
-    shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
-    if jax.default_backend() == "gpu":
-        log("=== compile probe (Triton tuning) ===")
-        tun = probe_tuning(shapes)
+    if dry:
+        shapes, seqs, tokens = [(2, 32, 16)], [64, 128], 256
+    else:
+        shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
+        seqs, tokens = [int(x) for x in a.seqs.split(",")], a.tokens
+
+    if on_gpu and "probe" not in skip:
+        log("=== (0) compile probe (Triton tuning; bf16 and float32 at the benchmark tiles) ===")
+        tun = probe_tuning(shapes, deadline=T0 + 0.15 * B)
         log(f"using tuning {tun}")
         SUMMARY.append(f"triton tuning (num_warps, num_stages): {tun}")
 
-    if not a.skip_check:
+    if "check" not in skip:
         log("=== (a) correctness vs float64 references (CPU) ===")
-        cases = [
-            ("f32 conj c seg x0 R=D=96 T=300", jnp.float32, True, 2, 300, 2, 96, 96, 8, 64, True, True, True, 1e-4),
-            ("f32 plain conj=False T=256", jnp.float32, False, 2, 256, 2, 64, 64, 16, 64, False, False, False, 1e-4),
-            ("bf16 conj=False c seg x0 (16,128,32)-heads T=1000", jnp.bfloat16, False, 1, 1000, 2, 128, 128, 32,
-             64, True, True, True, 2e-2),
-            ("bf16 conj c seg x0 R=D=96 T=300", jnp.bfloat16, True, 2, 300, 2, 96, 96, 8, 64, True, True, True, 2e-2),
-        ]
+        if dry:
+            cases = [("f32 conj c seg x0 R=D=24 T=40 (dry)", jnp.float32, True, 1, 40, 1, 24, 24, 4, 16, True, True,
+                      True, 1e-4),
+                     ("bf16 conj=False c seg x0 T=40 (dry)", jnp.bfloat16, False, 1, 40, 1, 16, 16, 4, 16, True, True,
+                      True, 2e-2)]
+        else:
+            cases = [
+                ("f32 conj c seg x0 R=D=96 T=300", jnp.float32, True, 2, 300, 2, 96, 96, 8, 64, True, True, True,
+                 1e-4),
+                ("f32 plain conj=False T=256", jnp.float32, False, 2, 256, 2, 64, 64, 16, 64, False, False, False,
+                 1e-4),
+                ("bf16 conj=False c seg x0 (16,128,32)-heads T=1000", jnp.bfloat16, False, 1, 1000, 2, 128, 128, 32,
+                 64, True, True, True, 2e-2),
+                ("bf16 conj c seg x0 R=D=96 T=300", jnp.bfloat16, True, 2, 300, 2, 96, 96, 8, 64, True, True, True,
+                 2e-2),
+            ]
         for i, cs in enumerate(cases):
-            if time.time() > T0 + 0.35 * a.budget_s:
+            if time.time() > T0 + 0.3 * B:
                 log(f"skip {cs[0]} (time budget: the table comes first)")
+                SUMMARY.append(f"SKIPPED (budget) {cs[0]}")
                 continue
             try:
                 check_case(*cs, seed=i)
@@ -281,46 +418,81 @@ def main():
                 log(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:2000]}")
                 SUMMARY.append(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc(limit=3)
-        for (shape, T, tok) in (((16, 128, 32), 65536, 65536),):
+        for (shape, T, tok) in ([((2, 32, 16), 128, 128)] if dry else [((16, 128, 32), 4096, 65536)]):
+            if time.time() > T0 + 0.3 * B:
+                break
             try:
                 check_vs_chunked(shape, T, tok)
             except Exception as e:
                 log(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:1000]}")
                 SUMMARY.append(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:300]}")
 
-    if not a.skip_table:
-        from idattn.bench import op as bop
-        log("=== (b) operator table: pallas vs cuDNN causal attention, bf16, 65,536 tokens/batch ===")
-        rows = []
-        seqs = [int(x) for x in a.seqs.split(",")]
+    from idattn.bench import op as bop
+    rows = []
+    if "table" not in skip:
+        log(f"=== (b) operator table: pallas vs {'cuDNN' if on_gpu else 'XLA'} causal attention, bf16, "
+            f"{tokens:,} tokens/batch ===")
         for shape in shapes:
             for T in seqs:
-                rows += bop.bench_case(shape, T, a.tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
-                                       repeats=10, warmup=2, deadline=deadline - 60)
-        log("\n" + bop.format_table(rows))
+                rows += bop.bench_case(shape, T, tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
+                                       repeats=2 if dry else 10, warmup=1 if dry else 2, deadline=T0 + 0.62 * B)
+        table = bop.format_table(rows)
+        log("\n" + table)
+        SUMMARY.append(table)
+
+    if "smoke" not in skip:
+        log("=== (c) python -m idattn.models.gpu_smoke ===")
+        if missing:
+            SUMMARY.append(f"(c) gpu_smoke SKIPPED: missing {missing}")
+        elif time.time() > T0 + 0.72 * B:
+            SUMMARY.append("(c) gpu_smoke SKIPPED (time budget)")
+        else:
+            out = run_module(["-m", "idattn.models.gpu_smoke"] + (["--tiny"] if dry else []),
+                             timeout=T0 + 0.72 * B - time.time() + 20, extra_path=deps_dir)
+            SUMMARY.append("(c) gpu_smoke:\n" + "\n".join(out))
+
+    if "model" not in skip:
+        log("=== (d) python -m idattn.bench model: 125M softmax vs interdomain ===")
+        if missing:
+            SUMMARY.append(f"(d) bench model SKIPPED: missing {missing}")
+        elif time.time() > T0 + 0.92 * B:
+            SUMMARY.append("(d) bench model SKIPPED (time budget)")
+        else:
+            args = (["--size", "tiny", "--seq", "64", "--batch", "1", "--repeats", "1", "--decode-contexts", "32,64",
+                     "--decode-batch", "1,2", "--decode-steps", "2"] if dry else
+                    ["--size", "125m", "--seq", "4096,16384", "--tokens", "32768", "--repeats", "3",
+                     "--decode-contexts", "1024,4096,16384", "--decode-batch", "1,8", "--decode-steps", "10"])
+            out = run_module(["-m", "idattn.bench", "model", "--mixers", "softmax,interdomain"] + args,
+                             timeout=T0 + 0.92 * B - time.time(), extra_path=deps_dir)
+            SUMMARY.append("(d) bench model:\n" + "\n".join(out))
+
+    if "extra" not in skip and time.time() < deadline - 15:
+        log("=== (e) while the budget lasts: pallas variants (save_states, chunk 128), XLA chunked, decode step ===")
         rows2 = []
-        log("=== pallas variants at (16, 128, 32), fwd+bwd: save_states=True, chunk 128 ===")
-        for T in [t for t in (4096, 16384) if t in seqs] or seqs[-1:]:
-            rows2 += bop.bench_case(shapes[0], T, a.tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, repeats=10,
-                                    attention=False, deadline=deadline - 40, pallas_kwargs={"save_states": True},
+        T_var = [t for t in (4096, 16384) if t in seqs] or seqs[-1:]
+        for T in T_var:
+            rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, repeats=5,
+                                    attention=False, deadline=deadline - 10, pallas_kwargs={"save_states": True},
                                     label="pallas+save")
-            rows2 += bop.bench_case(shapes[0], T, a.tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, chunk=128,
-                                    repeats=10, attention=False, deadline=deadline - 40, label="pallas L128")
-        log("=== XLA chunked path (while the budget lasts) ===")
+            rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, chunk=128,
+                                    repeats=5, attention=False, deadline=deadline - 10, label="pallas L128")
         for shape in shapes:
-            for T in [t for t in (1024, 4096, 16384) if t in seqs] or seqs[:1]:
-                rows2 += bop.bench_case(shape, T, a.tokens, ["chunked"], ["fwd", "fwdbwd"], jnp.bfloat16,
-                                        repeats=5, warmup=1, attention=False, deadline=deadline - 20)
+            for T in T_var:
+                rows2 += bop.bench_case(shape, T, tokens, ["chunked"], ["fwd", "fwdbwd"], jnp.bfloat16, repeats=3,
+                                        warmup=1, attention=False, deadline=deadline - 10)
         attn_rows = [r for r in rows if r.impl == "attention"]
-        log("\n" + bop.format_table(attn_rows + rows2))
-        SUMMARY.append(bop.format_table(rows + rows2))
-        if time.time() < deadline - 10:
+        t2 = bop.format_table(attn_rows + rows2)
+        log("\n" + t2)
+        SUMMARY.append("(e) variants (attention rows repeated from (b)):\n" + t2)
+        if time.time() < deadline - 5:
             for shape in shapes:
-                SUMMARY.extend(bop.bench_decode(shape, batches=(1, 64)))
+                SUMMARY.extend(bop.bench_decode(shape, batches=(1, 64), repeats=5 if dry else 50))
     print("\n======================== SUMMARY ========================", flush=True)
-    print(f"jax {jax.__version__} {jax.devices()}", flush=True)
+    print(f"jax {jax.__version__} {jax.devices()}  total {time.time() - T0:.0f} s of {B:.0f} s budget", flush=True)
     for line in SUMMARY:
         print(line, flush=True)
+        if _LOGFILE is not None:
+            _LOGFILE.write(line + "\n")
     log("done")
 
 

@@ -241,6 +241,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from jax.experimental import topologies
 from idattn.aot import gpu
 from idattn.ops import interdomain_mix
+from idattn.ops.pallas import gpu as G
+G.TUNING.update({tuning!r})
 topo = topologies.get_topology_desc(platform="cuda", target_config=gpu.target_config({card!r}), topology="1x1x1")
 s = NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), P())
 sd = lambda shp, d: jax.ShapeDtypeStruct(shp, d, sharding=s)
@@ -264,16 +266,18 @@ for (H, dh, M, dt, B, T, seg) in {cases!r}:
 """
 
 
-def kernel_resources(cases, card="h200", timeout=900) -> list[dict]:
+def kernel_resources(cases, card="h200", timeout=900, tuning=None) -> list[dict]:
     """Compile the fused operator's forward + backward (impl="pallas", chunk 64) for one ``card`` in a fresh
-    process with XLA's kernel logging on. cases: [(H, d_h, M, dtype name, B, T, with segment ids)].
+    process with XLA's kernel logging on. cases: [(H, d_h, M, dtype name, B, T, with segment ids)]; tuning:
+    entries to override in ``idattn.ops.pallas.gpu.TUNING`` ({kind: (num_warps, num_stages)}) for this run.
     Returns per case {"case", "triton": [calls from triton_calls], "kernels": [parse_kernel_log entries],
     "error": the compile error's first line or None, "seconds": compile time}."""
     import json
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="subprocess_compilation=3,xtile_compiler=2")
-    p = subprocess.run([sys.executable, "-c", _RESOURCE_SCRIPT.format(root=root, cases=list(cases), card=card)],
+    p = subprocess.run([sys.executable, "-c", _RESOURCE_SCRIPT.format(root=root, cases=list(cases), card=card,
+                                                                           tuning=dict(tuning or {}))],
                        env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"kernel_resources: compile failed:\n{p.stderr[-3000:]}")

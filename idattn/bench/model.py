@@ -120,6 +120,10 @@ def decode_throughput(mixer, size, contexts, batch, steps=20):
     return rows
 
 
+def _ints(text):
+    return [int(x) for x in str(text).split(",") if x]
+
+
 def main(argv=None):
     import argparse
     import jax
@@ -127,35 +131,50 @@ def main(argv=None):
     on_acc = jax.default_backend() in ("gpu", "tpu")
     p.add_argument("--mixers", default="softmax,interdomain,s4d_only")
     p.add_argument("--size", default="125m" if on_acc else "tiny")
-    p.add_argument("--seq", type=int, default=4096 if on_acc else 128)
-    p.add_argument("--batch", type=int, default=8 if on_acc else 2)
+    p.add_argument("--seq", default="4096" if on_acc else "128", help="training contexts, comma list (e.g. 4096,16384)")
+    p.add_argument("--batch", type=int, default=8 if on_acc else 2, help="training batch (rows) per step")
+    p.add_argument("--tokens", type=int, default=None,
+                   help="tokens per training step instead of --batch: batch = tokens // T for every T")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak (bf16 dense)")
     p.add_argument("--decode-contexts", default="512,2048,8192,16384" if on_acc else "64,256")
-    p.add_argument("--decode-batch", type=int, default=1)
+    p.add_argument("--decode-batch", default="1", help="decode batch sizes, comma list (e.g. 1,8)")
+    p.add_argument("--decode-steps", type=int, default=20)
     p.add_argument("--no-train", action="store_true")
     p.add_argument("--no-decode", action="store_true")
     p.add_argument("--set", action="append", default=[], help="config override, e.g. model.chunk_size=64")
     a = p.parse_args(argv)
     mixers = [m for m in a.mixers.split(",") if m]
-    print(f"backend={jax.default_backend()} devices={jax.devices()}", flush=True)
+    seqs = _ints(a.seq)
+    print(f"backend={jax.default_backend()} devices={jax.devices()} jax {jax.__version__}", flush=True)
     if not a.no_train:
         print(f"{'mixer':>14} {'size':>6} {'T':>6} {'B':>4} {'ms/step':>10} {'tok/s':>12} {'GFLOP/tok':>10} {'MFU':>7}")
-        for m in mixers:
-            try:
-                r = train_throughput(m, a.size, a.seq, a.batch, a.repeats, peak=a.peak_tflops, overrides=a.set)
-                mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:6.1f}%"
-                print(f"{m:>14} {a.size:>6} {a.seq:>6} {a.batch:>4} {r['ms']:>10.1f} {r['tok_s']:>12.0f} "
-                      f"{r['flops_per_token'] / 1e9:>10.3f} {mfu:>7}", flush=True)
-            except Exception as e:
-                print(f"{m:>14}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        tps = {}
+        for T in seqs:
+            B = max(1, a.tokens // T) if a.tokens else a.batch
+            for m in mixers:
+                try:
+                    r = train_throughput(m, a.size, T, B, a.repeats, peak=a.peak_tflops, overrides=a.set)
+                    tps[(m, T)] = r["tok_s"]
+                    mfu = "-" if r["mfu"] is None else f"{100 * r['mfu']:6.1f}%"
+                    print(f"{m:>14} {a.size:>6} {T:>6} {B:>4} {r['ms']:>10.1f} {r['tok_s']:>12.0f} "
+                          f"{r['flops_per_token'] / 1e9:>10.3f} {mfu:>7}", flush=True)
+                except Exception as e:
+                    print(f"{m:>14} {a.size:>6} {T:>6} {B:>4}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        for T in seqs:
+            if ("softmax", T) in tps:
+                rat = " ".join(f"{m} {tps[(m, T)] / tps[('softmax', T)]:.2f}x" for m in mixers
+                               if m != "softmax" and (m, T) in tps)
+                if rat:
+                    print(f"training tok/s relative to softmax at T={T} (same run): {rat}", flush=True)
     if not a.no_decode:
-        ctxs = [int(x) for x in a.decode_contexts.split(",") if x]
+        ctxs = _ints(a.decode_contexts)
         print(f"\n{'mixer':>14} {'context':>8} {'B':>4} {'ms/token':>10} {'tok/s':>10}")
-        for m in mixers:
-            try:
-                for r in decode_throughput(m, a.size, ctxs, a.decode_batch):
-                    print(f"{m:>14} {r['ctx']:>8} {r['B']:>4} {r['ms_per_token']:>10.2f} {r['tok_s']:>10.1f}",
-                          flush=True)
-            except Exception as e:
-                print(f"{m:>14}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        for bsz in _ints(a.decode_batch):
+            for m in mixers:
+                try:
+                    for r in decode_throughput(m, a.size, ctxs, bsz, steps=a.decode_steps):
+                        print(f"{m:>14} {r['ctx']:>8} {r['B']:>4} {r['ms_per_token']:>10.2f} {r['tok_s']:>10.1f}",
+                              flush=True)
+                except Exception as e:
+                    print(f"{m:>14} B={bsz}: {type(e).__name__}: {str(e)[:300]}", flush=True)

@@ -4,6 +4,9 @@
 2. 125M softmax / interdomain in bf16 with packed segment ids: finite logits, forward and train-step time.
 3. Tiny interdomain model in float32 with impl=auto (the fused kernel where available): token-by-token
    decoding (interdomain_step) reproduces the full forward.
+
+`--tiny` (CPU dry run of every code path, used by `scripts/gpu_check.py --dry-run`): 2-layer models and
+256-token sequences instead of 125M at 2048 (on CPU "cudnn" attention is not available and reports FAILED).
 """
 from __future__ import annotations
 
@@ -28,13 +31,18 @@ def _t(f, *a, n=3):
     return (time.time() - t0) / n * 1e3
 
 
-def main():
-    print(jax.devices(), flush=True)
+def main(argv=None):
+    import sys
+    argv = sys.argv[1:] if argv is None else list(argv)
+    tiny = "--tiny" in argv
+    print(jax.__version__, jax.devices(), "(tiny)" if tiny else "", flush=True)
     ks = jax.random.split(jax.random.PRNGKey(0), 3)
-    q, k, v = (jax.random.normal(x, (2, 1024, 8, 64), jnp.bfloat16) for x in ks)
-    seg = jnp.concatenate([jnp.zeros((2, 300), jnp.int32), jnp.ones((2, 724), jnp.int32)], 1)
-    doc = document_index(seg, 2, 1024)
-    mask = ((doc[:, :, None] == doc[:, None, :]) & jnp.tril(jnp.ones((1024, 1024), bool)))[:, None]
+    TA = 128 if tiny else 1024
+    q, k, v = (jax.random.normal(x, (2, TA, 8, 64), jnp.bfloat16) for x in ks)
+    seg = jnp.concatenate([jnp.zeros((2, 300 * TA // 1024), jnp.int32),
+                           jnp.ones((2, TA - 300 * TA // 1024), jnp.int32)], 1)
+    doc = document_index(seg, 2, TA)
+    mask = ((doc[:, :, None] == doc[:, None, :]) & jnp.tril(jnp.ones((TA, TA), bool)))[:, None]
     for name, kw in (("causal", dict(is_causal=True)), ("segments", dict(mask=mask, is_causal=True))):
         try:
             a = jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kw).astype(jnp.float32)
@@ -44,13 +52,16 @@ def main():
         except Exception as e:  # noqa: BLE001
             print(f"cudnn [{name}] FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
 
+    T = 256 if tiny else 2048
     for mixer in ("softmax", "interdomain"):
         c = base_config().model
+        if tiny:
+            c.update(dict(num_layers=2, d_model=128, num_heads=2, head_dim=64, ffn_dim=256))
         apply_mixer_name(c, mixer)
         try:
             m = build_model(c)
-            tok = jax.random.randint(jax.random.PRNGKey(1), (4, 2048), 0, 32000)
-            sg = jnp.asarray(np.repeat(np.array([[0] * 700 + [1] * 1348]), 4, 0), jnp.int32)
+            tok = jax.random.randint(jax.random.PRNGKey(1), (4, T), 0, 32000)
+            sg = jnp.asarray(np.repeat(np.array([[0] * (T // 3) + [1] * (T - T // 3)]), 4, 0), jnp.int32)
             p = nn.meta.unbox(jax.jit(m.init)(jax.random.PRNGKey(0), tok[:, :8])["params"])
             fwd = jax.jit(lambda p, t, s: m.apply({"params": p}, t, segment_ids=s))
             lg = fwd(p, tok, sg)
@@ -60,7 +71,7 @@ def main():
                 return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg[:, :-1]), tok[:, 1:, None], -1))
             g = jax.jit(jax.value_and_grad(loss))
             val, _ = g(p)
-            print(f"{mixer} 125M bf16 [4,2048]: finite={bool(jnp.all(jnp.isfinite(lg)))} loss={float(val):.3f} "
+            print(f"{mixer} {'tiny' if tiny else '125M'} bf16 [4,{T}]: finite={bool(jnp.all(jnp.isfinite(lg)))} loss={float(val):.3f} "
                   f"fwd {_t(fwd, p, tok, sg):.1f} ms  fwd+bwd {_t(g, p):.1f} ms", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"{mixer} 125M FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
