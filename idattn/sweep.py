@@ -326,18 +326,15 @@ def tpu_commands(sweep_file, configs, root, extra, launcher_args, *, tpu_name: s
         targs = train_args(sweep_file, c.sweep.name, root, extra)
         name = tpu_name or f"{prefix}-{i:03d}"
         steps = [] if tpu_name else [["create", f"--name={name}", "--queued"], ["setup", f"--name={name}"]]
-        steps.append(["train", f"--name={name}", *_own(launcher_args), "--", *targs])
+        steps.append(["train", f"--name={name}", "--"])
         if not tpu_name:
             steps.append(["delete", f"--name={name}", "--queued"])
         for s in steps:
-            if s[0] != "train":
-                s[2:2] = _own(launcher_args)
+            s[2:2] = list(launcher_args)  # launcher options before `--`
+            if s[0] == "train":
+                s.extend(targs)
             out.append((c.sweep.name, s))
     return out
-
-
-def _own(launcher_args: list[str]) -> list[str]:
-    return list(launcher_args)
 
 
 def run_tpu(sweep_file, configs, root, extra, launcher_args, *, dry_run, tpu_name, prefix) -> int:
@@ -437,8 +434,6 @@ def main(argv=None) -> int:
         if not configs:
             raise SystemExit(f"--only={a.only!r} matches no run of {a.sweep_file}")
     extra = _extra_flags(configs, a)
-    if a.launcher != "local" and not a.dry_run:
-        pass
     if not a.dry_run:
         os.makedirs(a.root, exist_ok=True)
         man = {"sweep_file": a.sweep_file, "launcher": a.launcher, "extra_flags": extra,
