@@ -89,7 +89,13 @@ class Run:
                                                                            latest[r["suite"]].get("time", 0)):
                 latest[r["suite"]] = r
         for suite, r in latest.items():
-            self.metrics.update({f"{suite}/{k}": v for k, v in r["metrics"].items()})
+            m = dict(r["metrics"])
+            if suite == "extrapolation" and not any("/" in k for k in m):
+                # an old-style file: a headline ppl@L with no per-corpus numbers is not a five-corpus mean
+                name = protocol_of(r).get("corpus") or ("kjv.val" if r.get("details", {}).get("eval_tokens")
+                                                        else "unnamed corpus")
+                m = {f"{name}/{k}": v for k, v in m.items()}
+            self.metrics.update({f"{suite}/{k}": v for k, v in m.items()})
             self.details[suite] = r.get("details", {})
             self.details[suite + "/run"] = r.get("run", {})
             self.protocols[suite] = protocol_of(r)
@@ -250,12 +256,15 @@ def table_corpora(runs: list[Run]) -> str:
             vals = ", ".join(f"{r.metrics[f'extrapolation/{c}/ppl@{L}']:.2f} @{L}" +
                              (f" ({L / base:g}x)" if base else "") for L in Ls)
             docs = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get("docs")
-            rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), str(docs if docs is not None else "?"), vals])
+            tokens = (r.protocols.get("extrapolation") or {}).get("tokens")
+            on = (f"first {int(tokens):,} tokens, rows of L" if tokens else
+                  f"{docs} docs, first L tokens of each" if docs is not None else "?")
+            rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), on, vals])
     if not rows:
         return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
-    return ("### Length extrapolation per corpus (ours; perplexity per token at each context length, each row on "
-            "its own corpus, never averaged)\n\n" +
-            _table(["corpus", "run", "train length", "docs", "ppl @ context length (x train length)"], rows))
+    return ("### Length extrapolation per corpus (ours; perplexity per token at each context length L, each row "
+            "on its own corpus, never averaged)\n\n" +
+            _table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
 
 
 def table8(runs: list[Run]) -> str:

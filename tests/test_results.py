@@ -88,7 +88,7 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert "99.00" not in t2 and "98.00" not in t2 and "pydocs" in t2  # named as not averaged in
     # the per-corpus table: the user's corpus by its name, each value at its length
     r = row("| pydocs |")
-    assert r[1] == "dualkv-query-rope (d128xl2)" and r[4] == "30.00 @64 (1x), 31.50 @128 (2x)"
+    assert r[1] == "dualkv-query-rope (d128xl2)" and r[3] == "3 docs, first L tokens of each" and r[4] == "30.00 @64 (1x), 31.50 @128 (2x)"
     # Table 8: per corpus
     assert row("| qmsum | S4D-only")[5:8] == ["12.06", "12.13", "12.22"]
     assert row("| govreport | Softmax")[5:8] == ["10.56", "10.63", "10.72"]

@@ -161,7 +161,9 @@ def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) 
         import grain
 
         src = grain.sources.ArrayRecordDataSource(shards)
-        return [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+        docs = [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+        docs = [d for d in docs if d and len(d) >= min_tokens]
+        return docs[:args.limit] if args.limit else docs
     if path is not None:
         from idattn.data import prepare
 
@@ -465,7 +467,7 @@ def _main(args) -> int:
                 "method": "packed eval batches", "batches": len(batches), "rows": rows}, protocol)
 
     if "extrapolation" in suites:
-        total = sum(len(d) for d in corpora_docs.values()) * len(lengths)
+        total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
         prog = Progress("extrapolation", total, args.quiet)
         m, details = perplexity.extrapolation(score_fn, corpora_docs, lengths, bos=prefix_token(tok),
                                               max_docs=limit, batch_size=1, progress=prog)
