@@ -1,0 +1,149 @@
+"""`python -m idattn.repro`: a toy-size table trained by the real trainer, its numbers against the run files and
+the paper's numbers against idattn.eval.paper_numbers; run reuse; the verdict rules on constructed inputs."""
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+
+import pytest
+
+from idattn import repro
+from idattn.eval import paper_numbers as P
+
+
+def _md_rows(md: str) -> dict[str, list[str]]:
+    """Markdown table rows of the first table, by their first cell."""
+    out = {}
+    for line in md.splitlines():
+        if line.startswith("| ") and not line.startswith("| mixer") and not line.startswith("|---"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            out.setdefault(cells[0], cells)
+    return out
+
+
+def _run_ppl(root, extra=()):
+    rc = repro.main(["ppl", "--toy", "--seeds=0", f"--root={root}", "--no_compile_cache", *extra])
+    assert rc == 0
+    with open(os.path.join(root, "ppl-toy.json")) as f:
+        data = json.load(f)
+    with open(os.path.join(root, "ppl-toy.md")) as f:
+        md = f.read()
+    return data, md
+
+
+def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
+    root = str(tmp_path)
+    data, md = _run_ppl(root, ["--only=interdomain"])
+    rows = {r["mixer"]: r for r in data["rows"]}
+    # the one trained run: its table value is the value in its own result file, written by the evaluation
+    wd = os.path.join(root, "runs", "toy", "lm", "interdomain-scaled-s0")
+    files = glob.glob(os.path.join(wd, "eval", "extrapolation-*-c32-*.json"))
+    assert len(files) == 1
+    with open(files[0]) as f:
+        rec = json.load(f)
+    v = rec["metrics"]["ppl@32"]
+    assert rec["protocol"]["tokens"] == 7 * 128 * 2 and rec["step"] == 4
+    assert 1.0 < v < 600.0  # a 512-piece vocabulary after 4 steps: near uniform, never above it by much
+    assert rows["interdomain"]["ppl_per_seed"] == [v]
+    md_rows = _md_rows(md)
+    assert md_rows["Interdomain"][2] == f"{v:.2f}" and md_rows["Interdomain"][3] == f"{v:.2f}"
+    # the trainer really ran: 4 steps checkpointed, parameters counted by the trainer in the marker
+    marker = json.load(open(os.path.join(wd, repro.MARKER)))
+    assert marker["status"] == "done" and marker["steps"] == 4 and marker["params"] > 0
+    assert os.path.isdir(os.path.join(wd, "checkpoints", "4")) or glob.glob(os.path.join(wd, "*", "4"))
+    # the runs not trained in this invocation are reported missing, not invented
+    assert rows["softmax"]["ppl_per_seed"] == [None] and "softmax-scaled-s0" in data["missing"]
+    assert "Not available yet" in md and md_rows["Softmax"][2] == "—"
+    # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
+    for m in ("softmax", "interdomain", "s4d_only"):
+        assert rows[m]["paper_ppl_125m"] == P.VAL_PPL["125m"][m]
+        assert md_rows[repro.LABEL[m]][6] == f"{P.VAL_PPL['125m'][m]:.2f}"
+        assert rows[m]["paper_ratio_to_softmax"] == pytest.approx(P.VAL_PPL["125m"][m] / P.VAL_PPL["125m"]["softmax"])
+    assert data["verdicts"]["a"]["verdict"] == "inconclusive"  # S4D-only missing
+
+    # rerun: the finished run is reused (not retrained, not re-evaluated)
+    mtime = os.path.getmtime(files[0])
+    data2, _ = _run_ppl(root, ["--only=interdomain"])
+    assert json.load(open(os.path.join(wd, repro.MARKER)))["train_s"] == marker["train_s"]
+    assert os.path.getmtime(files[0]) == mtime
+    assert {r["mixer"]: r["ppl_per_seed"] for r in data2["rows"]} == {r["mixer"]: r["ppl_per_seed"]
+                                                                      for r in data["rows"]}
+
+
+def test_changed_code_reuses_only_runs_that_still_compute_the_same(tmp_path):
+    wd = str(tmp_path / "run")
+    repro._write_marker(wd, {"src": "old", "status": "done"})
+    assert repro._check_reuse(wd, "old", False)["status"] == "done"
+    assert repro._check_reuse(wd, "new", True)["stale"] is True and os.path.isdir(wd)
+    # same function under the new code: reused and re-stamped
+    assert repro._check_reuse(wd, "new", False, verify=lambda: (True, "same"))["src"] == "new"
+    assert json.load(open(os.path.join(wd, repro.MARKER)))["src"] == "new"
+    # another function: moved aside, nothing reused
+    assert repro._check_reuse(wd, "newer", False, verify=lambda: (False, "ppl differs")) == {}
+    assert not os.path.exists(wd) and os.path.isdir(wd + ".stale-new")
+    # an unfinished run under other code is never resumed
+    repro._write_marker(wd, {"src": "old", "status": "training"})
+    assert repro._check_reuse(wd, "new", False, verify=lambda: (True, "same")) == {}
+    assert os.path.isdir(wd + ".stale-old")
+
+
+def test_cube_axis_effects_are_main_effects():
+    # ln ppl = 3 + 0.2·[linear] + 0.03·[generic] − 0.01·[norope]: each main effect is its coefficient
+    from idattn.models.spec import cube_cells
+    vals = {}
+    for c in cube_cells():
+        i, r, p = c.split("-")
+        vals[c] = math.exp(3 + 0.2 * (r == "linear") + 0.03 * (i == "generic") - 0.01 * (p == "norope"))
+    ax = repro._cube_axes(vals)
+    assert ax["readout"] == pytest.approx(0.2) and ax["input"] == pytest.approx(0.03)
+    assert ax["rope"] == pytest.approx(-0.01)
+    assert repro.verdict_d([ax, ax])[0] == "reproduced"
+    assert repro.verdict_d([{"readout": 0.01, "input": 0.2, "rope": 0.0}] * 2)[0] == "not reproduced"
+    vals.pop("generic-query-norope")
+    assert repro._cube_axes(vals)["readout"] is None
+    # the paper's own pairs: readout +22% / +17%, RoPE under 3%
+    pax = repro._paper_cube_axes()
+    assert pax["readout"][0] == pytest.approx(math.log(20.18 / 16.48))
+    assert max(abs(x) for x in pax["rope"]) < min(pax["readout"]) / 4
+
+
+def test_verdict_rules():
+    assert repro.verdict_a([16.4, 16.6], [19.0, 19.4])[0] == "reproduced"
+    assert repro.verdict_a([16.4, 17.0], [16.9, 17.2])[0] == "inconclusive"
+    assert repro.verdict_a([19.0, 19.4], [16.4, 16.6])[0] == "not reproduced"
+    assert repro.verdict_b([16.4, 16.5], [16.6, 16.7])[0] == "reproduced"
+    assert repro.verdict_b([16.7, 16.9], [16.6, 16.8])[0] == "reproduced"  # overlapping: matches
+    assert repro.verdict_b([17.0, 17.1], [16.6, 16.7])[0] == "not reproduced"
+    assert repro.verdict_c([1.0, 1.01], [1.4, 1.3])[0] == "reproduced"
+    assert repro.verdict_c([1.0, 1.01], [1.0, 1.02])[0] == "not reproduced"
+    assert repro.verdict_c([1.0, 1.01], [1.1, 1.3])[0] == "inconclusive"
+    assert repro.verdict_e([1.0, 1.0], [0.9, 0.95], [0.1, 0.2])[0] == "reproduced"
+    assert repro.verdict_e([0.5, 0.6], [0.9, 0.95], [0.1, 0.2])[0] == "not reproduced"
+    assert repro.verdict_e([1.0, 1.0], [0.1, 0.3], [0.2, 0.25])[0] == "inconclusive"
+
+
+def test_scaled_dt_keeps_the_papers_dt_times_context():
+    exp = repro.load_experiment()
+    c = exp.get_config("interdomain,small,scaled,1")
+    assert c.model.dt_min * c.data.seq_len == pytest.approx(1e-3 * 4096)
+    assert c.model.dt_max * c.data.seq_len == pytest.approx(1e-1 * 4096)
+    p = exp.get_config("s4d_only,small,paper,0")
+    assert (p.model.dt_min, p.model.dt_max) == (1e-3, 1e-1)
+    assert (c.seed, c.data.shuffle_seed, p.seed) == (43, 1, 42)
+    # one recipe for every mixer: the configs differ only in the mixer switches
+    a, b = exp.get_config("softmax,small,scaled,0").to_dict(), exp.get_config("s4d_only,small,scaled,0").to_dict()
+    diff = {k for k in a["model"] if a["model"][k] != b["model"][k]}
+    assert diff <= {"mixer", "input", "readout", "rope"} and a["train"] == b["train"] and a["data"] == b["data"]
+    with pytest.raises(ValueError, match="expected '<mixer>,<size>,<dt>,<seed>'"):
+        exp.get_config("interdomain,small")
+
+
+def test_refusals_are_one_line(capsys):
+    assert repro.main(["ppl", "--toy", "--only=nonsense", "--root=/nonexistent-never-written"]) == 1
+    err = capsys.readouterr().err
+    assert "--only" in err and "expected softmax, interdomain, s4d_only" in err
+    assert not os.path.exists("/nonexistent-never-written")
+    assert re.search(r"idattn.repro: ", err)
