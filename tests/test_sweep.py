@@ -64,9 +64,9 @@ def test_shape_rules_between_and_beyond():
 def test_cpu_sweep_names_and_isoflop_budgets():
     configs = sweep.load_sweep(CPU_SWEEP)
     names = [c.sweep.name for c in configs]
-    assert len(configs) == 24 and len(set(names)) == 24
-    assert names[:3] == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
-                         "cpu-iso-softmax-d32L1-C6e10"]
+    assert len(configs) == 30 and len(set(names)) == 30
+    assert names[6:9] == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
+                          "cpu-iso-softmax-d32L1-C6e10"]
     tps = 8 * 64
     for c in configs:
         n = shapes.non_embedding_params(c.model)
@@ -178,6 +178,6 @@ def test_local_runner_skips_done_and_resumes_failed(tmp_path, monkeypatch):
     assert calls == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
                      "cpu-iso-interdomain-d32L1-C3e10"]
     rc, out = _main(["status", f"--root={root}"])
-    assert rc == 0 and "2 done" in out and "22 pending" in out
+    assert rc == 0 and "2 done" in out and "28 pending" in out
     log = (root / "cpu-iso-softmax-d32L1-C3e10" / "train.log").read_text()
     assert "--config.data.source=kjv" in log  # the data flag is explicit on every command
