@@ -555,12 +555,12 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
                                 zorder=4)
                 axes[2].scatter([mm["compute"]], [mm["d_opt"]], color=col, marker="*", s=120, edgecolor="k",
                                 zorder=4)
-        hi = fits[m]["range"]["c"][1]
         for ax in axes:
-            ax.axvline(hi, color=col, ls=":", lw=0.8)
+            for edge in fits[m]["range"]["c"]:
+                ax.axvline(edge, color=col, ls=":", lw=0.8)
     axes[0].legend(fontsize=8)
-    axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: largest C in the data, "
-                      "extrapolation beyond)", fontsize=9)
+    axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: the data's range of C, "
+                      "extrapolation outside)", fontsize=9)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     files.append(os.path.join(out, "frontier.png"))
@@ -689,8 +689,8 @@ def print_report(res: dict) -> None:
     for m, f in fits.items():
         ex = f["isoflop"].get("exponents")
         if ex:
-            print(f"  {m}: N_opt ~ C^{_fmt_ci(ex['a_N_opt'], ex['a_ci'])}, D_opt ~ C^{_fmt_ci(ex['b_D_opt'], ex['b_ci'])}"
-                  f" ({ex['budgets_used']} budgets)")
+            print(f"  {m}: N_opt ~ C^{_fmt_ci(ex['a_N_opt'], ex['a_ci'])}, "
+                  f"D_opt ~ C^{_fmt_ci(ex['b_D_opt'], ex['b_ci'])} ({ex['budgets_used']} budgets)")
         else:
             print(f"  {m}: no IsoFLOP exponents ({f['isoflop'].get('why')})")
     print("\nHeld-out: law refitted without each size, predicting that size's runs (mean / max relative error)")

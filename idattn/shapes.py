@@ -17,8 +17,9 @@ rule per width band, which `PAPER_RULES` encodes and `tests/test_sweep.py` check
     d >  1536     256/3 ≈ 85.3  64     1.3B: 2048 × 24, 32 heads   (beyond: 2560 × 30, 3072 × 36, ...)
 
 `CPU_RULE` (aspect 32, d_h 16, f rounded to 32, M = 8 modes, vocabulary 512) generates the tiny models of
-the CPU study (d = 16, 32, 48, 64, 96 -> 1, 1, 2, 2, 3 layers; Python's round, half to even, then at least 1). The number of modes M and the vocabulary are not
-shape rules: they stay fixed along a sweep (the paper uses M = 64 and 32K at every size).
+the CPU study (d = 16, 32, 48, 64, 96 -> 1, 1, 2, 2, 3 layers; Python's round, half to even, then at least 1).
+The number of modes M and the vocabulary are not shape rules: they stay fixed along a sweep (the paper uses
+M = 64 and 32K at every size).
 """
 from __future__ import annotations
 
