@@ -115,13 +115,18 @@ def plot(path: str, lengths, rows, unigram, train_len: int) -> None:
 
 
 def format_table(lengths, rows, unigram, train_len: int) -> str:
-    head = ["model", "params", "train s"] + [f"ppl@{L}" for L in lengths] + [f"vs unigram @{train_len}"]
+    # ppl ratio to Softmax at the training length (the paper's "vs Softmax" column of Table 4, as a ratio)
+    soft = next((r["ppl"][train_len] for r in rows if r["mixer"] == "softmax"), None)
+    head = (["model", "params", "train s"] + [f"ppl@{L}" for L in lengths]
+            + [f"vs unigram @{train_len}", f"ppl / Softmax @{train_len}"])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines.append("| Unigram | - | - | " + " | ".join(f"{unigram[L]:.2f}" for L in lengths) + " | +0.0% |")
+    lines.append("| Unigram | - | - | " + " | ".join(f"{unigram[L]:.2f}" for L in lengths) + " | +0.0% | "
+                 + (f"{unigram[train_len] / soft:.3f}" if soft else "-") + " |")
     for r in rows:
         gain = 1.0 - r["ppl"][train_len] / unigram[train_len]
         lines.append(f"| {r['name']} | {r['params']:,} | {r['train_s']:.0f} | "
-                     + " | ".join(f"{r['ppl'][L]:.2f}" for L in lengths) + f" | {-100 * gain:+.1f}% |")
+                     + " | ".join(f"{r['ppl'][L]:.2f}" for L in lengths) + f" | {-100 * gain:+.1f}% | "
+                     + (f"{r['ppl'][train_len] / soft:.3f}" if soft else "-") + " |")
     return "\n".join(lines)
 
 
