@@ -1,0 +1,210 @@
+"""docs/own-data.md end to end: its commands, run as subprocesses on small corpora this test writes.
+
+The `$ python -m idattn...` lines of the doc's console blocks are run as written, from a folder holding
+`my_corpus/` (plain text files) or, for the JSON Lines variant, with the doc's JSONL prepare line; only sizes are
+appended (argparse and absl take the last value of a repeated flag): a 300-piece tokenizer, a 3-step run of
+a smaller model at context 64, lengths 64/128/224. Checked: every printed table holds the numbers of the JSON
+files; the trainer's validation file is byte-identical after the eval CLI ran, and the eval CLI's validation
+(same protocol) gives the trainer's number; the user's corpus name is in the eval files, the results tables and
+the plot legend. Refusals (unknown format, empty validation split, unknown corpus, config-key typo) are each
+one line with the fix, with nothing written.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(REPO, "docs", "own-data.md")
+WORDS = ("def return class import self value list dict the for in if else while with as from raise error file "
+         "path name data read write open close test check string number result item key").split()
+
+# sizes appended to the doc's commands (the last value of a repeated flag wins)
+SMALL = {
+    "idattn.data.prepare": ["--train_tokenizer=300", "--num_proc=0", "--min_val_tokens=300"],
+    "idattn.train": ["--config.model.vocab_size=300", "--config.data.seq_len=64", "--config.train.num_steps=3",
+                     "--config.train.batch_size=4", "--config.train.warmup_steps=1", "--config.train.log_every=1",
+                     "--config.train.eval_batches=2", "--config.train.checkpoint_every=3",
+                     "--config.model.d_model=64", "--config.model.num_heads=2", "--config.model.head_dim=32",
+                     "--config.model.ffn_dim=128", "--config.model.num_modes=8", "--config.model.num_layers=1"],
+    "idattn.eval": ["--lengths=64,128,224", "--batch_size=4"],
+    "idattn.results": [],
+}
+
+
+def doc_commands() -> list[tuple[list[str], str | None]]:
+    """The `$ python -m idattn...` commands of docs/own-data.md, in order (backslash continuations joined), each
+    with the refusal line the doc shows right below it (None for a command that succeeds)."""
+    lines = open(DOC).read().splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        ln = lines[i]
+        if ln.startswith("$ python -m idattn"):
+            cmd = ln[2:]
+            while cmd.rstrip().endswith("\\"):
+                i += 1
+                cmd = cmd.rstrip()[:-1] + " " + lines[i].strip()
+            nxt = lines[i + 1] if i + 1 < len(lines) else ""
+            out.append((shlex.split(cmd), nxt if " refused: " in nxt else None))
+        i += 1
+    return out
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    return env
+
+
+def _run(cmd, cwd, timeout=300):
+    module = cmd[2]
+    full = [sys.executable] + cmd[1:] + SMALL.get(module, [])
+    full = [a.replace("experiments/", os.path.join(REPO, "experiments") + "/") for a in full]
+    proc = subprocess.run(full, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (full, proc.stdout[-2000:], proc.stderr[-3000:])
+    return proc
+
+
+def _write_corpus(root, rng, n=40):
+    docs = []
+    for i in range(n):
+        k = 700 if i % 4 == 0 else 250  # some long documents for the length sweep
+        docs.append(f"# module {i}\n" + "\n".join(" ".join(rng.choice(WORDS, 10)) for _ in range(k // 10)))
+    (root / "my_corpus").mkdir()
+    for i, d in enumerate(docs):
+        (root / "my_corpus" / f"m{i:03d}.txt").write_text(d)
+    with open(root / "my_corpus.jsonl", "w") as f:
+        for i, d in enumerate(docs):
+            f.write(json.dumps({"body": d, "file": f"m{i:03d}.txt"}) + "\n")
+    return docs
+
+
+def _table_rows(text, first_cell):
+    return [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in text.splitlines()
+            if ln.startswith("| " + first_cell)]
+
+
+def test_doc_commands_end_to_end(tmp_path):
+    all_cmds = doc_commands()
+    cmds = [c for c, refusal in all_cmds if refusal is None]
+    mods = [c[2] for c in cmds]
+    assert mods == ["idattn.data.prepare", "idattn.data.prepare", "idattn.train", "idattn.eval", "idattn.results"], mods
+    prep_text, prep_jsonl, train, evalc, res = cmds
+    assert "--source=my_corpus" in prep_text and any(a.startswith("--text_field") for a in prep_jsonl)
+    _write_corpus(tmp_path, np.random.default_rng(0))
+    (tmp_path / "notes.csv").write_text("a,b\n")
+    # the doc's refusal examples: exactly the line the doc shows, and nothing written
+    refusals = [(c, r) for c, r in all_cmds if r is not None]
+    assert len(refusals) == 2
+    for cmd, line in refusals:
+        before = sorted(os.listdir(tmp_path))
+        proc = subprocess.run([sys.executable] + cmd[1:], cwd=tmp_path, env=_env(), capture_output=True, text=True,
+                              timeout=300)
+        err = [ln for ln in proc.stderr.splitlines() if " refused: " in ln]
+        assert proc.returncode == 2 and err == [line], (cmd, proc.stderr[-2000:])
+        assert sorted(os.listdir(tmp_path)) == before
+
+    # JSON Lines variant: the same documents in another folder give the same tokenizer and the same documents
+    p = _run(prep_jsonl, tmp_path)
+    assert "wrote" in p.stdout
+    p = _run(prep_text, tmp_path)
+    out = re.search(r"--out=(\S+)", " ".join(prep_text)).group(1)
+    jout = re.search(r"--out=(\S+)", " ".join(prep_jsonl)).group(1)
+    meta, jmeta = (json.load(open(tmp_path / d / "meta.json")) for d in (out, jout))
+    assert meta["tokenizer"]["sha256"] == jmeta["tokenizer"]["sha256"] and meta["val_docs"] == jmeta["val_docs"] >= 2
+    assert meta["train_tokens"] == jmeta["train_tokens"] and meta["val_tokens"] >= 300
+
+    p = _run(train, tmp_path, timeout=600)
+    wd = tmp_path / re.search(r"--workdir=(\S+)", " ".join(train)).group(1)
+    trainer_file = wd / "eval" / "validation-step00000003.json"
+    before = trainer_file.read_bytes()
+    trainer_val = json.loads(before)["metrics"]
+
+    p = _run(evalc, tmp_path, timeout=600)
+    assert trainer_file.read_bytes() == before  # the eval CLI never replaces the trainer's file
+    corpus = re.search(r"--corpora=(\w+)=", " ".join(evalc)).group(1)
+    recs = [json.load(open(f)) for f in sorted(glob.glob(str(wd / "eval" / "*.json")))]
+    ours = [r for r in recs if r.get("protocol")]
+    assert {r["suite"] for r in ours} == {"validation", "extrapolation"}
+    for r in ours:  # the printed table: every number of every file written, as in the file
+        for k, v in r["metrics"].items():
+            row = [x for x in _table_rows(p.stdout, r["suite"]) if x[2] == k]
+            assert row and row[0][3] == f"{v:.4f}", (k, v, p.stdout[-3000:])
+    val = next(r for r in ours if r["suite"] == "validation")
+    # same protocol as the trainer's validation (same tokens, context): the same number
+    assert val["metrics"]["tokens"] == json.loads(before)["details"]["tokens"]
+    assert val["metrics"]["loss"] == pytest.approx(trainer_val["loss"], rel=1e-5)
+    ext = next(r for r in ours if r["suite"] == "extrapolation")
+    assert set(ext["metrics"]) == {f"{corpus}/ppl@{L}" for L in (64, 128, 224)}  # named, never averaged
+    assert "ETA" in p.stderr
+
+    p = _run(res, tmp_path)
+    outdir = tmp_path / re.search(r"--out=(\S+)", " ".join(res)).group(1)
+    md = (outdir / "results.md").read_text()
+    assert p.stdout.strip().startswith(md.strip()[:200])
+    row = _table_rows(md, corpus)
+    assert row and row[0][4] == ", ".join(f"{ext['metrics'][f'{corpus}/ppl@{L}']:.2f} @{L} ({L / 64:g}x)"
+                                          for L in (64, 128, 224))
+    # validation ppl in the results (Fig. 2 table, Interdomain column) = the trainer's number, protocol named
+    fig2 = md.split("### Fig. 2")[1]
+    tokens = int(json.loads(before)["details"]["tokens"])
+    assert f"{trainer_val['ppl']:.2f}" in fig2 and f"{corpus}.val, {tokens:,} tokens, context 64" in fig2
+    for png in ("extrapolation.png", "scaling.png", "recall.png"):
+        assert (outdir / png).stat().st_size > 1000
+
+
+def test_refusals_are_one_line_and_write_nothing(tmp_path):
+    """Unknown input format (prepare), a held-out split that cannot be made (prepare) or is absent (trainer, at
+    start), an unknown corpus (eval), a config-key typo (train): one line with the fix; nothing written."""
+    env = _env()
+    (tmp_path / "a.csv").write_text("x,y\n")
+    (tmp_path / "docs").mkdir()
+    rng = np.random.default_rng(1)
+    texts = [" ".join(rng.choice(WORDS, 60)) for _ in range(4)]
+    for i, t in enumerate(texts):
+        (tmp_path / "docs" / f"{i}.txt").write_text(t)
+
+    def one_line(cmd, needle):
+        proc = subprocess.run([sys.executable, "-m"] + cmd, cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        err = [ln for ln in proc.stderr.splitlines() if ln.startswith(("prepare:", "eval:", "error:"))]
+        assert proc.returncode == 2 and len(err) == 1 and needle in err[0], proc.stderr[-2000:]
+        return err[0]
+
+    e = one_line(["idattn.data.prepare", "--source=a.csv", "--out=o1", "--train_tokenizer=300"], "unknown format")
+    assert "--format" in e
+    e = one_line(["idattn.data.prepare", "--source=docs", "--out=o2", "--train_tokenizer=300"], "validation split")
+    assert "the corpus has 4 documents" in e and "--min_val_tokens" in e
+    e = one_line(["idattn.eval", "--workdir=w", "--suite=extrapolation", "--corpora=pydocs", "--random_init",
+                  f"--config={REPO}/experiments/scaling.py:interdomain,tiny"], "unknown corpus 'pydocs'")
+    assert "pydocs=<path>" in e
+    e = one_line(["idattn.train", f"--config={REPO}/experiments/scaling.py:interdomain,tiny", "--workdir=w",
+                  "--config.train.num_step=5"], "has no key 'num_step'")
+    assert "did you mean 'num_steps'" in e and "\\n" not in e and "\\'" not in e
+    assert sorted(os.listdir(tmp_path)) == ["a.csv", "docs"]
+
+    # the trainer refuses a prepared folder without a held-out split at start, before writing the workdir
+    from idattn.data import prepare
+    from idattn.data.tokenizer import Tokenizer, train_sentencepiece
+    from idattn.train import testing as T
+    from idattn.train.trainer import TrainingError, run
+
+    tok = Tokenizer(train_sentencepiece(texts, 300), "t")
+    (tmp_path / "t.model").write_bytes(tok.model_proto)
+    prepare.prepare(str(tmp_path / "docs"), str(tmp_path / "noval"), tokenizer=tok, val_fraction=0.0, num_proc=0,
+                    log=lambda s: None)
+    cfg = T.tiny_config(**{"data.source": "arrayrecord", "data.path": str(tmp_path / "noval"),
+                           "data.tokenizer": str(tmp_path / "t.model"), "model.vocab_size": 300})
+    with pytest.raises(TrainingError, match="the val split is empty.*--val_fraction > 0"):
+        run(cfg, str(tmp_path / "run"))
+    assert not (tmp_path / "run").exists()
