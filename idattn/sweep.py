@@ -326,7 +326,7 @@ def tpu_commands(sweep_file, configs, root, extra, launcher_args, *, tpu_name: s
         targs = train_args(sweep_file, c.sweep.name, root, extra)
         name = tpu_name or f"{prefix}-{i:03d}"
         steps = [] if tpu_name else [["create", f"--name={name}", "--queued"], ["setup", f"--name={name}"]]
-        steps.append(["train", f"--name={name}", "--"])
+        steps.append(["train", f"--name={name}", "--foreground", "--"])  # attached: runs in turn, then delete
         if not tpu_name:
             steps.append(["delete", f"--name={name}", "--queued"])
         for s in steps:

@@ -1,8 +1,10 @@
 #!/usr/bin/env python
 """SLURM launcher for GPU clusters: writes an sbatch script and submits it.
 
-    python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=48:00:00 -- \
-        --config=experiments/scaling.py:interdomain,1.3b --workdir=/shared/runs/id-1.3b
+    python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=48:00:00 \
+        --repo=/shared/idattn --venv=/shared/idattn/.venv -- \
+        --config=experiments/scaling.py:interdomain,1.3b --workdir=/shared/runs/id-1.3b \
+        --config.data.source=arrayrecord --config.data.path=/shared/data/fineweb-edu
     python launch/slurm.py ... --dry_run        # print the script and the sbatch command only
 
 Modes: --mode=per_gpu (default) runs one process per GPU (`--ntasks-per-node=G --gpus-per-task=1`);
@@ -48,6 +50,12 @@ exit "$rc"
 """
 
 
+def log_dir_of(args) -> str:
+    """--log_dir as an absolute path (relative ones are inside --repo): SLURM opens the --output file before the
+    script starts, in a folder that must already exist, so `main` creates it before submitting."""
+    return os.path.join(os.path.abspath(args.repo), args.log_dir) if not os.path.isabs(args.log_dir) else args.log_dir
+
+
 def render(args, train_args: list[str]) -> str:
     per_gpu = args.mode == "per_gpu"
     extra = []
@@ -58,12 +66,13 @@ def render(args, train_args: list[str]) -> str:
     for s in args.sbatch:
         extra.append(f"#SBATCH {s}")
     setup = f"cd {shlex.quote(os.path.abspath(args.repo))}"
+    log_dir = log_dir_of(args)
     if args.venv:
         setup += f"\nsource {shlex.quote(os.path.join(args.venv, 'bin', 'activate'))}"
     return TEMPLATE.format(
         job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
         gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
-        cpus_per_task=args.cpus_per_task, time=args.time, log_dir=args.log_dir, extra_sbatch="\n".join(extra),
+        cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
         setup=setup, python=args.python, train_args=shlex.join(train_args))
 
 
@@ -82,7 +91,7 @@ def main(argv=None) -> int:
     p.add_argument("--partition", default="")
     p.add_argument("--account", default="")
     p.add_argument("--job_name", default="idattn")
-    p.add_argument("--log_dir", default="slurm-logs")
+    p.add_argument("--log_dir", default="slurm-logs", help="job output folder (relative: inside --repo); created")
     p.add_argument("--repo", default=".", help="repository folder on the shared filesystem")
     p.add_argument("--venv", default="", help="virtual environment to activate on the nodes")
     p.add_argument("--python", default="python")
@@ -98,8 +107,9 @@ def main(argv=None) -> int:
         print(script)
         print("# submit with: sbatch <this script>")
         return 0
-    os.makedirs(args.log_dir, exist_ok=True)
-    fd, path = tempfile.mkstemp(prefix=f"{args.job_name}-", suffix=".sbatch", dir=args.log_dir)
+    log_dir = log_dir_of(args)
+    os.makedirs(log_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"{args.job_name}-", suffix=".sbatch", dir=log_dir)
     with os.fdopen(fd, "w") as f:
         f.write(script)
     print(f"wrote {path}")

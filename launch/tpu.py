@@ -1,25 +1,39 @@
 #!/usr/bin/env python
-"""Cloud TPU pod launcher (gcloud): create a TPU VM slice (directly or as a queued resource), copy this
-repository to every worker, install it, run the trainer on all workers, delete the slice.
+"""Cloud TPU pod launcher (gcloud): create a TPU VM slice (directly or as a queued resource), ship this
+repository's tracked files to every worker and install them, train detached on every worker, watch, stop, delete.
 
     python launch/tpu.py create  --name=idattn-v5p --zone=us-east5-a --type=v5p-64 [--queued] [--spot]
     python launch/tpu.py setup   --name=idattn-v5p --zone=us-east5-a
     python launch/tpu.py train   --name=idattn-v5p --zone=us-east5-a -- \
-        --config=experiments/scaling.py:interdomain,1.3b --workdir=/mnt/runs/id-1.3b
-    python launch/tpu.py status  --name=idattn-v5p --zone=us-east5-a [--queued]
+        --config=experiments/scaling.py:interdomain,1.3b --workdir=/mnt/runs/id-1.3b \
+        --config.data.source=arrayrecord --config.data.path=/mnt/data/fineweb-edu
+    python launch/tpu.py status  --name=idattn-v5p --zone=us-east5-a [--queued]   # slice + trainer per worker
+    python launch/tpu.py logs    --name=idattn-v5p --zone=us-east5-a [--worker=0|all] [--lines=50] [--follow]
+    python launch/tpu.py stop    --name=idattn-v5p --zone=us-east5-a     # SIGTERM: the trainer saves and exits
     python launch/tpu.py delete  --name=idattn-v5p --zone=us-east5-a [--queued]
 
-Add --dry_run to print the gcloud commands instead of running them. `train` runs `python -m idattn.train <args>`
-on every worker with `--worker=all`; each worker is one JAX process and `jax.distributed.initialize()` finds the
-slice's other hosts by itself (idattn.train.distributed detects TPU_WORKER_HOSTNAMES). Rerunning `train` with
-the same arguments resumes from the latest checkpoint. The workdir must be a filesystem path that every worker
-sees as the same folder: a bucket mounted with gcsfuse or a Filestore/NFS share (the trainer writes
-metrics.jsonl and config.json with ordinary file I/O). Output goes to
-<remote_dir>/train.log on each worker (`--foreground` streams it instead).
+Add --dry_run to print the gcloud commands instead of running them.
+
+setup: `git archive HEAD` of --local_dir (tracked, committed files only: never a virtual environment, run
+folders or uncommitted edits — commit first; a dirty tree is reported), copied to every worker, unpacked into
+--remote_dir, and installed with `pip install -e ".[tpu]"` (jax[tpu] and libtpu pinned to the repository's jax)
+into a virtual environment --venv made with --python. TPU VM images (Ubuntu 22.04, e.g. runtime
+v2-alpha-tpuv5 / v2-alpha-tpuv6e) ship Python 3.10; idattn needs Python >= 3.11, so setup installs python3.11
+from the Ubuntu archive (`apt-get install python3.11 python3.11-venv`) when --python is missing.
+
+train: on every worker (`--worker=all`), `setsid nohup <venv>/bin/python -m idattn.train <args>` detached from
+the SSH session (a dropped connection does not stop it), output in <remote_dir>/logs/train-<hostname>.log and
+its pid in <remote_dir>/logs/train-<hostname>.pid. Each worker is one JAX process; `jax.distributed.initialize()`
+finds the slice's other hosts by itself (idattn.train.distributed detects TPU_WORKER_HOSTNAMES). Rerunning
+`train` with the same arguments resumes from the latest checkpoint. `--foreground` runs it attached instead
+(streams the output; returns when training ends — what a script that runs several trainings in turn wants).
+The workdir must be a filesystem path that every worker sees as the same folder: a bucket mounted with gcsfuse or
+a Filestore/NFS share (the trainer writes metrics.jsonl and config.json with ordinary file I/O).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -33,8 +47,24 @@ def _base(args, *cmd) -> list[str]:
     return out
 
 
+def ssh(args, command: str, worker: str = "all") -> list[str]:
+    return _base(args, "tpu-vm", "ssh", args.name) + [f"--worker={worker}", f"--command={command}"]
+
+
 def ssh_all(args, command: str) -> list[str]:
-    return _base(args, "tpu-vm", "ssh", args.name) + ["--worker=all", f"--command={command}"]
+    return ssh(args, command, "all")
+
+
+def _py(args) -> str:
+    return f"{args.venv}/bin/python"
+
+
+def _log(args) -> str:
+    return f"{args.remote_dir}/logs/train-$(hostname)"
+
+
+def archive_command(args, tarball: str) -> list[str]:
+    return ["git", "-C", args.local_dir, "archive", "--format=tar.gz", f"--output={tarball}", "HEAD"]
 
 
 def commands(args, rest: list[str]) -> list[list[str]]:
@@ -51,28 +81,53 @@ def commands(args, rest: list[str]) -> list[list[str]]:
         return [c]
     if a == "setup":
         tarball = f"/tmp/{args.name}-idattn.tgz"
+        py = args.python
+        get_py = (f"(command -v {py} >/dev/null || (sudo apt-get update -q && sudo apt-get install -y -q {py} "
+                  f"{py}-venv))")
         return [
-            ["tar", "czf", tarball, "--exclude=.git", "--exclude=__pycache__", "-C", args.local_dir, "."],
+            archive_command(args, tarball),
             _base(args, "tpu-vm", "scp", tarball, f"{args.name}:{tarball}") + ["--worker=all"],
-            ssh_all(args, f"mkdir -p {args.remote_dir} && tar xzf {tarball} -C {args.remote_dir} && "
-                          f"cd {args.remote_dir} && pip install -U 'jax[tpu]' && pip install -e ."),
+            ssh_all(args, f"mkdir -p {args.remote_dir} && tar xzf {tarball} -C {args.remote_dir} && {get_py} && "
+                          f"{py} -m venv {args.venv} && {_py(args)} -m pip install -q -U pip && "
+                          f"cd {args.remote_dir} && {_py(args)} -m pip install -e \".[tpu]\""),
         ]
     if a == "train":
         if not rest:
             raise SystemExit("train: pass the trainer's arguments after `--` (at least --config and --workdir)")
-        train = f"cd {args.remote_dir} && python -m idattn.train {shlex.join(rest)}"
-        if not args.foreground:
-            train = f"{train} > {args.remote_dir}/train.log 2>&1"
-        return [ssh_all(args, train)]
+        run = f"{_py(args)} -m idattn.train {shlex.join(rest)}"
+        pre = f"cd {args.remote_dir} && mkdir -p logs && "
+        if args.foreground:
+            return [ssh_all(args, pre + f"{run} 2>&1 | tee {_log(args)}.log")]
+        return [ssh_all(args, pre + f"setsid nohup {run} > {_log(args)}.log 2>&1 < /dev/null & "
+                              f"echo $! > {_log(args)}.pid && echo \"$(hostname): training, pid $(cat {_log(args)}"
+                              f".pid), log {_log(args)}.log\"")]
     if a == "status":
-        if args.queued:
-            return [_base(args, "queued-resources", "describe", args.name)]
-        return [_base(args, "tpu-vm", "describe", args.name)]
+        describe = (_base(args, "queued-resources", "describe", args.name) if args.queued
+                    else _base(args, "tpu-vm", "describe", args.name))
+        check = (f"p=$(cat {_log(args)}.pid 2>/dev/null); if [ -n \"$p\" ] && kill -0 \"$p\" 2>/dev/null; "
+                 f"then echo \"$(hostname): running (pid $p)\"; else echo \"$(hostname): not running\"; fi; "
+                 f"tail -n 1 {_log(args)}.log 2>/dev/null || true")
+        return [describe, ssh_all(args, check)]
+    if a == "logs":
+        tail = f"tail -n {int(args.lines)}" + (" -f" if args.follow else "")
+        return [ssh(args, f"{tail} {_log(args)}.log", args.worker)]
+    if a == "stop":
+        return [ssh_all(args, f"p=$(cat {_log(args)}.pid 2>/dev/null) && kill -TERM \"$p\" && "
+                              f"echo \"$(hostname): sent SIGTERM to $p (the trainer saves and exits)\" || "
+                              f"echo \"$(hostname): no trainer running\"")]
     if a == "delete":
         if args.queued:
             return [_base(args, "queued-resources", "delete", args.name) + ["--force", "--quiet"]]
         return [_base(args, "tpu-vm", "delete", args.name) + ["--quiet"]]
     raise SystemExit(f"unknown action {a!r}")
+
+
+def _dirty(local_dir: str) -> str:
+    try:
+        return subprocess.run(["git", "-C", local_dir, "status", "--porcelain", "--untracked-files=no"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+    except Exception:
+        return ""
 
 
 def main(argv=None) -> int:
@@ -82,7 +137,7 @@ def main(argv=None) -> int:
         k = argv.index("--")
         argv, rest = argv[:k], argv[k + 1:]
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("action", choices=["create", "setup", "train", "status", "delete"])
+    p.add_argument("action", choices=["create", "setup", "train", "status", "logs", "stop", "delete"])
     p.add_argument("--name", required=True, help="TPU VM / queued resource name")
     p.add_argument("--zone", required=True)
     p.add_argument("--project", default="")
@@ -90,11 +145,21 @@ def main(argv=None) -> int:
     p.add_argument("--version", default="v2-alpha-tpuv5", help="TPU VM runtime / software version")
     p.add_argument("--queued", action="store_true", help="use queued resources (create/status/delete)")
     p.add_argument("--spot", action="store_true")
-    p.add_argument("--local_dir", default=".", help="repository to copy (setup)")
+    p.add_argument("--local_dir", default=".", help="git checkout whose HEAD is shipped (setup)")
     p.add_argument("--remote_dir", default="~/idattn")
-    p.add_argument("--foreground", action="store_true", help="train: stream output instead of train.log")
+    p.add_argument("--venv", default="~/idattn-venv", help="virtual environment on the workers (setup, train)")
+    p.add_argument("--python", default="python3.11", help="interpreter that makes --venv (>= 3.11; setup)")
+    p.add_argument("--foreground", action="store_true", help="train: attached, streaming the output, until it ends")
+    p.add_argument("--worker", default="0", help="logs: worker index or 'all'")
+    p.add_argument("--lines", type=int, default=50, help="logs: last lines to show")
+    p.add_argument("--follow", action="store_true", help="logs: keep following (tail -f)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
     args = p.parse_args(argv)
+    if args.action == "setup":
+        dirty = _dirty(args.local_dir)
+        if dirty:
+            print(f"note: {args.local_dir} has uncommitted changes; setup ships HEAD only (git archive):\n{dirty}",
+                  file=sys.stderr)
     for c in commands(args, rest):
         if args.dry_run:
             print(shlex.join(c))

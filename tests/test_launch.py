@@ -41,14 +41,33 @@ def test_tpu_dry_run_commands():
     direct = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=z", "--dry_run"))
     assert direct[3:6] == ["tpu-vm", "create", "pod"]
     setup = _run("tpu.py", "setup", "--name=pod", "--zone=z", "--dry_run").strip().splitlines()
-    assert len(setup) == 3 and setup[0].startswith("tar czf /tmp/pod-idattn.tgz")
-    assert all("--worker=all" in l for l in setup[1:]) and "pip install -e ." in setup[2]
+    assert len(setup) == 3
+    # tracked files only: git archive of HEAD (never .venv, run folders or untracked files)
+    assert shlex.split(setup[0])[:2] == ["git", "-C"] and "archive" in setup[0] and "--output=/tmp/pod-idattn.tgz" in setup[0]
+    assert all("--worker=all" in l for l in setup[1:]) and 'pip install -e ".[tpu]"' in setup[2]
+    assert "python3.11 -m venv ~/idattn-venv" in setup[2]
     assert "tpu-vm scp /tmp/pod-idattn.tgz pod:/tmp/pod-idattn.tgz" in setup[1]
     train = shlex.split(_run("tpu.py", "train", "--name=pod", "--zone=z", "--dry_run", "--", *TRAIN))
     assert train[3:6] == ["tpu-vm", "ssh", "pod"] and "--worker=all" in train
     remote = [w for w in train if w.startswith("--command=")][0][len("--command="):]
-    inner = shlex.split(remote.split("&&", 1)[1].split(">", 1)[0])
-    assert inner == ["python", "-m", "idattn.train", *TRAIN]
+    detached = remote.split("&&", 2)[2]
+    assert detached.strip().startswith("setsid nohup")  # survives a dropped SSH connection
+    inner = shlex.split(detached.split(">", 1)[0])[2:]
+    assert inner == ["~/idattn-venv/bin/python", "-m", "idattn.train", *TRAIN]
+    assert "logs/train-$(hostname).log" in detached and "< /dev/null &" in detached
+    # the train command runs in bash on the worker: it must parse
+    assert subprocess.run(["bash", "-n", "-c", remote]).returncode == 0
+    fg = shlex.split(_run("tpu.py", "train", "--name=pod", "--zone=z", "--foreground", "--dry_run", "--", *TRAIN))
+    assert "setsid" not in " ".join(fg) and "tee" in " ".join(fg)
+    status = _run("tpu.py", "status", "--name=pod", "--zone=z", "--dry_run").strip().splitlines()
+    assert "tpu-vm describe pod" in status[0] and "kill -0" in status[1] and "--worker=all" in status[1]
+    logs = shlex.split(_run("tpu.py", "logs", "--name=pod", "--zone=z", "--worker=3", "--lines=7", "--dry_run"))
+    assert "--worker=3" in logs and any(w.startswith("--command=tail -n 7") for w in logs)
+    stop = _run("tpu.py", "stop", "--name=pod", "--zone=z", "--dry_run")
+    assert "kill -TERM" in stop and "--worker=all" in stop
+    for line in status[1:] + [stop]:
+        cmd = [w for w in shlex.split(line) if w.startswith("--command=")][0][len("--command="):]
+        assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
     delete = shlex.split(_run("tpu.py", "delete", "--name=pod", "--zone=z", "--queued", "--dry_run"))
     assert delete[3:6] == ["queued-resources", "delete", "pod"] and "--force" in delete
 
@@ -63,6 +82,8 @@ def test_slurm_dry_run_script(tmp_path):
     words = shlex.split(srun.split("||")[0])
     assert words[words.index("idattn.train") + 1:] == ["--distributed=on", *TRAIN]
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
+    out_line = [l for l in script.splitlines() if l.startswith("#SBATCH --output=")][0]
+    assert out_line.startswith("#SBATCH --output=/") and "/slurm-logs/" in out_line  # absolute: cwd-independent
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
