@@ -5,8 +5,13 @@
              (input: dualkv | generic; readout: query | linear; rope: rope | norope), e.g. generic-query-rope
       size:  tiny | 125m | 350m | 760m | 1.3b   (tiny: a CPU-sized model for tests and smoke runs)
 
+Data: every size but `tiny` leaves `data.source` unset, and the trainer refuses to start until it is chosen:
+prepared shards (`--config.data.source=arrayrecord --config.data.path=<folder>`, written by
+`python -m idattn.data.prepare`, docs/data.md) or, for a smoke run only, `--config.data.source=kjv`.
+
 Run (ml_collections config_flags, big_vision style):
-    python -m idattn.train  --config=experiments/scaling.py:interdomain,125m --workdir=/tmp/run
+    python -m idattn.train  --config=experiments/scaling.py:interdomain,125m --workdir=/tmp/run \
+        --config.data.source=arrayrecord --config.data.path=/data/idattn-mistral
     python -m idattn.params --config=experiments/scaling.py:s4d_only,1.3b
     python -m idattn.train  --config=experiments/scaling.py:softmax,tiny --workdir=/tmp/tiny \
         --config.train.total_tokens=100000
@@ -69,4 +74,5 @@ def get_config(arg: str = "interdomain,125m") -> ml_collections.ConfigDict:
         c.train.eval_batches = 2
     else:
         c.train.update(RECIPES[size])
+        c.data.source = ""  # must be chosen on the command line (see the module docstring); refused while unset
     return c

@@ -17,8 +17,13 @@ import ml_collections
 
 # Logical axis names used by every parameter annotation (idattn.models.sharding) and their default mesh
 # mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.
+# Activations: "batch" over the batch shards, their feature axis ("act_embed") whole on every chip, the logits'
+# vocabulary ("act_vocab") and the heads of per-head activations ("act_heads") over tensor.
 DEFAULT_LOGICAL_AXIS_RULES = (
     ("batch", ("data", "fsdp")),
+    ("act_embed", None),
+    ("act_vocab", "tensor"),
+    ("act_heads", "tensor"),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),
@@ -109,6 +114,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.keep_every = 0  # 0: keep none beyond the last N
     t.async_checkpoint = True
     t.init_from = ""  # workdir of another run to initialise parameters from (explicit, never implicit)
+    t.loss_chunk = 512  # token loss computed this many positions at a time (0: from full logits); see models/llama.py
     t.peak_tflops_per_device = 0.0  # MFU denominator; 0: look up the device kind (idattn.train.metrics)
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))

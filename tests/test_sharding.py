@@ -128,3 +128,37 @@ def test_two_processes_jax_distributed(tmp_path, env, monkeypatch):
     params = nn.unbox(model.init(jax.random.PRNGKey(int(cfg.seed)), batch["inputs"][:1, :16])["params"])
     s, c = make_loss_sums(model.apply)(params, batch)
     np.testing.assert_allclose(rec[0]["loss"], float(s) / float(c), rtol=1e-5)
+
+
+def test_chunked_token_loss_equals_full_logits():
+    """train.loss_chunk > 0 computes the loss chunk by chunk inside the model (never the full logits); same loss and
+    gradients as the loss from the full logits [B, T, V], including a chunk that does not divide T evenly in the
+    config (the model takes the largest divisor of T not above it)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+    from idattn.models import build_model
+    from idattn.train.step import make_loss_sums
+
+    cfg = T.tiny_config()
+    cfg.model.num_layers = 1
+    model = build_model(cfg.model)
+    rng = np.random.default_rng(0)
+    b, t = 4, 24
+    batch = {"inputs": rng.integers(0, 512, (b, t)).astype(np.int32),
+             "targets": rng.integers(0, 512, (b, t)).astype(np.int32),
+             "segment_ids": np.repeat([[0] * 10 + [1] * 14], b, 0).astype(np.int32),
+             "positions": np.repeat([list(range(10)) + list(range(14))], b, 0).astype(np.int32),
+             "loss_mask": (rng.random((b, t)) < 0.8).astype(np.float32)}
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch["inputs"][:1])["params"])
+    out = {}
+    for chunk in (0, 10):  # 10 -> 8 (the largest divisor of 24 not above 10): 3 chunks
+        f = jax.jit(jax.value_and_grad(lambda p: (lambda s, c: s / c)(*make_loss_sums(model.apply, chunk)(p, batch))))
+        out[chunk] = f(params)
+    l0, g0 = out[0]
+    for chunk in (10,):
+        lc, gc = out[chunk]
+        np.testing.assert_allclose(float(lc), float(l0), rtol=1e-6)
+        for a, c in zip(jax.tree.leaves(g0), jax.tree.leaves(gc)):
+            np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-7)
+    assert np.isfinite(float(l0)) and float(l0) > 5.0  # ~log(512) at init

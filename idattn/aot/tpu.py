@@ -89,7 +89,8 @@ def chips_per_host_bounds(gen: str, shape: tuple[int, ...]) -> tuple[int, int, i
     dims = GENERATIONS[gen][2]
     if dims == 2 and shape in ((1, 1), (2, 4), (4, 2)):  # single-host v5e / v6e machines (1 or 8 chips)
         return (shape[0], shape[1], 1)
-    return (2, 2, 1)
+    full = tuple(shape) + (1,) * (3 - len(shape))
+    return tuple(min(a, b) for a, b in zip(full, (2, 2, 1)))  # slices smaller than one host (v5p:1x1x1)
 
 
 def tpu_target(name: str, num_slices: int = 1) -> Target:

@@ -9,6 +9,15 @@ Blocks are stacked with `nn.scan` (parameters get a leading `layers` axis) under
 the recurrence and the readout accumulate in float32 / complex64.
 
 Call: `model.apply({"params": p}, tokens [B, T] int32, segment_ids=None, positions=None) -> logits [B, T, V]`.
+With `targets=` [B, T] int32 it returns the per-token loss instead, nll [B, T] float32 = −log softmax(logits)[y],
+computed `loss_chunk` positions at a time (a `lax.map` over T / loss_chunk chunks, each rematerialised in the
+backward), so that neither the logits [B, T, V] nor their gradient ever exist whole: per chip at most
+B/shards × loss_chunk × V float32 values live at once.
+
+Sharding (under the trainer's mesh and logical axis rules; no-ops without them): the residual stream is
+constrained to ("batch", "length", "act_embed") after the embedding, after every block and before the head,
+and the logits to ("batch", "length", "act_vocab"): activations stay split over the batch shards, so XLA
+gathers the FSDP-sharded weights instead of computing partial products for the whole batch on every chip.
 Positions default to the position inside each document (restarting at each segment start). With
 `cache=` (see idattn.models.decoding) it returns `(logits, new_cache)` and continues from the cache.
 """
@@ -17,9 +26,10 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import optax
 
 from idattn.layers.attention import SoftmaxAttention
-from idattn.layers.common import (Dense, RMSNorm, SwiGLU, check_segment_ids, document_index, param,
+from idattn.layers.common import (RMSNorm, SwiGLU, check_segment_ids, document_index, param,
                                   positions_from_segments)
 from idattn.layers.interdomain import InterdomainMixer
 from idattn.models.spec import ModelSpec
@@ -35,6 +45,58 @@ def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
                             output_gate=spec.output_gate, conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
                             kappa=spec.kappa, dt_min=spec.dt_min, dt_max=spec.dt_max, short_conv=spec.short_conv,
                             impl=spec.impl, chunk_size=spec.chunk_size, norm_eps=spec.norm_eps, **common)
+
+
+RESIDUAL_AXES = ("batch", "length", "act_embed")
+LOGITS_AXES = ("batch", "length", "act_vocab")
+
+
+def constrain(x, axes):
+    """Logical sharding constraint (a no-op without a mesh and axis rules in context)."""
+    return nn.with_logical_constraint(x, axes)
+
+
+def _divisor_at_most(n: int, k: int) -> int:
+    k = max(1, min(int(k), int(n)))
+    while n % k:
+        k -= 1
+    return k
+
+
+class LMHead(nn.Module):
+    """logits = x · W_head (W [d, V], float32 output); or, with targets, the chunked token loss (see the module
+    docstring). The parameter is `lm_head/kernel` either way."""
+    vocab_size: int
+    d_model: int
+    init_std: float
+    dtype: jnp.dtype
+    param_dtype: jnp.dtype
+
+    @nn.compact
+    def __call__(self, x, targets=None, loss_chunk: int = 0):
+        w = param(self, "kernel", nn.initializers.normal(self.init_std), (self.d_model, self.vocab_size),
+                  ("embed", "vocab"), self.param_dtype)
+
+        def logits_of(xc):
+            y = jnp.einsum("...a,an->...n", xc.astype(self.dtype), w.astype(self.dtype),
+                           preferred_element_type=jnp.float32)
+            return constrain(y, LOGITS_AXES)
+
+        if targets is None:
+            return logits_of(x)
+        b, t, d = x.shape
+        c = _divisor_at_most(t, loss_chunk) if loss_chunk and loss_chunk > 0 else t
+        n = t // c
+
+        @jax.checkpoint  # the backward recomputes one chunk's logits instead of keeping all of them
+        def chunk_nll(args):
+            xc, tc = args
+            return optax.softmax_cross_entropy_with_integer_labels(logits_of(xc), tc)
+
+        xs = jnp.swapaxes(x.reshape(b, n, c, d), 0, 1)            # [n, B, c, d]
+        ts = jnp.swapaxes(targets.reshape(b, n, c), 0, 1)         # [n, B, c]
+        nll = jax.lax.map(chunk_nll, (xs, ts))                    # [n, B, c]
+        return jnp.swapaxes(nll, 0, 1).reshape(b, t)
 
 
 class Block(nn.Module):
@@ -55,7 +117,7 @@ class Block(nn.Module):
         x = x + y.astype(x.dtype)
         h = RMSNorm(s.norm_eps, dt, pdt, name="mlp_norm")(x)
         x = x + SwiGLU(s.d_model, s.ffn_dim, s.init_std, s.out_std, dt, pdt, name="mlp")(h).astype(x.dtype)
-        return x, new_cache
+        return constrain(x, RESIDUAL_AXES), new_cache
 
 
 def _remat(spec: ModelSpec, cls):
@@ -69,7 +131,7 @@ class Decoder(nn.Module):
     spec: ModelSpec
 
     @nn.compact
-    def __call__(self, tokens, segment_ids=None, positions=None, cache=None):
+    def __call__(self, tokens, segment_ids=None, positions=None, cache=None, targets=None, loss_chunk: int = 0):
         s = self.spec
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -90,7 +152,7 @@ class Decoder(nn.Module):
 
         emb = param(self, "embedding", nn.initializers.normal(s.init_std), (s.vocab_size, s.d_model),
                     ("vocab", "embed"), pdt)
-        x = jnp.take(emb, tokens, axis=0).astype(dt)
+        x = constrain(jnp.take(emb, tokens, axis=0).astype(dt), RESIDUAL_AXES)
 
         block = _remat(s, Block)
         if s.scan_layers:
@@ -106,9 +168,15 @@ class Decoder(nn.Module):
                 outs.append(nc)
             new_layer_cache = None if layer_cache is None else jax.tree_util.tree_map(
                 lambda *a: jnp.stack(a), *outs)
-        x = RMSNorm(s.norm_eps, dt, pdt, name="final_norm")(x)
-        logits = Dense((s.d_model,), (s.vocab_size,), ("embed", "vocab"), s.init_std, dtype=dt, param_dtype=pdt,
-                       out_fp32=True, name="lm_head")(x)
+        x = constrain(RMSNorm(s.norm_eps, dt, pdt, name="final_norm")(x), RESIDUAL_AXES)
+        head = LMHead(s.vocab_size, s.d_model, s.init_std, dt, pdt, name="lm_head")
+        if targets is not None:
+            if cache is not None:
+                raise ValueError("targets: the chunked loss is for training / evaluation; decode without targets")
+            if tuple(targets.shape) != (b, t):
+                raise ValueError(f"targets: shape {tuple(targets.shape)}; expected [B, T] = [{b}, {t}]")
+            return head(x, targets, loss_chunk)
+        logits = head(x)
         if cache is None:
             return logits
         return logits, {"index": cache_index + t, "layers": new_layer_cache}

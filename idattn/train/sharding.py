@@ -1,7 +1,7 @@
 """The device mesh and the placement of parameters, optimiser state and batches (SPEC section 5).
 
-One `jax.sharding.Mesh` with named axes (data, fsdp, tensor). Sizes come from `config.mesh`; one axis may be
--1 and takes the remaining devices. Parameters carry logical axis names (flax `with_logical_partitioning`);
+One `jax.sharding.Mesh` with named axes (data, fsdp, tensor). Sizes come from `config.mesh` (per slice); one axis
+may be -1 and takes the remaining devices. Multi-slice: the data axis also spans the slices (DCN), see make_mesh. Parameters carry logical axis names (flax `with_logical_partitioning`);
 `config.logical_axis_rules` maps them to mesh axes (default: FSDP over `embed`, tensor parallelism over
 heads / MLP / vocab). Batches are split over ("data", "fsdp") on their leading axis.
 """
@@ -45,15 +45,40 @@ def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
     return tuple(sizes)
 
 
-def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None) -> Mesh:
+def count_slices(devices: Sequence[jax.Device]) -> int:
+    """Number of TPU slices among `devices` (distinct `slice_index`; 1 for devices without one)."""
+    return len({getattr(d, "slice_index", 0) for d in devices}) or 1
+
+
+def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, num_slices: int | None = None) -> Mesh:
+    """The (data, fsdp, tensor) mesh. `config.mesh` describes one slice (its ICI-connected devices); with several
+    slices (multi-slice TPU: devices carry `slice_index`; or `num_slices`), the data axis is multiplied by the
+    number of slices — data parallelism over the data-centre network (DCN), the slowest link carrying only the
+    gradient all-reduce — with `mesh_utils.create_hybrid_device_mesh` (MaxText's dcn_data_parallelism)."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(mesh_cfg, len(devices))
+    n_slices = int(num_slices) if num_slices else count_slices(devices)
+    if n_slices < 1 or len(devices) % n_slices:
+        raise ValueError(f"{len(devices)} devices cannot form {n_slices} equal slices")
+    per_slice = mesh_shape(mesh_cfg, len(devices) // n_slices)
+    from jax.experimental import mesh_utils
+    if n_slices > 1:
+        try:
+            dev = mesh_utils.create_hybrid_device_mesh(per_slice, (n_slices, 1, 1), devices=devices,
+                                                       allow_split_physical_axes=True)
+        except Exception:  # devices without slice_index (CPU tests): slice k = the k-th block of devices
+            dev = np.stack([np.asarray(devices[k * len(devices) // n_slices:(k + 1) * len(devices) // n_slices])
+                            .reshape(per_slice) for k in range(n_slices)]).reshape(
+                (n_slices * per_slice[0],) + tuple(per_slice[1:]))
+        return Mesh(dev, MESH_AXES)
     try:
-        from jax.experimental import mesh_utils
-        dev = mesh_utils.create_device_mesh(shape, devices=devices, allow_split_physical_axes=True)
+        dev = mesh_utils.create_device_mesh(per_slice, devices=devices, allow_split_physical_axes=True)
     except Exception:  # CPU / unusual topologies: plain order is fine
-        dev = np.asarray(devices).reshape(shape)
+        dev = np.asarray(devices).reshape(per_slice)
     return Mesh(dev, MESH_AXES)
+
+
+def batch_axes(mesh: Mesh) -> tuple[str, ...]:
+    return BATCH_AXES
 
 
 def normalize_rules(rules: Any) -> tuple[tuple[str, Any], ...]:

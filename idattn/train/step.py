@@ -32,14 +32,21 @@ def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
     return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), targets)
 
 
-def make_loss_sums(apply_fn: Callable) -> Callable:
-    """(params, batch) -> (Σ m·nll, Σ m) for one (micro)batch."""
+def make_loss_sums(apply_fn: Callable, loss_chunk: int = 0) -> Callable:
+    """(params, batch) -> (Σ m·nll, Σ m) for one (micro)batch.
+
+    loss_chunk > 0: the model computes the token loss itself, `loss_chunk` positions at a time
+    (`apply_fn(..., targets=, loss_chunk=)` -> nll [B, T]; idattn.models.llama), so the full logits and their
+    gradient are never materialised; 0: from the logits [B, T, V] the model returns."""
 
     def loss_sums(params, batch):
-        logits = apply_fn({"params": params}, batch["inputs"], segment_ids=batch["segment_ids"],
-                          positions=batch["positions"])
+        kw = dict(segment_ids=batch["segment_ids"], positions=batch["positions"])
+        if loss_chunk and loss_chunk > 0:
+            nll = apply_fn({"params": params}, batch["inputs"], targets=batch["targets"], loss_chunk=int(loss_chunk),
+                           **kw)
+        else:
+            nll = token_nll(apply_fn({"params": params}, batch["inputs"], **kw), batch["targets"])
         mask = batch["loss_mask"].astype(jnp.float32)
-        nll = token_nll(logits, batch["targets"])
         return jnp.sum(nll * mask), jnp.sum(mask)
 
     return loss_sums
@@ -53,9 +60,10 @@ def _split_micro(x: jax.Array, accum: int) -> jax.Array:
 
 
 def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, grad_accum: int = 1,
-                    lr_fn: Callable | None = None, micro_constraint: Callable | None = None) -> Callable:
+                    lr_fn: Callable | None = None, micro_constraint: Callable | None = None,
+                    loss_chunk: int = 0) -> Callable:
     """Returns train_step(state, batch) -> (new_state, metrics) with metrics loss, grad_norm, lr, tokens."""
-    loss_sums = make_loss_sums(apply_fn)
+    loss_sums = make_loss_sums(apply_fn, loss_chunk)
     grad_fn = jax.value_and_grad(lambda p, b: loss_sums(p, b), has_aux=True)
 
     def train_step(state: TrainState, batch: dict[str, jax.Array]):
@@ -87,6 +95,6 @@ def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, gra
     return train_step
 
 
-def make_eval_step(apply_fn: Callable) -> Callable:
+def make_eval_step(apply_fn: Callable, loss_chunk: int = 0) -> Callable:
     """eval_step(params, batch) -> (Σ m·nll, Σ m) as float32 scalars."""
-    return make_loss_sums(apply_fn)
+    return make_loss_sums(apply_fn, loss_chunk)

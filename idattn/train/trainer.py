@@ -85,6 +85,44 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
     return {k: (a, b) for k, a, b in diffs}
 
 
+DATA_FLAGS_HINT = ("--config.data.source=arrayrecord --config.data.path=<folder of prepared shards> (written by "
+                   "`python -m idattn.data.prepare`, docs/data.md), or --config.data.source=kjv for a smoke run on "
+                   "the embedded corpus")
+
+
+def check_data_choice(config) -> None:
+    """Paper-size configs leave data.source unset (experiments/scaling.py): they must not train on the embedded
+    text by accident. Refused before anything is read or written, naming the flags to add."""
+    source = str(config.data.get("source", "") or "")
+    if not source:
+        raise TrainingError("config.data.source is unset: this config trains on prepared data; add "
+                            + DATA_FLAGS_HINT)
+    if source == "arrayrecord" and not config.data.get("path"):
+        raise TrainingError("config.data.source=arrayrecord needs the data folder: add "
+                            "--config.data.path=<folder of prepared shards> (python -m idattn.data.prepare)")
+
+
+def describe_data(config, tokenizer) -> str:
+    """One line for the start-up banner: source, path, tokenizer and the training tokens available."""
+    d = config.data
+    source = str(d.source)
+    tokens = "n/a"
+    try:
+        if source == "arrayrecord":
+            from idattn.data import formats
+            meta = formats.read_meta(d.path)
+            tokens = f"{int(meta.get('train_tokens', 0)):,} train / {int(meta.get('val_tokens', 0)):,} val tokens"
+        elif source == "kjv":
+            from idattn.data import pipeline
+            docs = pipeline._kjv_token_docs(tokenizer, "train", float(d.val_fraction))
+            tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
+                      f"the paper's data)")
+    except Exception as e:  # informative only
+        tokens = f"n/a ({type(e).__name__}: {e})"
+    path = d.path if source == "arrayrecord" else (d.get("tfds_name", "") if source == "tfds" else "(embedded)")
+    return f"  data: source {source}, path {path or '-'}, tokenizer {d.tokenizer} ({_vocab_size(tokenizer)} pieces), {tokens}"
+
+
 def check_tokenizer(config, tokenizer, data_mod) -> None:
     vocab = _vocab_size(tokenizer)
     if vocab is not None and vocab > int(config.model.vocab_size):
@@ -213,9 +251,10 @@ def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmu
     def micro_constraint(mb):
         return {k: jax.lax.with_sharding_constraint(v, batch_sh) for k, v in mb.items()}
 
+    loss_chunk = int(t.get("loss_chunk", 0))
     train_step = make_train_step(model.apply, tx, grad_accum=int(t.grad_accum), lr_fn=schedules["decay"],
-                                 micro_constraint=micro_constraint)
-    eval_step = make_eval_step(model.apply)
+                                 micro_constraint=micro_constraint, loss_chunk=loss_chunk)
+    eval_step = make_eval_step(model.apply, loss_chunk)
     p_init = jax.jit(init_state, out_shardings=state_sh)
     p_train = jax.jit(train_step, in_shardings=(state_sh, batch_shardings), out_shardings=(state_sh, rep),
                       donate_argnums=(0,))
@@ -280,6 +319,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     seq_len = int(config.data.seq_len)
 
     # ---- refusals: nothing is written before these pass
+    check_data_choice(config)
     try:
         tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)
     except (ValueError, FileNotFoundError) as e:
@@ -335,6 +375,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     log(f"  HBM estimate per device: params {metrics_lib.format_bytes(est['params'])} + opt state "
         f"{metrics_lib.format_bytes(est['opt_state'])} + grads {metrics_lib.format_bytes(est['grads'])} + "
         f"activations {metrics_lib.format_bytes(est['activations'])} = {metrics_lib.format_bytes(est['total'])}")
+    log(describe_data(config, tokenizer))
     log(f"  schedule: {num_steps} steps x {int(t.batch_size)} x {seq_len} tokens (grad_accum {int(t.grad_accum)}, "
         f"microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
         f"{min(float(t.peak_lr), float(t.ssm_lr_cap)):g}) -> {float(t.end_lr):g}")
