@@ -60,7 +60,7 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
     for m in ("softmax", "interdomain", "s4d_only"):
         assert rows[m]["paper_ppl_125m"] == P.VAL_PPL["125m"][m]
-        assert md_rows[repro.LABEL[m]][6] == f"{P.VAL_PPL['125m'][m]:.2f}"
+        assert md_rows[repro.LABEL[m]][7] == f"{P.VAL_PPL['125m'][m]:.2f}"
         assert rows[m]["paper_ratio_to_softmax"] == pytest.approx(P.VAL_PPL["125m"][m] / P.VAL_PPL["125m"]["softmax"])
     assert data["verdicts"]["a"]["verdict"] == "inconclusive"  # S4D-only missing
 
@@ -110,19 +110,22 @@ def test_cube_axis_effects_are_main_effects():
     assert max(abs(x) for x in pax["rope"]) < min(pax["readout"]) / 4
 
 
-def test_verdict_rules():
-    assert repro.verdict_a([16.4, 16.6], [19.0, 19.4])[0] == "reproduced"
-    assert repro.verdict_a([16.4, 17.0], [16.9, 17.2])[0] == "inconclusive"
+def test_verdict_rules_are_paired_by_seed():
+    assert repro.verdict_a([16.4, 20.0], [19.0, 23.0])[0] == "reproduced"  # ranges overlap, every seed > 5%
+    assert repro.verdict_a([16.4, 17.0], [17.5, 17.2])[0] == "inconclusive"
     assert repro.verdict_a([19.0, 19.4], [16.4, 16.6])[0] == "not reproduced"
-    assert repro.verdict_b([16.4, 16.5], [16.6, 16.7])[0] == "reproduced"
-    assert repro.verdict_b([16.7, 16.9], [16.6, 16.8])[0] == "reproduced"  # overlapping: matches
-    assert repro.verdict_b([17.0, 17.1], [16.6, 16.7])[0] == "not reproduced"
+    assert repro.verdict_a([19.0, None], [16.4, 16.6])[1].endswith("(1 seed(s)); Interdomain worse in every seed")
+    assert repro.verdict_a([None], [16.4])[0] == "inconclusive"
+    assert repro.verdict_b([16.4, 20.5], [16.6, 20.6])[0] == "reproduced"
+    assert "matches" in repro.verdict_b([16.7, 20.1], [16.6, 20.0])[1]
+    assert repro.verdict_b([17.0, 21.0], [16.6, 20.0])[0] == "not reproduced"
+    assert repro.verdict_b([17.0, 19.0], [16.6, 20.0])[0] == "inconclusive"
     assert repro.verdict_c([1.0, 1.01], [1.4, 1.3])[0] == "reproduced"
     assert repro.verdict_c([1.0, 1.01], [1.0, 1.02])[0] == "not reproduced"
     assert repro.verdict_c([1.0, 1.01], [1.1, 1.3])[0] == "inconclusive"
     assert repro.verdict_e([1.0, 1.0], [0.9, 0.95], [0.1, 0.2])[0] == "reproduced"
     assert repro.verdict_e([0.5, 0.6], [0.9, 0.95], [0.1, 0.2])[0] == "not reproduced"
-    assert repro.verdict_e([1.0, 1.0], [0.1, 0.3], [0.2, 0.25])[0] == "inconclusive"
+    assert repro.verdict_e([1.0, 1.0], [0.3, 0.2], [0.2, 0.25])[0] == "inconclusive"
 
 
 def test_scaled_dt_keeps_the_papers_dt_times_context():
