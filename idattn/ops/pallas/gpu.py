@@ -36,7 +36,10 @@ def _compiler_params(num_warps, num_stages):
 # (4 warps); the chunk-parallel backward kernels hold several L×L and L×D fp32 tiles at once (8 warps, fewer
 # registers per thread). num_stages > 1 lets Triton prefetch the next chunk's loads inside the fori_loop.
 # "fwd_big": the forward kernels when the padded mode count M >= 64 (bigger [L, M] tiles per program).
-TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2)}
+# "bwd_f32": the backward kernels with float32 operands: with 2 stages their tiles need 242 KiB (M = 32, D = 128)
+# and 259 KiB (M = 64, D = 64) of shared memory, over sm_90's 227 KiB (found by the deviceless H200 compile,
+# tests/test_aot_gpu.py); one stage fits (208 and 224 KiB).
+TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2), "bwd_f32": (8, 1)}
 
 
 def _call(kernel, out_shape, grid, interpret, kind="fwd"):
@@ -265,7 +268,7 @@ def bwd_o(w, zv, do, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     out = (jax.ShapeDtypeStruct((B, T, H, 2, M), F32), jax.ShapeDtypeStruct(zv.shape, zv.dtype)) + _acc_out(B, H, NG, M)
     args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret, "bwd")(*args)
+    return _call(kernel, out, (B, H, NG), interpret, "bwd" if jnp.dtype(cdt) == jnp.bfloat16 else "bwd_f32")(*args)
 
 
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
@@ -298,4 +301,4 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
 
     out = (jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype)) + _acc_out(B, H, NG, M)
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret, "bwd")(*args)
+    return _call(kernel, out, (B, H, NG), interpret, "bwd" if jnp.dtype(cdt) == jnp.bfloat16 else "bwd_f32")(*args)
