@@ -118,3 +118,28 @@ def test_distributed_initialize_sources(fake_init, monkeypatch):
     assert distributed.initialize("off") is False and len(fake_init) == 3
     with pytest.raises(ValueError, match="needs num_processes and process_id"):
         distributed.initialize("on", "h:1", None, None)
+
+
+def test_paper_size_without_data_flags_is_refused_before_any_write(tmp_path):
+    """experiments/scaling.py leaves data.source unset for every size but tiny: a 125M run without data flags
+    stops with the flags to add, before the workdir exists; an explicit source passes this check."""
+    import importlib.util
+    from idattn.train.trainer import TrainingError, check_data_choice, run
+
+    spec = importlib.util.spec_from_file_location("_scaling", os.path.join(REPO, "experiments", "scaling.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    cfg = mod.get_config("interdomain,125m")
+    wd = tmp_path / "run"
+    with pytest.raises(TrainingError, match=r"--config\.data\.source=arrayrecord --config\.data\.path=.*"
+                                            r"--config\.data\.source=kjv"):
+        run(cfg, str(wd))
+    assert not wd.exists()
+    cfg.data.source = "arrayrecord"
+    with pytest.raises(TrainingError, match="--config.data.path"):
+        check_data_choice(cfg)
+    cfg.data.path = "/data/x"
+    check_data_choice(cfg)
+    cfg.data.source = "kjv"
+    check_data_choice(cfg)
+    assert mod.get_config("interdomain,tiny").data.source == "kjv"  # the CPU-sized config keeps its corpus

@@ -1,0 +1,150 @@
+"""Ahead-of-time compilation for TPU topologies on this (CPU) host: idattn.aot and the partitioned kernels.
+
+With libtpu (`pip install -e ".[tpu]"`; CI installs it): the tiny Interdomain train step (impl="pallas") and the
+tiny Softmax train step (attn_impl="pallas_tpu") compile for a 4-chip v5p slice at meshes (data, fsdp, tensor)
+= (4,1,1), (1,2,2), (2,1,2), and the compiled program contains the Mosaic kernel (`tpu_custom_call`; an XLA
+fallback would not); per-chip temporaries of the tiny train step fall from 1 chip to 4 at the same global batch;
+no array of the full global batch's logits [B, T, V] appears in any compiled program; `python -m idattn.aot`
+prints its closing line and exits 0. Without libtpu these are skipped (said why) — except under CI=true,
+where a missing libtpu is a failure.
+
+Always: topology names -> shapes, the collective counter and the closing line's format.
+"""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from idattn.aot.compile import collectives
+from idattn.aot.tpu import chips_per_host_bounds, parse_tpu_name
+from idattn.train import testing as T
+
+HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
+
+
+def _need_libtpu():
+    if HAVE_LIBTPU:
+        return
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail("libtpu is not installed but CI=true: install the test extra (pip install -e '.[test]'), which "
+                    "brings jax[tpu] pinned to the installed jax")
+    pytest.skip("libtpu is not installed (pip install -e '.[tpu]'): TPU ahead-of-time compilation unavailable")
+
+
+def test_topology_names():
+    assert parse_tpu_name("v5p-8") == ("v5p", (2, 2, 1))      # v5p-N counts TensorCores: 4 chips
+    assert parse_tpu_name("v5p-32") == ("v5p", (2, 2, 4))
+    assert parse_tpu_name("v5p-128") == ("v5p", (4, 4, 4))
+    assert parse_tpu_name("v4-256") == ("v4", (4, 4, 8))
+    assert parse_tpu_name("v4-2048") == ("v4", (8, 8, 16))
+    assert parse_tpu_name("v6e-64") == ("v6e", (8, 8))          # v6e-N / v5e-N count chips
+    assert parse_tpu_name("v5e-256") == ("v5e", (16, 16))
+    assert parse_tpu_name("v6e-8") == ("v6e", (2, 4))
+    assert parse_tpu_name("v5p:2x2x1") == ("v5p", (2, 2, 1))
+    assert chips_per_host_bounds("v5p", (4, 4, 4)) == (2, 2, 1)  # 4 chips per host
+    assert chips_per_host_bounds("v6e", (2, 4)) == (2, 4, 1)     # the 8-chip single-host v6e machine
+    for bad in ("v5p-12", "v5p-7", "h100-8", "v6e:2x2x2"):
+        with pytest.raises(ValueError, match="topology"):
+            parse_tpu_name(bad)
+
+
+def test_collective_counter():
+    hlo = "\n".join([
+        "  %all-reduce.1 = f32[8,16]{1,0} all-reduce(f32[8,16]{1,0} %x), replica_groups={}",
+        "  %ag = (bf16[4,2]{1,0}, bf16[16,2]{1,0}) all-gather-start(bf16[4,2]{1,0} %y), dimensions={0}",
+        "  %agd = bf16[16,2]{1,0} all-gather-done((bf16[4,2]{1,0}, bf16[16,2]{1,0}) %ag)",
+        "  %rs = f32[2]{0} reduce-scatter(f32[8]{0} %z), dimensions={0}",
+        "  %add = f32[8,16]{1,0} add(f32[8,16]{1,0} %a, f32[8,16]{1,0} %b)",
+    ])
+    c = collectives(hlo)
+    assert c["all-reduce"] == {"count": 1, "bytes": 8 * 16 * 4}
+    assert c["all-gather"]["count"] == 1 and c["reduce-scatter"] == {"count": 1, "bytes": 8}
+    assert "add" not in c
+
+
+SCRIPT = r"""
+import json, os, re, sys, time
+import jax, jax.numpy as jnp
+from idattn.aot.tpu import tpu_target
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd, testing as T
+from idattn.train.step import BATCH_KEYS
+from idattn.train.trainer import build_setup
+
+B, S, V = 8, 128, 512
+out = []
+for mixer, topo, shape in [("interdomain", "v5p:1x1x1", (1, 1, 1)), ("interdomain", "v5p:2x2x1", (4, 1, 1)),
+                           ("interdomain", "v5p:2x2x1", (1, 2, 2)), ("interdomain", "v5p:2x2x1", (2, 1, 2)),
+                           ("softmax", "v5p:2x2x1", (4, 1, 1)), ("softmax", "v5p:2x2x1", (1, 2, 2)),
+                           ("softmax", "v5p:2x2x1", (2, 1, 2))]:
+    cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": B, "train.loss_chunk": 64})
+    apply_mixer_name(cfg.model, mixer)
+    cfg.model.num_layers = 1
+    cfg.model.impl, cfg.model.attn_impl = "pallas", "pallas_tpu"
+    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = shape
+    mesh = shd.make_mesh(cfg.mesh, tpu_target(topo).devices)
+    setup = build_setup(cfg, mesh)
+    batch = {k: jax.ShapeDtypeStruct((B, S), jnp.float32 if k == "loss_mask" else jnp.int32,
+                                     sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
+    t0 = time.time()
+    with setup.context():
+        compiled = setup.train.lower(setup.abstract_state, batch).compile()
+    txt = compiled.as_text()
+    out.append({"mixer": mixer, "chips": mesh.size, "mesh": list(shape), "seconds": time.time() - t0,
+                "temp": compiled.memory_analysis().temp_size_in_bytes, "mosaic": txt.count("tpu_custom_call"),
+                "full_logits": sorted(set(re.findall(r"\w+\[%d,%d,%d\]" % (B, S, V), txt))),
+                "per_chip_logits": len(re.findall(r"\w+\[\d+,\d+,%d\]" % V, txt))})
+    print(json.dumps(out[-1]), file=sys.stderr, flush=True)
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def compiled_tiny(tmp_path_factory):
+    _need_libtpu()
+    env = dict(T.cached_env(tmp_path_factory.getbasetemp()), ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=T.REPO, env=env, capture_output=True, text=True,
+                          timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+@pytest.mark.parametrize("mixer", ["interdomain", "softmax"])
+def test_tiny_train_step_compiles_for_v5p_with_mosaic_kernels(compiled_tiny, mixer):
+    rows = [r for r in compiled_tiny if r["mixer"] == mixer and r["chips"] == 4]
+    assert sorted(tuple(r["mesh"]) for r in rows) == [(1, 2, 2), (2, 1, 2), (4, 1, 1)]
+    for r in rows:
+        # Interdomain: forward P/O kernels and the backward's scans and chunk kernels; Softmax: flash fwd + bwd
+        assert r["mosaic"] >= (8 if mixer == "interdomain" else 2), r
+
+
+def test_per_chip_temporaries_fall_and_no_full_batch_logits(compiled_tiny):
+    one = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 1][0]
+    four = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 4]
+    for r in four:
+        assert r["temp"] < 0.6 * one["temp"], (r, one)  # same global batch over 4 chips
+    for r in compiled_tiny:
+        if r["chips"] > 1:
+            assert r["full_logits"] == [], r  # no [8, 128, 512] logits (or their gradient) on any chip
+
+
+def test_aot_cli_prints_closing_line(tmp_path):
+    _need_libtpu()
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    js = tmp_path / "aot.json"
+    proc = subprocess.run([sys.executable, "-m", "idattn.aot", "--config=experiments/scaling.py:interdomain,tiny",
+                           "--topology=v5p-8", "--config.mesh.fsdp=4", "--config.model.num_layers=1",
+                           "--steps=decode", f"--json={js}"], cwd=T.REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = proc.stdout.strip().splitlines()[-1]
+    m = re.fullmatch(r"aot: experiments/scaling.py:interdomain,tiny on v5p-8 mesh 1x4x1: ([\d.]+) GiB per chip of "
+                     r"95 GiB: fits", last)
+    assert m, last
+    rec = json.loads(js.read_text())
+    assert rec["fits"] and rec["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert rec["steps"][0]["name"] == "decode" and rec["steps"][0]["total"] > 0
