@@ -291,8 +291,8 @@ def make_deps(dest):
     for top in tops:
         mod = sys.modules.get(top)
         f = getattr(mod, "__file__", None)
-        if top in _IMAGE_OWN or top.startswith("__editable__") or top in sys.builtin_module_names or f is None or "site-packages" not in f \
-                or f.startswith(stdlib + os.sep) and "site-packages" not in f:
+        if (top in _IMAGE_OWN or top.startswith("__editable__") or top in sys.builtin_module_names or f is None
+                or "site-packages" not in f or f.startswith(stdlib + os.sep)):
             continue
         src = os.path.dirname(f) if os.path.basename(f) == "__init__.py" else f
         dst = os.path.join(dest, os.path.basename(src))

@@ -153,7 +153,7 @@ def gpu_target(name: str) -> Target:
     n = len(devices)
     if n != hosts * per_host:  # pragma: no cover - plugin topology semantics changed
         raise RuntimeError(f"GPU target {name!r}: the CUDA plugin returned {n} devices, expected {hosts * per_host}")
-    desc = (f"{facts['name']} (sm_90a, {facts['sms']} SMs, {facts['hbm_bytes'] / 1e9:.0f} GB HBM) x {n}"
+    desc = (f"{facts['name']} (sm_90a, {facts['sms']} SMs, {facts['hbm_bytes'] / 2**30:.0f} GiB HBM) x {n}"
             f" = {hosts} host(s) x {per_host}, deviceless (ptxas {ptxas_version() or '?'} from the nvcc wheel)")
     return Target(name=name, platform="gpu", devices=devices, hbm_bytes_per_device=facts["hbm_bytes"],
                   description=desc, num_slices=1)
@@ -252,7 +252,8 @@ for (H, dh, M, dt, B, T, seg) in {cases!r}:
         o = interdomain_mix(fq, zk, zv, lam, b, impl="pallas", chunk_size=64, segment_ids=sg if seg else None)
         return jnp.sum(o.astype(jnp.float32))
     args = (sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((B, T), jnp.int32),)
-    sys.stderr.write("I0000 00:00:00.000000 0 case_marker.py:0] @@CASE " + json.dumps([H, dh, M, str(dt), B, T, seg]) + "\n")
+    mark = json.dumps([H, dh, M, str(dt), B, T, seg])
+    sys.stderr.write("I0000 00:00:00.000000 0 case_marker.py:0] @@CASE " + mark + "\n")
     sys.stderr.flush()
     t0 = time.time()
     try:
@@ -309,7 +310,8 @@ def format_resources(res, card="h200") -> str:
                          f"(grid/warps/stages): {calls}")
         for k in r["kernels"]:
             lines.append(f"    {k['name']:>10}  smem {k['smem']:>7} B ({k['smem'] / 1024:5.1f} KiB)  "
-                         f"regs {k['registers']:>3}  spill {k['spill_stores']:>6} B stores / {k['spill_loads']:>6} B loads")
+                         f"regs {k['registers']:>3}  spill {k['spill_stores']:>6} B stores / "
+                         f"{k['spill_loads']:>6} B loads")
     return "\n".join(lines)
 
 

@@ -71,7 +71,8 @@ def main(argv=None):
                 return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg[:, :-1]), tok[:, 1:, None], -1))
             g = jax.jit(jax.value_and_grad(loss))
             val, _ = g(p, tok, sg)
-            print(f"{mixer} {'tiny' if tiny else '125M'} bf16 [4,{T}]: finite={bool(jnp.all(jnp.isfinite(lg)))} loss={float(val):.3f} "
+            print(f"{mixer} {'tiny' if tiny else '125M'} bf16 [4,{T}]: finite={bool(jnp.all(jnp.isfinite(lg)))} "
+                  f"loss={float(val):.3f} "
                   f"fwd {_t(fwd, p, tok, sg):.1f} ms  fwd+bwd {_t(g, p, tok, sg):.1f} ms", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"{mixer} 125M FAILED: {type(e).__name__}: {str(e)[:500]}", flush=True)
