@@ -516,12 +516,14 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
             if mm and "coef" in mm:
                 xx = np.linspace(np.log(ns.min()) - 0.3, np.log(ns.max()) + 0.3, 80)
                 ax.plot(np.exp(xx), np.polyval(mm["coef"], xx), color=col, lw=1)
-            if mm and mm.get("ok"):
-                ax.scatter([mm["n_opt"]], [mm["loss_opt"]], marker="*", s=160, color=col, edgecolor="k", zorder=4)
+            if mm and mm.get("ok"):  # filled: minimum inside the sizes tried; hollow: extrapolated outside
+                ax.scatter([mm["n_opt"]], [mm["loss_opt"]], marker="*", s=160, zorder=4,
+                           color=col if mm["inside"] else "none", edgecolor=col if not mm["inside"] else "k")
         ax.set_xscale("log")
         ax.set_xlabel("non-embedding parameters N")
         ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{m}: IsoFLOP profiles (parabola in log N, * = minimum)")
+        ax.set_title(f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum (hollow: outside the sizes tried)",
+                     fontsize=9)
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
@@ -568,18 +570,32 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
     plt.close(fig)
 
     if diff is not None:
-        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        a, b = diff["mixers"]
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
         c = np.array(diff["c"])
-        ax.plot(c, 100 * np.array(diff["rel_gap"]), color="k")
-        ax.fill_between(c, 100 * np.array(diff["rel_lo"]), 100 * np.array(diff["rel_hi"]), color="gray", alpha=0.3)
-        ax.axhline(0, color="k", lw=0.6)
-        ax.axvline(diff["c_data_max"], color="k", ls=":", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("training compute C = 6ND (FLOPs)")
-        ax.set_ylabel(f"(L*_{diff['mixers'][0]} − L*_{diff['mixers'][1]}) / L*_{diff['mixers'][0]}  (%)")
-        ax.set_title(f"difference test: {diff['mixers'][1]}'s advantage over {diff['mixers'][0]}\n"
-                     "at the compute-optimal size (95% bootstrap band; dotted: data ends)", fontsize=9)
-        fig.suptitle(title, fontsize=8, y=0.995)
+        lo_c, hi_c = diff["in_range"]["c"]
+        for ax, (x0, x1), ttl in zip(axes, ((lo_c / 1.5, hi_c * 1.5), (c.min(), c.max() * 1.5)),
+                                     ("within the data's compute range", "extrapolated to the paper's compute")):
+            keep = (c >= x0) & (c <= x1)
+            if keep.sum() < 2:
+                keep = np.ones_like(c, bool)
+            ax.plot(c[keep], 100 * np.array(diff["rel_gap"])[keep], color="k", label="fitted laws (this study)")
+            ax.fill_between(c[keep], 100 * np.array(diff["rel_lo"])[keep], 100 * np.array(diff["rel_hi"])[keep],
+                            color="gray", alpha=0.3, label="95% bootstrap band")
+            ax.axhline(0, color="k", lw=0.6)
+            for edge in (lo_c, hi_c):
+                ax.axvline(edge, color="k", ls=":", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_xlabel("training compute C = 6ND (FLOPs)")
+            ax.set_ylabel(f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
+            ax.set_title(f"{b}'s advantage over {a}\nat each law's compute-optimal size, {ttl}", fontsize=9)
+        pp = diff.get("paper")
+        if pp:
+            axes[1].scatter(pp["c"], [100 * g for g in pp["rel_gap"]], color="tab:red", marker="D", zorder=4,
+                            label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
+            axes[1].set_ylim(-100, 100)
+        axes[1].legend(fontsize=7, loc="lower left")
+        fig.suptitle(title, fontsize=8)
         fig.tight_layout()
         files.append(os.path.join(out, "gap.png"))
         fig.savefig(files[-1], dpi=80)
@@ -619,6 +635,12 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
         diff = difference_test(fits[compare[0]], fits[compare[1]], grid)
         diff["mixers"] = list(compare)
         diff["c_data_max"] = hi
+        pts = paper_points() if set(compare) <= {"softmax", "interdomain"} else {}
+        diff["paper"] = None if not pts else {"sizes": list(pts), "c": [6 * r["n"][compare[0]] * r["d"] for r in pts.values()],
+                         "rel_gap": [(r["paper_loss"][compare[0]] - r["paper_loss"][compare[1]])
+                                     / r["paper_loss"][compare[0]] for r in pts.values()],
+                         "note": "the paper's validation losses (ln ppl) at its fixed sizes and token budgets, "
+                                 "FineWeb-Edu: another corpus and tokenizer, and not compute-optimal sizes"}
         # the headline: the change of the relative gap over the data's own compute range
         inside = difference_test(fits[compare[0]], fits[compare[1]], np.array([lo, hi]))
         diff["in_range"] = {"c": [lo, hi], "rel_gap": inside["rel_gap"], "rel_lo": inside["rel_lo"],
