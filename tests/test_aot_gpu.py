@@ -191,9 +191,8 @@ def test_interdomain_125m_train_step_compiles_for_8_h200():
     with setup.context():
         compiled = setup.train.lower(setup.abstract_state, batch).compile(compiler_options=gpu.compiler_options())
     text = compiled.as_text()
-    n_layers = cfg.model.num_layers
-    # every layer's mixer: forward (2 kernels) + backward (6), forward recomputed under remat -> >= 8 per layer
-    assert len(gpu.triton_calls(text)) >= 8 * n_layers
+    # the mixer's forward (2 kernels) and backward (6); the layers may be one scanned body, so >= 8 in all
+    assert len(gpu.triton_calls(text)) >= N_TRITON_FWD_BWD
     assert "all-gather" in text or "all-reduce" in text or "reduce-scatter" in text  # fsdp collectives
     emb = setup.abstract_state.params["embedding"]
     assert "fsdp" in str(emb.sharding.spec)
