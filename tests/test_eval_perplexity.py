@@ -45,9 +45,14 @@ def test_extrapolation_closed_form_and_buckets(tmp_path):
             got = d["corpora"][name][str(L)]["bucket_ppl"]
             want = [math.exp(nll[:, a:min(b, L)].mean()) for a, b in zip(range(0, 128, 32), range(32, 160, 32)) if a < L]
             np.testing.assert_allclose(got, want, rtol=1e-6)
-    # the headline averages only the paper's five corpora (NarrativeQA is Table 8 only)
-    assert m["ppl@64"] == m["pg19/ppl@64"]
-    png = perplexity.plot_extrapolation(d, str(tmp_path / "x.png"))
+    # no headline mean unless all five paper corpora ran (other corpora are never averaged)
+    assert not any(k.startswith("ppl@") for k in m) and d["average_over"] == []
+    five = {c: corpora["pg19"] for c in perplexity.FIVE_CORPORA}
+    m5, d5 = perplexity.extrapolation(bigram_score_fn(table), {**five, "narrativeqa": corpora["narrativeqa"]},
+                                      [32, 64, 128], bos=1, num_buckets=4)
+    assert d5["average_over"] == list(perplexity.FIVE_CORPORA)  # NarrativeQA is Table 8 only
+    assert m5["ppl@64"] == pytest.approx(np.mean([m5[f"{c}/ppl@64"] for c in perplexity.FIVE_CORPORA]), rel=1e-12)
+    png = perplexity.plot_extrapolation(d, str(tmp_path / "x.png"), train_len=64)
     assert os.path.getsize(png) > 1000
 
 
