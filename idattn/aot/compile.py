@@ -18,7 +18,9 @@ by the lowering platform anyway (see idattn.layers.attention).
 Printed per step (per chip, from `compiled.memory_analysis()`): argument, output, temporary and aliased bytes,
 and their total `argument + output − alias + temp` against the chip's HBM; FLOPs per step per chip from
 `compiled.cost_analysis()` (XLA's count: custom kernels — Mosaic / Triton — are counted by their cost
-estimate if they give one, else not at all); the collectives in the compiled program by kind (count, bytes
+estimate if they give one, else not at all, and a loop body counts once, so with `scan_layers` the layer stack
+counts as one layer), beside the model's training FLOPs per chip for the train step
+(`idattn.models.flops_per_token` × tokens per chip, the MFU numerator); the collectives in the compiled program by kind (count, bytes
 of their results). The last line:
 
     aot: <config> on <topology> mesh <d>x<f>x<t>: <GiB> per chip of <HBM GiB>: fits|does not fit
@@ -116,6 +118,7 @@ class StepReport:
     flops: float | None
     collectives: dict
     mosaic: int  # number of Mosaic (tpu_custom_call) / Triton custom calls in the compiled program
+    model_flops: float | None = None  # train: flops_per_token x tokens per chip (idattn.models), for comparison
 
     @property
     def total(self) -> int:
@@ -187,6 +190,12 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
         except Exception as e:
             raise AotError(f"{step} step did not compile: {type(e).__name__}: {str(e).splitlines()[0][:2000]}") from e
         rep = _report(step, compiled, time.perf_counter() - t0)
+        if step == "train":
+            try:
+                from idattn.models import flops_per_token
+                rep.model_flops = float(flops_per_token(config.model, S)) * B * S / mesh.size
+            except Exception:  # informative only
+                pass
         reports.append(rep)
         log(format_step(rep, target))
     del NamedSharding, P
@@ -231,9 +240,11 @@ def _gib(n: float) -> str:
 def format_step(r: StepReport, target) -> str:
     coll = ", ".join(f"{k} {v['count']} ({_gib(v['bytes'])} GiB)" for k, v in sorted(r.collectives.items())) or "none"
     fl = "n/a" if r.flops is None else f"{r.flops:.4g}"
+    if getattr(r, "model_flops", None):
+        fl += f" (model: {r.model_flops:.4g})"
     return (f"[{r.name}] compiled in {r.compile_s:.1f} s; per chip: arguments {_gib(r.argument)} GiB, outputs "
             f"{_gib(r.output)} GiB, temporaries {_gib(r.temp)} GiB, aliased {_gib(r.alias)} GiB -> total "
-            f"{_gib(r.total)} GiB of {target.hbm_gib:.0f} GiB; FLOPs per chip {fl} (XLA cost analysis); kernels "
+            f"{_gib(r.total)} GiB of {target.hbm_gib:.0f} GiB; FLOPs per chip {fl}; kernels "
             f"(custom calls) {r.mosaic}; collectives: {coll}")
 
 

@@ -150,7 +150,8 @@ def _vocab_size(tokenizer) -> int | None:
 def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     """Rough per-device bytes: fp32 params + grads + 2 Adam moments (sharded over fsdp x tensor), and activations
     of one microbatch (sharded over data x fsdp): with remat, the residual stream per layer (compute dtype) plus
-    one layer's working set (~ 10 d + 3 ffn + 4 H d_h values per token) plus float32 logits and their gradient."""
+    one layer's working set (~ 10 d + 3 ffn + 4 H d_h values per token) plus float32 logits and their gradient
+    (of one train.loss_chunk of positions when the loss is chunked)."""
     m = config.model
     t = config.train
     n_dev = mesh.size
@@ -165,7 +166,10 @@ def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     remat = str(m.get("remat", "full"))
     per_layer_saved = d if remat == "full" else (10 * d + 3 * ffn + 4 * h * dh)
     act = tok_dev * cbytes * (int(m.num_layers) * per_layer_saved + 10 * d + 3 * ffn + 4 * h * dh)
-    logits = tok_dev * int(m.vocab_size) * 4 * 2 / mesh.shape["tensor"]
+    seq = int(config.data.seq_len)
+    lc = int(t.get("loss_chunk", 0) or 0)
+    live = min(lc, seq) / seq if lc > 0 else 1.0  # chunked loss: one chunk of logits (+ gradient) at a time
+    logits = tok_dev * live * int(m.vocab_size) * 4 * 2 / mesh.shape["tensor"]
     del n_dev
     return {"params": params, "opt_state": opt, "grads": grads, "activations": act + logits,
             "total": params + opt + grads + act + logits}
