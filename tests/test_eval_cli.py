@@ -52,7 +52,7 @@ def _setup(tmp_path):
 
 class _Reference:
     """log p(next | prefix) in float64 NumPy from a direct forward of the same random-init model (one jit: inputs
-    are right-padded to 256 tokens, which a causal model never reads back)."""
+    are right-padded to 64 tokens, which a causal model never reads back)."""
 
     def __init__(self, cfg_spec):
         import jax
@@ -68,12 +68,28 @@ class _Reference:
                                                    jnp.zeros((1, 8), jnp.int32))["params"])
         self.fn = jax.jit(lambda p, x: model.apply({"params": p}, x))
 
-    def logprobs(self, inputs, pad_to=256):
+    def logprobs(self, inputs, pad_to=64):
         x = np.zeros((1, pad_to), np.int32)
         x[0, :len(inputs)] = inputs
         logits = np.asarray(self.fn(self.params, x)[0, :len(inputs)], np.float64)
         m = logits.max(-1, keepdims=True)
         return logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+
+
+def _rolling_ll(ref, bos, toks, L=64):
+    """Total log-likelihood under lm-eval's rolling windows (max length L, context 1), written out here: the first
+    window reads [BOS] + toks[:L-1] and predicts toks[:L]; each next one predicts the next <= L tokens reading the
+    L tokens before each of them."""
+    e = min(L, len(toks))
+    total = ref.logprobs([bos] + toks[:e - 1])[np.arange(e), toks[:e]].sum()
+    s = e
+    while s < len(toks):
+        e = min(len(toks), s + L)
+        inp = toks[max(0, e - L - 1):e - 1]
+        n = e - s
+        total += ref.logprobs(inp)[np.arange(len(inp) - n, len(inp)), toks[s:e]].sum()
+        s = e
+    return total
 
 
 def test_eval_cli_all_suites_then_results(tmp_path, capsys):
@@ -89,7 +105,7 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
                f"--config={cfg}:interdomain", f"--data_dir={data}", f"--val_path={tmp_path / 'val.jsonl'}",
                "--lengths=32,64,112", "--corpora=pg19", "--niah_lengths=96", "--phonebook_sizes=2",
                "--recall_n=2", "--decode_contexts=8", "--decode_batches=1", "--decode_steps=2", "--batch_size=4",
-               "--prefill_chunk=8", "--max_length=256"])
+               "--prefill_chunk=8"])
     assert rc == 0
     printed = capsys.readouterr()
     recs = {r["suite"]: r for r in read_results(wd)}
@@ -105,18 +121,17 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     tok = load_tokenizer(str(tmp_path / "tok.model"))
     bos = tok.bos_id
     ref = _Reference(f"{cfg}:interdomain")
-    # validation (rolling windows; every document fits one 256-token window): NumPy recomputation
+    # validation (rolling windows of 64): NumPy recomputation
     texts = [json.loads(ln)["text"] for ln in open(tmp_path / "val.jsonl")]
     nll = n = 0.0
     for t in texts:
         ids = tok.encode(t)
-        assert len(ids) < 256
-        lp = ref.logprobs([bos] + ids[:-1])
-        nll -= lp[np.arange(len(ids)), ids].sum()
+        nll -= _rolling_ll(ref, bos, ids)
         n += len(ids)
+    assert n > 64 * len(texts)  # several windows per document
     v = recs["validation"]["metrics"]
     assert v["tokens"] == n and v["loss"] == pytest.approx(nll / n, rel=1e-5) and v["ppl"] == pytest.approx(np.exp(nll / n), rel=1e-5)
-    assert os.path.basename(recs["validation"]["path"]) == f"validation-val-t{int(n)}-c256-b4-stepinit.json"
+    assert os.path.basename(recs["validation"]["path"]) == f"validation-val-t{int(n)}-c64-b4-stepinit.json"
     # extrapolation: pg19 at L=32 is the mean nll of the first 32 tokens of each document (input [BOS] + doc[:31])
     e = recs["extrapolation"]["metrics"]
     assert set(e) == {"pg19/ppl@32", "pg19/ppl@64", "pg19/ppl@112"}  # one corpus: no "mean" headline
@@ -129,16 +144,13 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     assert e["pg19/ppl@32"] == pytest.approx(float(np.exp(np.mean(nlls))), rel=1e-5)
     assert os.path.getsize(recs["extrapolation"]["path"][:-5] + ".png") > 1000
     # harness: the average is the mean of the eight headline accuracies; WikiText word perplexity recomputed from
-    # a direct forward of each (detokenised) page: exp(-sum log p / words)
+    # direct forwards over each (detokenised) page's rolling windows: exp(-sum log p / words)
     h = recs["harness"]["metrics"]
     heads = [h[f"{t}/{harness.TASKS[t].headline}"] for t in harness.EIGHT_TASKS]
     assert h["average/acc"] == pytest.approx(float(np.mean(heads)), abs=1e-12)
     ll = words = 0.0
     for d in WIKITEXT:
-        ids = tok.encode(harness.wikitext_detokenizer(d["page"]))
-        assert len(ids) < 256
-        lp = ref.logprobs([bos] + ids[:-1])
-        ll += lp[np.arange(len(ids)), ids].sum()
+        ll += _rolling_ll(ref, bos, tok.encode(harness.wikitext_detokenizer(d["page"])))
         words += len(re.split(r"\s+", d["page"]))
     assert h["wikitext/word_perplexity"] == pytest.approx(float(np.exp(-ll / words)), rel=1e-4)
     assert {"niah@96/acc", "phonebook@2/acc"} <= set(recs["recall"]["metrics"])
