@@ -28,7 +28,8 @@ Points are grouped by mixer family (softmax | interdomain | s4d_only | cube cell
 (c) Difference test between two mixers: gap(C) = L*_1(C) − L*_2(C) (compute-optimal loss of each fitted law)
     and the relative gap gap/L*_1, with intervals from independent bootstrap draws of the two fits; and the
     change of the relative gap between the smallest and the largest budget of the grid (does the advantage
-    grow with compute?), with its interval.
+    grow with compute?), with its interval. Beside it, model-free: the mean relative difference of runs paired
+    by size and budget, with a bootstrap interval over pairs.
 
 Outputs (`--out`, default `<root>/scaling`): `scaling_fit.json`, `law.png` (loss against N and against D with
 fitted curves and 95 % bands), `isoflop.png`, `frontier.png` (every mixer's compute-optimal loss, N* and D*
@@ -425,6 +426,26 @@ def difference_test(fit1: dict, fit2: dict, c) -> dict:
             "rel_growth_ci": list(interval(growth)), "draws": int(k)}
 
 
+def paired_runs(points: Sequence[Point], a: str, b: str, *, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """Model-free check beside the fitted gap: runs of mixers a and b with the same size name and budget
+    (nominal compute, else tokens), relative difference (L_a − L_b) / L_a per pair, its mean with a percentile
+    bootstrap interval over pairs, and how many pairs favour b."""
+    def key(p):
+        return (p.size, p.extra.get("nominal_compute") or p.d)
+    pa = {key(p): p for p in points if p.mixer == a}
+    pb = {key(p): p for p in points if p.mixer == b}
+    common = sorted(set(pa) & set(pb), key=lambda k: (pa[k].n, k[1]))
+    if not common:
+        return None
+    rel = np.array([(pa[k].loss - pb[k].loss) / pa[k].loss for k in common])
+    rng = np.random.default_rng(seed)
+    boot = [rel[rng.integers(0, rel.size, rel.size)].mean() for _ in range(n_boot)]
+    return {"pairs": [{"size": k[0], "budget": k[1], "loss_" + a: pa[k].loss, "loss_" + b: pb[k].loss,
+                       "rel": float(r)} for k, r in zip(common, rel)],
+            "mean_rel": float(rel.mean()), "mean_rel_ci": list(interval(boot)), "b_better": int((rel > 0).sum()),
+            "n": int(rel.size)}
+
+
 # -------------------------------------------------------------------------------------- paper comparison
 def paper_points() -> dict[str, dict]:
     """The paper's four sizes: non-embedding N (Softmax and Interdomain shapes), tokens D, and validation loss
@@ -635,6 +656,7 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
         diff = difference_test(fits[compare[0]], fits[compare[1]], grid)
         diff["mixers"] = list(compare)
         diff["c_data_max"] = hi
+        diff["paired_runs"] = paired_runs(points, compare[0], compare[1])
         pts = paper_points() if set(compare) <= {"softmax", "interdomain"} else {}
         diff["paper"] = None if not pts else {"sizes": list(pts), "c": [6 * r["n"][compare[0]] * r["d"] for r in pts.values()],
                          "rel_gap": [(r["paper_loss"][compare[0]] - r["paper_loss"][compare[1]])
@@ -730,6 +752,11 @@ def print_report(res: dict) -> None:
         verdict = ("grows" if gi[0] > 0 else "shrinks" if gi[1] < 0 else "no significant change")
         print(f"  change over the data's compute range: {100 * ir['rel_growth']:+.2f} points "
               f"[{100 * gi[0]:+.2f}, {100 * gi[1]:+.2f}] -> {verdict}")
+        pr = d.get("paired_runs")
+        if pr:
+            print(f"  model-free: {pr['n']} pairs of runs (same size and budget): mean (L_{a} - L_{b}) / L_{a} = "
+                  f"{100 * pr['mean_rel']:+.2f}% [{100 * pr['mean_rel_ci'][0]:+.2f}%, "
+                  f"{100 * pr['mean_rel_ci'][1]:+.2f}%]; {b} lower in {pr['b_better']} of {pr['n']}")
         i = -1
         print(f"  extrapolated to C = {d['c'][i]:.2g} (the paper's 1.3B): {100 * d['rel_gap'][i]:+.2f}% "
               f"[{100 * d['rel_lo'][i]:+.2f}%, {100 * d['rel_hi'][i]:+.2f}%] (extrapolation)")
