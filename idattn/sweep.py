@@ -185,21 +185,26 @@ def _write_state(workdir: str, **kw) -> None:
 
 
 # ------------------------------------------------------------------------------------------------- commands
-def data_flags(configs, data_path: str) -> list[str]:
-    """Explicit data flags for every trainer command (see the module docstring)."""
+def data_flags(configs, data_path: str, sets: list[str] = ()) -> list[str]:
+    """Explicit data flags for every trainer command (see the module docstring). A config that leaves
+    data.source unset (as experiments/scaling.py's paper sizes do) or names arrayrecord without a path needs
+    --data_path, or the source given with --set data.source=... (e.g. kjv for a smoke run)."""
     if data_path:
         return ["--config.data.source=arrayrecord", f"--config.data.path={data_path}"]
-    sources = {str(c.data.source) for c in configs}
-    if "arrayrecord" in sources:
-        paths = {str(c.data.path) for c in configs}
-        if paths == {""}:
-            raise SystemExit("this sweep trains on prepared data (data.source=arrayrecord) but names no folder: "
-                             "pass --data_path=<folder of prepared ArrayRecord shards> (python -m "
-                             "idattn.data.prepare writes them), or --set data.source=kjv for the embedded corpus")
-        return ["--config.data.source=arrayrecord", f"--config.data.path={paths.pop()}"]
+    if any(kv.split("=", 1)[0] == "data.source" for kv in sets):
+        return []  # the --set flags carry it
+    sources = {str(c.data.get("source", "") or "") for c in configs}
+    paths = {str(c.data.get("path", "") or "") for c in configs}
+    if "" in sources or ("arrayrecord" in sources and "" in paths):
+        raise SystemExit("this sweep trains on prepared data but names no folder: pass --data_path=<folder of "
+                         "prepared ArrayRecord shards> (python -m idattn.data.prepare writes them, docs/data.md), "
+                         "or --set data.source=kjv for a smoke run on the embedded corpus")
     if len(sources) != 1:
         raise SystemExit(f"configs of this sweep disagree on data.source: {sorted(sources)}")
-    return [f"--config.data.source={sources.pop()}"]
+    source = sources.pop()
+    if source == "arrayrecord":
+        return ["--config.data.source=arrayrecord", f"--config.data.path={paths.pop()}"]
+    return [f"--config.data.source={source}"]
 
 
 def train_args(sweep_file: str, name: str, root: str, extra: list[str]) -> list[str]:
@@ -207,7 +212,7 @@ def train_args(sweep_file: str, name: str, root: str, extra: list[str]) -> list[
 
 
 def _extra_flags(configs, args) -> list[str]:
-    extra = data_flags(configs, args.data_path)
+    extra = data_flags(configs, args.data_path, args.set)
     for kv in args.set:
         if "=" not in kv:
             raise SystemExit(f"--set {kv!r}: expected key=value, e.g. --set train.eval_batches=16")

@@ -104,6 +104,13 @@ def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
     rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--dry_run", "--data_path=/data/fw"])
     assert rc == 0 and "--config.data.source=arrayrecord --config.data.path=/data/fw" in out
     assert not os.path.exists(f"{tmp_path}/r")
+    rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--dry_run", "--set", "data.source=kjv"])
+    assert rc == 0 and "--config.data.source=kjv" in out and "arrayrecord" not in out
+    # a config that leaves data.source unset (experiments/scaling.py's paper sizes) is refused the same way
+    unset = sweep.load_sweep(PAPER_SWEEP)[:1]
+    unset[0].data.source = ""
+    with pytest.raises(SystemExit, match="--data_path"):
+        sweep.data_flags(unset, "")
     configs = sweep.load_sweep(ISO_SWEEP)
     assert {c.sweep.size for c in configs} >= {"125m", "350m", "760m", "1.3b"}
 
