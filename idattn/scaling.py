@@ -24,7 +24,7 @@ Points are grouped by mixer family (softmax | interdomain | s4d_only | cube cell
 (b) IsoFLOP minima (approach 2): for each budget with ≥ 3 sizes, a parabola in log N, L = p₂x² + p₁x + p₀,
     x = log N; N_opt = exp(−p₁ / 2p₂) (only when p₂ > 0; flagged when outside the sizes tried), D_opt =
     C / (6 N_opt); then log N_opt = k + a log C by least squares (and b for D_opt). Bootstrap over runs within
-    each budget.
+    each budget (resamples with fewer than 4 distinct sizes, of budgets with 5 or more, are redrawn).
 (c) Difference test between two mixers: gap(C) = L*_1(C) − L*_2(C) (compute-optimal loss of each fitted law)
     and the relative gap gap/L*_1, with intervals from independent bootstrap draws of the two fits; and the
     change of the relative gap between the smallest and the largest budget of the grid (does the advantage
@@ -348,11 +348,17 @@ def isoflop_fit(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0) ->
     b, kb = _powerlaw(cs, [m["d_opt"] for m in good])
     rng = np.random.default_rng(seed)
     boot_a, boot_b, tries = [], [], 0
-    while len(boot_a) < n_boot and tries < 20 * n_boot:
+    while len(boot_a) < n_boot and tries < 200 * n_boot:
         tries += 1
         cc, nn = [], []
         for c, pts in groups.items():
-            idx = rng.integers(0, len(pts), len(pts))
+            # a resample needs more distinct sizes than the parabola's 3 coefficients (else it interpolates
+            # and its minimum is arbitrary): at least 4 when the budget has 5 or more sizes, else 3
+            need = min(4, len({p.n for p in pts})) if len({p.n for p in pts}) >= 5 else 3
+            for _ in range(100):
+                idx = rng.integers(0, len(pts), len(pts))
+                if len({pts[i].n for i in idx}) >= need:
+                    break
             sub = [pts[i] for i in idx]
             r = parabola_min([p.n for p in sub], [p.loss for p in sub])
             if r["ok"]:
