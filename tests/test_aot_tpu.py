@@ -148,3 +148,24 @@ def test_aot_cli_prints_closing_line(tmp_path):
     rec = json.loads(js.read_text())
     assert rec["fits"] and rec["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
     assert rec["steps"][0]["name"] == "decode" and rec["steps"][0]["total"] > 0
+
+
+def test_multislice_mesh_puts_slices_on_the_data_axis():
+    """Two v5p-8 slices: config.mesh describes one slice (fsdp -1 -> 4); the data axis spans the slices (DCN), so
+    fsdp / tensor groups never cross a slice boundary."""
+    _need_libtpu()
+    code = r"""
+import jax, numpy as np
+from idattn.aot.tpu import tpu_target
+from idattn.train import sharding as shd
+t = tpu_target("v5p-8", num_slices=2)
+mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, t.devices)
+sl = np.vectorize(lambda d: d.slice_index)(mesh.devices)
+assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}, mesh.shape
+assert all(len(set(sl[i].ravel())) == 1 for i in range(2)) and set(sl[:, 0, 0]) == {0, 1}, sl
+print("OK")
+"""
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=T.REPO, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
