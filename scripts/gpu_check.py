@@ -384,7 +384,7 @@ def main():
         shapes = [tuple(int(x) for x in sh.split(",")) for sh in a.shapes.split(";")]
         seqs, tokens = [int(x) for x in a.seqs.split(",")], a.tokens
 
-    if on_gpu and "probe" not in skip:
+    if (on_gpu or dry) and "probe" not in skip:
         log("=== (0) compile probe (Triton tuning, bf16 at the benchmark tiles) ===")
         tun = probe_tuning(shapes, deadline=T0 + 0.15 * B)
         log(f"using tuning {tun}")
