@@ -158,8 +158,8 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
                 if readout == "query":
                     pq = u @ fq[b, s, hh]
                     o[b, s, hh] = np.real((np.conj(pq) if conj else pq) @ g)
-                else:  # linear in the state: the coefficients summed over their mode index, both halves added
-                    o[b, s, hh] = np.real(u.sum(0)) + np.real(g.sum(0))
+                else:  # linear in the state: the coefficients averaged over their mode index, both halves added
+                    o[b, s, hh] = np.real(u.mean(0)) + np.real(g.mean(0))
     if gate:
         o = o / (1 + np.exp(-dense("wg")))
     if readout == "linear":

@@ -8,7 +8,7 @@ Per layer, with H heads of width d_h, feature width R = d_h and M complex S4D mo
                   o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn.ops, SPEC section 1)
   linear readout: no W_Q, no query. Both halves enter the one shared recurrence, X = [X_k | X_v] ∈ C^{M×(R+d_h)},
                   and are read out linearly in the state, as S4D's y = Re(C x), with the mode contraction
-                  c_h = 1ᵀ C_h ∈ C^M (the column sums of the same C_h: Σ_m (C_h X)[m, :] = c_hᵀ X):
+                  c_h = (1/M) 1ᵀ C_h ∈ C^M (column means of the same C_h: mean_m (C_h X)[m, :] = c_hᵀ X):
                       y = s4d_linear_mix([k̃ | ṽ], Λ_h, b_h, c_h)          ∈ R^{R+d_h} per head
                       o = y[:R] + y[R:]                                   (each half reaches o additively)
                   then a learned d×d contraction C_out (stored [H, d_h, H, d_h]) before W_O. No parameter
@@ -172,11 +172,13 @@ class InterdomainMixer(nn.Module):
         return self._output(x, o), new_cache
 
     def _linear(self, zk, zv, lam, b, c, cache, new_cache, segment_ids):
-        """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = 1ᵀ C_h (module docstring)."""
+        """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = (1/M) 1ᵀ C_h (module docstring)."""
         from idattn.ops import s4d_linear_mix, s4d_linear_step
 
         r = zk.shape[-1]
-        cvec = jnp.sum(c, axis=1)  # [H, M]: Σ_m (C_h X)[m, :] = (1ᵀ C_h) X
+        # [H, M]: mean_m (C_h X)[m, :] = ((1/M) 1ᵀ C_h) X. The mean, not the sum: the output scale and the step
+        # size of c_h (Adam moves a whole column of C_h together) then do not grow with M (docs/model.md).
+        cvec = jnp.mean(c, axis=1)
         z = jnp.concatenate([zk, zv], axis=-1)  # [B, T, H, R + d_h]
         # The chunked path is a convolution (no kernel needed): every other impl name maps to it.
         impl = "sequential" if self.impl == "sequential" else "chunked"
