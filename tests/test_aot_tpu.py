@@ -3,7 +3,8 @@
 With libtpu (`pip install -e ".[tpu]"`; CI installs it): the tiny Interdomain train step (impl="pallas") and the
 tiny Softmax train step (attn_impl="pallas_tpu") compile for a 4-chip v5p slice at meshes (data, fsdp, tensor)
 = (4,1,1), (1,2,2), (2,1,2), and the compiled program contains the Mosaic kernel (`tpu_custom_call`; an XLA
-fallback would not); per-chip temporaries of the tiny train step fall from 1 chip to 4 at the same global batch;
+fallback would not); per-chip temporaries of the tiny train step fall from 1 chip to 4 at the same global batch (measured: 172.5 MB on 1 chip, 19.9 MB at (4,1,1), 21.1 MB at
+(1,2,2), B x T = 32 x 128);
 no array of the full global batch's logits [B, T, V] appears in any compiled program; `python -m idattn.aot`
 prints its closing line and exits 0. Without libtpu these are skipped (said why) — except under CI=true,
 where a missing libtpu is a failure.
@@ -75,7 +76,7 @@ from idattn.train import sharding as shd, testing as T
 from idattn.train.step import BATCH_KEYS
 from idattn.train.trainer import build_setup
 
-B, S, V = 8, 128, 512
+B, S, V = 32, 128, 512  # batch large enough that activations, not the fixed tables, dominate
 out = []
 for mixer, topo, shape in [("interdomain", "v5p:1x1x1", (1, 1, 1)), ("interdomain", "v5p:2x2x1", (4, 1, 1)),
                            ("interdomain", "v5p:2x2x1", (1, 2, 2)), ("interdomain", "v5p:2x2x1", (2, 1, 2)),
@@ -126,10 +127,10 @@ def test_per_chip_temporaries_fall_and_no_full_batch_logits(compiled_tiny):
     one = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 1][0]
     four = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 4]
     for r in four:
-        assert r["temp"] < 0.6 * one["temp"], (r, one)  # same global batch over 4 chips
+        assert r["temp"] < 0.5 * one["temp"], (r, one)  # the same global batch over 4 chips
     for r in compiled_tiny:
         if r["chips"] > 1:
-            assert r["full_logits"] == [], r  # no [8, 128, 512] logits (or their gradient) on any chip
+            assert r["full_logits"] == [], r  # no [32, 128, 512] logits (or their gradient) on any chip
 
 
 def test_aot_cli_prints_closing_line(tmp_path):
