@@ -172,22 +172,28 @@ class Ctx:
     def __init__(self, root: str, size: str, seeds, render_only: bool, keep_stale: bool, only=()):
         self.exp = load_experiment()
         self.only = {run_name(m) for m in only}
+        self.train_dt = ""
         self.root, self.size = os.path.abspath(root), size
         self.seeds = tuple(seeds)
         self.render_only, self.keep_stale = render_only, keep_stale
         self.tok = None
 
-    def skip(self, mixer: str) -> bool:
-        """True when this invocation only reads the runs of `mixer` (--render_only, or --only without it)."""
-        return self.render_only or bool(self.only and run_name(mixer) not in self.only)
+    def skip(self, mixer: str, dt: str | None = None) -> bool:
+        """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
+        or --train_dt naming another Δ range (softmax has none)."""
+        if self.render_only or bool(self.only and run_name(mixer) not in self.only):
+            return True
+        return bool(self.train_dt and dt is not None and dt != self.train_dt and run_name(mixer) != "softmax")
 
     def lm_dir(self, mixer: str, dt: str, seed: int) -> str:
+        dt = "scaled" if run_name(mixer) == "softmax" else dt  # no Δ: one softmax run serves both ranges
         return os.path.join(self.root, "runs", self.size, "lm", f"{run_name(mixer)}-{dt}-s{seed}")
 
     def mqar_dir(self, mixer: str, seed: int) -> str:
         return os.path.join(self.root, "runs", self.size, "mqar", f"{run_name(mixer)}-s{seed}")
 
     def config(self, mixer: str, dt: str, seed: int):
+        dt = "scaled" if run_name(mixer) == "softmax" else dt
         return self.exp.get_config(f"{mixer},{self.size},{dt},{seed}")
 
     def tokenizer(self, cfg):
@@ -231,7 +237,7 @@ def _verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
 def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
     """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
     wd = ctx.lm_dir(mixer, dt, seed)
-    if ctx.skip(mixer):
+    if ctx.skip(mixer, dt):
         rec = _read_marker(wd)
         return rec if rec.get("status") == "done" else None
     cfg = ctx.config(mixer, dt, seed)
@@ -280,7 +286,7 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
                 out[L] = float(json.load(f)["metrics"][f"ppl@{L}"])
         else:
             todo.append(L)
-    if todo and ctx.skip(mixer):
+    if todo and ctx.skip(mixer, dt):
         return out or None
     if todo:
         from idattn.quickstart import perplexities
@@ -390,52 +396,76 @@ def verdict_b(inter: list, soft: list) -> tuple[str, str]:
 
 
 def table_ppl(ctx: Ctx) -> dict[str, Any]:
+    """Both Δ ranges: the primary one (experiments/repro.py PRIMARY_DT) carries the verdicts (a), (b); the
+    other is shown beside it with its own verdicts."""
     t0 = time.time()
     P = paper()
     L = ctx.train_len()
-    per: dict[str, list[float]] = {m: [] for m in MIXERS3}
+    primary = ctx.exp.PRIMARY_DT
+    dts = (primary, "scaled" if primary == "paper" else "paper")
+    per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in MIXERS3}
     params, missing, cost = {}, [], 0.0
-    for s in ctx.seeds:  # seeds outer: an interrupted run has every mixer at seed 0 first
-        for mixer in MIXERS3:
-            r = lm_ppl(ctx, mixer, "scaled", s, [L])
-            if r is None or L not in r:
-                missing.append(f"{mixer}-scaled-s{s}")
-                per[mixer].append(None)
-                continue
-            per[mixer].append(r[L])
-            params[mixer] = _read_marker(ctx.lm_dir(mixer, "scaled", s)).get("params")
-            cost += run_cost(ctx.lm_dir(mixer, "scaled", s))
-    st = {m: _stats(per[m]) for m in MIXERS3}
+    for dt in dts:
+        for s in ctx.seeds:  # seeds outer: an interrupted run has every mixer at seed 0 first
+            for mixer in MIXERS3:
+                r = lm_ppl(ctx, mixer, dt, s, [L])
+                if r is None or L not in r:
+                    missing.append(os.path.basename(ctx.lm_dir(mixer, dt, s)))
+                    per[(mixer, dt)].append(None)
+                    continue
+                per[(mixer, dt)].append(r[L])
+                params[mixer] = _read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
+                if not (mixer == "softmax" and dt != dts[0]):
+                    cost += run_cost(ctx.lm_dir(mixer, dt, s))
     pp = P.VAL_PPL["125m"]
-    rows, jrows = [], []
-    for m in MIXERS3:
-        ratio = st[m]["mean"] / st["softmax"]["mean"] if st[m]["mean"] and st["softmax"]["mean"] else None
-        paired = [a / b if a is not None and b is not None else None for a, b in zip(per[m], per["softmax"])]
-        rows.append([LABEL[m], f"{params.get(m, 0):,}", " / ".join(f2(v) for v in per[m]), f2(st[m]["mean"]),
-                     f2(st[m]["spread"]), " / ".join(f2(v, 3) for v in paired), f2(ratio, 3), f2(pp[m]),
-                     f2(pp[m] / pp["softmax"], 3)])
-        jrows.append({"mixer": m, "params": params.get(m), "ppl_per_seed": per[m], **{f"ppl_{k}": v for k, v in
-                      st[m].items()}, "ratio_to_softmax_per_seed": paired, "ratio_to_softmax": ratio,
-                      "paper_ppl_125m": pp[m],
-                      "paper_ratio_to_softmax": pp[m] / pp["softmax"]})
-    va = verdict_a(per["interdomain"], per["s4d_only"])
-    vb = verdict_b(per["interdomain"], per["softmax"])
+    rows, jrows, verdicts = [], [], {}
+    for dt in dts:
+        soft = per[("softmax", dt)]
+        for m in MIXERS3:
+            v = per[(m, dt)]
+            st = _stats(v)
+            paired = [a / b if a is not None and b is not None else None for a, b in zip(v, soft)]
+            pr = _paired(v, soft)  # ratio of means over the seeds both have
+            ratio = (sum(a for a, _ in pr) / sum(b for _, b in pr)) if pr else None
+            cfg = ctx.config(m, dt, 0)
+            dtr = "no Δ" if m == "softmax" else f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
+            rows.append([LABEL[m], dtr, f"{params.get(m, 0):,}", " / ".join(f2(x) for x in v), f2(st["mean"]),
+                         f2(st["spread"]), " / ".join(f2(x, 3) for x in paired), f2(ratio, 3), f2(pp[m]),
+                         f2(pp[m] / pp["softmax"], 3)])
+            jrows.append({"mixer": m, "dt": dt, "dt_range": dtr, "params": params.get(m), "ppl_per_seed": v,
+                          **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": paired,
+                          "ratio_to_softmax": ratio, "paper_ppl_125m": pp[m],
+                          "paper_ratio_to_softmax": pp[m] / pp["softmax"]})
+        va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)])
+        vb = verdict_b(per[("interdomain", dt)], soft)
+        sfx = "" if dt == primary else f"_{dt}_dt"
+        verdicts["a" + sfx] = {"verdict": va[0], "why": va[1], "dt": dt}
+        verdicts["b" + sfx] = {"verdict": vb[0], "why": vb[1], "dt": dt}
     wall = time.time() - t0
+    lines = []
+    for dt in dts:
+        sfx = "" if dt == primary else f"_{dt}_dt"
+        va, vb = verdicts["a" + sfx], verdicts["b" + sfx]
+        tag = f"{dt} Δ" + (" (primary)" if dt == primary else "")
+        lines += [f"- {tag}: (a) Interdomain beats S4D-only clearly: **{va['verdict']}** ({va['why']}; paper "
+                  f"{pp['s4d_only'] / pp['interdomain']:.3f})",
+                  f"- {tag}: (b) Interdomain matches or beats Softmax: **{vb['verdict']}** ({vb['why']}; paper "
+                  f"{pp['interdomain'] / pp['softmax']:.3f})"]
     md = "\n".join([
-        f"## Table 2 / Fig. 2: validation perplexity at the training context ({L} tokens), context-scaled Δ", "",
+        f"## Table 2 / Fig. 2: validation perplexity at the training context ({L} tokens)", "",
         _setup_line(ctx), "",
-        _md_table(["mixer", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
+        f"Δ: `paper` = the paper's recipe [0.001, 0.1]; `scaled` = Δ·T_train as in the paper (× 4096 / {L}). "
+        f"The primary range ({primary}; experiments/repro.py PRIMARY_DT says why) is the one of the cube table. "
+        f"Softmax has no Δ: its runs are shared.", "",
+        _md_table(["mixer", "Δ", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
                    "ratio of means", "paper 125M ppl †", "paper ratio to Softmax †"], rows), "",
-        "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio column compares.", "",
-        f"- (a) Interdomain beats S4D-only clearly: **{va[0]}** ({va[1]}; paper {pp['s4d_only'] / pp['interdomain']:.3f})",
-        f"- (b) Interdomain matches or beats Softmax: **{vb[0]}** ({vb[1]}; paper "
-        f"{pp['interdomain'] / pp['softmax']:.3f})", "",
+        "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
+        *lines, "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing)])
-    data = {"table": "ppl", "size": ctx.size, "eval_length": L, "setup": _setup_line(ctx), "rows": jrows,
-            "verdicts": {"a": {"verdict": va[0], "why": va[1]}, "b": {"verdict": vb[0], "why": vb[1]}},
-            "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)}, "compute_s": cost, "wall_s": wall,
-            "missing": missing}
+    data = {"table": "ppl", "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
+            "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
+            "compute_s": cost, "wall_s": wall, "missing": missing}
     _write(ctx, "ppl", md, data)
     return data
 
@@ -493,19 +523,20 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     P = paper()
     L = ctx.train_len()
     cells = ["softmax"] + [c for c, *_ in P.TABLE4 if c != "softmax"]
+    dt = ctx.exp.PRIMARY_DT
     per: dict[str, list] = {c: [] for c in cells}
     missing, cost, params = [], 0.0, {}
     for s in ctx.seeds:  # seeds outer: an interrupted run has the whole cube at seed 0 first
         for cell in cells:
             mixer = run_name(cell)
-            r = lm_ppl(ctx, mixer, "scaled", s, [L])
+            r = lm_ppl(ctx, mixer, dt, s, [L])
             if r is None or L not in r:
-                missing.append(f"{mixer}-scaled-s{s}")
+                missing.append(os.path.basename(ctx.lm_dir(mixer, dt, s)))
                 per[cell].append(None)
                 continue
             per[cell].append(r[L])
-            params[cell] = _read_marker(ctx.lm_dir(mixer, "scaled", s)).get("params")
-            cost += run_cost(ctx.lm_dir(mixer, "scaled", s))
+            params[cell] = _read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
+            cost += run_cost(ctx.lm_dir(mixer, dt, s))
     axes = [_cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     vd = verdict_d(axes)
     desc = {c: d for c, d, _, _ in P.TABLE4}
@@ -527,7 +558,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     wall = time.time() - t0
     md = "\n".join([
         f"## Table 4: the mechanism cube, validation perplexity at the training context ({L} tokens), "
-        f"context-scaled Δ", "", _setup_line(ctx), "",
+        f"{dt} Δ range", "", _setup_line(ctx), "",
         _md_table(["cell", "description", "params", "ppl per seed", "ppl mean", "loss (ln ppl)", "seed spread",
                    "paper loss †", "paper ppl †"], rows), "",
         "Axis effects: ln ppl(b) − ln ppl(a) for a → b = query → linear readout, dual KV → generic input, "
@@ -540,7 +571,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
         f"- (d) the query readout is the dominant axis and RoPE barely matters: **{vd[0]}** ({vd[1]})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing)])
-    data = {"table": "cube", "size": ctx.size, "eval_length": L, "setup": _setup_line(ctx), "rows": jrows,
+    data = {"table": "cube", "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
             "axes_per_seed": axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
             "missing": missing}
@@ -610,9 +641,9 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         _setup_line(ctx), "",
         "Δ: `scaled` keeps the paper's Δ·T_train (Δ range × 4096 / T_train; the S4D layer caps Δ·|Re A| at κ = "
         "0.25), so the slowest mode settles inside the training context as it does in the paper (SPEC section 7): "
-        "it is the setting that reproduces the paper's. `paper` is the paper's Δ range [0.001, 0.1] unchanged, "
-        "whose slowest modes (~2,000 tokens) never settle in a 256-token training context. Values: mean ± half "
-        "the seed spread.", "",
+        "it keeps the paper's time scales. `paper` is the paper's Δ range [0.001, 0.1] unchanged, whose slowest "
+        f"modes (~2,000 tokens) never settle in a {L1}-token training context, so past the training length they "
+        "reach states training never produced. Values: mean ± half the seed spread.", "",
         _md_table(head, rows), "",
         "† The paper's Table 2 (1.3B, trained at 4K, five-corpus average; 14K = 3.5x the training length). Only "
         "the ratios compare.", "",
@@ -673,10 +704,10 @@ def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
     """S-NIAH-1 and phonebook accuracy of the `ppl` run (mixer, scaled Δ, seed)."""
     from idattn.eval.schema import result_path, write_result
     tr = ctx.exp.TEXT_RECALL[ctx.size]
-    rec = ensure_lm(ctx, mixer, "scaled", seed)
+    rec = ensure_lm(ctx, mixer, ctx.exp.PRIMARY_DT, seed)
     if rec is None:
         return None
-    wd = ctx.lm_dir(mixer, "scaled", seed)
+    wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
     niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
     proto = {"corpus": "niah+phonebook", "tokens": int(tr["n"]), "context": niah + [f"pb{n}" for n in
                                                                                       tr["phonebook_sizes"]],
@@ -746,7 +777,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         for m in MIXERS3:
             r = text_recall(ctx, m, s)
             if r is None:
-                missing.append(f"text recall {m}-scaled-s{s}")
+                missing.append(f"text recall {os.path.basename(ctx.lm_dir(m, ctx.exp.PRIMARY_DT, s))}")
                 continue
             for k in text_keys:
                 text[m][k].append(r.get(k))
@@ -801,6 +832,8 @@ def main(argv=None) -> int:
     p.add_argument("--keep_stale", action="store_true", help="reuse runs trained with other model code")
     p.add_argument("--no_compile_cache", action="store_true", help="do not set JAX's persistent compilation "
                    "cache (default: <root>/.jax-cache, so that seeds and reruns reuse compiled programs)")
+    p.add_argument("--train_dt", default="", choices=("", "paper", "scaled"),
+                   help="train / evaluate only runs of this Δ range (and softmax); the tables read the others")
     p.add_argument("--only", default="", help="comma-separated mixers to train / evaluate; the tables read the "
                    "others' existing results (e.g. to run part of the grid first)")
     args = p.parse_args(argv)
@@ -823,6 +856,7 @@ def main(argv=None) -> int:
             except ValueError as e:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
+        ctx.train_dt = args.train_dt
         import jax
         if not args.no_compile_cache and not jax.config.jax_compilation_cache_dir:
             # the two seeds of a mixer (and reruns) compile the same programs

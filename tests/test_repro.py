@@ -37,40 +37,51 @@ def _run_ppl(root, extra=()):
 def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     root = str(tmp_path)
     data, md = _run_ppl(root, ["--only=interdomain"])
-    rows = {r["mixer"]: r for r in data["rows"]}
-    # the one trained run: its table value is the value in its own result file, written by the evaluation
-    wd = os.path.join(root, "runs", "toy", "lm", "interdomain-scaled-s0")
-    files = glob.glob(os.path.join(wd, "eval", "extrapolation-*-c32-*.json"))
-    assert len(files) == 1
-    with open(files[0]) as f:
-        rec = json.load(f)
-    v = rec["metrics"]["ppl@32"]
-    assert rec["protocol"]["tokens"] == 7 * 128 * 2 and rec["step"] == 4
-    assert 1.0 < v < 600.0  # a 512-piece vocabulary after 4 steps: near uniform, never above it by much
-    assert rows["interdomain"]["ppl_per_seed"] == [v]
-    md_rows = _md_rows(md)
-    assert md_rows["Interdomain"][2] == f"{v:.2f}" and md_rows["Interdomain"][3] == f"{v:.2f}"
-    # the trainer really ran: 4 steps checkpointed, parameters counted by the trainer in the marker
-    marker = json.load(open(os.path.join(wd, repro.MARKER)))
-    assert marker["status"] == "done" and marker["steps"] == 4 and marker["params"] > 0
-    assert os.path.isdir(os.path.join(wd, "checkpoints", "4")) or glob.glob(os.path.join(wd, "*", "4"))
+    exp = repro.load_experiment()
+    assert data["primary_dt"] == exp.PRIMARY_DT
+    rows = {(r["mixer"], r["dt"]): r for r in data["rows"]}
+    md_rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
+               if line.startswith("| ") and not line.startswith("| mixer")]
+    assert len(md_rows) == len(data["rows"]) == 6
+    marker = {}
+    for dt in ("paper", "scaled"):
+        # the trained runs: the table value is the value in the run's own result file, written by the evaluation
+        wd = os.path.join(root, "runs", "toy", "lm", f"interdomain-{dt}-s0")
+        files = glob.glob(os.path.join(wd, "eval", "extrapolation-*-c32-*.json"))
+        assert len(files) == 1
+        with open(files[0]) as f:
+            rec = json.load(f)
+        v = rec["metrics"]["ppl@32"]
+        assert rec["protocol"]["tokens"] == 7 * 128 * 2 and rec["step"] == 4
+        assert 1.0 < v < 600.0  # 512-piece vocabulary after 4 steps: near uniform, never far above it
+        assert rows[("interdomain", dt)]["ppl_per_seed"] == [v]
+        cfg = exp.get_config(f"interdomain,toy,{dt},0")
+        line = next(r for r in md_rows if r[0] == "Interdomain" and r[1].startswith(dt))
+        assert line[1] == f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
+        assert line[3] == f"{v:.2f}" and line[4] == f"{v:.2f}"
+        # the trainer really ran: 4 steps checkpointed, parameters counted by the trainer in the marker
+        marker[dt] = json.load(open(os.path.join(wd, repro.MARKER)))
+        assert marker[dt]["status"] == "done" and marker[dt]["steps"] == 4 and marker[dt]["params"] > 0
+        assert marker[dt]["dt_range"] == [cfg.model.dt_min, cfg.model.dt_max]
+        assert os.path.isdir(os.path.join(wd, "checkpoints", "4"))
     # the runs not trained in this invocation are reported missing, not invented
-    assert rows["softmax"]["ppl_per_seed"] == [None] and "softmax-scaled-s0" in data["missing"]
-    assert "Not available yet" in md and md_rows["Softmax"][2] == "—"
+    assert rows[("softmax", "paper")]["ppl_per_seed"] == [None] and "softmax-scaled-s0" in data["missing"]
+    assert "Not available yet" in md
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
-    for m in ("softmax", "interdomain", "s4d_only"):
-        assert rows[m]["paper_ppl_125m"] == P.VAL_PPL["125m"][m]
-        assert md_rows[repro.LABEL[m]][7] == f"{P.VAL_PPL['125m'][m]:.2f}"
-        assert rows[m]["paper_ratio_to_softmax"] == pytest.approx(P.VAL_PPL["125m"][m] / P.VAL_PPL["125m"]["softmax"])
+    for line in md_rows:
+        m = {v: k for k, v in repro.LABEL.items()}[line[0]]
+        assert line[8] == f"{P.VAL_PPL['125m'][m]:.2f}"
+        assert line[9] == f"{P.VAL_PPL['125m'][m] / P.VAL_PPL['125m']['softmax']:.3f}"
+    for r in data["rows"]:
+        assert r["paper_ppl_125m"] == P.VAL_PPL["125m"][r["mixer"]]
     assert data["verdicts"]["a"]["verdict"] == "inconclusive"  # S4D-only missing
 
-    # rerun: the finished run is reused (not retrained, not re-evaluated)
+    # rerun: the finished runs are reused (not retrained, not re-evaluated)
     mtime = os.path.getmtime(files[0])
     data2, _ = _run_ppl(root, ["--only=interdomain"])
-    assert json.load(open(os.path.join(wd, repro.MARKER)))["train_s"] == marker["train_s"]
+    assert json.load(open(os.path.join(wd, repro.MARKER)))["train_s"] == marker["scaled"]["train_s"]
     assert os.path.getmtime(files[0]) == mtime
-    assert {r["mixer"]: r["ppl_per_seed"] for r in data2["rows"]} == {r["mixer"]: r["ppl_per_seed"]
-                                                                      for r in data["rows"]}
+    assert [r["ppl_per_seed"] for r in data2["rows"]] == [r["ppl_per_seed"] for r in data["rows"]]
 
 
 def test_changed_code_reuses_only_runs_that_still_compute_the_same(tmp_path):
@@ -136,6 +147,7 @@ def test_scaled_dt_keeps_the_papers_dt_times_context():
     p = exp.get_config("s4d_only,small,paper,0")
     assert (p.model.dt_min, p.model.dt_max) == (1e-3, 1e-1)
     assert (c.seed, c.data.shuffle_seed, p.seed) == (43, 1, 42)
+    assert exp.PRIMARY_DT in ("paper", "scaled")
     # one recipe for every mixer: the configs differ only in the mixer switches
     a, b = exp.get_config("softmax,small,scaled,0").to_dict(), exp.get_config("s4d_only,small,scaled,0").to_dict()
     diff = {k for k in a["model"] if a["model"][k] != b["model"][k]}
