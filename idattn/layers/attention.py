@@ -3,8 +3,8 @@
 q, k, v = W_Q x, W_K x, W_V x  ([d] -> [H, d_h], no bias);  q, k <- RoPE(q), RoPE(k);
 o = softmax(q kᵀ / √d_h + causal & same-document mask) v;  y = W_O concat_h(o).
 
-Backend (`impl`): "auto" picks, for the platform the program is *lowered for* (`jax.lax.platform_dependent`, not
-the host's default backend): cuDNN on CUDA (`jax.nn.dot_product_attention(implementation="cudnn")`), the Pallas
+Backend (`impl`): "auto" picks, for the platform the program is *lowered for* (the devices of the mesh in context,
+so that a CPU host compiling for a TPU topology gets the TPU kernel; without a mesh, the default backend): cuDNN on CUDA (`jax.nn.dot_product_attention(implementation="cudnn")`), the Pallas
 TPU flash-attention kernel on TPU (segment ids passed as document indices), XLA elsewhere. "xla", "cudnn",
 "pallas_tpu" force one on its platform (XLA on the others). A kernel that refuses the shapes at trace time falls
 back to XLA (logged).
@@ -47,13 +47,11 @@ def _xla_attention(q, k, v, doc):
 def _tpu_flash_local(q, k, v, doc):
     from jax.experimental.pallas.ops.tpu import flash_attention as fa  # noqa: WPS433 (optional, TPU only)
     t = q.shape[1]
-    blk = min(128, t)
-    bs = fa.BlockSizes(block_q=blk, block_k_major=blk, block_k=blk, block_b=1, block_q_major_dkv=blk,
-                       block_k_major_dkv=blk, block_k_dkv=blk, block_q_dkv=blk, block_k_major_dq=blk,
-                       block_k_dq=blk, block_q_dq=blk)
+    if t % 128:  # the kernel's blocks (forward and backward) are 128 positions; refuse here, not in the backward
+        raise ValueError(f"sequence length {t} is not a multiple of 128")
     qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q, k, v))  # [B, H, T, D]
     seg = None if doc is None else fa.SegmentIds(q=doc, kv=doc)
-    o = fa.flash_attention(qt, kt, vt, segment_ids=seg, causal=True, sm_scale=q.shape[-1] ** -0.5, block_sizes=bs)
+    o = fa.flash_attention(qt, kt, vt, segment_ids=seg, causal=True, sm_scale=q.shape[-1] ** -0.5)
     return jnp.swapaxes(o, 1, 2)
 
 
@@ -114,14 +112,16 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto"):
         branches[plat] = _or_xla(fn, label, plat)
     from idattn.ops.pallas.op import context_platform
 
-    plat = context_platform()
-    if plat is not None:  # the mesh in context fixes the platform the program is lowered for
-        return branches.get(plat, _xla_attention)(q, k, v, doc)
-    if doc is None:
-        return jax.lax.platform_dependent(
-            q, k, v, default=lambda q, k, v: _xla_attention(q, k, v, None),
-            **{p: (lambda f: lambda q, k, v: f(q, k, v, None))(f) for p, f in branches.items()})
-    return jax.lax.platform_dependent(q, k, v, doc, default=_xla_attention, **branches)
+    # The mesh in context fixes the platform the program is lowered for; without one, the program runs on the
+    # default backend. Not `lax.platform_dependent`: it traces every branch, and the flash kernel's backward
+    # raises on shapes it does not take (T = 32 in MQAR) while being traced, past `_or_xla`'s fallback.
+    plat = context_platform() or _default_platform()
+    return branches.get(plat, _xla_attention)(q, k, v, doc)
+
+
+def _default_platform() -> str:
+    plat = jax.default_backend()
+    return "cuda" if plat == "gpu" else plat
 
 
 class SoftmaxAttention(nn.Module):
