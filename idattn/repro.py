@@ -173,6 +173,7 @@ class Ctx:
         self.exp = load_experiment()
         self.only = {run_name(m) for m in only}
         self.train_dt = ""
+        self.unverified: set[str] = set()  # runs read (not trained) whose model code differs from the current
         self.root, self.size = os.path.abspath(root), size
         self.seeds = tuple(seeds)
         self.render_only, self.keep_stale = render_only, keep_stale
@@ -239,6 +240,8 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     wd = ctx.lm_dir(mixer, dt, seed)
     if ctx.skip(mixer, dt):
         rec = _read_marker(wd)
+        if rec.get("status") == "done" and rec.get("src") != source_hash():
+            ctx.unverified.add(os.path.basename(wd))
         return rec if rec.get("status") == "done" else None
     cfg = ctx.config(mixer, dt, seed)
     src = source_hash()
@@ -354,9 +357,14 @@ def _write(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
     log(f"wrote {ctx.table_path(table, 'md')} and .json")
 
 
-def _missing_note(missing: list[str]) -> str:
-    return ("" if not missing else "\n\nNot available yet (rerun the command to train / evaluate them): "
-            + ", ".join(missing) + ".")
+def _missing_note(missing: list[str], ctx: "Ctx | None" = None) -> str:
+    out = ("" if not missing else "\n\nNot available yet (rerun the command to train / evaluate them): "
+           + ", ".join(missing) + ".")
+    if ctx is not None and ctx.unverified:
+        out += ("\n\nRead without checking (this invocation did not train them): the model code changed since "
+                "these runs were trained, and a run without --render_only / --only re-evaluates them and retrains "
+                "the ones whose function changed: " + ", ".join(sorted(ctx.unverified)) + ".")
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ ppl
@@ -462,7 +470,7 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
         *lines, "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing)])
+        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "ppl", "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
             "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
             "compute_s": cost, "wall_s": wall, "missing": missing}
@@ -492,20 +500,39 @@ def _cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
     return out
 
 
+PAPER_PAIRS = {"input": [("dualkv-query-rope", "generic-query-rope"), ("dualkv-linear-rope", "generic-linear-rope")],
+               "readout": [("dualkv-query-rope", "dualkv-linear-rope"), ("generic-query-rope", "generic-linear-rope")],
+               "rope": [("dualkv-query-rope", "dualkv-query-norope"), ("generic-linear-rope", "generic-linear-norope")]}
+
+
+def _pair_axes(vals: dict[str, float | None]) -> dict[str, list[float] | None]:
+    """ln ppl(b) − ln ppl(a) on the pairs the paper reports (PAPER_PAIRS); None for an axis with a cell missing."""
+    out: dict[str, list[float] | None] = {}
+    for k, prs in PAPER_PAIRS.items():
+        ok = all(vals.get(a) is not None and vals.get(b) is not None for a, b in prs)
+        out[k] = [math.log(vals[b]) - math.log(vals[a]) for a, b in prs] if ok else None
+    return out
+
+
 def _paper_cube_axes() -> dict[str, list[float]]:
-    """The same differences on the pairs the paper reports (ln ppl, b − a)."""
-    P = paper()
-    v = {c: ppl for c, _, _, ppl in P.TABLE4 if ppl is not None}
-    pairs = {"input": [("dualkv-query-rope", "generic-query-rope"), ("dualkv-linear-rope", "generic-linear-rope")],
-             "readout": [("dualkv-query-rope", "dualkv-linear-rope"), ("generic-query-rope", "generic-linear-rope")],
-             "rope": [("dualkv-query-rope", "dualkv-query-norope"), ("generic-linear-rope", "generic-linear-norope")]}
-    return {k: [math.log(v[b]) - math.log(v[a]) for a, b in prs] for k, prs in pairs.items()}
+    """The paper's own differences on its reported pairs."""
+    return _pair_axes({c: ppl for c, _, _, ppl in paper().TABLE4 if ppl is not None})
 
 
-def verdict_d(per_seed_axes: list[dict[str, float | None]]) -> tuple[str, str]:
-    if not per_seed_axes or any(None in ax.values() for ax in per_seed_axes):
+def _axes_for_verdict(full: dict[str, float | None], pairs: dict[str, list[float] | None]) -> dict[str, Any]:
+    """The full-cube main effects when all eight cells exist, else the mean over the paper's pairs."""
+    if None not in full.values():
+        return dict(full, basis="all eight cells")
+    if None not in pairs.values():
+        return dict({k: sum(v) / len(v) for k, v in pairs.items()}, basis="the paper's six cells")
+    return {"readout": None, "input": None, "rope": None, "basis": "missing cells"}
+
+
+def verdict_d(per_seed_axes: list[dict[str, Any]]) -> tuple[str, str]:
+    per_seed_axes = [ax for ax in per_seed_axes if None not in (ax["readout"], ax["input"], ax["rope"])]
+    if not per_seed_axes:
         return "inconclusive", "missing cells"
-    why = "; ".join(f"seed {i}: readout {ax['readout'] * 100:+.1f}%, input {ax['input'] * 100:+.1f}%, "
+    why = "; ".join(f"seed {i} ({ax.get('basis', 'all eight cells')}): readout {ax['readout'] * 100:+.1f}%, input {ax['input'] * 100:+.1f}%, "
                     f"RoPE {ax['rope'] * 100:+.1f}%" for i, ax in enumerate(per_seed_axes))
     ok = [ax["readout"] > 0 and ax["readout"] > abs(ax["input"]) and abs(ax["rope"]) < ax["readout"] / 4
           for ax in per_seed_axes]
@@ -538,14 +565,15 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
             params[cell] = _read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
             cost += run_cost(ctx.lm_dir(mixer, dt, s))
     axes = [_cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
-    vd = verdict_d(axes)
+    pair_axes = [_pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
+    vd = verdict_d([_axes_for_verdict(a, b) for a, b in zip(axes, pair_axes)])
     desc = {c: d for c, d, _, _ in P.TABLE4}
     rows, jrows = [], []
     order = sorted(cells, key=lambda c: (_stats(per[c])["mean"] is None, _stats(per[c])["mean"] or 0))
     for c in order:
         st = _stats(per[c])
         ploss, pppl = next((lo, pp) for cc, _, lo, pp in P.TABLE4 if cc == c)
-        rows.append([f"`{c}`", desc[c], f"{params.get(c, 0):,}", " / ".join(f2(v) for v in per[c]), f2(st["mean"]),
+        rows.append([f"`{c}`", desc[c], f"{params[c]:,}" if params.get(c) else "—", " / ".join(f2(v) for v in per[c]), f2(st["mean"]),
                      f2(math.log(st["mean"]), 4) if st["mean"] else "—", f2(st["spread"]), f2(ploss, 4),
                      f2(pppl)])
         jrows.append({"cell": c, "description": desc[c], "params": params.get(c), "ppl_per_seed": per[c],
@@ -554,7 +582,9 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     ax_rows = []
     for name in ("readout", "input", "rope"):
         ax_rows.append([name, " / ".join(f"{ax[name] * 100:+.1f}%" if ax[name] is not None else "—" for ax in axes),
-                        " / ".join(f"{d * 100:+.1f}%" for d in pax[name])])
+                        " / ".join(" & ".join(f"{d * 100:+.1f}%" for d in pa[name]) if pa[name] else "—"
+                                   for pa in pair_axes),
+                        " & ".join(f"{d * 100:+.1f}%" for d in pax[name])])
     wall = time.time() - t0
     md = "\n".join([
         f"## Table 4: the mechanism cube, validation perplexity at the training context ({L} tokens), "
@@ -562,17 +592,19 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
         _md_table(["cell", "description", "params", "ppl per seed", "ppl mean", "loss (ln ppl)", "seed spread",
                    "paper loss †", "paper ppl †"], rows), "",
         "Axis effects: ln ppl(b) − ln ppl(a) for a → b = query → linear readout, dual KV → generic input, "
-        "RoPE → no RoPE (positive: a is better). Ours: mean over the four pairs of the cube, per seed; paper: the "
-        "reported pairs (readout: dual KV+RoPE, generic+RoPE; input: query+RoPE, linear+RoPE; RoPE: dual KV+query, "
-        "generic+linear).", "",
-        _md_table(["axis", "ours per seed", "paper pairs †"], ax_rows), "",
+        "RoPE → no RoPE (positive: a is better). Ours: the main effect (mean over the four pairs of the cube) and "
+        "the two pairs the paper reports (readout: dual KV+RoPE & generic+RoPE; input: query+RoPE & linear+RoPE; "
+        "RoPE: dual KV+query & generic+linear), per seed. The verdict uses the main effect when all eight cells "
+        "exist, else the mean of the paper's pairs.", "",
+        _md_table(["axis", "ours, all 8 cells, per seed", "ours on the paper's pairs, per seed", "paper pairs †"],
+                  ax_rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens); `generic-query-norope` and `dualkv-linear-norope` "
         "are not reported there. Only orderings and ratios compare.", "",
         f"- (d) the query readout is the dominant axis and RoPE barely matters: **{vd[0]}** ({vd[1]})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing)])
+        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "cube", "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
-            "axes_per_seed": axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
+            "axes_per_seed": axes, "pair_axes_per_seed": pair_axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     _write(ctx, "cube", md, data)
@@ -652,7 +684,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         f"{P.TABLE2['softmax'][2] / P.TABLE2['softmax'][0]:.3f})",
         f"- the same criterion with the paper's Δ range: {vc_paper[0]} ({vc_paper[1]})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing)])
+        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "length", "size": ctx.size, "lengths": lengths, "setup": _setup_line(ctx), "rows": jrows,
             "verdicts": {"c": {"verdict": vc[0], "why": vc[1]}, "c_paper_dt": {"verdict": vc_paper[0],
                                                                               "why": vc_paper[1]}},
@@ -807,7 +839,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
         f"pairs): **{ve[0]}** ({ve[1]})", "",
         f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
-        f"included: {wall / 60:.1f} min)." + _missing_note(missing)])
+        f"included: {wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "recall", "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3}, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},
