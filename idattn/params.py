@@ -24,8 +24,6 @@ from ml_collections import config_flags
 
 from idattn import models
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config, e.g. experiments/scaling.py:softmax,125m",
-                                          lock_config=False)
 
 
 def module_breakdown(model_cfg) -> "collections.OrderedDict[str, int]":
@@ -69,14 +67,17 @@ def report(model_cfg) -> list[str]:
     return lines
 
 
-def main(argv):
+def main(argv, config_flag):
     del argv
-    if _CONFIG.value is None:
+    if config_flag.value is None:
         raise app.UsageError("--config is required, e.g. --config=experiments/scaling.py:interdomain,1.3b")
-    print("\n".join(report(_CONFIG.value.model)))
+    print("\n".join(report(config_flag.value.model)))
 
 
 if __name__ == "__main__":
     from idattn.cli import run_app  # a --config.<key> typo: one readable line
 
-    run_app(main)
+    # Defined here, not at import: `report` is imported by tests and tools beside other CLIs that define --config.
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config, e.g. "
+                                              "experiments/scaling.py:softmax,125m", lock_config=False)
+    run_app(lambda argv: main(argv, _CONFIG))
