@@ -69,7 +69,8 @@ class Point:
     extra: dict = field(default_factory=dict)
 
 
-def _last_metrics(workdir: str) -> dict | None:
+def last_metrics(workdir: str) -> dict | None:
+    """The last well-formed line of a run's metrics.jsonl (the trainer's per-step log), or None."""
     last = None
     path = os.path.join(workdir, "metrics.jsonl")
     if os.path.exists(path):
@@ -77,7 +78,7 @@ def _last_metrics(workdir: str) -> dict | None:
             for line in f:
                 try:
                     last = json.loads(line)
-                except json.JSONDecodeError:
+                except json.JSONDecodeError:  # a line cut by a kill mid-write
                     pass
     return last
 
@@ -111,7 +112,7 @@ def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]
             with open(vpath) as f:
                 loss = float(json.load(f)["metrics"]["loss"])
         else:
-            last = _last_metrics(wd)
+            last = last_metrics(wd)
             if not last or int(last["step"]) != steps:
                 skipped.append(f"{wd}: not finished (metrics.jsonl does not reach step {steps})")
                 continue

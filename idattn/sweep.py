@@ -141,15 +141,9 @@ def run_status(workdir: str) -> dict[str, Any]:
     cfg = _read_json(os.path.join(workdir, "config.json"))
     if cfg is not None:
         out["num_steps"] = _num_steps(cfg)
-    last = None
-    mpath = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            for line in f:
-                try:
-                    last = json.loads(line)
-                except json.JSONDecodeError:
-                    pass
+    from idattn.scaling import last_metrics  # noqa: WPS433 (one reader of the trainer's metrics log)
+
+    last = last_metrics(workdir)
     if last:
         out["step"], out["loss"] = int(last["step"]), last.get("loss")
     val = final_validation(workdir)
