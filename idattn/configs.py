@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
     m.readout = "query"  # query | linear
     m.rope = True
     m.output_gate = False
+    m.linear_contraction = "mean"  # linear readout: c_h = mean | sum over modes of C_h (paper silent; docs/model.md)
     m.conj = True
     m.theory = False  # LegS operator with the Nadaraya-Watson denominator (SPEC section 2)
     m.num_modes = 64

@@ -63,9 +63,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPRO_CONFIG = os.path.join(REPO, "experiments", "repro.py")
 TABLES = ("ppl", "length", "recall", "cube")
 MIXERS3 = ("softmax", "interdomain", "s4d_only")
-LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only"}
+LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only",
+         "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
 # cube cells by their canonical run name (the two aliased corners share the `ppl` runs)
-RUN_NAME = {"dualkv-query-rope": "interdomain", "generic-linear-norope": "s4d_only"}
+RUN_NAME = {"dualkv-query-rope": "interdomain", "generic-linear-norope": "s4d_only",
+            "s4d_only+sum": "s4d_only-sum", "generic-linear-norope+sum": "s4d_only-sum"}
 MARKER = "repro.json"
 
 
@@ -411,11 +413,12 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
     L = ctx.train_len()
     primary = ctx.exp.PRIMARY_DT
     dts = (primary, "scaled" if primary == "paper" else "paper")
-    per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in MIXERS3}
+    variants = tuple(getattr(ctx.exp, "PPL_VARIANTS", ()))
+    per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in MIXERS3 + variants}
     params, missing, cost = {}, [], 0.0
     for dt in dts:
         for s in ctx.seeds:  # seeds outer: an interrupted run has every mixer at seed 0 first
-            for mixer in MIXERS3:
+            for mixer in MIXERS3 + (variants if dt == primary else ()):
                 r = lm_ppl(ctx, mixer, dt, s, [L])
                 if r is None or L not in r:
                     missing.append(os.path.basename(ctx.lm_dir(mixer, dt, s)))
@@ -429,8 +432,9 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
     rows, jrows, verdicts = [], [], {}
     for dt in dts:
         soft = per[("softmax", dt)]
-        for m in MIXERS3:
+        for m in MIXERS3 + (variants if dt == primary else ()):
             v = per[(m, dt)]
+            base = m.partition("+")[0]  # the paper's row of a variant (the paper does not give the readout scale)
             st = _stats(v)
             paired = [a / b if a is not None and b is not None else None for a, b in zip(v, soft)]
             pr = _paired(v, soft)  # ratio of means over the seeds both have
@@ -438,17 +442,20 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
             cfg = ctx.config(m, dt, 0)
             dtr = "no Δ" if m == "softmax" else f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
             rows.append([LABEL[m], dtr, f"{params.get(m, 0):,}", " / ".join(f2(x) for x in v), f2(st["mean"]),
-                         f2(st["spread"]), " / ".join(f2(x, 3) for x in paired), f2(ratio, 3), f2(pp[m]),
-                         f2(pp[m] / pp["softmax"], 3)])
+                         f2(st["spread"]), " / ".join(f2(x, 3) for x in paired), f2(ratio, 3), f2(pp[base]),
+                         f2(pp[base] / pp["softmax"], 3)])
             jrows.append({"mixer": m, "dt": dt, "dt_range": dtr, "params": params.get(m), "ppl_per_seed": v,
                           **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": paired,
-                          "ratio_to_softmax": ratio, "paper_ppl_125m": pp[m],
-                          "paper_ratio_to_softmax": pp[m] / pp["softmax"]})
+                          "ratio_to_softmax": ratio, "paper_ppl_125m": pp[base],
+                          "paper_ratio_to_softmax": pp[base] / pp["softmax"]})
         va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)])
         vb = verdict_b(per[("interdomain", dt)], soft)
         sfx = "" if dt == primary else f"_{dt}_dt"
         verdicts["a" + sfx] = {"verdict": va[0], "why": va[1], "dt": dt}
         verdicts["b" + sfx] = {"verdict": vb[0], "why": vb[1], "dt": dt}
+    for m in variants:  # (a) against each variant of S4D-only: shown, never the verdict of record
+        va = verdict_a(per[("interdomain", primary)], per[(m, primary)])
+        verdicts[f"a_{m}"] = {"verdict": va[0], "why": va[1], "dt": primary, "variant": m}
     wall = time.time() - t0
     lines = []
     for dt in dts:
@@ -459,6 +466,10 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
                   f"{pp['s4d_only'] / pp['interdomain']:.3f})",
                   f"- {tag}: (b) Interdomain matches or beats Softmax: **{vb['verdict']}** ({vb['why']}; paper "
                   f"{pp['interdomain'] / pp['softmax']:.3f})"]
+    for m in variants:
+        va = verdicts[f"a_{m}"]
+        lines.append(f"- {primary} Δ, against {LABEL.get(m, m)} (a variant, not the verdict of record): (a) "
+                     f"**{va['verdict']}** ({va['why']}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
     md = "\n".join([
         f"## Table 2 / Fig. 2: validation perplexity at the training context ({L} tokens)", "",
         _setup_line(ctx), "",
@@ -884,7 +895,9 @@ def main(argv=None) -> int:
             from idattn.models.spec import parse_mixer
             try:
                 for m in only:
-                    parse_mixer(m)
+                    parse_mixer(m.partition("+")[0])
+                    if m.partition("+")[2] not in ("", "sum"):
+                        raise ValueError(f"{m!r}: the only variant suffix is '+sum' (e.g. s4d_only+sum)")
             except ValueError as e:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)

@@ -113,7 +113,7 @@ def test_softmax_attention_segment_mask():
         causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), None, "flash3")
 
 
-def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
+def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5, contraction="mean"):
     """The SPEC section-3 layer, written as float64 loops from the module's parameters."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
     x = x.astype(np.float64)
@@ -158,8 +158,9 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
                 if readout == "query":
                     pq = u @ fq[b, s, hh]
                     o[b, s, hh] = np.real((np.conj(pq) if conj else pq) @ g)
-                else:  # linear in the state: the coefficients averaged over their mode index, both halves added
-                    o[b, s, hh] = np.real(u.mean(0)) + np.real(g.mean(0))
+                else:  # linear in the state: the coefficients averaged (or summed) over their mode index, halves added
+                    red = np.mean if contraction == "mean" else np.sum
+                    o[b, s, hh] = np.real(red(u, 0)) + np.real(red(g, 0))
     if gate:
         o = o / (1 + np.exp(-dense("wg")))
     if readout == "linear":
@@ -167,18 +168,20 @@ def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5):
     return np.einsum("bthk,hkd->btd", o, p["wo"]["kernel"])
 
 
-@pytest.mark.parametrize("inp,readout,use_rope,conj,gate", [
-    ("dualkv", "query", True, True, False),
-    ("generic", "linear", False, False, True),
-    ("dualkv", "linear", True, True, False),
+@pytest.mark.parametrize("inp,readout,use_rope,conj,gate,contraction", [
+    ("dualkv", "query", True, True, False, "mean"),
+    ("generic", "linear", False, False, True, "mean"),
+    ("dualkv", "linear", True, True, False, "mean"),
+    ("generic", "linear", True, True, False, "sum"),
 ])
-def test_interdomain_mixer_matches_numpy_loop(inp, readout, use_rope, conj, gate):
+def test_interdomain_mixer_matches_numpy_loop(inp, readout, use_rope, conj, gate, contraction):
     r = np.random.RandomState(4)
     x = r.randn(2, 9, 16).astype(np.float32)
     # The linear cells run the chunked path (chunk 4 over 9 tokens: a tail chunk, resets inside chunks).
     impl = "sequential" if readout == "query" else ("chunked" if inp == "dualkv" else "sequential")
     m = InterdomainMixer(d_model=16, num_heads=2, head_dim=8, num_modes=4, input=inp, readout=readout,
-                         use_rope=use_rope, conj=conj, output_gate=gate, impl=impl, chunk_size=4)
+                         use_rope=use_rope, conj=conj, output_gate=gate, impl=impl, chunk_size=4,
+                         linear_contraction=contraction)
     doc, pos = np_doc_pos(SEG)
     args = (jnp.asarray(x), jnp.asarray(doc), jnp.asarray(pos))
     p = nn.meta.unbox(m.init(jax.random.PRNGKey(0), *args, segment_ids=jnp.asarray(SEG)))["params"]
@@ -187,7 +190,7 @@ def test_interdomain_mixer_matches_numpy_loop(inp, readout, use_rope, conj, gate
     for n in ("ssm_b_im", "ssm_c_im", "ssm_c_re", "ssm_norm_k"):
         p[n] = jax.tree_util.tree_map(lambda a: a + 0.3 * jax.random.normal(jax.random.PRNGKey(7), a.shape), p[n])
     y, _ = m.apply({"params": p}, *args, segment_ids=jnp.asarray(SEG))
-    ref = np_mixer(p, x, SEG, inp, readout, use_rope, conj, gate)
+    ref = np_mixer(p, x, SEG, inp, readout, use_rope, conj, gate, contraction=contraction)
     np.testing.assert_allclose(np.asarray(y), ref, rtol=2e-4, atol=2e-4 * np.max(np.abs(ref)))
 
 

@@ -149,6 +149,8 @@ def test_bad_configs_have_clear_errors():
         build_model(c)
     with pytest.raises(ValueError, match="model.remat.*'sometimes'"):
         build_model(small_cfg("interdomain", remat="sometimes"))
+    with pytest.raises(ValueError, match="model.linear_contraction: got 'max'.*'mean', 'sum'"):
+        build_model(small_cfg("s4d_only", linear_contraction="max"))
     with pytest.raises(ValueError, match="model.head_dim.*even"):
         build_model(small_cfg("softmax", num_heads=2, head_dim=15))
     with pytest.raises(ValueError, match="tokens: got shape"):

@@ -42,7 +42,8 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     rows = {(r["mixer"], r["dt"]): r for r in data["rows"]}
     md_rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
                if line.startswith("| ") and not line.startswith("| mixer")]
-    assert len(md_rows) == len(data["rows"]) == 6
+    # 3 mixers x 2 Δ ranges + the primary range's variants (experiments/repro.py PPL_VARIANTS: S4D-only, mode sum)
+    assert len(md_rows) == len(data["rows"]) == 6 + len(exp.PPL_VARIANTS)
     marker = {}
     for dt in ("paper",):
         # the trained runs: the table value is the value in the run's own result file, written by the evaluation
@@ -71,11 +72,13 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     assert "Not available yet" in md
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
     for line in md_rows:
-        m = {v: k for k, v in repro.LABEL.items()}[line[0]]
+        m = {v: k for k, v in repro.LABEL.items()}[line[0]].partition("+")[0]  # a variant: its mixer's paper row
         assert line[8] == f"{P.VAL_PPL['125m'][m]:.2f}"
         assert line[9] == f"{P.VAL_PPL['125m'][m] / P.VAL_PPL['125m']['softmax']:.3f}"
     for r in data["rows"]:
-        assert r["paper_ppl_125m"] == P.VAL_PPL["125m"][r["mixer"]]
+        assert r["paper_ppl_125m"] == P.VAL_PPL["125m"][r["mixer"].partition("+")[0]]
+    assert rows[("s4d_only+sum", "paper")]["ppl_per_seed"] == [None] and "s4d_only-sum-paper-s0" in data["missing"]
+    assert data["verdicts"]["a_s4d_only+sum"]["verdict"] == "inconclusive"
     assert data["verdicts"]["a"]["verdict"] == "inconclusive"  # S4D-only missing
 
     # rerun: the finished runs are reused (not retrained, not re-evaluated)
@@ -161,8 +164,14 @@ def test_scaled_dt_keeps_the_papers_dt_times_context():
     a, b = exp.get_config("softmax,small,scaled,0").to_dict(), exp.get_config("s4d_only,small,scaled,0").to_dict()
     diff = {k for k in a["model"] if a["model"][k] != b["model"][k]}
     assert diff <= {"mixer", "input", "readout", "rope"} and a["train"] == b["train"] and a["data"] == b["data"]
+    # the mode-sum variant differs from S4D-only in that one switch only
+    v = exp.get_config("s4d_only+sum,small,paper,0").to_dict()
+    assert {k for k in v["model"] if v["model"][k] != p.to_dict()["model"][k]} == {"linear_contraction"}
+    assert v["model"]["linear_contraction"] == "sum" and p.model.linear_contraction == "mean"
     with pytest.raises(ValueError, match="expected '<mixer>,<size>,<dt>,<seed>'"):
         exp.get_config("interdomain,small")
+    with pytest.raises(ValueError, match="suffix '\\+max'; expected none or '\\+sum'"):
+        exp.get_config("s4d_only+max,small,paper,0")
 
 
 def test_refusals_are_one_line(capsys):

@@ -66,6 +66,7 @@ class InterdomainMixer(nn.Module):
     readout: str = "query"
     use_rope: bool = True
     output_gate: bool = False
+    linear_contraction: str = "mean"  # linear readout: c_h = mean (default) or sum over the modes of C_h
     conj: bool = True
     theory: bool = False
     s4d_init: str = "inv"
@@ -176,9 +177,10 @@ class InterdomainMixer(nn.Module):
         from idattn.ops import s4d_linear_mix, s4d_linear_step
 
         r = zk.shape[-1]
-        # [H, M]: mean_m (C_h X)[m, :] = ((1/M) 1ᵀ C_h) X. The mean, not the sum: the output scale and the step
-        # size of c_h (Adam moves a whole column of C_h together) then do not grow with M (docs/model.md).
-        cvec = jnp.mean(c, axis=1)
+        # [H, M]: mean_m (C_h X)[m, :] = ((1/M) 1ᵀ C_h) X. The mean by default, not the sum: the output scale and
+        # the step size of c_h (Adam moves a whole column of C_h together) then do not grow with M (docs/model.md).
+        # The paper does not say; `linear_contraction="sum"` gives c_h = 1ᵀ C_h.
+        cvec = jnp.mean(c, axis=1) if self.linear_contraction == "mean" else jnp.sum(c, axis=1)
         z = jnp.concatenate([zk, zv], axis=-1)  # [B, T, H, R + d_h]
         # The chunked path is a convolution (no kernel needed): every other impl name maps to it.
         impl = "sequential" if self.impl == "sequential" else "chunked"

@@ -42,7 +42,8 @@ def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
     if spec.family == "softmax":
         return SoftmaxAttention(impl=spec.attn_impl, **common)
     return InterdomainMixer(num_modes=spec.num_modes, input=spec.input, readout=spec.readout, use_rope=spec.rope,
-                            output_gate=spec.output_gate, conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
+                            output_gate=spec.output_gate, linear_contraction=spec.linear_contraction,
+                            conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
                             kappa=spec.kappa, dt_min=spec.dt_min, dt_max=spec.dt_max, short_conv=spec.short_conv,
                             impl=spec.impl, chunk_size=spec.chunk_size, norm_eps=spec.norm_eps, **common)
 

@@ -23,6 +23,8 @@ S4D_INITS = ("inv", "lin", "legs", "inv_paper")
 REMATS = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16")
 IMPLS = ("auto", "chunked", "sequential", "associative", "pallas")
+# How the linear readout contracts the M modes of C_h into c_h (docs/model.md): mean (default) or sum.
+LINEAR_CONTRACTIONS = ("mean", "sum")
 
 
 def cube_cells() -> list[str]:
@@ -67,6 +69,7 @@ class ModelSpec:
     readout: str
     rope: bool
     output_gate: bool
+    linear_contraction: str
     conj: bool
     theory: bool
     num_modes: int
@@ -146,6 +149,10 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
     dt_min, dt_max = float(g("dt_min", 1e-3)), float(g("dt_max", 1e-1))
     if not 0 < dt_min <= dt_max:
         raise _err("dt_min", (dt_min, dt_max), "0 < dt_min <= dt_max", "Fix model.dt_min / model.dt_max.")
+    contraction = g("linear_contraction", "mean")
+    if contraction not in LINEAR_CONTRACTIONS:
+        raise _err("linear_contraction", contraction, f"one of {LINEAR_CONTRACTIONS}",
+                   "mean: c_h = (1/M) 1ᵀ C_h (default); sum: c_h = 1ᵀ C_h (docs/model.md, the linear readout).")
     theory = bool(g("theory", False))
     if theory and (family != "interdomain" or inp != "dualkv" or readout != "query"):
         raise _err("theory", True, "False unless mixer is interdomain / dualkv-query-*",
@@ -153,7 +160,7 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
     return ModelSpec(
         vocab_size=g("vocab_size"), d_model=d, num_layers=g("num_layers"), num_heads=h, head_dim=dh,
         ffn_dim=g("ffn_dim"), mixer=mixer, family=family, input=inp, readout=readout, rope=bool(use_rope),
-        output_gate=bool(g("output_gate", False)), conj=bool(g("conj", True)), theory=theory,
+        output_gate=bool(g("output_gate", False)), linear_contraction=contraction, conj=bool(g("conj", True)), theory=theory,
         num_modes=g("num_modes", 64), s4d_init=g("s4d_init", "inv"), kappa=kappa, dt_min=dt_min, dt_max=dt_max,
         rope_base=float(g("rope_base", 10000.0)), short_conv=g("short_conv", 4), impl=g("impl", "auto"),
         chunk_size=g("chunk_size", 64), norm_eps=float(g("norm_eps", 1e-5)), init_std=float(g("init_std", 0.02)),
