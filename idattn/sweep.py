@@ -310,6 +310,12 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
         print("# dry run: nothing submitted (without --dry_run: sbatch <this script>)")
         return 0
     os.makedirs(root, exist_ok=True)
+    # SLURM opens the --output file before the script starts, in a folder that must exist: a missing one fails
+    # every array task silently. launch/slurm.py creates it only when it submits itself, not in the dry run that
+    # rendered this script.
+    for line in script.splitlines():
+        if line.startswith("#SBATCH --output="):
+            os.makedirs(os.path.dirname(line.split("=", 1)[1].strip()) or ".", exist_ok=True)
     path = os.path.join(root, "sweep-array.sbatch")
     with open(path, "w") as f:
         f.write(script)

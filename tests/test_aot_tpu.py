@@ -2,7 +2,7 @@
 
 With libtpu (`pip install -e ".[tpu]"`; CI installs it): the tiny Interdomain train step (impl="pallas") and the
 tiny Softmax train step (attn_impl="pallas_tpu") compile for a 4-chip v5p slice at meshes (data, fsdp, tensor)
-= (4,1,1), (1,2,2), (2,1,2), and the compiled program contains the Mosaic kernel (`tpu_custom_call`; an XLA
+= (4,1,1), (1,2,2) (and (2,1,2) under `-m slow`), and the compiled program contains the Mosaic kernel (`tpu_custom_call`; an XLA
 fallback would not); per-chip temporaries of the tiny train step fall from 1 chip to 4 at the same global batch (measured: 172.5 MB on 1 chip, 19.9 MB at (4,1,1), 21.1 MB at
 (1,2,2), B x T = 32 x 128);
 no array of the full global batch's logits [B, T, V] appears in any compiled program; `python -m idattn.aot`
@@ -78,10 +78,7 @@ from idattn.train.trainer import build_setup
 
 B, S, V = 32, 128, 512  # batch large enough that activations, not the fixed tables, dominate
 out = []
-for mixer, topo, shape in [("interdomain", "v5p:1x1x1", (1, 1, 1)), ("interdomain", "v5p:2x2x1", (4, 1, 1)),
-                           ("interdomain", "v5p:2x2x1", (1, 2, 2)), ("interdomain", "v5p:2x2x1", (2, 1, 2)),
-                           ("softmax", "v5p:2x2x1", (4, 1, 1)), ("softmax", "v5p:2x2x1", (1, 2, 2)),
-                           ("softmax", "v5p:2x2x1", (2, 1, 2))]:
+for mixer, topo, shape in json.loads(sys.argv[1]):
     cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": B, "train.loss_chunk": 64})
     apply_mixer_name(cfg.model, mixer)
     cfg.model.num_layers = 1
@@ -104,33 +101,53 @@ print("RESULT" + json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module")
-def compiled_tiny(tmp_path_factory):
+# (mixer, topology, (data, fsdp, tensor)). The default suite compiles the pure data-parallel and the
+# fsdp x tensor mesh of each mixer (every collective kind and both kernels' shard_map specs) plus the one-chip
+# reference; the mixed data x tensor mesh compiles the same kernels again and runs under -m slow.
+CASES = [("interdomain", "v5p:1x1x1", (1, 1, 1)), ("interdomain", "v5p:2x2x1", (4, 1, 1)),
+         ("interdomain", "v5p:2x2x1", (1, 2, 2)), ("softmax", "v5p:2x2x1", (4, 1, 1)),
+         ("softmax", "v5p:2x2x1", (1, 2, 2))]
+SLOW_CASES = [("interdomain", "v5p:1x1x1", (1, 1, 1)), ("interdomain", "v5p:2x2x1", (2, 1, 2)),
+              ("softmax", "v5p:2x2x1", (2, 1, 2))]
+
+
+def _compile_cases(tmp_path_factory, cases):
     _need_libtpu()
     env = dict(T.cached_env(tmp_path_factory.getbasetemp()), ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=T.REPO, env=env, capture_output=True, text=True,
-                          timeout=1200)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(cases)], cwd=T.REPO, env=env,
+                          capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])
 
 
-@pytest.mark.parametrize("mixer", ["interdomain", "softmax"])
-def test_tiny_train_step_compiles_for_v5p_with_mosaic_kernels(compiled_tiny, mixer):
-    rows = [r for r in compiled_tiny if r["mixer"] == mixer and r["chips"] == 4]
-    assert sorted(tuple(r["mesh"]) for r in rows) == [(1, 2, 2), (2, 1, 2), (4, 1, 1)]
+@pytest.fixture(scope="module")
+def compiled_tiny(tmp_path_factory):
+    return _compile_cases(tmp_path_factory, CASES)
+
+
+def _check_rows(rows, meshes):
+    for mixer in ("interdomain", "softmax"):
+        four = [r for r in rows if r["mixer"] == mixer and r["chips"] == 4]
+        assert sorted(tuple(r["mesh"]) for r in four) == meshes
+        for r in four:
+            # Interdomain: forward P/O kernels and the backward's scans and chunk kernels; Softmax: flash fwd + bwd
+            assert r["mosaic"] >= (8 if mixer == "interdomain" else 2), r
+    one = [r for r in rows if r["mixer"] == "interdomain" and r["chips"] == 1][0]
     for r in rows:
-        # Interdomain: forward P/O kernels and the backward's scans and chunk kernels; Softmax: flash fwd + bwd
-        assert r["mosaic"] >= (8 if mixer == "interdomain" else 2), r
-
-
-def test_per_chip_temporaries_fall_and_no_full_batch_logits(compiled_tiny):
-    one = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 1][0]
-    four = [r for r in compiled_tiny if r["mixer"] == "interdomain" and r["chips"] == 4]
-    for r in four:
-        assert r["temp"] < 0.5 * one["temp"], (r, one)  # the same global batch over 4 chips
-    for r in compiled_tiny:
+        if r["mixer"] == "interdomain" and r["chips"] == 4:
+            assert r["temp"] < 0.5 * one["temp"], (r, one)  # the same global batch over 4 chips
         if r["chips"] > 1:
             assert r["full_logits"] == [], r  # no [32, 128, 512] logits (or their gradient) on any chip
+
+
+def test_tiny_train_step_compiles_for_v5p_with_mosaic_kernels(compiled_tiny):
+    """Mosaic kernels in every program; per-chip temporaries fall with 4 chips; no chip holds full-batch logits."""
+    _check_rows(compiled_tiny, [(1, 2, 2), (4, 1, 1)])
+
+
+@pytest.mark.slow
+def test_mixed_data_tensor_mesh_compiles_for_v5p(tmp_path_factory):
+    _check_rows(_compile_cases(tmp_path_factory, SLOW_CASES), [(2, 1, 2)])
 
 
 def test_aot_cli_prints_closing_line(tmp_path):

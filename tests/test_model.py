@@ -19,7 +19,8 @@ import flax.linen as nn  # noqa: E402
 from idattn.configs import base_config
 from idattn.models import apply_mixer_name, build_model, cube_cells, decoding, param_labels
 
-MIXERS = ["softmax", "interdomain", "s4d_only"] + cube_cells()
+# "s4d_only" is generic-linear-norope by name (apply_mixer_name; tests/test_params.py), the same program here
+MIXERS = ["softmax", "interdomain"] + cube_cells()
 T, TA = 10, 4  # row length, length of document A in the packed rows
 
 

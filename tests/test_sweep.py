@@ -130,6 +130,26 @@ def test_slurm_dry_run_is_a_job_array_with_data_flags(tmp_path, no_subprocess):
     assert runs.count("paper-") == 24 and "paper-interdomain-1.3b-D5.2e10" in runs
 
 
+def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch):
+    """Submitting writes the array script and creates its #SBATCH --output folder before calling sbatch."""
+    calls = []
+
+    def fake_call(cmd, *a, **k):
+        text = open(cmd[1]).read()
+        out = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0].split("=", 1)[1]
+        calls.append((cmd, os.path.isdir(os.path.dirname(out)), out))
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    logs = tmp_path / "logs" / "sweep"
+    rc, _ = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--launcher=slurm", "--data_path=/data/fw", "--",
+                   f"--log_dir={logs}"])
+    assert rc == 0 and len(calls) == 1
+    cmd, existed, out = calls[0]
+    assert cmd == ["sbatch", f"{tmp_path}/r/sweep-array.sbatch"]
+    assert existed and out.startswith(str(logs) + "/")
+
+
 def test_tpu_dry_run_prints_per_run_commands(tmp_path, no_subprocess):
     rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}", "--launcher=tpu", "--dry_run", "--data_path=/mnt/fw",
                      "--only=125m-D2.5", "--", "--zone=us-east5-a", "--type=v5p-64"])
