@@ -14,6 +14,11 @@ repository's tracked files to every worker and install them, train detached on e
 
 Add --dry_run to print the gcloud commands instead of running them.
 
+create --queued returns once the request is queued, long before the slice exists; `setup` on a slice that is not
+ACTIVE fails on ssh. With --wait_s=N (default 3600; 0: do not wait) create polls the queued resource's state every
+--poll_s seconds until ACTIVE, and stops with the state and the describe command when it is FAILED or SUSPENDED
+or when N seconds pass (rerunning `create` on an existing request fails in gcloud: use `status --queued`).
+
 setup: `git archive HEAD` of --local_dir (tracked, committed files only: never a virtual environment, run
 folders or uncommitted edits — commit first; a dirty tree is reported), copied to every worker, unpacked into
 --remote_dir, and installed with `pip install -e ".[tpu]"` (jax[tpu] and libtpu pinned to the repository's jax)
@@ -122,6 +127,37 @@ def commands(args, rest: list[str]) -> list[list[str]]:
     raise SystemExit(f"unknown action {a!r}")
 
 
+QUEUED_DONE, QUEUED_BAD = "ACTIVE", ("FAILED", "SUSPENDED", "SUSPENDING")
+
+
+def queued_state_command(args) -> list[str]:
+    return _base(args, "queued-resources", "describe", args.name) + ["--format=value(state.state)"]
+
+
+def wait_active(args, sleep=None, clock=None) -> int:
+    """Poll the queued resource until ACTIVE (0); 1 with one line naming the state when it failed or timed out."""
+    import time
+    sleep, clock = sleep or time.sleep, clock or time.monotonic
+    t0, last = clock(), None
+    cmd = queued_state_command(args)
+    while True:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        state = proc.stdout.strip() or f"unknown (gcloud exit {proc.returncode}: {proc.stderr.strip()[-200:]})"
+        if state != last:
+            print(f"{args.name}: {state} after {clock() - t0:.0f} s", flush=True)
+            last = state
+        if state == QUEUED_DONE:
+            return 0
+        if state in QUEUED_BAD:
+            print(f"{args.name}: the queued resource is {state}; see `{shlex.join(cmd[:-1])}`", file=sys.stderr)
+            return 1
+        if clock() - t0 >= args.wait_s:
+            print(f"{args.name}: still {state} after --wait_s={args.wait_s:g} s; rerun `status --queued` later "
+                  f"and `setup` once it is ACTIVE", file=sys.stderr)
+            return 1
+        sleep(args.poll_s)
+
+
 def _dirty(local_dir: str) -> str:
     try:
         return subprocess.run(["git", "-C", local_dir, "status", "--porcelain", "--untracked-files=no"],
@@ -145,6 +181,9 @@ def main(argv=None) -> int:
     p.add_argument("--version", default="v2-alpha-tpuv5", help="TPU VM runtime / software version")
     p.add_argument("--queued", action="store_true", help="use queued resources (create/status/delete)")
     p.add_argument("--spot", action="store_true")
+    p.add_argument("--wait_s", type=float, default=3600.0,
+                   help="create --queued: wait up to this long for the slice to be ACTIVE (0: return at once)")
+    p.add_argument("--poll_s", type=float, default=30.0, help="create --queued: seconds between state checks")
     p.add_argument("--local_dir", default=".", help="git checkout whose HEAD is shipped (setup)")
     p.add_argument("--remote_dir", default="~/idattn")
     p.add_argument("--venv", default="~/idattn-venv", help="virtual environment on the workers (setup, train)")
@@ -167,6 +206,12 @@ def main(argv=None) -> int:
         rc = subprocess.call(c)
         if rc:
             return rc
+    if args.action == "create" and args.queued and args.wait_s > 0:
+        if args.dry_run:
+            print(f"# then, every {args.poll_s:g} s for up to {args.wait_s:g} s until ACTIVE: "
+                  f"{shlex.join(queued_state_command(args))}")
+            return 0
+        return wait_active(args)
     return 0
 
 

@@ -34,8 +34,11 @@ def test_local_dry_run():
 
 
 def test_tpu_dry_run_commands():
-    create = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=us-east5-a", "--type=v5p-128", "--queued",
-                              "--spot", "--project=p", "--dry_run"))
+    create, wait = _run("tpu.py", "create", "--name=pod", "--zone=us-east5-a", "--type=v5p-128", "--queued",
+                        "--spot", "--project=p", "--dry_run").strip().splitlines()
+    create = shlex.split(create)
+    assert wait.startswith("# then, every 30 s for up to 3600 s until ACTIVE: gcloud compute tpus queued-resources "
+                           "describe pod") and "--format=value(state.state)" in wait
     assert create[:6] == ["gcloud", "compute", "tpus", "queued-resources", "create", "pod"]
     assert {"--node-id=pod", "--accelerator-type=v5p-128", "--spot", "--zone=us-east5-a", "--project=p"} <= set(create)
     direct = shlex.split(_run("tpu.py", "create", "--name=pod", "--zone=z", "--dry_run"))
@@ -143,3 +146,35 @@ def test_paper_size_without_data_flags_is_refused_before_any_write(tmp_path):
     cfg.data.source = "kjv"
     check_data_choice(cfg)
     assert mod.get_config("interdomain,tiny").data.source == "kjv"  # the CPU-sized config keeps its corpus
+
+
+FAKE_GCLOUD = """#!/bin/sh
+# stands in for gcloud: create succeeds; describe prints the next state of $STATES (one per call)
+case "$*" in
+  *"queued-resources create"*) echo created; exit 0;;
+  *"queued-resources describe"*)
+    n=$(cat "$COUNTER" 2>/dev/null || echo 0); echo $((n + 1)) > "$COUNTER"
+    echo "$STATES" | tr ' ' '\\n' | sed -n "$((n + 1))p"; exit 0;;
+esac
+exit 3
+"""
+
+
+@pytest.mark.parametrize("states,rc,said", [
+    ("WAITING_FOR_RESOURCES WAITING_FOR_RESOURCES PROVISIONING ACTIVE", 0, "pod: ACTIVE after"),
+    ("WAITING_FOR_RESOURCES FAILED", 1, "the queued resource is FAILED"),
+])
+def test_tpu_create_queued_waits_until_active(tmp_path, states, rc, said):
+    """create --queued polls the state until ACTIVE, and stops with the state when the request fails."""
+    gcloud = tmp_path / "bin" / "gcloud"
+    gcloud.parent.mkdir()
+    gcloud.write_text(FAKE_GCLOUD)
+    gcloud.chmod(0o755)
+    env = dict(os.environ, PATH=f"{gcloud.parent}{os.pathsep}{os.environ['PATH']}", STATES=states,
+               COUNTER=str(tmp_path / "n"))
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "tpu.py"), "create", "--name=pod", "--zone=z",
+                        "--queued", "--poll_s=0", "--wait_s=60"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == rc, p.stdout + p.stderr
+    assert said in p.stdout + p.stderr
+    assert int((tmp_path / "n").read_text()) == len(states.split())  # polled until the last state, no further
+    assert "pod: WAITING_FOR_RESOURCES after" in p.stdout and p.stdout.count("WAITING_FOR_RESOURCES") == 1
