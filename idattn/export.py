@@ -159,11 +159,18 @@ def import_export(out_dir: str) -> tuple[dict, dict]:
     return cfg, params
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-flags.DEFINE_string("workdir", None, "run directory with checkpoints")
-flags.DEFINE_string("out", None, "output folder")
-flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
+_CONFIG = None
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
+    that define --config, e.g. under one pytest worker, must not clash)."""
+    global _CONFIG
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
+    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    flags.DEFINE_string("out", None, "output folder")
+    flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
 
 
 def main(argv):
@@ -179,4 +186,5 @@ def main(argv):
 if __name__ == "__main__":
     from idattn.cli import run_app  # a --config.<key> typo: one readable line
 
+    define_flags()
     run_app(main)

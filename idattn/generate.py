@@ -24,19 +24,26 @@ from ml_collections import config_flags
 from idattn.models.inference import check_ids, encode, get_tokenizer, load_model  # noqa: E402
 
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-flags.DEFINE_string("workdir", None, "run directory with checkpoints")
-flags.DEFINE_string("prompt", "", "prompt text")
-flags.DEFINE_string("prompt_ids", None, "comma-separated prompt token ids (instead of --prompt)")
-flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
-flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate")
-flags.DEFINE_float("temperature", 0.0, "0 = greedy")
-flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass")
-flags.DEFINE_integer("seed", 0, "sampling seed and random-init seed")
-flags.DEFINE_integer("prefill_chunk", 256, "prefill chunk length")
-flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
-flags.DEFINE_string("out", None, "write a JSON record here")
+_CONFIG = None
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
+    that define --config, e.g. under one pytest worker, must not clash)."""
+    global _CONFIG
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
+    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    flags.DEFINE_string("prompt", "", "prompt text")
+    flags.DEFINE_string("prompt_ids", None, "comma-separated prompt token ids (instead of --prompt)")
+    flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
+    flags.DEFINE_integer("max_new_tokens", 64, "tokens to generate")
+    flags.DEFINE_float("temperature", 0.0, "0 = greedy")
+    flags.DEFINE_float("top_p", 1.0, "nucleus sampling mass")
+    flags.DEFINE_integer("seed", 0, "sampling seed and random-init seed")
+    flags.DEFINE_integer("prefill_chunk", 256, "prefill chunk length")
+    flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
+    flags.DEFINE_string("out", None, "write a JSON record here")
 
 
 def main(argv):
@@ -74,4 +81,5 @@ def main(argv):
 if __name__ == "__main__":
     from idattn.cli import run_app  # a --config.<key> typo: one readable line
 
+    define_flags()
     run_app(main)

@@ -18,14 +18,21 @@ from ml_collections import config_flags
 
 from idattn.models.inference import check_ids, encode, get_tokenizer, load_model
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-flags.DEFINE_string("workdir", None, "run directory with checkpoints")
-flags.DEFINE_string("text", None, "text to score")
-flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
-flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
-flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
-flags.DEFINE_string("out", None, "JSON output path (default: stdout)")
+_CONFIG = None
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
+    that define --config, e.g. under one pytest worker, must not clash)."""
+    global _CONFIG
+    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
+    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    flags.DEFINE_string("text", None, "text to score")
+    flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
+    flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
+    flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
+    flags.DEFINE_string("out", None, "JSON output path (default: stdout)")
 
 
 def score_ids(model, params, ids: list[int]) -> list[float | None]:
@@ -63,4 +70,5 @@ def main(argv):
 if __name__ == "__main__":
     from idattn.cli import run_app
 
+    define_flags()
     run_app(main)

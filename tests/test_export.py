@@ -123,3 +123,14 @@ def test_cli_score_generate_export(tmp_path):
     assert (tmp_path / "exp" / "model.safetensors").is_file()
     cfg_back, _ = ex.import_export(str(tmp_path / "exp"))
     assert cfg_back["mixer"] == "s4d_only" and cfg_back["vocab_size"] == 512
+
+
+def test_cli_modules_import_together():
+    """The CLIs' library functions import side by side (one pytest worker imports them all): none of them defines
+    its absl flags at import, where a second --config would raise DuplicateFlagError."""
+    import importlib
+
+    from absl import flags
+    for name in ("idattn.export", "idattn.score", "idattn.params", "idattn.generate"):
+        importlib.import_module(name)
+    assert "out" not in flags.FLAGS and "text" not in flags.FLAGS
