@@ -22,7 +22,7 @@ of the model code (idattn/ops, idattn/layers, idattn/models). When the code has 
 language model is evaluated again at the training length with the current code and reused only if it gives
 the recorded perplexity (relative 1e-4), i.e. the change left this model's function alone; otherwise (and for
 unfinished runs and MQAR runs, which keep no parameters) the run is moved aside to `<run>.stale-<hash>` and
-trained again. `--keep_stale` reuses such runs unchecked instead.
+trained again. An MQAR run also records its recipe (experiments/repro.py MQAR) and is trained again when it changes. `--keep_stale` reuses such runs unchecked instead.
 `--render_only` writes the tables from whatever results exist, training and evaluating nothing.
 
 Evaluation (`ppl`, `cube`, `length`): token-level perplexity exp(Σ m·nll / Σ m) over the same first
@@ -714,17 +714,23 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     wd = ctx.mqar_dir(mixer, seed)
     c = ctx.exp.get_mqar_config(mixer, ctx.size)
     q = c.mqar
+    recipe = json.loads(json.dumps(q.to_dict()))  # the task and optimiser (experiments/repro.py MQAR), as JSON
     if ctx.skip(mixer):
         recs = read_results(wd, "recall") if os.path.isdir(wd) else []
-        return recs[-1] if recs and _read_marker(wd).get("status") == "done" else None
+        m = _read_marker(wd)
+        return recs[-1] if recs and m.get("status") == "done" and m.get("recipe") == recipe else None
     src = source_hash()
+    old = _read_marker(wd)
+    if old and old.get("recipe") != recipe and not ctx.keep_stale:
+        _move_aside(wd, old, f"trained with another MQAR recipe ({old.get('recipe')} != {recipe})")
     rec = _check_reuse(wd, src, ctx.keep_stale)  # no checkpoint to verify: other code means train again
     if rec.get("status") == "done":
         recs = read_results(wd, "recall")
         if recs:
             return recs[-1]
     log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
-    _write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training"})
+    _write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training",
+                       "recipe": recipe})
     t0 = time.time()
     res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                      num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
@@ -738,7 +744,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
                                         "method": "Zoology MQAR, accuracy at query positions"})
     _write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
-                       "train_s": time.time() - t0})
+                       "recipe": recipe, "train_s": time.time() - t0})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
     return read_results(wd, "recall")[-1]
 

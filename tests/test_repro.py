@@ -180,3 +180,26 @@ def test_refusals_are_one_line(capsys):
     assert "--only" in err and "expected softmax, interdomain, s4d_only" in err
     assert not os.path.exists("/nonexistent-never-written")
     assert re.search(r"idattn.repro: ", err)
+
+
+def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
+    """An MQAR run records its recipe; a finished run with another recipe is moved aside, the current one reused."""
+    from idattn.eval import recall
+    calls = []
+
+    def fake_train(model_cfg, **kw):
+        calls.append(kw)
+        return {"acc": 0.25, "grid": {}, "loss": 1.0, "steps": kw["steps"], "params": None}
+
+    monkeypatch.setattr(recall, "train_mqar", fake_train)
+    ctx = repro.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
+    wd = ctx.mqar_dir("softmax", 0)
+    recipe = ctx.exp.get_mqar_config("softmax", "toy").mqar.to_dict()
+    repro._write_marker(wd, {"src": repro.source_hash(), "status": "done", "recipe": dict(recipe, steps=1)})
+    r = repro.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 1 and calls[0]["steps"] == recipe["steps"]
+    assert r["metrics"][f"mqar@{recipe['seq_len']}x{recipe['num_kv_pairs']}/acc"] == 0.25
+    assert glob.glob(wd + ".stale-*") and json.load(open(os.path.join(wd, repro.MARKER)))["recipe"]["steps"] == \
+        recipe["steps"]
+    repro.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
+    assert len(calls) == 1
