@@ -29,7 +29,7 @@ def _cfg(mixer, **kw):
 
 def _params(cfg, seed=0):
     m = build_model(cfg)
-    return m, nn.meta.unbox(m.init(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"])
+    return m, nn.meta.unbox(jax.jit(m.init)(jax.random.PRNGKey(seed), jnp.zeros((1, 4), jnp.int32))["params"])
 
 
 def _random_params(cfg, seed=0):

@@ -125,8 +125,9 @@ def test_two_processes_jax_distributed(tmp_path, env, monkeypatch):
     batch = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     model = build_model(cfg.model)
     from flax import linen as nn
-    params = nn.unbox(model.init(jax.random.PRNGKey(int(cfg.seed)), batch["inputs"][:1, :16])["params"])
-    s, c = make_loss_sums(model.apply)(params, batch)
+    # jit: eager flax init and apply dispatch every op one by one (seconds on CPU)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(int(cfg.seed)), batch["inputs"][:1, :16])["params"])
+    s, c = jax.jit(make_loss_sums(model.apply))(params, batch)
     np.testing.assert_allclose(rec[0]["loss"], float(s) / float(c), rtol=1e-5)
 
 
@@ -150,7 +151,7 @@ def test_chunked_token_loss_equals_full_logits():
              "segment_ids": np.repeat([[0] * 10 + [1] * 14], b, 0).astype(np.int32),
              "positions": np.repeat([list(range(10)) + list(range(14))], b, 0).astype(np.int32),
              "loss_mask": (rng.random((b, t)) < 0.8).astype(np.float32)}
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), batch["inputs"][:1])["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), batch["inputs"][:1])["params"])
     out = {}
     for chunk in (0, 10):  # 10 -> 8 (the largest divisor of 24 not above 10): 3 chunks
         f = jax.jit(jax.value_and_grad(lambda p: (lambda s, c: s / c)(*make_loss_sums(model.apply, chunk)(p, batch))))

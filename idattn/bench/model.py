@@ -66,7 +66,7 @@ def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None
     model = build_model(cfg.model)
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch, seq_len + 1)),
                          jnp.int32)
-    params = model.init(jax.random.PRNGKey(0), tokens[:, :-1])["params"]
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:, :-1])["params"]  # eager init: op by op
     opt = optax.adamw(1e-4, weight_decay=0.1)
     opt_state = opt.init(params)
 
@@ -104,7 +104,7 @@ def decode_throughput(mixer, size, contexts, batch, steps=20):
     cfg = get_config(f"{mixer},{size}")
     model = build_model(cfg.model)
     tok = jnp.zeros((batch,), jnp.int32)
-    params = model.init(jax.random.PRNGKey(0), tok[:, None])["params"]
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), tok[:, None])["params"]
     rows = []
     for ctx in contexts:
         cache = init_cache(cfg.model, batch, max_len=ctx + 2 * steps + 8)
