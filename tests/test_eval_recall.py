@@ -1,6 +1,7 @@
 """MQAR generator (Zoology's definition), text recall prompts and greedy-match scoring."""
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -81,21 +82,27 @@ def test_greedy_match_with_lookup_model():
     assert recall.greedy_match_accuracy(bigram_score_fn(np.zeros((259, 259))), tok, ex, max_length=32) == 0.0
 
 
+def _mqar_config(arg):
+    """experiments/mqar.py's get_config, loaded by path (independent of the working directory)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "mqar.py")
+    spec = importlib.util.spec_from_file_location("idattn_test_mqar_config", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.get_config(arg)
+
+
 def test_train_mqar_short_run_learns():
     """A very short MQAR run of the 2-layer softmax model (the documented run is experiments/mqar.py)."""
-    import sys
-
-    sys.path.insert(0, "experiments")
-    from mqar import get_config
-
-    c = get_config("softmax,32,2")
+    c = _mqar_config("softmax,32,2")
     res = recall.train_mqar(c.model, seq_len=32, num_kv_pairs=2, vocab_size=64, num_train=512, num_test=64,
                             steps=40, batch_size=32, lr=3e-3, warmup=5, log_every=0)
     assert res["loss"] < res["first_loss"] - 0.3, res
     # the reported accuracy, recomputed in NumPy from the returned parameters on the same test set
     from idattn.models import build_model
     x, y = recall.mqar_generate(64, 64, 32, 2, seed=0 + 12345)
-    logits = np.asarray(build_model(c.model).apply({"params": res["params"]}, x), np.float64)
+    logits = np.asarray(jax.jit(build_model(c.model).apply)({"params": res["params"]}, x), np.float64)
     q = y != recall.IGNORE
     assert q.sum() == 64 * 2
     assert res["acc"] == pytest.approx(float((logits.argmax(-1)[q] == y[q]).mean()), abs=1e-12)
@@ -104,12 +111,7 @@ def test_train_mqar_short_run_learns():
 @pytest.mark.slow
 def test_mqar_softmax_reaches_90_percent():
     """The documented CPU check (experiments/mqar.py, 64 tokens, 4 pairs): softmax >= 90% query accuracy."""
-    import sys
-
-    sys.path.insert(0, "experiments")
-    from mqar import get_config
-
-    c = get_config("softmax")
+    c = _mqar_config("softmax")
     q = c.mqar
     res = recall.train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                             num_train=q.num_train, num_test=q.num_test, steps=1500, batch_size=q.batch_size,

@@ -19,8 +19,10 @@ import flax.linen as nn  # noqa: E402
 from idattn.configs import base_config
 from idattn.models import apply_mixer_name, build_model, cube_cells, decoding, param_labels
 
-# "s4d_only" is generic-linear-norope by name (apply_mixer_name; tests/test_params.py), the same program here
-MIXERS = ["softmax", "interdomain"] + cube_cells()
+# "s4d_only" is generic-linear-norope and "interdomain" dualkv-query-rope by name (apply_mixer_name;
+# tests/test_params.py): the cube cells run the sequential operator here; the full model on the default chunked
+# operator is checked by test_decode.py (decode == forward), test_mesh_kernels.py and the trainer tests.
+MIXERS = ["softmax"] + cube_cells()
 T, TA = 10, 4  # row length, length of document A in the packed rows
 
 
