@@ -62,3 +62,17 @@ def run_app(main, argv=None) -> None:
         print(msg, file=sys.stderr)
         sys.exit(2)
 
+
+def define_model_flags():
+    """Define `--config` (an experiment config; a random-init model when no --workdir) and `--workdir` (a run
+    directory with checkpoints): the model source of `idattn.models.inference.load_model`, shared by the score,
+    generate and export CLIs. Returns the config flag holder.
+
+    Call it when run as a CLI, never at import: two modules defining `--config` in one process (e.g. one pytest
+    worker importing several CLIs' library functions) raise absl's DuplicateFlagError."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    config = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
+    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    return config

@@ -31,7 +31,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from idattn.models.inference import load_model
 from idattn.models.spec import ModelSpec, spec_from_config
@@ -164,11 +163,10 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
-    that define --config, e.g. under one pytest worker, must not clash)."""
+    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
     global _CONFIG
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    from idattn.cli import define_model_flags
+    _CONFIG = define_model_flags()
     flags.DEFINE_string("out", None, "output folder")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
 

@@ -18,7 +18,6 @@ import sys
 import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 
 from idattn.models.inference import check_ids, encode, get_tokenizer, load_model  # noqa: E402
@@ -29,11 +28,10 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
-    that define --config, e.g. under one pytest worker, must not clash)."""
+    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
     global _CONFIG
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    from idattn.cli import define_model_flags
+    _CONFIG = define_model_flags()
     flags.DEFINE_string("prompt", "", "prompt text")
     flags.DEFINE_string("prompt_ids", None, "comma-separated prompt token ids (instead of --prompt)")
     flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")

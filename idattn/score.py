@@ -14,7 +14,6 @@ import sys
 import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
-from ml_collections import config_flags
 
 from idattn.models.inference import check_ids, encode, get_tokenizer, load_model
 
@@ -23,11 +22,10 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags; defined when run as a CLI, not at import (importing this module beside other CLIs
-    that define --config, e.g. under one pytest worker, must not clash)."""
+    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
     global _CONFIG
-    _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
-    flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    from idattn.cli import define_model_flags
+    _CONFIG = define_model_flags()
     flags.DEFINE_string("text", None, "text to score")
     flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
     flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
