@@ -117,6 +117,17 @@ def base_config() -> ml_collections.ConfigDict:
     t.init_from = ""  # workdir of another run to initialise parameters from (explicit, never implicit)
     t.loss_chunk = 512  # token loss computed this many positions at a time (0: from full logits); see models/llama.py
     t.peak_tflops_per_device = 0.0  # MFU denominator; 0: look up the device kind (idattn.train.metrics)
+    t.schedule = "cosine"  # cosine (the paper's) | wsd (warmup-stable-decay: extendable, branchable; train/optim.py)
+    t.decay_steps = -1  # wsd: steps of the final decay; -1: round(decay_fraction * num_steps)
+    t.decay_fraction = 0.2  # wsd: share of the steps in the decay (Hägele et al. 2024: ~20% matches cosine)
+    t.wsd_shape = "1-sqrt"  # wsd decay shape: 1-sqrt | linear
+    t.allow_schedule_change = False  # resume with a changed LR schedule (num_steps, peak_lr, ...): explicit only
+    t.branch_from = ""  # "<workdir>[:<step>]": start from that run's full state (a WSD decay branch)
+    t.max_bad_steps = 0  # non-finite steps (loss / grad norm / update) dropped before the run stops
+    t.checkpoint_fallback = True  # a damaged latest checkpoint: fall back to the newest one that verifies
+    t.keep_best = True  # keep the best-of-run parameters by validation loss in <workdir>/best (never rotated)
+    t.lease_heartbeat_s = 30.0  # workdir lease: heartbeat period (train/lease.py)
+    t.lease_stale_s = 600.0  # workdir lease: a heartbeat older than this is a dead trainer's
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
     c.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES

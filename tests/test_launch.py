@@ -100,7 +100,7 @@ def fake_init(monkeypatch):
     monkeypatch.setattr(distributed.jax.distributed, "initialize", lambda **kw: calls.append(kw))
     monkeypatch.setattr(distributed.jax.config, "update", lambda *a, **k: None)
     for k in ("IDATTN_COORDINATOR_ADDRESS", "IDATTN_NUM_PROCESSES", "IDATTN_PROCESS_ID", "SLURM_NTASKS",
-              "TPU_WORKER_HOSTNAMES"):
+              "TPU_WORKER_HOSTNAMES", "IDATTN_HEARTBEAT_TIMEOUT_S", "IDATTN_SHUTDOWN_TIMEOUT_S"):
         monkeypatch.delenv(k, raising=False)
     return calls
 
@@ -108,7 +108,9 @@ def fake_init(monkeypatch):
 def test_distributed_initialize_sources(fake_init, monkeypatch):
     assert distributed.initialize("auto") is False and fake_init == []  # single process
     assert distributed.initialize("auto", "h:1", 2, 1) is True
-    assert fake_init[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1, local_device_ids=None)
+    timeouts = dict(heartbeat_timeout_seconds=100, shutdown_timeout_seconds=60)  # bounded: a dead peer stops us
+    assert fake_init[-1] == dict(coordinator_address="h:1", num_processes=2, process_id=1, local_device_ids=None,
+                                 **timeouts)
     monkeypatch.setenv("IDATTN_COORDINATOR_ADDRESS", "localhost:9")
     monkeypatch.setenv("IDATTN_NUM_PROCESSES", "4")
     monkeypatch.setenv("IDATTN_PROCESS_ID", "3")
@@ -117,7 +119,9 @@ def test_distributed_initialize_sources(fake_init, monkeypatch):
     for k in ("IDATTN_COORDINATOR_ADDRESS", "IDATTN_NUM_PROCESSES", "IDATTN_PROCESS_ID"):
         monkeypatch.delenv(k)
     monkeypatch.setenv("SLURM_NTASKS", "16")  # SLURM: jax reads the cluster itself
-    assert distributed.initialize("auto") is True and fake_init[-1] == {}
+    monkeypatch.setenv("IDATTN_HEARTBEAT_TIMEOUT_S", "10")
+    assert distributed.initialize("auto") is True
+    assert fake_init[-1] == dict(timeouts, heartbeat_timeout_seconds=10)
     assert distributed.initialize("off") is False and len(fake_init) == 3
     with pytest.raises(ValueError, match="needs num_processes and process_id"):
         distributed.initialize("on", "h:1", None, None)

@@ -227,7 +227,10 @@ def test_orbax_checkpoint_round_trip(tmp_path, tok, prepared):
 
 # ------------------------------------------------------------------------------------------ sharding / epochs
 
-def test_per_host_sharding_is_disjoint_and_epochs_reshuffle(tok, prepared):
+def test_global_batches_same_on_any_process_count_and_epochs_reshuffle(tok, prepared):
+    """Row r of step s depends on (seed, s, r) only: the hosts' rows of P = 2 and P = 3 stacked are the P = 1
+    global batch, an iterator state saved on 2 processes restores on 1 and on 3 to the same next batches, and
+    the global stream reads every document once per epoch with a new order every epoch."""
     out, meta, texts = prepared
     cfg = _cfg(source="arrayrecord", path=str(out), prefetch=0)
     from idattn.data import formats
@@ -238,23 +241,41 @@ def test_per_host_sharding_is_disjoint_and_epochs_reshuffle(tok, prepared):
     index = _doc_index(train_docs)
     assert len(index) == n  # documents are distinct
     total_pairs = sum(len(d) + 1 for d in train_docs)
-    T, per_host = 32, 2
-    nb = 2 * (total_pairs // (T * per_host)) + 4  # comfortably more than one epoch per host... twice
-    reads = []
-    for p in range(2):
-        it = pipeline.make_train_iterator(cfg, tok, global_batch_size=2 * per_host, seq_len=T, seed=11,
-                                          process_index=p, process_count=2)
-        batches = [next(it) for _ in range(nb)]
-        assert batches[0]["inputs"].shape == (per_host, T)
-        reads.append([index[d] for d in _docs_in_stream(batches)])
-    half = n // 2
-    h0, h1 = reads[0][:half], reads[1][:half]  # the first epoch of the global stream, split by host
-    assert len(set(h0)) == half and len(set(h1)) == half and not set(h0) & set(h1)
-    # the global stream interleaves the hosts: element 2i is host 0's i-th, 2i+1 host 1's
-    merged = [x for pair in zip(reads[0], reads[1]) for x in pair]
-    epoch0, epoch1 = merged[:n], merged[n:2 * n]
+    T, B = 32, 6
+    nb = 2 * (total_pairs // (T * B)) + 4  # a little more than two epochs of the global stream
+
+    def its(P, seed=11):
+        return [pipeline.make_train_iterator(cfg, tok, global_batch_size=B, seq_len=T, seed=seed,
+                                             process_index=p, process_count=P) for p in range(P)]
+
+    one = its(1)[0]
+    ref = [next(one) for _ in range(nb)]
+    for P in (2, 3):
+        hosts = its(P)
+        for s in range(nb):
+            parts = [next(h) for h in hosts]
+            assert parts[0]["inputs"].shape == (B // P, T)
+            for k in ref[s]:
+                np.testing.assert_array_equal(np.concatenate([x[k] for x in parts]), ref[s][k], err_msg=(P, s, k))
+    # a state saved on 2 processes after 3 steps (identical on both) restores on 1 and 3 processes
+    two = its(2)
+    for _ in range(3):
+        [next(h) for h in two]
+    states = [h.get_state() for h in two]
+    assert states[0] == states[1]
+    for P in (1, 3):
+        hosts = its(P)
+        for h in hosts:
+            h.set_state(states[0])
+        for s in range(3, 6):
+            got = np.concatenate([next(h)["inputs"] for h in hosts])
+            np.testing.assert_array_equal(got, ref[s]["inputs"], err_msg=(P, s))
+    stream = [index[d] for d in _docs_in_stream(ref)]
+    epoch0, epoch1 = stream[:n], stream[n:2 * n]
     assert sorted(epoch0) == list(range(n)) and sorted(epoch1) == list(range(n))
     assert epoch0 != epoch1  # a new shuffle every epoch
+    other = its(1, seed=12)[0]
+    assert not np.array_equal(next(other)["inputs"], ref[0]["inputs"])  # the seed decides the order
 
 
 # ------------------------------------------------------------------------------------------ eval / errors

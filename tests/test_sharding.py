@@ -97,7 +97,7 @@ def test_mesh_2x2x2_matches_one_device(mesh_results, variant):
 
 def test_two_processes_jax_distributed(tmp_path, env, monkeypatch):
     wd = str(tmp_path / "mp")
-    overrides = {"train.num_steps": 3, "train.checkpoint_every": 3}
+    overrides = {"train.num_steps": 3, "train.checkpoint_every": 3, "train.warmup_steps": 3}
     cmd = [sys.executable, os.path.join(T.REPO, "launch", "local.py"), "--num_processes=2", "--port=0", "--"] + \
         T.train_command(wd, overrides=overrides)[1:]
     proc = subprocess.run(cmd, cwd=T.REPO, env=env, capture_output=True, text=True, timeout=300)

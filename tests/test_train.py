@@ -222,17 +222,28 @@ def test_refuses_tokenizer_larger_than_vocab(tmp_path, env):
     assert "has 512 tokens but config.model.vocab_size=300" in err, err
 
 
-def test_nonfinite_loss_stops_with_step_and_checkpoint(tmp_path, env):
+def test_nonfinite_steps_are_never_applied_nor_checkpointed(tmp_path, env):
+    """LR 1e30: the first bad step is dropped (train.max_bad_steps=1, logged and counted), the second stops the run
+    naming the last checkpoint; every checkpoint written, the named one included, restores finite and verifies."""
+    from idattn.train.checkpoint import load_params
     wd = str(tmp_path / "nan")
     proc = T.run_train(wd, overrides={"train.peak_lr": 1e30, "train.warmup_steps": 0, "train.checkpoint_every": 1,
-                                      "train.num_steps": 6}, env=env, check=False)
+                                      "train.num_steps": 8, "train.max_bad_steps": 1}, env=env, check=False)
     assert proc.returncode == 1
-    err = proc.stderr
-    assert "non-finite loss" in err, err[-3000:]
-    step = int(err.split("non-finite loss")[1].split("at step ")[1].split(";")[0])
+    err, out = proc.stderr, proc.stdout
+    assert "non-finite step" in err and "the update was not applied" in err, err[-3000:]
+    step = int(err.split("error: non-finite step ")[1].split(" ")[0])
+    assert "(bad step 1 of train.max_bad_steps=1)" in out, out[-3000:]
+    dropped = int(out.split("(bad step 1 of")[0].rsplit("step ", 2)[-2].split(":")[0])
+    assert dropped < step
     good = committed_steps(wd)
-    assert good and max(good) == step - 1, (good, step)
-    assert f"Last good checkpoint: {os.path.join(wd, 'checkpoints', str(step - 1))}" in err
+    named = err.split("Last finite checkpoint: ")[1].split(" ")[0]
+    assert good and named == os.path.join(wd, "checkpoints", str(max(good))), (named, good)
+    for s in good:
+        _, params = load_params(wd, s)  # verifies the digests recorded at save time
+        assert all(bool(np.all(np.isfinite(np.asarray(x)))) for x in jax.tree.leaves(params)), s
+    rec = T.read_metrics(wd)
+    assert [r["bad_steps"] for r in rec if r["step"] >= dropped][0] == 1
 
 
 @pytest.mark.slow

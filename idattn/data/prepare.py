@@ -445,12 +445,27 @@ def train_tokenizer_on(source: str, vocab: int, *, fs=None, files=None, fmt: str
     from idattn.data.tokenizer import train_sentencepiece
     if files is None:
         fs, files = list_inputs(source, subset, hf_data_dir, fmt)
-    texts = (t for t in iter_texts(fs, files, fmt=fmt, field=field, separator=separator)
-             if t and not _val_hash(t) < val_fraction)
+    failure: list[BaseException] = []
+
+    def texts():
+        # An input error raised inside sentencepiece's C++ trainer would surface as its traceback: keep it,
+        # end the stream, and raise it after the trainer returns, the same one-line refusal as --tokenizer.
+        try:
+            for t in iter_texts(fs, files, fmt=fmt, field=field, separator=separator):
+                if t and not _val_hash(t) < val_fraction:
+                    yield t
+        except (PrepareError, FileNotFoundError) as e:
+            failure.append(e)
+
     try:
-        return train_sentencepiece(texts, int(vocab))
-    except ValueError as e:
+        proto = train_sentencepiece(texts(), int(vocab))
+    except (ValueError, RuntimeError) as e:
+        if failure:
+            raise failure[0] from None
         raise PrepareError(f"--train_tokenizer={vocab}: {e}") from e
+    if failure:
+        raise failure[0]
+    return proto
 
 
 def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", subset: str | None = None,

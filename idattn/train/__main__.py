@@ -5,6 +5,7 @@ idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed,
 """
 from __future__ import annotations
 
+import os
 import sys
 
 from absl import app, flags, logging
@@ -28,14 +29,32 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     from idattn.train import distributed
     distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
+    import jax
+
     from idattn.train.trainer import TrainingError, run
     try:
         summary = run(_CONFIG.value, _WORKDIR.value)
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except Exception as e:
+        if jax.process_count() > 1 and _is_peer_failure(e):
+            # Another process died: say so in one line and leave now. jax's exit-time shutdown barrier would
+            # wait for the dead peer and then abort with a C++ stack trace.
+            first = str(e).strip().splitlines()[0][:300]
+            print(f"error: [process {jax.process_index()}] lost contact with another process of this run ({first}); "
+                  f"stopping. The checkpoints committed so far are kept; rerun the job to resume.",
+                  file=sys.stderr, flush=True)
+            os._exit(1)
+        raise
     if summary["status"] == "preempted":
         sys.exit(143)
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    text = f"{type(e).__name__}: {e}"
+    return any(k in text for k in ("Gloo", "heartbeat", "coordination service", "Connection closed by peer",
+                                   "Barrier failed", "DEADLINE_EXCEEDED", "UNAVAILABLE"))
 
 
 if __name__ == "__main__":

@@ -6,13 +6,20 @@ Layout of a run directory:
     <workdir>/checkpoints/<step>/          one orbax checkpoint per saved step, items:
         params/      parameters (float32, sharded save/restore)
         opt_state/   optimiser state
-        meta/        {"step": int, "time": float, "loss": float}  (JSON)
-        data/        process_<i>-of-<n>.json: the data iterator state of each host
+        meta/        {"step", "time", "loss", "bad_steps", "digests": {params, opt_state, data}} (JSON)
+        data/        state.json: the data iterator state (global: the same on every process)
+    <workdir>/best/<step>/                 the best-of-run parameters by validation loss (params, meta)
+    <workdir>/checkpoints.rejected/        checkpoints that failed to read or verify, moved aside
     <workdir>/metrics.jsonl, <workdir>/tb/, <workdir>/eval/
 
 Checkpoints are saved asynchronously (train.async_checkpoint); the manager keeps the last train.keep_last plus
 every train.keep_every-th step. A step directory appears only once committed (orbax writes into a temporary
 name and renames), so a killed run always resumes from a complete checkpoint.
+
+Integrity: `save` records per-array digests of the parameters and optimiser state (idattn.train.integrity,
+computed on the devices) and a SHA-256 of the data state in `meta`; `restore_verified` recomputes them on the
+restored arrays, checks finiteness, and on any failure moves the checkpoint to `checkpoints.rejected/` and tries
+the next older one (or refuses, `train.checkpoint_fallback=false`).
 """
 from __future__ import annotations
 
@@ -29,6 +36,13 @@ from etils import epath
 
 CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
+BEST_DIR = "best"  # the best-of-run parameters by validation loss, outside the rotation
+REJECTED_DIR = "checkpoints.rejected"  # checkpoints that failed to read or verify, moved aside (never deleted)
+DATA_STATE_FILE = "state.json"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written, read or verified; the message says which and what survived."""
 
 
 # ------------------------------------------------------------------------------------------------ data state
@@ -36,17 +50,26 @@ class DataStateHandler(ocp.CheckpointHandler):
     """Writes each host's data-iterator state (JSON-able value captured at save time) to its own file."""
 
     def save(self, directory: epath.Path, args: "DataStateSave"):
-        i, n = jax.process_index(), jax.process_count()
-        (directory / f"process_{i}-of-{n}.json").write_text(json.dumps(_to_jsonable(args.state)))
+        # The training stream is global (every process holds the same state, idattn.data.pipeline), so one
+        # file from process 0 restores on any process count.
+        if jax.process_index() == 0:
+            (directory / DATA_STATE_FILE).write_text(json.dumps(_to_jsonable(args.state)))
 
     def restore(self, directory: epath.Path, args: "DataStateRestore | None" = None):
-        i, n = jax.process_index(), jax.process_count()
-        path = directory / f"process_{i}-of-{n}.json"
+        path = directory / DATA_STATE_FILE
         if not path.exists():
-            have = sorted(p.name for p in directory.iterdir())
-            raise FileNotFoundError(f"{path} is missing (found {have}): the checkpoint was written by a different "
-                                    f"number of processes than the {n} running now; resume with the same host count")
-        return _from_jsonable(json.loads(path.read_text()))
+            i, n = jax.process_index(), jax.process_count()
+            legacy = directory / f"process_{i}-of-{n}.json"  # written before the stream was global
+            if n == 1 and legacy.exists():
+                path = legacy
+            else:
+                have = sorted(p.name for p in directory.iterdir()) if directory.exists() else []
+                raise FileNotFoundError(f"{path} is missing (the folder holds {have})")
+        text = path.read_text()
+        try:
+            return _from_jsonable(json.loads(text))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e}; {len(text)} bytes)") from e
 
     def metadata(self, directory):
         return None
@@ -121,9 +144,14 @@ def make_manager(workdir: str, train_cfg, *, read_only: bool = False) -> ocp.Che
 
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_state, meta: dict, *, force: bool = False) -> bool:
+    """Saves `state` at `step` with digests of every array and of the data state in its meta."""
+    from idattn.train import integrity
+    data_json = _to_jsonable(data_state)
+    digests = {"algorithm": integrity.ALGORITHM, "params": integrity.state_digests(state.params),
+               "opt_state": integrity.state_digests(state.opt_state), "data": integrity.json_digest(data_json)}
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               opt_state=ocp.args.StandardSave(state.opt_state),
-                              meta=ocp.args.JsonSave(dict(meta, step=int(step))),
+                              meta=ocp.args.JsonSave(dict(meta, step=int(step), digests=digests)),
                               data=DataStateSave(data_state))
     return mngr.save(int(step), args=args, force=force)
 
@@ -138,6 +166,91 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
     return out["params"], out["opt_state"], out["meta"], out["data"]
 
 
+def check_restored(params, opt_state, meta, data_state) -> str | None:
+    """None when the restored arrays and data state match the digests in `meta` and are finite; else why."""
+    from idattn.train import integrity
+    if not isinstance(meta, dict):
+        return f"meta is not a JSON object ({type(meta).__name__})"
+    dig = meta.get("digests")
+    if dig is not None and dig.get("algorithm") != integrity.ALGORITHM:
+        return f"meta names checksum algorithm {dig.get('algorithm')!r}, this version computes {integrity.ALGORITHM!r}"
+    for what, tree in (("params", params), ("opt_state", opt_state)):
+        reason = integrity.verify(tree, None if dig is None else dig.get(what), what)
+        if reason:
+            return reason
+    if dig is not None and integrity.json_digest(_to_jsonable(data_state)) != dig.get("data"):
+        return "data: the data-iterator state does not match its checksum"
+    return None
+
+
+def _agree(ok: bool) -> bool:
+    """True only when every process says ok (one collective; a no-op with one process)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+    return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
+
+
+def reject(workdir: str, step: int, reason: str) -> str:
+    """Moves checkpoint `step` aside (process 0) into checkpoints.rejected/, with the reason beside it."""
+    import time
+    src = os.path.join(workdir, CKPT_DIR, str(step))
+    dst_dir = os.path.join(workdir, REJECTED_DIR)
+    dst = os.path.join(dst_dir, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
+    if jax.process_index() == 0 and os.path.exists(src):
+        os.makedirs(dst_dir, exist_ok=True)
+        os.replace(src, dst)
+        with open(dst + ".reason.txt", "w") as f:
+            f.write(reason + "\n")
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(f"idattn-reject-{step}")
+    return dst
+
+
+def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, *, fallback: bool = True,
+                     log=print, step: int | None = None):
+    """The newest checkpoint that reads and verifies: (step, params, opt_state, meta, data_state), or None when
+    the workdir has no committed checkpoint. A failing one is named with the reason and moved aside; with
+    fallback=False the first failure raises CheckpointError instead (nothing is moved). `step`: only that one."""
+    steps = sorted(mngr.all_steps(), reverse=True) if step is None else [int(step)]
+    rejected = []
+    for step in steps:
+        where = os.path.join(workdir, CKPT_DIR, str(step))
+        try:
+            params, opt_state, meta, data_state = restore(mngr, step, abstract_state)
+            reason = check_restored(params, opt_state, meta, data_state)
+        except Exception as e:  # orbax / tensorstore / JSON errors: any of them means this one is unusable
+            params = opt_state = meta = data_state = None
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            reason = f"unreadable ({type(e).__name__}: {first[:300]})"
+        ok = _agree(reason is None)
+        if ok:
+            if rejected:
+                log(f"falling back to checkpoint {step} ({where}): it verifies; rejected: " + "; ".join(rejected))
+            elif meta.get("digests") is None:
+                log(f"checkpoint {step} predates checksums: checked for finiteness only")
+            return step, params, opt_state, meta, data_state
+        reason = reason or "another process could not read or verify it"
+        if not fallback:
+            raise CheckpointError(f"checkpoint {where} failed verification: {reason}; refusing to resume "
+                                  f"(train.checkpoint_fallback=false). Move it aside to fall back to an older one.")
+        dst = reject(workdir, step, reason)
+        log(f"checkpoint {step} is damaged: {reason}; moved to {dst}")
+        rejected.append(f"{step} ({reason})")
+        mngr.reload()
+    if rejected:
+        raise CheckpointError(f"no checkpoint in {os.path.join(workdir, CKPT_DIR)} verifies (rejected, moved to "
+                              f"{os.path.join(workdir, REJECTED_DIR)}: {'; '.join(rejected)}); use a new --workdir "
+                              f"or restore a copy")
+    return None
+
+
+def disk_free_bytes(path: str) -> int:
+    import shutil
+    return int(shutil.disk_usage(path).free)
+
+
 def committed_steps(workdir: str) -> list[int]:
     """Steps with a complete (renamed, committed) checkpoint directory; cheap, no orbax needed."""
     d = os.path.join(workdir, CKPT_DIR)
@@ -146,7 +259,75 @@ def committed_steps(workdir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
 
 
+# ------------------------------------------------------------------------------------------------------ best
+def best_info(workdir: str) -> dict | None:
+    """{"step", "val_loss", "path", ...} of the best-of-run parameters kept in <workdir>/best, or None."""
+    root = os.path.join(workdir, BEST_DIR)
+    if not os.path.isdir(root):
+        return None
+    steps = sorted(int(n) for n in os.listdir(root) if n.isdigit())
+    for step in reversed(steps):
+        try:
+            with open(os.path.join(root, str(step), "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            continue
+        return dict(meta, path=os.path.join(root, str(step)))
+    return None
+
+
+def save_best(workdir: str, step: int, params, val_loss: float) -> str:
+    """Writes the parameters at `step` to <workdir>/best/<step> (with digests), then removes the older best.
+
+    Written whole under a temporary name and renamed, so a crash leaves the previous best intact. Every
+    process calls it (the array write is collective); the renames are process 0's."""
+    import shutil
+
+    from idattn.train import integrity
+    root = os.path.join(os.path.abspath(workdir), BEST_DIR)
+    tmp = os.path.join(root, f".{step}.tmp")
+    final = os.path.join(root, str(step))
+    if jax.process_index() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(root, exist_ok=True)
+    _sync(f"idattn-best-start-{step}")
+    with ocp.StandardCheckpointer() as c:
+        c.save(epath.Path(tmp) / "params", params)
+    meta = {"step": int(step), "val_loss": float(val_loss), "digests": {
+        "algorithm": integrity.ALGORITHM, "params": integrity.state_digests(params)}}
+    if jax.process_index() == 0:
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f, indent=1)
+        if os.path.exists(final):
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        for n in os.listdir(root):
+            if n.isdigit() and int(n) != int(step):
+                shutil.rmtree(os.path.join(root, n), ignore_errors=True)
+    _sync(f"idattn-best-done-{step}")
+    return final
+
+
+def _sync(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 # ----------------------------------------------------------------------------------------------------- config
+def archive_config(workdir: str, steps: list[int]) -> str | None:
+    """Keeps the config a run had so far as config.history/config.step<N>.json before it is replaced."""
+    src = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(src):
+        return None
+    d = os.path.join(workdir, "config.history")
+    os.makedirs(d, exist_ok=True)
+    dst = os.path.join(d, f"config.step{steps[-1] if steps else 0}.json")
+    with open(src) as f_in, open(dst, "w") as f_out:
+        f_out.write(f_in.read())
+    return dst
+
+
 def config_to_dict(config) -> dict:
     """JSON-normalised plain dict (tuples -> lists), so a saved and a live config compare equal."""
     d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
@@ -199,14 +380,18 @@ def load_params(workdir: str, step: int | None = None, *, shardings: Any = None)
     """(config, params) of a run directory at `step` (default: the latest committed checkpoint).
 
     Parameters come back as float32 arrays on the default device (or onto `shardings`, a pytree of
-    jax.sharding.Sharding matching the parameters) whatever mesh the run was trained on.
+    jax.sharding.Sharding matching the parameters) whatever mesh the run was trained on. step="best": the
+    best-of-run parameters by validation loss (<workdir>/best). The parameters are checked against the digests
+    recorded at save time and for finiteness (CheckpointError otherwise).
     """
-    from flax import linen as nn
-    import jax.numpy as jnp
-
-    from idattn import models
-
     config = load_config(workdir)
+    if step == "best":
+        info = best_info(workdir)
+        if info is None:
+            raise FileNotFoundError(f"no best-of-run parameters under {os.path.join(workdir, BEST_DIR)} (kept when "
+                                    f"train.keep_best and a validation ran)")
+        return config, _restore_params(config, os.path.join(info["path"], "params"), shardings,
+                                       info.get("digests", {}).get("params"), info["path"])
     steps = committed_steps(workdir)
     if not steps:
         raise FileNotFoundError(f"no committed checkpoint under {os.path.join(workdir, CKPT_DIR)}; train first "
@@ -215,6 +400,23 @@ def load_params(workdir: str, step: int | None = None, *, shardings: Any = None)
         step = steps[-1]
     elif step not in steps:
         raise ValueError(f"load_params: step={step} has no checkpoint in {workdir}; available steps: {steps}")
+    where = os.path.join(workdir, CKPT_DIR, str(step))
+    digests = None
+    try:
+        with open(os.path.join(where, "meta", "metadata")) as f:
+            digests = json.load(f).get("digests", {}).get("params")
+    except (OSError, ValueError):
+        pass
+    return config, _restore_params(config, os.path.join(where, "params"), shardings, digests, where)
+
+
+def _restore_params(config, params_dir: str, shardings, digests, where: str):
+    """Parameters from an orbax `params` folder, verified against `digests` (when recorded) and for finiteness."""
+    from flax import linen as nn
+    import jax.numpy as jnp
+
+    from idattn import models
+    from idattn.train import integrity
     model = models.build_model(config.model)
     tokens = jnp.zeros((1, 8), jnp.int32)
     boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens)["params"])
@@ -223,7 +425,9 @@ def load_params(workdir: str, step: int | None = None, *, shardings: Any = None)
         dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         shardings = jax.tree.map(lambda _: dev, abstract)
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    path = epath.Path(os.path.abspath(os.path.join(workdir, CKPT_DIR, str(step), "params")))
     with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(path, abstract)
-    return config, params
+        params = ckptr.restore(epath.Path(os.path.abspath(params_dir)), abstract)
+    reason = integrity.verify(params, digests, "params")
+    if reason:
+        raise CheckpointError(f"{where}: {reason}; it is damaged: use another step (or the best/ copy)")
+    return params

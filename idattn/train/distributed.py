@@ -6,6 +6,12 @@ Sources, first match wins:
   3. a detected cluster: SLURM with more than one task (SLURM_NTASKS > 1) or a multi-host Cloud TPU slice
      (TPU_WORKER_HOSTNAMES lists several hosts): `jax.distributed.initialize()` reads the cluster itself.
 Single process otherwise. On CPU, cross-process collectives use gloo.
+
+Failure detection: jax's coordination service declares a process dead after `heartbeat_timeout_seconds` without
+a heartbeat and then terminates every other process with an error naming the dead task, so the survivors of a
+killed process stop instead of waiting in a collective forever. The bound comes from
+IDATTN_HEARTBEAT_TIMEOUT_S (default 100, jax's; launch/local.py sets 10), and the shutdown barrier's from
+IDATTN_SHUTDOWN_TIMEOUT_S (default 60; jax's 300 leaves a survivor hanging five minutes at exit).
 """
 from __future__ import annotations
 
@@ -48,9 +54,11 @@ def initialize(mode: str = "auto", coordinator_address: str | None = None, num_p
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
     except Exception:
         pass
+    timeouts = dict(heartbeat_timeout_seconds=int(env.get("IDATTN_HEARTBEAT_TIMEOUT_S", "100") or 100),
+                    shutdown_timeout_seconds=int(env.get("IDATTN_SHUTDOWN_TIMEOUT_S", "60") or 60))
     if explicit:
         jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
-                                   process_id=process_id, local_device_ids=local_device_ids)
+                                   process_id=process_id, local_device_ids=local_device_ids, **timeouts)
     else:
-        jax.distributed.initialize()
+        jax.distributed.initialize(**timeouts)
     return True

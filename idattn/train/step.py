@@ -7,6 +7,12 @@ Loss: mean token cross-entropy over the tokens the batch marks with `loss_mask` 
 Gradient accumulation splits the B rows into A = train.grad_accum microbatches (rows j, j+A, j+2A, ... form
 microbatch j, so each keeps the batch sharding) and sums ∂(Σ m·nll)/∂θ over them with `lax.scan`, dividing by
 the token count of the whole batch: the result is the gradient of L itself, not a mean of per-microbatch means.
+
+Finite by construction. An update is applied only when the loss, the gradient norm, the update and the new
+parameters are all finite (`metrics["finite"]`, 1.0 or 0.0); otherwise the step returns the parameters and
+optimiser state it was given (the batch is dropped, the step counter still advances so that the schedule and
+the data stay aligned). A state that starts finite therefore stays finite, and so does every checkpoint of it;
+the trainer decides whether a dropped step is tolerated (train.max_bad_steps) or stops the run.
 """
 from __future__ import annotations
 
@@ -25,6 +31,13 @@ class TrainState:
     step: jax.Array  # int32 scalar: optimiser updates applied so far
     params: Any
     opt_state: Any
+
+
+def tree_all_finite(tree) -> jax.Array:
+    """True when every inexact leaf of `tree` is finite (integer leaves, e.g. Adam's count, always are)."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+              if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
 def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -87,7 +100,13 @@ def make_train_step(apply_fn: Callable, tx: optax.GradientTransformation, *, gra
         loss = nll_sum / denom
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "tokens": count}
+        grad_norm = optax.global_norm(grads)
+        finite = (jnp.isfinite(loss) & jnp.isfinite(grad_norm) & tree_all_finite(updates)
+                  & tree_all_finite(params) & tree_all_finite(opt_state))
+        # A non-finite step is dropped whole: XLA computes both sides of the select, the state keeps its buffers.
+        params = jax.tree.map(lambda new, old: jnp.where(finite, new, old), params, state.params)
+        opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), opt_state, state.opt_state)
+        metrics = {"loss": loss, "grad_norm": grad_norm, "tokens": count, "finite": finite.astype(jnp.float32)}
         if lr_fn is not None:
             metrics["lr"] = lr_fn(state.step)
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), metrics

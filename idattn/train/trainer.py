@@ -1,11 +1,19 @@
 """The training loop (SPEC section 5): `run(config, workdir)` is what `python -m idattn.train` calls.
 
 Order of work, so that a refused start writes nothing:
-  1. derive the schedule (num_steps, warmup_steps) and validate the config;
-  2. load the tokenizer, check it against model.vocab_size and (prepared data) the data's tokenizer;
-  3. if the workdir holds a run: compare its saved config (model section and data.tokenizer must match);
+  1. check every config value (idattn.train.validate), derive the schedule (num_steps, warmup_steps), check
+     that the workdir can be written;
+  2. load the tokenizer, check it against model.vocab_size and (prepared data) the data's tokenizer; open and
+     count every prepared shard;
+  3. if the workdir holds a run: compare its saved config (model section and data.tokenizer must match; a
+     changed LR schedule only with train.allow_schedule_change);
   4. build the mesh and check that it divides the batch;
-  5. only then create the workdir, save config.json, build/restore the state and train.
+  5. only then create the workdir, take its lease (one trainer per workdir, train/lease.py), save config.json,
+     build/restore the state (verified, falling back past damaged checkpoints) and train.
+
+Faults (docs/training.md, "Faults and what survives them"): a non-finite step is never applied (train/step.py)
+and stops the run unless train.max_bad_steps allows dropping it; a failed checkpoint save stops the run at the
+next step naming the last committed checkpoint; a lost lease stops it before it writes again.
 
 State placement (the pjit pattern): the model's boxed parameters are traced with `jax.eval_shape`, their logical
 axis names mapped to mesh shardings with `config.logical_axis_rules`, and the state is created by a `jax.jit`
@@ -28,9 +36,11 @@ import numpy as np
 from flax import linen as nn
 
 from idattn.train import checkpoint as ckpt
+from idattn.train import lease as lease_lib
 from idattn.train import metrics as metrics_lib
 from idattn.train import optim
 from idattn.train import sharding as shd
+from idattn.train import validate
 from idattn.train.step import BATCH_KEYS, TrainState, make_eval_step, make_train_step
 
 # Keys that must not change when a run resumes (the checkpoint would not match them).
@@ -49,6 +59,7 @@ def log(msg: str) -> None:
 # ------------------------------------------------------------------------------------------------- schedule
 def derive_steps(config) -> tuple[int, int, int]:
     """(num_steps, warmup_steps, tokens_per_step) from train.{num_steps,total_tokens,warmup_*} and data.seq_len."""
+    validate.check_values(config)
     t = config.train
     seq_len = int(config.data.seq_len)
     if seq_len <= 0 or int(t.batch_size) <= 0:
@@ -59,12 +70,15 @@ def derive_steps(config) -> tuple[int, int, int]:
         raise ValueError(f"config.train.num_steps={t.num_steps}, total_tokens={t.total_tokens}: no steps to run; "
                          f"set train.num_steps > 0 or train.total_tokens > 0")
     warmup = int(t.warmup_steps) if int(t.warmup_steps) >= 0 else round(int(t.warmup_tokens) / tokens_per_step)
-    return num_steps, min(warmup, num_steps), tokens_per_step
+    warmup = min(warmup, num_steps)
+    validate.check_warmup(config, num_steps, warmup)
+    return num_steps, warmup, tokens_per_step
 
 
 # ---------------------------------------------------------------------------------------------- refusals
 def check_resume_compatible(workdir: str, config) -> dict | None:
-    """Refuses a changed model config / tokenizer against the run saved in `workdir`. Returns the other diffs."""
+    """Refuses a changed model config / tokenizer against the run saved in `workdir`, and a changed LR schedule
+    unless train.allow_schedule_change. Returns the other diffs (None: no saved run)."""
     path = os.path.join(workdir, ckpt.CONFIG_FILE)
     if not os.path.exists(path):
         if ckpt.committed_steps(workdir):
@@ -82,7 +96,51 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
             f"refusing to resume {workdir}: its checkpoints were trained with a different config:\n{lines}\n"
             f"  Fix: rerun with the saved values (see {path}), or use a new --workdir "
             f"(to start from this run's parameters use --config.train.init_from={workdir}).")
+    steps = ckpt.committed_steps(workdir)
+    jump = check_schedule_change(ckpt.load_config(workdir), config, steps[-1] if steps else None)
+    if jump and not bool(config.train.get("allow_schedule_change", False)):
+        raise TrainingError(
+            f"refusing to resume {workdir}: {jump}. To accept the jump, add "
+            f"--config.train.allow_schedule_change=true; to extend a run without one, train with "
+            f"--config.train.schedule=wsd from the start (its stable phase extends), or start a new --workdir "
+            f"from this run's parameters (--config.train.init_from={workdir}).")
+    if jump:
+        log(f"warning: {jump} (allowed by train.allow_schedule_change)")
     return {k: (a, b) for k, a, b in diffs}
+
+
+_SCHEDULE_KEYS = ("train.num_steps", "train.total_tokens", "train.warmup_steps", "train.warmup_tokens",
+                  "train.peak_lr", "train.end_lr", "train.ssm_lr_cap", "train.schedule", "train.decay_steps",
+                  "train.decay_fraction", "train.wsd_shape", "train.batch_size", "data.seq_len")
+
+
+def lr_at(config, steps) -> np.ndarray:
+    """The decay group's LR of `config` at each of `steps` (float64 numpy)."""
+    num_steps, warmup, _ = derive_steps(config)
+    fn = optim.schedule_fn(config.train, float(config.train.peak_lr), float(config.train.end_lr),
+                           num_steps=num_steps, warmup_steps=warmup)
+    return np.asarray(jax.device_get(jax.vmap(fn)(jnp.asarray(steps, jnp.int32))), np.float64)
+
+
+def check_schedule_change(saved, live, resume_step: int | None) -> str | None:
+    """None when resuming at `resume_step` keeps the LR of every step so far and of the next one (e.g. a WSD
+    run extended in its stable phase); else a message with the jump. Refused unless
+    train.allow_schedule_change (then the message is logged)."""
+    if resume_step is None:
+        return None
+    s = int(resume_step)
+    probe = np.unique(np.concatenate([np.linspace(0, s, num=min(s + 1, 512)).round(), [s]]).astype(np.int64))
+    old, new = lr_at(saved, probe), lr_at(live, probe)
+    bad = np.flatnonzero(~np.isclose(old, new, rtol=1e-6, atol=0.0))
+    if bad.size == 0:
+        return None
+    i = int(bad[0])
+    changed = [k for k, a, b in ckpt.diff_dicts(ckpt.config_to_dict(saved), ckpt.config_to_dict(live))
+               if k in _SCHEDULE_KEYS]
+    past = (f"; the steps already trained had other LRs too (step {int(probe[i])}: {old[i]:.3e}, new schedule "
+            f"{new[i]:.3e})" if int(probe[i]) < s else "")
+    return (f"the LR schedule changes under the run ({', '.join(changed) or 'schedule keys'}): the next update "
+            f"(step {s}) would use LR {new[-1]:.3e} instead of {old[-1]:.3e}{past}")
 
 
 DATA_FLAGS_HINT = ("--config.data.source=arrayrecord --config.data.path=<folder of prepared shards> (written by "
@@ -173,6 +231,17 @@ def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     del n_dev
     return {"params": params, "opt_state": opt, "grads": grads, "activations": act + logits,
             "total": params + opt + grads + act + logits}
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:400] if text else repr(e)
+
+
+def _state_nbytes(abstract_state) -> int:
+    """Bytes of one checkpoint (parameters + optimiser state, as saved)."""
+    return int(sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves((abstract_state.params, abstract_state.opt_state))))
 
 
 def _maybe(fn, *args):
@@ -319,7 +388,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                             f"e.g. with gcsfuse, and pass the mount point)")
     workdir = os.path.abspath(workdir)
     t = config.train
-    num_steps, warmup_steps, tokens_per_step = derive_steps(config)
+    try:
+        num_steps, warmup_steps, tokens_per_step = derive_steps(config)
+        validate.check_workdir(workdir)
+    except validate.ConfigError as e:
+        raise TrainingError(str(e)) from e
     seq_len = int(config.data.seq_len)
 
     # ---- refusals: nothing is written before these pass
@@ -329,7 +402,12 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     except (ValueError, FileNotFoundError) as e:
         raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} could not be loaded: {e}") from e
     check_tokenizer(config, tokenizer, pipeline)
+    try:
+        validate.check_shards(config)
+    except (validate.ConfigError, ValueError, FileNotFoundError) as e:
+        raise TrainingError(str(e)) from e
     other_diffs = check_resume_compatible(workdir, config)
+    branch = _check_branch(config, workdir) if t.get("branch_from") else None
     if t.init_from and os.path.abspath(t.init_from) == workdir:
         raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
@@ -354,19 +432,85 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)
     except (ValueError, KeyError) as e:
         raise TrainingError(str(e)) from e
+
+    # ---- workdir, its lease, and config (first writes)
+    is_main = process_index == 0
+    lease = None
+    if is_main:
+        os.makedirs(workdir, exist_ok=True)
+        try:
+            lease = lease_lib.Lease(workdir, heartbeat_s=float(t.lease_heartbeat_s), stale_s=float(t.lease_stale_s),
+                                    log=log).acquire()
+            held = None
+        except lease_lib.LeaseHeld as e:
+            held = str(e)
+    else:
+        held = None
+    if not ckpt._agree(held is None):
+        raise TrainingError(held or "process 0 could not take the workdir lease (its log says why)")
+    try:
+        if is_main:
+            if other_diffs is None:
+                ckpt.save_config(workdir, config)
+            elif other_diffs:
+                log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
+                    + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
+                ckpt.archive_config(workdir, ckpt.committed_steps(workdir))
+                ckpt.save_config(workdir, config)
+        return _train(config, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, lease=lease,
+                      num_steps=num_steps, warmup_steps=warmup_steps, tokens_per_step=tokens_per_step,
+                      branch=branch)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _check_branch(config, workdir: str) -> tuple[str, int]:
+    """train.branch_from = "<workdir>[:<step>]": the source run and step, checked before anything is written."""
+    spec = str(config.train.branch_from)
+    src, _, step_s = spec.rpartition(":") if spec.rpartition(":")[2].isdigit() else (spec, "", "")
+    src = os.path.abspath(src)
+    if src == workdir:
+        raise TrainingError(f"config.train.branch_from={spec!r} is the workdir itself; branch into a new --workdir")
+    try:
+        saved = ckpt.load_config(src)
+    except FileNotFoundError as e:
+        raise TrainingError(f"config.train.branch_from={spec!r}: {e}") from e
+    steps = ckpt.committed_steps(src)
+    step = int(step_s) if step_s else (steps[-1] if steps else None)
+    if step is None or step not in steps:
+        raise TrainingError(f"config.train.branch_from={spec!r}: no committed checkpoint"
+                            f"{'' if step is None else f' at step {step}'} in {src} (it has {steps})")
+    a, b = ckpt.config_to_dict(saved), ckpt.config_to_dict(config)
+    must_match = [d for d in ckpt.diff_dicts(a, b) if d[0].split(".")[0] in ("model", "data", "seed")
+                  or d[0] in ("train.batch_size", "train.grad_accum")]
+    if must_match:
+        raise TrainingError(f"config.train.branch_from={spec!r}: the branch must keep the source run's model, data "
+                            f"and batch (its checkpoint holds their state); differs: "
+                            + ", ".join(f"{k}: {x!r} there, {y!r} here" for k, x, y in must_match))
+    old_lr, new_lr = lr_at(saved, [step])[0], lr_at(config, [step])[0]
+    if not np.isclose(old_lr, new_lr, rtol=1e-6):
+        log(f"warning: branching at step {step}: the source run's LR there is {old_lr:.3e}, this run's {new_lr:.3e} "
+            f"(a decay branch should start where the source's stable phase is: train.schedule=wsd with "
+            f"num_steps - decay_steps = {step})")
+    if ckpt.committed_steps(workdir):
+        log(f"note: {workdir} already holds checkpoints; it resumes from them, branch_from is not used again")
+    return src, step
+
+
+def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, lease, num_steps: int,
+           warmup_steps: int, tokens_per_step: int, branch) -> dict[str, Any]:
+    from idattn import models
+    from idattn.data import pipeline
+
+    t = config.train
+    seq_len = int(config.data.seq_len)
+    mesh = setup.mesh
+    process_count, process_index = jax.process_count(), jax.process_index()
+    is_main = process_index == 0
     n_params, state_sh, abstract_state, param_sh = (setup.n_params, setup.state_sh, setup.abstract_state,
                                                     setup.param_sh)
     p_init, p_train, p_eval, batch_shardings = setup.init, setup.train, setup.eval, setup.batch_shardings
-
-    # ---- workdir and config (first writes)
-    is_main = process_index == 0
-    if is_main:
-        os.makedirs(workdir, exist_ok=True)
-        if other_diffs is None:
-            ckpt.save_config(workdir, config)
-        elif other_diffs:
-            log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
-                + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
 
     # ---- start-up report
     est = hbm_estimate(n_params, config, mesh)
@@ -389,13 +533,30 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     data_iter = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(t.batch_size),
                                              seq_len=seq_len, seed=int(config.data.shuffle_seed),
                                              process_index=process_index, process_count=process_count)
-    latest = mngr.latest_step()
-    if latest is not None:
-        params, opt_state, meta, data_state = ckpt.restore(mngr, latest, abstract_state)
+    try:
+        restored = ckpt.restore_verified(mngr, workdir, abstract_state, fallback=bool(t.checkpoint_fallback), log=log)
+        if restored is None and branch is not None:
+            src_mngr = ckpt.make_manager(branch[0], t, read_only=True)
+            try:
+                restored = ckpt.restore_verified(src_mngr, branch[0], abstract_state, fallback=False, log=log,
+                                                 step=branch[1])
+            finally:
+                src_mngr.close()
+            log(f"branched from {os.path.join(branch[0], ckpt.CKPT_DIR, str(branch[1]))} (full state: parameters, "
+                f"optimiser, data position; step {branch[1]})")
+    except ckpt.CheckpointError as e:
+        mngr.close()
+        raise TrainingError(str(e)) from e
+    bad_steps = 0
+    latest = None
+    if restored is not None:
+        latest, params, opt_state, meta, data_state = restored
         state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
         state = jax.device_put(state, state_sh)
         data_iter.set_state(data_state)
-        log(f"restored step {latest} from {os.path.join(workdir, ckpt.CKPT_DIR, str(latest))}")
+        bad_steps = int(meta.get("bad_steps", 0) or 0)
+        if branch is None or ckpt.committed_steps(workdir):
+            log(f"restored step {latest} from {os.path.join(workdir, ckpt.CKPT_DIR, str(latest))} (checksums verified)")
         start_step = int(latest)
     else:
         with setup.context():
@@ -451,23 +612,77 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     preempt = _Preemption()
     preempt.install()
     debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
-    last_good = latest
+    max_bad = int(t.max_bad_steps)
     pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
     win_steps, win_wait = 0, 0.0
     win_t = time.perf_counter()
     step = start_step
     first_dt = float("nan")
     data_state = data_iter.get_state()
+    state_bytes = _state_nbytes(abstract_state)
+    best = ckpt.best_info(workdir) if bool(t.keep_best) else None
+    best_loss = float(best["val_loss"]) if best else math.inf
+
+    def last_committed() -> str:
+        try:
+            mngr.wait_until_finished()
+        except Exception:  # the failed save itself; what is on disk is what counts
+            pass
+        steps = ckpt.committed_steps(workdir)
+        return (os.path.join(workdir, ckpt.CKPT_DIR, str(steps[-1])) if steps else
+                "none (no checkpoint was committed yet)")
 
     def check_finite(s: int, m) -> float:
-        loss = float(m["loss"])
-        if not math.isfinite(loss):
-            good = mngr.latest_step() if last_good is None else last_good
-            where = (os.path.join(workdir, ckpt.CKPT_DIR, str(good)) if good is not None else "none (no checkpoint "
-                     "was saved yet)")
-            raise TrainingError(f"non-finite loss {loss} at step {s}; stopping. Last good checkpoint: {where}. "
-                                f"Lower train.peak_lr / check the data, then rerun (it resumes from there).")
-        return loss
+        """Step s's update was applied only if it was finite (train/step.py); count or stop on a dropped one."""
+        nonlocal bad_steps
+        host = jax.device_get(m)
+        loss = float(host["loss"])
+        if float(host.get("finite", 1.0)) > 0.5:
+            return loss
+        bad_steps += 1
+        what = f"loss {loss:.4g}, grad norm {float(host['grad_norm']):.4g}"
+        if bad_steps <= max_bad:
+            log(f"step {s}: non-finite step ({what}); the update was not applied, the batch is dropped "
+                f"(bad step {bad_steps} of train.max_bad_steps={max_bad})")
+            return loss
+        raise TrainingError(
+            f"non-finite step {s} ({what}); the update was not applied and the run stops "
+            f"({bad_steps} bad step(s), train.max_bad_steps={max_bad}). Last finite checkpoint: {last_committed()} "
+            f"(a checkpoint only ever holds a finite state). Lower train.peak_lr or raise train.warmup_steps, check the "
+            f"data, or allow dropping a few bad batches with --config.train.max_bad_steps=<N>; then rerun (it "
+            f"resumes from that checkpoint).")
+
+    def check_saves(s: int) -> None:
+        """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept."""
+        try:
+            mngr.check_for_errors()
+        except Exception as e:
+            raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
+                                f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
+                                f"space or fix the workdir's permissions, then rerun (it resumes from there).") from e
+        if lease is not None and lease.lost:
+            raise TrainingError(f"stopping at step {s} without saving: {lease.lost}. Another trainer took over "
+                                f"{workdir}; this run's checkpoints up to {last_committed()} are kept.")
+
+    def save(s: int, *, force: bool = False) -> None:
+        check_saves(s)
+        free = _maybe(ckpt.disk_free_bytes, os.path.join(workdir, ckpt.CKPT_DIR))
+        if isinstance(free, int):
+            if free < 1.1 * state_bytes:
+                raise TrainingError(f"not enough disk space for checkpoint {s}: {metrics_lib.format_bytes(free)} free "
+                                    f"in {workdir}, the checkpoint needs about {metrics_lib.format_bytes(state_bytes)}."
+                                    f" Stopping; last committed checkpoint: {last_committed()}. Free space (or lower "
+                                    f"train.keep_last), then rerun.")
+            if free < 3 * state_bytes:
+                log(f"warning: {metrics_lib.format_bytes(free)} free in {workdir}: room for fewer than 3 more "
+                    f"checkpoints of {metrics_lib.format_bytes(state_bytes)}")
+        try:
+            ckpt.save(mngr, s, state, data_state, {"time": time.time(), "loss": summary["loss"],
+                                                   "bad_steps": bad_steps}, force=force)
+        except Exception as e:
+            raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
+                                f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
+                                f"space or fix the workdir's permissions, then rerun (it resumes from there).") from e
 
     try:
         while step < num_steps:
@@ -476,9 +691,10 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                     check_finite(*pending)
                     pending = None
                 log(f"preemption signal: saving step {step} and exiting")
-                if last_good != step:
-                    ckpt.save(mngr, step, state, data_state, {"time": time.time()}, force=True)
+                if step not in ckpt.committed_steps(workdir) and mngr.latest_step() != step:
+                    save(step, force=True)
                 mngr.wait_until_finished()
+                check_saves(step)
                 summary.update(status="preempted", step=step)
                 break
             tw = time.perf_counter()
@@ -500,6 +716,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                 win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
             if debug_sleep:
                 time.sleep(debug_sleep)
+            check_saves(step)
 
             is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
             is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps
@@ -518,19 +735,23 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
                                     "grad_norm": float(host["grad_norm"]), "tokens_per_sec": tps,
                                     "tokens_per_sec_per_device": tps_dev, "mfu": mfu, "step_time": dt,
                                     "data_wait": win_wait / max(1, win_steps),
-                                    "tokens_seen": step * tokens_per_step})
+                                    "tokens_seen": step * tokens_per_step, "bad_steps": bad_steps})
                 win_steps, win_wait = 0, 0.0
                 win_t = time.perf_counter()
             if is_ckpt:
-                ckpt.save(mngr, step, state, data_state, {"time": time.time(), "loss": summary["loss"]})
-                last_good = step
+                save(step)
             if is_eval:
                 summary["val_loss"], summary["val_ppl"] = evaluate(step, state.params)
+                if bool(t.keep_best) and summary["val_loss"] < best_loss:
+                    best_loss = summary["val_loss"]
+                    where = ckpt.save_best(workdir, step, state.params, summary["val_loss"])
+                    log(f"best validation loss so far: kept step {step} in {where}")
                 win_t = time.perf_counter()  # evaluation time is not step time
         else:
             if pending is not None:
                 summary["loss"] = check_finite(*pending)
         mngr.wait_until_finished()
+        check_saves(step)
     finally:
         preempt.uninstall()
         try:
@@ -541,6 +762,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         writer.close()
         if hasattr(data_iter, "close"):
             data_iter.close()
+    summary["bad_steps"] = bad_steps
     summary["wall_time"] = time.time() - t0
     if process_count > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
         print(f"[process {process_index}] final step {summary['step']} loss {summary['loss']!r}", flush=True)

@@ -1,0 +1,341 @@
+"""Faults injected into real runs, and what survives them (docs/training.md, "Faults and what survives them").
+
+- checksums: every single-bit flip changes an array's digest; damaged latest checkpoints (a flipped bit, 100
+  XOR'd bytes, a truncated array file, a missing params/, an emptied or deleted data-iterator file) are named,
+  moved aside and the run falls back to the newest one that verifies, resuming bit for bit;
+- one trainer per workdir: two started at once and one started mid-run; stale and lost leases;
+- a failing save (no space) stops the run at once naming the last committed step; a free-space check refuses a
+  save that cannot fit; unwritable workdirs, bad values and damaged data shards are refused before any write;
+- a changed LR schedule on resume is refused without train.allow_schedule_change, and the best-of-run
+  checkpoint survives rotation; the WSD schedule's closed form and which extensions keep the LR.
+"""
+import errno
+import glob
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from idattn.train import checkpoint as ckpt
+from idattn.train import integrity, lease as lease_lib, optim, testing as T, validate
+from idattn.train.checkpoint import committed_steps
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    return T.cached_env(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, env):
+    """A complete 20-step run: checkpoints 10, 15, 20 (keep_last 3), validation at step 20."""
+    wd = str(tmp_path_factory.mktemp("finished"))
+    T.run_train(wd, env=env)
+    assert committed_steps(wd) == [10, 15, 20]
+    return wd, {r["step"]: r["loss"] for r in T.read_metrics(wd)}
+
+
+@pytest.fixture
+def in_process(env, monkeypatch):
+    """In-process trainer runs share the subprocesses' tokenizer cache."""
+    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
+    from idattn.train import trainer
+    return trainer
+
+
+# ------------------------------------------------------------------------------------------------ checksums
+def test_digest_detects_every_single_bit_flip_and_reordering():
+    rng = np.random.default_rng(0)
+    tree = {"w": rng.normal(size=(7, 5)).astype(np.float32), "n": np.arange(11, dtype=np.int32),
+            "h": rng.normal(size=(3, 4)).astype(jax.numpy.bfloat16)}
+    ref = integrity.state_digests(tree)
+    for leaf in ("w", "n", "h"):
+        words = tree[leaf].view(np.uint16 if tree[leaf].dtype.itemsize == 2 else np.uint32)
+        for pos in range(words.size):
+            bit = int(rng.integers(0, 8 * words.dtype.itemsize))
+            bad = {k: v.copy() for k, v in tree.items()}
+            bad[leaf].view(words.dtype).reshape(-1)[pos] ^= words.dtype.type(1 << bit)
+            got = integrity.state_digests(bad)
+            assert got[f"['{leaf}']"] != ref[f"['{leaf}']"], (leaf, pos, bit)
+            assert all(got[k] == ref[k] for k in ref if k != f"['{leaf}']")
+    swapped = dict(tree, w=tree["w"][::-1].copy())  # same values, other places
+    assert integrity.state_digests(swapped)["['w']"] != ref["['w']"]
+    reason = integrity.verify(dict(tree, w=tree["w"] * 2), ref, "params")
+    assert "checksum mismatch in 1 of 3 arrays" in reason and "['w']" in reason
+    assert "non-finite" in integrity.verify(dict(tree, w=tree["w"] * np.nan), None, "params")
+
+
+def _flip_bit(path, at=0.5):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        i = int(len(data) * at)
+        data[i] ^= 0x10
+        f.seek(0)
+        f.write(data)
+
+
+def _xor_bytes(path, n=100):
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        start = len(data) // 3
+        for i in range(start, start + n):
+            data[i] ^= 0xA5
+        f.seek(0)
+        f.write(data)
+
+
+def _largest(pattern):
+    return max(glob.glob(pattern, recursive=True), key=os.path.getsize)
+
+
+DAMAGE = {
+    "bit_flip_params": lambda d: _flip_bit(_largest(f"{d}/params/**/d/*")),
+    "xor_100_bytes_params": lambda d: _xor_bytes(_largest(f"{d}/params/**/d/*")),
+    "truncated_opt_state": lambda d: os.truncate(_largest(f"{d}/opt_state/**/d/*"),
+                                                 os.path.getsize(_largest(f"{d}/opt_state/**/d/*")) // 2),
+    "missing_params": lambda d: shutil.rmtree(f"{d}/params"),
+    "emptied_data_state": lambda d: open(f"{d}/data/state.json", "w").close(),
+    "deleted_data_state": lambda d: os.remove(f"{d}/data/state.json"),
+}
+
+
+@pytest.fixture(scope="module")
+def abstract_state(finished, env):
+    os.environ.setdefault("IDATTN_CACHE", env["IDATTN_CACHE"])
+    from idattn.train import sharding as shd, trainer
+    config = ckpt.load_config(finished[0])
+    return trainer.build_setup(config, shd.make_mesh(config.mesh)).abstract_state, config
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_path, finished, abstract_state, damage):
+    wd = str(tmp_path / "run")
+    shutil.copytree(finished[0], wd)
+    DAMAGE[damage](os.path.join(wd, "checkpoints", "20"))
+    abstract, config = abstract_state
+    # refused (nothing moved) when fallback is off
+    mngr = ckpt.make_manager(wd, config.train)
+    with pytest.raises(ckpt.CheckpointError, match=r"checkpoints/20 failed verification: .*checkpoint_fallback"):
+        ckpt.restore_verified(mngr, wd, abstract, fallback=False, log=lambda m: None)
+    assert committed_steps(wd) == [10, 15, 20]
+    said = []
+    step, params, _, meta, _ = ckpt.restore_verified(mngr, wd, abstract, log=said.append)
+    mngr.close()
+    assert step == 15 and meta["step"] == 15
+    assert committed_steps(wd) == [10, 15]
+    moved = glob.glob(os.path.join(wd, ckpt.REJECTED_DIR, "20.*"))
+    assert len([m for m in moved if not m.endswith(".reason.txt")]) == 1, moved  # kept, not deleted
+    reason = open([m for m in moved if m.endswith(".reason.txt")][0]).read()
+    assert any(w in reason for w in ("checksum mismatch", "unreadable", "non-finite", "data:")), reason
+    assert any("checkpoint 20 is damaged" in m for m in said) and any("falling back to checkpoint 15" in m
+                                                                        for m in said), said
+
+
+@pytest.mark.slow
+def test_resume_after_fallback_reproduces_the_straight_run(tmp_path, finished, env):
+    """One flipped bit in checkpoint 20's parameters: the rerun says so, resumes from 15 and trains 16..20 to the
+    straight run's losses bit for bit (a silent restore would have finished with other losses)."""
+    wd = str(tmp_path / "run")
+    shutil.copytree(finished[0], wd)
+    DAMAGE["bit_flip_params"](os.path.join(wd, "checkpoints", "20"))
+    proc = T.run_train(wd, env=env)
+    out = proc.stdout
+    assert "checkpoint 20 is damaged" in out and "restored step 15" in out, out[-3000:]
+    rec = {r["step"]: r["loss"] for r in T.read_metrics(wd)}
+    assert rec == finished[1]
+    assert committed_steps(wd) == [10, 15, 20]
+
+
+# --------------------------------------------------------------------------------------- one trainer per workdir
+@pytest.mark.slow
+def test_second_trainer_on_a_workdir_is_refused_and_the_first_is_unharmed(tmp_path, env):
+    wd = str(tmp_path / "shared")
+    slow = dict(env, IDATTN_DEBUG_STEP_SLEEP="0.3")
+    start = lambda extra=(): subprocess.Popen(T.train_command(wd, extra=extra), cwd=T.REPO, env=slow,  # noqa: E731
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    a, b = start(), start()  # at once: exactly one takes the lease
+    t0 = time.time()
+    while a.poll() is None and b.poll() is None:
+        assert time.time() - t0 < 240
+        time.sleep(0.1)
+    loser, winner = (a, b) if a.poll() is not None else (b, a)
+    out, err = loser.communicate()
+    assert loser.returncode == 1 and "is in use by another trainer" in err, err[-2000:]
+    assert f"pid {winner.pid}" in err and socket.gethostname() in err
+    while not committed_steps(wd):  # mid-run, with an allowed config change
+        assert winner.poll() is None, winner.communicate()
+        time.sleep(0.1)
+    saved_config = open(os.path.join(wd, "config.json")).read()
+    late = subprocess.run(T.train_command(wd, extra=["--config.train.log_every=2"]), cwd=T.REPO, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert late.returncode == 1 and f"pid {winner.pid}" in late.stderr, late.stderr[-2000:]
+    out, err = winner.communicate(timeout=240)
+    assert winner.returncode == 0, err[-3000:]
+    assert [r["step"] for r in T.read_metrics(wd)] == list(range(1, 21))
+    assert open(os.path.join(wd, "config.json")).read() == saved_config
+    assert committed_steps(wd)[-1] == 20 and not glob.glob(os.path.join(wd, "checkpoints", "*tmp*"))
+    assert not os.path.exists(os.path.join(wd, lease_lib.LEASE_FILE))  # released at exit
+
+
+def test_stale_leases_are_taken_over_and_a_lost_lease_is_noticed(tmp_path):
+    wd = str(tmp_path)
+    path = os.path.join(wd, lease_lib.LEASE_FILE)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    said = []
+    for holder in ({"host": socket.gethostname(), "pid": dead.pid, "heartbeat": time.time(), "token": "x"},
+                   {"host": "elsewhere", "pid": 1, "heartbeat": time.time() - 3600, "token": "y"}):
+        json.dump(holder, open(path, "w"))
+        lease = lease_lib.Lease(wd, heartbeat_s=60, stale_s=600, log=said.append).acquire()
+        assert json.load(open(path))["token"] == lease.token
+        lease.release()
+        assert not os.path.exists(path)
+    assert "is gone" in said[0] and "heartbeat is 3600 s old" in said[1], said
+    json.dump({"host": "elsewhere", "pid": 1, "heartbeat": time.time() - 5, "token": "z",
+               "start_time": time.time() - 60}, open(path, "w"))
+    with pytest.raises(lease_lib.LeaseHeld, match=r"in use by another trainer: host elsewhere pid 1 .*heartbeat 5 s"):
+        lease_lib.Lease(wd, heartbeat_s=60, stale_s=600).acquire()
+    os.remove(path)
+    lease = lease_lib.Lease(wd, heartbeat_s=60, stale_s=600).acquire()
+    json.dump({"host": "elsewhere", "pid": 2, "heartbeat": time.time(), "token": "other"}, open(path, "w"))
+    lease._beat()
+    assert lease.lost and "host elsewhere pid 2" in lease.lost
+    lease.release()
+    assert os.path.exists(path)  # not ours: left alone
+
+
+# ---------------------------------------------------------------------------------------------- failing writes
+def test_failed_save_stops_at_once_naming_the_last_committed_step(tmp_path, in_process, monkeypatch):
+    calls = []
+    real = ckpt.DataStateHandler.save
+
+    def no_space(self, directory, args):
+        calls.append(str(directory))
+        if len(calls) == 2:  # the second save (step 10): the disk is full
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+        return real(self, directory, args)
+
+    monkeypatch.setattr(ckpt.DataStateHandler, "save", no_space)
+    wd = str(tmp_path / "full")
+    with pytest.raises(in_process.TrainingError, match=r"checkpoint save failed at step 1[01]: .*No space left") as e:
+        in_process.run(T.tiny_config(), wd)
+    assert f"last committed checkpoint: {os.path.join(wd, 'checkpoints', '5')}" in str(e.value)
+    assert committed_steps(wd) == [5]
+    assert T.read_metrics(wd)[-1]["step"] <= 11  # stopped at once, not at the next save (step 15)
+
+
+@pytest.mark.slow
+def test_free_space_check_refuses_a_save_that_cannot_fit(tmp_path, in_process, monkeypatch):
+    monkeypatch.setattr(ckpt, "disk_free_bytes", lambda path: 1000)
+    wd = str(tmp_path / "tiny-disk")
+    with pytest.raises(in_process.TrainingError, match=r"not enough disk space for checkpoint 5: 1000 B free"):
+        in_process.run(T.tiny_config(), wd)
+    assert committed_steps(wd) == []
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"train.peak_lr": -1e-3}, "config.train.peak_lr=-0.001: expected a finite number > 0"),
+    ({"train.batch_size": 0}, "config.train.batch_size=0: expected an integer >= 1"),
+    ({"data.seq_len": 0}, "config.data.seq_len=0: expected an integer >= 1"),
+    ({"train.keep_last": 0}, "config.train.keep_last=0: expected an integer >= 1"),
+    ({"train.warmup_steps": 50}, "config.train.warmup_steps=50 exceeds the 20 steps of the run"),
+    ({"train.schedule": "linear"}, "config.train.schedule='linear': expected one of ('cosine', 'wsd')"),
+    ({"train.end_lr": 1.0}, "config.train.end_lr=1.0 is above config.train.peak_lr"),
+])
+def test_bad_values_are_refused_before_any_write(tmp_path, in_process, overrides, key):
+    wd = str(tmp_path / "never")
+    with pytest.raises(in_process.TrainingError) as e:
+        in_process.run(T.tiny_config(**overrides), wd)
+    assert key in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not os.path.exists(wd)
+
+
+def test_unwritable_workdirs_are_refused_in_one_line(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(validate.ConfigError, match=r"is a file, not a folder"):
+        validate.check_workdir(str(blocker / "run"))
+
+    def read_only(*a, **k):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(validate.tempfile, "mkstemp", read_only)
+    with pytest.raises(validate.ConfigError, match=r"cannot write to .* \(Read-only file system\)"):
+        validate.check_workdir(str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_data_shard_is_refused_before_any_write(tmp_path, in_process, damage):
+    from idattn.data import prepare, tokenizer as tl
+    src = tmp_path / "texts"
+    src.mkdir()
+    for i in range(30):
+        (src / f"{i}.txt").write_text(f"document {i}: " + "in the beginning was the word " * 20)
+    out = tmp_path / "data"
+    meta = prepare.prepare(str(src), str(out), tokenizer=tl.load_tokenizer("train:512"), num_proc=0,
+                           val_fraction=0.2, min_val_tokens=100, docs_per_shard=10, log=lambda *a: None)
+    shard = out / meta["train_shards"][1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) // 2] if damage == "truncated" else os.urandom(len(data)))
+    wd = str(tmp_path / "never")
+    cfg = T.tiny_config(**{"data.source": "arrayrecord", "data.path": str(out)})
+    with pytest.raises(in_process.TrainingError, match=f"data shard {shard}"):
+        in_process.run(cfg, wd)
+    assert not os.path.exists(wd)
+
+
+# ------------------------------------------------------------------------------------- schedules, best-of-run
+@pytest.mark.slow
+def test_schedule_change_is_refused_and_the_best_checkpoint_survives_rotation(tmp_path, finished, env):
+    wd = str(tmp_path / "extend")
+    shutil.copytree(finished[0], wd)
+    saved_config = open(os.path.join(wd, "config.json")).read()
+    refused = T.run_train(wd, overrides={"train.num_steps": 30}, env=env, check=False)
+    assert refused.returncode == 1
+    assert "the LR schedule changes under the run (train.num_steps): the next update (step 20) would use LR" \
+        in refused.stderr and "allow_schedule_change=true" in refused.stderr, refused.stderr[-2000:]
+    assert open(os.path.join(wd, "config.json")).read() == saved_config and committed_steps(wd) == [10, 15, 20]
+    best0 = ckpt.best_info(wd)
+    assert best0["step"] == 20
+    T.run_train(wd, overrides={"train.num_steps": 30, "train.allow_schedule_change": True, "train.keep_last": 1,
+                               "train.eval_every": 5}, env=env)
+    assert committed_steps(wd) == [30]  # rotation kept one ...
+    vals = {json.load(open(p))["step"]: json.load(open(p))["metrics"]["loss"]
+            for p in glob.glob(os.path.join(wd, "eval", "validation-step*.json"))}
+    best = ckpt.best_info(wd)
+    assert best["val_loss"] == pytest.approx(min(vals.values())) and best["step"] == min(vals, key=vals.get)
+    config, params = ckpt.load_params(wd, "best")  # ... and the best is still there, verified
+    assert jax.tree.leaves(params)
+    assert os.path.exists(os.path.join(wd, "config.history", "config.step20.json"))
+    assert json.load(open(os.path.join(wd, "config.json")))["train"]["num_steps"] == 30
+
+
+def test_wsd_closed_form_and_which_resumes_keep_the_lr(in_process):
+    f = optim.wsd_schedule(1e-3, 1e-5, 4, 20, 5, "1-sqrt")
+    g = optim.wsd_schedule(1e-3, 1e-5, 4, 20, 5, "linear")
+    for s in range(25):
+        if s < 4:
+            want = 1e-3 * (s + 1) / 4
+            lin = want
+        elif s < 15:
+            want = lin = 1e-3
+        else:
+            x = min(1.0, (s - 15) / 5)
+            want, lin = 1e-5 + (1e-3 - 1e-5) * (1 - x ** 0.5), 1e-5 + (1e-3 - 1e-5) * (1 - x)
+        np.testing.assert_allclose(float(f(s)), want, rtol=1e-5)
+        np.testing.assert_allclose(float(g(s)), lin, rtol=1e-5)
+    wsd = lambda n: T.tiny_config(**{"train.schedule": "wsd", "train.num_steps": n,  # noqa: E731
+                                     "train.decay_steps": 5})
+    assert in_process.check_schedule_change(wsd(20), wsd(40), 12) is None  # stable phase: extends freely
+    assert "would use LR" in in_process.check_schedule_change(wsd(20), wsd(40), 17)  # already decaying
+    cos = lambda n: T.tiny_config(**{"train.num_steps": n})  # noqa: E731
+    assert "would use LR" in in_process.check_schedule_change(cos(20), cos(40), 12)
