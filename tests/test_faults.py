@@ -17,6 +17,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 
 import jax
@@ -339,3 +340,121 @@ def test_wsd_closed_form_and_which_resumes_keep_the_lr(in_process):
     assert "would use LR" in in_process.check_schedule_change(wsd(20), wsd(40), 17)  # already decaying
     cos = lambda n: T.tiny_config(**{"train.num_steps": n})  # noqa: E731
     assert "would use LR" in in_process.check_schedule_change(cos(20), cos(40), 12)
+
+
+# ------------------------------------------------------------------------------- processes: launcher, elastic
+def _child_pids(parent: int) -> dict[int, int]:
+    """{IDATTN_PROCESS_ID: pid} of the launcher's children (read from /proc)."""
+    out = {}
+    for d in glob.glob("/proc/[0-9]*"):
+        try:
+            stat = open(f"{d}/stat").read()
+            if int(stat.rsplit(")", 1)[1].split()[1]) != parent:
+                continue
+            env = dict(kv.split("=", 1) for kv in open(f"{d}/environ").read().split("\0") if "=" in kv)
+        except (OSError, ValueError, IndexError):
+            continue
+        if "IDATTN_PROCESS_ID" in env:
+            out[int(env["IDATTN_PROCESS_ID"])] = int(os.path.basename(d))
+    return out
+
+
+def _wait_steps(wd, proc, n, timeout=240):
+    t0 = time.time()
+    while not (os.path.exists(os.path.join(wd, "metrics.jsonl")) and T.read_metrics(wd)
+               and T.read_metrics(wd)[-1]["step"] >= n):
+        if proc.poll() is not None:
+            raise AssertionError(f"ended early (rc={proc.returncode}): {proc.communicate()[0][-3000:]}")
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_launcher_owns_its_processes_and_a_run_resumes_on_any_process_count(tmp_path, env):
+    """1 process -> (SIGTERM) -> 2 processes via launch/local.py -> (SIGTERM to the launcher: both children save,
+    both reported) -> 2 processes -> (SIGKILL to one child: the other exits within 15 s naming the failure, the
+    launcher names the dead one) -> 1 process to the end. Every step's loss equals the straight one-process run's
+    up to reduction order: the global batches are the same whatever the process count."""
+    n = 24
+    ov = {"train.num_steps": n, "train.checkpoint_every": 4}
+    straight_wd = str(tmp_path / "straight")
+    T.run_train(straight_wd, overrides=ov, env=env)
+    straight = {r["step"]: r["loss"] for r in T.read_metrics(straight_wd)}
+    wd = str(tmp_path / "elastic")
+    slow = dict(env, IDATTN_DEBUG_STEP_SLEEP="0.3")
+    launcher = [sys.executable, os.path.join(T.REPO, "launch", "local.py"), "--num_processes=2", "--"]
+
+    def start(multi):
+        cmd = (launcher + T.train_command(wd, overrides=ov)[1:]) if multi else T.train_command(wd, overrides=ov)
+        return subprocess.Popen(cmd, cwd=T.REPO, env=slow, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    one = start(False)  # phase 1: one process, preempted
+    _wait_steps(wd, one, 5)
+    one.send_signal(signal.SIGTERM)
+    out1 = one.communicate(timeout=120)[0]
+    assert one.returncode == 143, out1[-3000:]
+    s1 = int(out1.split("preemption signal: saving step ")[1].split()[0])
+
+    two = start(True)  # phase 2: two processes, SIGTERM to the launcher
+    _wait_steps(wd, two, s1 + 4)
+    two.send_signal(signal.SIGTERM)
+    out2 = two.communicate(timeout=240)[0]
+    assert two.returncode == 143, out2[-4000:]
+    assert f"restored step {s1}" in out2
+    for i in (0, 1):
+        assert f"[launcher] summary: process {i}: exit 143 (stopped by SIGTERM after saving)" in out2, out2[-3000:]
+    s2 = int(out2.split("preemption signal: saving step ")[1].split()[0])
+    assert s2 in committed_steps(wd) and s2 < n
+
+    three = start(True)  # phase 3: two processes, one killed
+    _wait_steps(wd, three, s2 + 2)
+    pids = _child_pids(three.pid)
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[1], signal.SIGKILL)
+    t_kill = time.time()
+    out3 = three.communicate(timeout=120)[0]
+    waited = time.time() - t_kill
+    assert waited < 15, (waited, out3[-3000:])
+    assert three.returncode == 137 and "[launcher] failed: process 1 (killed by SIGKILL)" in out3, out3[-3000:]
+    assert "[launcher] process 1 ended: killed by SIGKILL" in out3
+    assert "lost contact with another process" in out3 or "heartbeat" in out3, out3[-3000:]
+
+    four = start(False)  # phase 4: one process to the end
+    out4 = four.communicate(timeout=240)[0]
+    assert four.returncode == 0, out4[-3000:]
+    rec = T.read_metrics(wd)
+    assert [r["step"] for r in rec] == list(range(1, n + 1))
+    got = np.array([r["loss"] for r in rec])
+    np.testing.assert_allclose(got, [straight[s] for s in range(1, n + 1)], rtol=2e-5)
+    for s in range(1, s1 + 1):  # the one-process phase: bit for bit
+        assert rec[s - 1]["loss"] == straight[s]
+
+
+@pytest.mark.slow
+def test_wsd_decay_branches_from_a_stable_phase_checkpoint(tmp_path, env):
+    """A WSD trunk (20 steps, decay over the last 4) and a branch from its step-10 checkpoint that decays over
+    steps 10..13: the branch starts from the trunk's full state (its first update equals the trunk's update 11 bit
+    for bit: same state, batch and LR), then follows the 1-sqrt decay to end_lr."""
+    trunk = str(tmp_path / "trunk")
+    ov = {"train.schedule": "wsd", "train.decay_steps": 4, "train.warmup_steps": 2}
+    T.run_train(trunk, overrides=ov, env=env)
+    tr = {r["step"]: r for r in T.read_metrics(trunk)}
+    assert 10 in committed_steps(trunk)
+    branch = str(tmp_path / "branch")
+    proc = T.run_train(branch, overrides=dict(ov, **{"train.num_steps": 14, "train.branch_from": f"{trunk}:10"}),
+                       env=env)
+    assert f"branched from {os.path.join(trunk, 'checkpoints', '10')}" in proc.stdout, proc.stdout[-3000:]
+    br = {r["step"]: r for r in T.read_metrics(branch)}
+    assert sorted(br) == [11, 12, 13, 14]
+    assert br[11]["loss"] == tr[11]["loss"] and br[11]["lr"] == tr[11]["lr"]
+    peak, end = 3e-3, 1e-5
+    for s in (12, 13, 14):  # metrics' lr is the LR of the update that made step s, i.e. schedule(s - 1)
+        x = (s - 1 - 10) / 4
+        np.testing.assert_allclose(br[s]["lr"], end + (peak - end) * (1 - x ** 0.5), rtol=1e-5)
+    # a step's loss is computed before its update: step 12's still comes from the shared update 11, step 13's
+    # from the first decayed one
+    assert br[12]["loss"] == tr[12]["loss"] and br[13]["loss"] != tr[13]["loss"]
+    # the trunk is untouched and a branch into the trunk itself is refused
+    assert committed_steps(trunk)[-1] == 20
+    bad = T.run_train(trunk, overrides=dict(ov, **{"train.branch_from": f"{trunk}:10"}), env=env, check=False)
+    assert bad.returncode == 1 and "is the workdir itself" in bad.stderr
