@@ -123,6 +123,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.wsd_shape = "1-sqrt"  # wsd decay shape: 1-sqrt | linear
     t.allow_schedule_change = False  # resume with a changed LR schedule (num_steps, peak_lr, ...): explicit only
     t.branch_from = ""  # "<workdir>[:<step>]": start from that run's full state (a WSD decay branch)
+    t.checkpoint_steps = ()  # extra steps always saved and never rotated away (branch points of a WSD trunk)
     t.max_bad_steps = 0  # non-finite steps (loss / grad norm / update) dropped before the run stops
     t.checkpoint_fallback = True  # a damaged latest checkpoint: fall back to the newest one that verifies
     t.keep_best = True  # keep the best-of-run parameters by validation loss in <workdir>/best (never rotated)

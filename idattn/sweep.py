@@ -24,6 +24,14 @@ Launchers (each prints what it will do first; `--dry_run` prints and stops):
   tpu    one queued TPU slice per run through launch/tpu.py (create --queued, setup, train, delete), or with
          `--tpu_name=<existing slice>` every run on that slice in turn; arguments after `--` go to launch/tpu.py.
 
+WSD branches (`--wsd_branches`, local launcher): the runs of one (study, mixer, size) that differ only in their
+token budget share one warmup-stable-decay trunk instead of training from scratch each. The largest budget is
+the trunk (train.schedule=wsd; its decay is its own); every smaller budget S_i branches from the trunk's
+checkpoint at step S_i − D_i (D_i = round(train.decay_fraction · S_i), pinned in the trunk with
+train.checkpoint_steps) and decays over its last D_i steps (train.branch_from, docs/training.md). The trunk runs
+first; a group's total cost is the trunk plus the decays, not the sum of the budgets. Each run's extra flags are
+printed with the plan.
+
 Data flags: every trainer command carries `--config.data.source=...` explicitly, and with `--data_path=DIR`
 `--config.data.source=arrayrecord --config.data.path=DIR` (the paper sizes need prepared data: a sweep whose
 configs say `data.source=arrayrecord` is refused without `--data_path`). `--set key=value` (repeatable) adds
@@ -201,6 +209,39 @@ def data_flags(configs, data_path: str, sets: list[str] = ()) -> list[str]:
     return [f"--config.data.source={source}"]
 
 
+def wsd_branch_plan(configs, root: str) -> tuple[list, dict[str, list[str]]]:
+    """(configs with each trunk before its branches, {run name: extra trainer flags}) for --wsd_branches."""
+    from idattn.train import optim
+
+    groups: dict[tuple, list] = {}
+    for c in configs:
+        model = json.dumps(c.model.to_dict(), sort_keys=True, default=str)
+        key = (c.sweep.study, c.sweep.mixer, c.sweep.size, model, int(c.train.batch_size), int(c.data.seq_len))
+        groups.setdefault(key, []).append(c)
+    ordered, flags = [], {}
+    for members in groups.values():
+        steps = {c.sweep.name: -(-int(c.sweep.tokens) // (int(c.train.batch_size) * int(c.data.seq_len)))
+                 for c in members}
+        members = sorted(members, key=lambda c: -steps[c.sweep.name])
+        trunk = members[0]
+        flags[trunk.sweep.name] = ["--config.train.schedule=wsd"]
+        points = []
+        for c in members[1:]:
+            n = steps[c.sweep.name]
+            d = optim.decay_steps_of(c.train, n)
+            point = n - d
+            if point < 1 or n >= steps[trunk.sweep.name]:
+                flags[c.sweep.name] = ["--config.train.schedule=wsd"]  # too short to branch: trains on its own
+                continue
+            points.append(point)
+            flags[c.sweep.name] = ["--config.train.schedule=wsd", f"--config.train.decay_steps={d}",
+                                   f"--config.train.branch_from={os.path.join(root, trunk.sweep.name)}:{point}"]
+        if points:
+            flags[trunk.sweep.name].append(f"--config.train.checkpoint_steps=({','.join(map(str, sorted(points)))},)")
+        ordered += members
+    return ordered, flags
+
+
 def train_args(sweep_file: str, name: str, root: str, extra: list[str]) -> list[str]:
     return [f"--config={sweep_file}:{name}", f"--workdir={os.path.join(root, name)}", *extra]
 
@@ -215,7 +256,9 @@ def _extra_flags(configs, args) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------- launchers
-def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str) -> int:
+def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
+              per_run: dict[str, list[str]] | None = None) -> int:
+    per_run = per_run or {}
     rows = []
     for c in configs:
         wd = os.path.join(root, c.sweep.name)
@@ -225,7 +268,8 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str) -
         rows.append((c, wd, st, action))
     print(f"idattn.sweep: {len(configs)} runs in {root} (local, one after another)")
     for c, wd, st, action in rows:
-        print(f"  {action:12s} {c.sweep.name}  N={c.sweep.n_params:,} D={c.sweep.tokens:,}")
+        print(f"  {action:12s} {c.sweep.name}  N={c.sweep.n_params:,} D={c.sweep.tokens:,}"
+              + (f"  {' '.join(per_run[c.sweep.name])}" if per_run.get(c.sweep.name) else ""))
     todo = [r for r in rows if r[3] != "skip (done)"]
     if todo:
         print("  command of each: " + shlex.join([python, "-m", "idattn.train",
@@ -235,7 +279,8 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str) -
     os.makedirs(root, exist_ok=True)
     failed = []
     for i, (c, wd, st, action) in enumerate(todo):
-        cmd = [python, "-m", "idattn.train", *train_args(sweep_file, c.sweep.name, root, extra)]
+        cmd = [python, "-m", "idattn.train", *train_args(sweep_file, c.sweep.name, root,
+                                                         extra + per_run.get(c.sweep.name, []))]
         print(f"[{i + 1}/{len(todo)}] {action} {c.sweep.name}", flush=True)
         os.makedirs(wd, exist_ok=True)
         t0 = time.time()
@@ -431,6 +476,8 @@ def main(argv=None) -> int:
     p.add_argument("--max_parallel", type=int, default=0, help="slurm: at most this many array tasks at once")
     p.add_argument("--tpu_name", default="", help="tpu: an existing slice to run every run on in turn")
     p.add_argument("--tpu_prefix", default="idattn-sweep", help="tpu: name prefix of the per-run slices")
+    p.add_argument("--wsd_branches", action="store_true",
+                   help="local: one WSD trunk per (mixer, size), smaller token budgets branch their decay from it")
     a = p.parse_args(argv)
     configs = load_sweep(a.sweep_file)
     if a.only:
@@ -445,10 +492,17 @@ def main(argv=None) -> int:
                "runs": [c.sweep.name for c in load_sweep(a.sweep_file)], "time": time.time()}
         with open(os.path.join(a.root, MANIFEST), "w") as f:
             json.dump(man, f, indent=1)
+    per_run = None
+    if a.wsd_branches:
+        if a.launcher != "local":
+            raise SystemExit("--wsd_branches runs each trunk before its branches, which the local launcher does; "
+                             "on slurm/tpu print the plan with --launcher=local --dry_run and submit the trunks, "
+                             "then the branches")
+        configs, per_run = wsd_branch_plan(configs, a.root)
     if a.launcher == "local":
         if rest:
             raise SystemExit(f"arguments after `--` ({rest}) are for the slurm/tpu launchers; local takes none")
-        return run_local(a.sweep_file, configs, a.root, extra, dry_run=a.dry_run, python=a.python)
+        return run_local(a.sweep_file, configs, a.root, extra, dry_run=a.dry_run, python=a.python, per_run=per_run)
     if a.launcher == "slurm":
         return run_slurm(a.sweep_file, configs, a.root, extra, rest, dry_run=a.dry_run, max_parallel=a.max_parallel)
     return run_tpu(a.sweep_file, configs, a.root, extra, rest, dry_run=a.dry_run, tpu_name=a.tpu_name,

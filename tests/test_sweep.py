@@ -208,3 +208,31 @@ def test_local_runner_skips_done_and_resumes_failed(tmp_path, monkeypatch):
     assert rc == 0 and "2 done" in out and "28 pending" in out
     log = (root / "cpu-iso-softmax-d32L1-C3e10" / "train.log").read_text()
     assert "--config.data.source=kjv" in log  # the data flag is explicit on every command
+
+
+def test_wsd_branches_plan_one_trunk_per_size_and_branch_points_it_keeps(tmp_path):
+    """--wsd_branches: per (mixer, size) the largest budget is a WSD trunk that pins the branch points; each
+    smaller budget S branches at S - D (D = round(0.2 S)) and decays over its last D steps."""
+    from idattn.train import optim
+    configs = sweep.load_sweep(CPU_SWEEP)
+    root = str(tmp_path / "root")
+    ordered, flags = sweep.wsd_branch_plan(configs, root)
+    assert sorted(c.sweep.name for c in ordered) == sorted(c.sweep.name for c in configs)
+    tps = 8 * 64
+    group = [c for c in ordered if c.sweep.mixer == "softmax" and c.sweep.size == "d32L1"]
+    steps = [-(-c.sweep.tokens // tps) for c in group]
+    assert steps == sorted(steps, reverse=True) and len(group) == 3  # the trunk (largest budget) first
+    trunk = group[0].sweep.name
+    points = []
+    for c, n in zip(group[1:], steps[1:]):
+        d = optim.decay_steps_of(c.train, n)
+        assert d == round(0.2 * n)
+        points.append(n - d)
+        assert flags[c.sweep.name] == ["--config.train.schedule=wsd", f"--config.train.decay_steps={d}",
+                                       f"--config.train.branch_from={os.path.join(root, trunk)}:{n - d}"]
+    assert flags[trunk] == ["--config.train.schedule=wsd",
+                            f"--config.train.checkpoint_steps=({','.join(map(str, sorted(points)))},)"]
+    rc, out = _main([CPU_SWEEP, f"--root={root}", "--wsd_branches", "--dry_run", "--only=softmax-d32L1"])
+    assert rc == 0 and f"branch_from={os.path.join(root, trunk)}:" in out
+    with pytest.raises(SystemExit, match="local launcher"):
+        sweep.main([CPU_SWEEP, f"--root={root}", "--wsd_branches", "--launcher=slurm", "--dry_run"])

@@ -128,9 +128,16 @@ def _from_jsonable(x):
 def make_manager(workdir: str, train_cfg, *, read_only: bool = False) -> ocp.CheckpointManager:
     t = train_cfg
     keep_every = int(t.keep_every) if int(t.keep_every) > 0 else None
+    pinned = sorted(int(s) for s in (t.get("checkpoint_steps", ()) or ()))
+    rotation: dict = dict(max_to_keep=max(1, int(t.keep_last)), keep_period=keep_every)
+    if pinned:  # train.checkpoint_steps are kept whatever the rotation says
+        from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
+        policies = [pp.LatestN(max(1, int(t.keep_last))), pp.CustomSteps(pinned)]
+        if keep_every:
+            policies.append(pp.EveryNSteps(keep_every))
+        rotation = dict(preservation_policy=pp.AnyPreservationPolicy(policies))
     options = ocp.CheckpointManagerOptions(
-        max_to_keep=max(1, int(t.keep_last)),
-        keep_period=keep_every,
+        **rotation,
         enable_async_checkpointing=bool(t.async_checkpoint) and not read_only,
         create=not read_only,
         read_only=read_only,

@@ -613,6 +613,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
     preempt.install()
     debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
     max_bad = int(t.max_bad_steps)
+    pinned = {int(x) for x in (t.get("checkpoint_steps", ()) or ())}
     pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
     win_steps, win_wait = 0, 0.0
     win_t = time.perf_counter()
@@ -719,7 +720,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
             check_saves(step)
 
             is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
-            is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps
+            is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
             is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
             if is_log or is_ckpt or is_eval:
                 loss = check_finite(*pending)

@@ -106,6 +106,10 @@ def check_values(config) -> None:
     if float(t.get("lease_stale_s", 600)) <= 2 * float(t.get("lease_heartbeat_s", 30)):
         raise ConfigError(f"config.train.lease_stale_s={t.lease_stale_s!r} must exceed twice "
                           f"config.train.lease_heartbeat_s={t.lease_heartbeat_s!r}, or a live trainer looks dead")
+    pinned = t.get("checkpoint_steps", ()) or ()
+    if isinstance(pinned, (int, str)) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pinned):
+        raise ConfigError(f"config.train.checkpoint_steps={pinned!r}: expected a tuple of steps >= 1, e.g. "
+                          f"--config.train.checkpoint_steps='(400, 800)'")
     _int_at_least(config, "data", "seq_len", 1)
     _int_at_least(config, "data", "shuffle_seed", 0)
     if int(config.data.shuffle_seed) >= 2**32:
