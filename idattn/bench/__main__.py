@@ -1,15 +1,16 @@
-"""python -m idattn.bench {op,theory,model} [flags]   (each subcommand has --help)."""
+"""python -m idattn.bench {op,theory,model,checksum} [flags]   (each subcommand has --help)."""
 import sys
 
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    cmds = ("op", "theory", "model")
+    cmds = ("op", "theory", "model", "checksum")
     if not argv or argv[0] not in cmds:
         print(__doc__)
         print("  op      interdomain_mix implementations vs causal softmax attention (ms, tok/s, temp memory)")
         print("  theory  LegS convergence table (idattn.ops.theory)")
         print("  model   training tok/s and MFU per mixer, decode tok/s vs context (needs flax)")
+        print("  checksum  cost of the checkpoint checksums vs one read of the state (idattn.train.integrity)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "op":
@@ -18,6 +19,9 @@ def main(argv=None):
     elif cmd == "theory":
         from idattn.bench import theory
         theory.main(rest)
+    elif cmd == "checksum":
+        from idattn.bench import checksum
+        checksum.main(rest)
     else:
         from idattn.bench import model
         model.main(rest)
