@@ -215,23 +215,36 @@ def test_stale_leases_are_taken_over_and_a_lost_lease_is_noticed(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- failing writes
-def test_failed_save_stops_at_once_naming_the_last_committed_step(tmp_path, in_process, monkeypatch):
-    calls = []
-    real = ckpt.DataStateHandler.save
+@pytest.mark.parametrize("phase", ["write", "background_commit"])
+def test_failed_save_stops_at_once_naming_the_last_committed_step(tmp_path, in_process, monkeypatch, phase):
+    """The second save (step 10) fails: while its files are written (in the save call), or in orbax's
+    background thread that commits the step folder (an async save: seen at the next step)."""
+    if phase == "write":
+        real = ckpt.DataStateHandler.save
 
-    def no_space(self, directory, args):
-        calls.append(str(directory))
-        if len(calls) == 2:  # the second save (step 10): the disk is full
-            raise OSError(errno.ENOSPC, "No space left on device", str(directory))
-        return real(self, directory, args)
+        def no_space(self, directory, args):
+            if "/10.orbax-checkpoint-tmp" in str(directory):
+                raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+            return real(self, directory, args)
 
-    monkeypatch.setattr(ckpt.DataStateHandler, "save", no_space)
+        monkeypatch.setattr(ckpt.DataStateHandler, "save", no_space)
+    else:
+        from orbax.checkpoint._src.path import atomicity
+        real = atomicity.AtomicRenameTemporaryPath.finalize
+
+        def no_space(self, *a, **k):
+            if str(self.get()).rstrip("/").endswith("checkpoints/10.orbax-checkpoint-tmp"):
+                raise OSError(errno.ENOSPC, "No space left on device", str(self.get()))
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", no_space)
+        monkeypatch.setenv("IDATTN_DEBUG_STEP_SLEEP", "0.2")  # steps slower than the background commit
     wd = str(tmp_path / "full")
-    with pytest.raises(in_process.TrainingError, match=r"checkpoint save failed at step 1[01]: .*No space left") as e:
+    with pytest.raises(in_process.TrainingError, match=r"checkpoint save failed at step 1[012]: .*No space left") as e:
         in_process.run(T.tiny_config(), wd)
     assert f"last committed checkpoint: {os.path.join(wd, 'checkpoints', '5')}" in str(e.value)
     assert committed_steps(wd) == [5]
-    assert T.read_metrics(wd)[-1]["step"] <= 11  # stopped at once, not at the next save (step 15)
+    assert T.read_metrics(wd)[-1]["step"] <= 12  # stopped at once, not at the next save (step 15)
 
 
 @pytest.mark.slow

@@ -253,6 +253,22 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
     return None
 
 
+def background_error(mngr: ocp.CheckpointManager) -> BaseException | None:
+    """The error of a finished background save, or None, without waiting for a running one.
+
+    `check_for_errors()` surfaces the item writers' errors; the step folder is committed (renamed) by the
+    manager's own finalize thread, whose error orbax 0.12 only raises in the next save or wait. This reads it
+    (a private attribute; None if a later orbax changes it, and the next save then reports it)."""
+    mngr.check_for_errors()
+    try:
+        thread = mngr._finalize_thread.map(lambda t: t)  # noqa: SLF001
+    except AttributeError:
+        return None
+    if thread is not None and not thread.is_alive():
+        return getattr(thread, "exception", None)
+    return None
+
+
 def disk_free_bytes(path: str) -> int:
     import shutil
     return int(shutil.disk_usage(path).free)

@@ -656,7 +656,9 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
     def check_saves(s: int) -> None:
         """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept."""
         try:
-            mngr.check_for_errors()
+            err = ckpt.background_error(mngr)
+            if err is not None:
+                raise err
         except Exception as e:
             raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
                                 f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
