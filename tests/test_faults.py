@@ -47,8 +47,12 @@ def finished(tmp_path_factory, env):
 
 @pytest.fixture
 def in_process(env, monkeypatch):
-    """In-process trainer runs share the subprocesses' tokenizer cache."""
+    """In-process trainer runs share the subprocesses' tokenizer cache and JAX compilation cache (the same tiny
+    programs: compiled once per session)."""
     monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
+    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from idattn.train import trainer
     return trainer
 
@@ -247,7 +251,6 @@ def test_failed_save_stops_at_once_naming_the_last_committed_step(tmp_path, in_p
     assert T.read_metrics(wd)[-1]["step"] <= 12  # stopped at once, not at the next save (step 15)
 
 
-@pytest.mark.slow
 def test_free_space_check_refuses_a_save_that_cannot_fit(tmp_path, in_process, monkeypatch):
     monkeypatch.setattr(ckpt, "disk_free_bytes", lambda path: 1000)
     wd = str(tmp_path / "tiny-disk")

@@ -95,6 +95,8 @@ def test_mesh_2x2x2_matches_one_device(mesh_results, variant):
     assert moved > 100_000
 
 
+@pytest.mark.slow  # ~45 s; the default suite's budget. tests/test_faults.py's slow launcher test also trains on 2
+# processes and matches the one-process losses.
 def test_two_processes_jax_distributed(tmp_path, env, monkeypatch):
     wd = str(tmp_path / "mp")
     overrides = {"train.num_steps": 3, "train.checkpoint_every": 3, "train.warmup_steps": 3}
