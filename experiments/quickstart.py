@@ -15,46 +15,10 @@ One model alone, with the ordinary trainer entry point:
     python -m idattn.train --config=experiments/quickstart.py:interdomain --workdir=/tmp/qs-interdomain
 
     get_config("<mixer>")   mixer: softmax | interdomain | s4d_only | any mechanism-cube cell
+
+This file is the documented `--config=` path; the recipe itself lives in the package (idattn/configs/quickstart.py), so that
+an installed wheel runs it too. Everything here is re-exported from there.
 """
-from __future__ import annotations
+from idattn.configs import quickstart as _module
 
-import ml_collections
-
-from idattn.configs import base_config
-from idattn.models.spec import apply_mixer_name
-
-# Evaluation lengths of the length sweep (the training context is data.seq_len = 256).
-EVAL_LENGTHS = (256, 512, 896)
-EVAL_TOKENS = 64_512  # held-out tokens per evaluation length: the same stream prefix at every length (72 x 896)
-
-
-def get_config(arg: str = "interdomain") -> ml_collections.ConfigDict:
-    mixer = str(arg).strip() or "interdomain"
-    c = base_config()
-    m = c.model
-    m.update(dict(vocab_size=1024, d_model=128, num_layers=2, num_heads=4, head_dim=32, ffn_dim=384, num_modes=16))
-    apply_mixer_name(m, mixer)
-    m.dtype = "float32"  # CPU: bf16 matmuls are emulated and slow
-    m.remat = "none"
-    m.chunk_size = 64
-
-    c.data.source = "kjv"
-    c.data.tokenizer = "train:1024"
-    c.data.seq_len = 256
-    c.data.prefetch = 0
-
-    t = c.train
-    t.batch_size = 16
-    t.num_steps = 150  # 150 x 16 x 256 = 614K tokens (~0.3 epoch of the training split)
-    t.warmup_steps = 15
-    t.peak_lr = 3e-3
-    t.end_lr = 1e-4
-    t.ssm_lr_cap = 1e-3
-    t.log_every = 50
-    t.eval_every = 0  # validation at the end only
-    t.eval_batches = 8
-    t.checkpoint_every = 75
-    t.keep_last = 1
-
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    return c
+globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})

@@ -51,6 +51,11 @@ def run_app(main, argv=None) -> None:
     """`absl.app.run(main)`; a mistyped `--config.<key>` is reported on one line (exit status 2)."""
     from absl import app
 
+    from idattn.configs import resolve_argv
+    if argv is None:
+        sys.argv[:] = resolve_argv(sys.argv)  # packaged recipes from any folder (idattn.configs)
+    else:
+        argv = resolve_argv(list(argv))
     try:
         app.run(main, argv=argv)
     except (AttributeError, KeyError) as e:

@@ -18,7 +18,6 @@ least 30% below the unigram baseline.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -28,20 +27,16 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICKSTART_CONFIG = os.path.join(REPO, "experiments", "quickstart.py")
+from idattn.configs import packaged_config
+
+QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
 NAMES = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only"}
 REQUIRED_GAIN = 0.30
 
 
 def load_experiment():
-    if not os.path.exists(QUICKSTART_CONFIG):
-        raise FileNotFoundError(f"{QUICKSTART_CONFIG} not found: run the quickstart from a source checkout "
-                                f"(pip install -e .)")
-    spec = importlib.util.spec_from_file_location("idattn_quickstart_config", QUICKSTART_CONFIG)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from idattn.configs import quickstart
+    return quickstart
 
 
 def _divisor_at_most(n: int, cap: int) -> int:

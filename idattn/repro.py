@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import math
 import os
@@ -59,8 +58,10 @@ import sys
 import time
 from typing import Any
 
+from idattn.configs import packaged_config
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REPRO_CONFIG = os.path.join(REPO, "experiments", "repro.py")
+REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
 TABLES = ("ppl", "length", "recall", "cube")
 MIXERS3 = ("softmax", "interdomain", "s4d_only")
 LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only",
@@ -80,12 +81,8 @@ def log(msg: str) -> None:
 
 
 def load_experiment():
-    if not os.path.exists(REPRO_CONFIG):
-        raise ReproError(f"{REPRO_CONFIG} not found: run from a source checkout (pip install -e .)")
-    spec = importlib.util.spec_from_file_location("idattn_repro_config", REPRO_CONFIG)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from idattn.configs import repro
+    return repro
 
 
 def run_name(mixer: str) -> str:

@@ -90,6 +90,8 @@ def isoflop_tokens(compute: float, n_params: int, tokens_per_step: int, min_step
 
 
 def load_sweep_module(path: str):
+    from idattn.configs import resolve_config_arg
+    path = resolve_config_arg(path)  # experiments/sweeps/<x>.py: the packaged sweep from any folder
     if not os.path.exists(path):
         raise FileNotFoundError(f"sweep file {path!r} not found; expected experiments/sweeps/<name>.py with "
                                 f"get_sweep()")
@@ -310,14 +312,8 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
 
 
 def _launch_module(name: str):
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "launch", f"{name}.py")
-    if not os.path.exists(path):
-        raise SystemExit(f"launcher {path} not found (the sweep's slurm/tpu launchers use the repository's "
-                         f"launch/ folder; run from a source checkout)")
-    spec = importlib.util.spec_from_file_location(f"_idattn_launch_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import importlib
+    return importlib.import_module(f"idattn.launch.{name}")
 
 
 def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max_parallel: int = 0) -> str:

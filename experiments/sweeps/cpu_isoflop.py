@@ -17,64 +17,10 @@ Recipe: peak LR 3e-3 (S4D 1e-3), warmup 10% of the steps, cosine to 1e-4, AdamW 
 loss on the same 8 x 8 x 64 held-out tokens for every run, at the end only.
 Expected: a fitted L(N, D) per mixer and IsoFLOP minima, with wide intervals (12 runs per mixer, tiny models,
 < 1 epoch of a ~1M-token corpus at most): a workflow check, not a measurement of the paper's claim.
+
+This file is the documented `--config=` path; the recipe itself lives in the package (idattn/configs/sweeps/cpu_isoflop.py), so that
+an installed wheel runs it too. Everything here is re-exported from there.
 """
-from __future__ import annotations
+from idattn.configs.sweeps import cpu_isoflop as _module
 
-import ml_collections
-
-from idattn.configs import base_config
-from idattn.shapes import cpu_shape
-from idattn.sweep import config_by_name, isoflop_tokens, make_run
-from idattn.shapes import non_embedding_params
-
-STUDY = "cpu-iso"
-MIXERS = ("softmax", "interdomain")
-WIDTHS = (16, 32, 48, 64, 96)
-BUDGETS = (3e10, 6e10, 1.2e11)
-
-
-def base() -> ml_collections.ConfigDict:
-    c = base_config()
-    m = c.model
-    m.dtype = "float32"  # CPU: bf16 matmuls are emulated and slow
-    m.remat = "none"
-    m.chunk_size = 16
-    c.data.source = "kjv"
-    c.data.tokenizer = "train:512"
-    c.data.seq_len = 64
-    c.data.prefetch = 0
-    t = c.train
-    t.batch_size = 8
-    t.peak_lr = 3e-3
-    t.end_lr = 1e-4
-    t.ssm_lr_cap = 1e-3
-    t.log_every = 20
-    t.eval_every = 0  # validation at the last step only (the fit uses the final loss)
-    t.eval_batches = 8
-    t.checkpoint_every = 500
-    t.keep_last = 1
-    c.mesh.data, c.mesh.fsdp, c.mesh.tensor = 1, -1, 1
-    return c
-
-
-def get_sweep() -> list[ml_collections.ConfigDict]:
-    b = base()
-    tps = int(b.train.batch_size) * int(b.data.seq_len)
-    out = []
-    # order: size, budget, mixer (the two mixers alternate, so a study cut short still compares them)
-    for width in WIDTHS:
-        shape = cpu_shape(width)
-        for cbudget in BUDGETS:
-            for mixer in MIXERS:
-                probe = make_run(b, study=STUDY, mixer=mixer, shape=shape, tokens=tps)
-                n = non_embedding_params(probe.model)
-                tokens = isoflop_tokens(cbudget, n, tps, min_steps=20)
-                c = make_run(b, study=STUDY, mixer=mixer, shape=shape, tokens=tokens, compute=cbudget)
-                c.train.warmup_steps = max(1, tokens // tps // 10)
-                out.append(c)
-    return out
-
-
-def get_config(arg: str = "") -> ml_collections.ConfigDict:
-    sweep = get_sweep()
-    return config_by_name(sweep, arg) if arg else sweep[0]
+globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})

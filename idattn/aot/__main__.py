@@ -46,6 +46,10 @@ def main(argv):
 
 
 def cli(argv=None) -> int:
+    from idattn.configs import resolve_argv
+    argv = resolve_argv(list(argv)) if argv is not None else None
+    if argv is None:
+        sys.argv[:] = resolve_argv(sys.argv)
     try:
         app.run(main, argv=argv)
     except SystemExit as e:
@@ -54,4 +58,6 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from idattn.configs import resolve_argv
+    sys.argv[:] = resolve_argv(sys.argv)  # packaged recipes from any folder (idattn.configs)
     app.run(main)

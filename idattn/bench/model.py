@@ -54,7 +54,7 @@ def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None
     import jax.numpy as jnp
     import optax
 
-    from experiments.scaling import get_config
+    from idattn.configs.scaling import get_config
     from idattn.models import build_model, flops_per_token
 
     cfg = get_config(f"{mixer},{size}")
@@ -98,7 +98,7 @@ def decode_throughput(mixer, size, contexts, batch, steps=20):
     import jax
     import jax.numpy as jnp
 
-    from experiments.scaling import get_config
+    from idattn.configs.scaling import get_config
     from idattn.models import build_model, decode_step, init_cache
 
     cfg = get_config(f"{mixer},{size}")

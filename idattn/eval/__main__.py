@@ -190,8 +190,9 @@ def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) 
 # ------------------------------------------------------------------------------------------------ config / run
 
 def load_config_file(spec: str):
-    """`path.py[:arg]` -> the ConfigDict of its get_config(arg)."""
-    path, _, arg = spec.partition(":")
+    """`path.py[:arg]` -> the ConfigDict of its get_config(arg) (a packaged recipe when the path is not here)."""
+    from idattn.configs import resolve_config_arg
+    path, _, arg = resolve_config_arg(spec).partition(":")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"--config={spec!r}: no file {path!r}; expected experiments/<file>.py[:<arg>].")
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))

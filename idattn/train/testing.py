@@ -8,7 +8,8 @@ import sys
 from typing import Sequence
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY_CONFIG = os.path.join(REPO, "experiments", "scaling.py") + ":softmax,tiny"
+TINY_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                           "scaling.py") + ":softmax,tiny"  # the packaged recipe (experiments/scaling.py re-exports it)
 
 # The tiny CPU model with a 512-piece SentencePiece vocabulary trained on the embedded corpus.
 TINY_OVERRIDES = {

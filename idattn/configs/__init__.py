@@ -1,8 +1,14 @@
 """The one config schema every experiment file fills in.
 
 `base_config()` returns an ml_collections ConfigDict with every key the model, data pipeline and trainer read,
-at the defaults of the paper's recipe (SPEC sections 4-6). Experiment files in `experiments/` start from it and
-override; the command line overrides again with `--config.key=value`.
+at the defaults of the paper's recipe (SPEC sections 4-6). The experiment recipes live beside it in this package
+(`idattn/configs/scaling.py`, `quickstart.py`, `repro.py`, `mqar.py`, `sweeps/*.py`); `experiments/*.py` in a
+source checkout are the documented `--config=` paths and re-export them. The command line overrides again with
+`--config.key=value`.
+
+`resolve_config_arg("experiments/scaling.py:softmax,tiny")` maps a config path that does not exist where the
+command runs (an installed wheel, another folder) to the packaged recipe of the same name, so every documented
+`--config=experiments/<file>.py[:arg]` works from anywhere.
 
 Sections:
   model   read by idattn.models (sizes, mixer and its switches, dtypes, remat)
@@ -13,7 +19,42 @@ Sections:
 """
 from __future__ import annotations
 
+import os
+
 import ml_collections
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def packaged_config(name: str) -> str:
+    """Path of a packaged recipe: "scaling" or "scaling.py" or "sweeps/cpu_isoflop.py"."""
+    name = name if name.endswith(".py") else name + ".py"
+    return os.path.join(PACKAGE_DIR, name)
+
+
+def resolve_config_arg(spec: str) -> str:
+    """`<file>.py[:arg]` unchanged when the file exists; else the packaged recipe it names (experiments/<x>.py,
+    idattn/configs/<x>.py or <x>.py, sweeps/ included), else unchanged (the caller's error names it)."""
+    path, sep, arg = str(spec).partition(":")
+    if not path.endswith(".py") or os.path.exists(path):
+        return spec
+    parts = path.replace("\\", "/").split("/")
+    for anchor in ("experiments", "configs"):
+        if anchor in parts:
+            parts = parts[len(parts) - parts[::-1].index(anchor):]
+            break
+    candidate = os.path.join(PACKAGE_DIR, *parts)
+    return candidate + sep + arg if os.path.isfile(candidate) else spec
+
+
+def resolve_argv(argv: list[str]) -> list[str]:
+    """argv with every `--config=<file>.py[:arg]` passed through resolve_config_arg (absl CLIs)."""
+    out = []
+    for a in argv:
+        if a.startswith("--config=") and ".py" in a:
+            a = "--config=" + resolve_config_arg(a[len("--config="):])
+        out.append(a)
+    return out
 
 # Logical axis names used by every parameter annotation (idattn.models.sharding) and their default mesh
 # mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.

@@ -1,0 +1,1 @@
+"""Sweep files (python -m idattn.sweep <file>): each defines get_sweep() and get_config(name)."""

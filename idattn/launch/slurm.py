@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""SLURM launcher for GPU clusters: writes an sbatch script and submits it.
+
+    python launch/slurm.py --nodes=4 --gpus_per_node=8 --partition=gpu --time=48:00:00 \
+        --repo=/shared/idattn --venv=/shared/idattn/.venv -- \
+        --config=experiments/scaling.py:interdomain,1.3b --workdir=/shared/runs/id-1.3b \
+        --config.data.source=arrayrecord --config.data.path=/shared/data/fineweb-edu
+    python launch/slurm.py ... --dry_run        # print the script and the sbatch command only
+
+Modes: --mode=per_gpu (default) runs one process per GPU (`--ntasks-per-node=G --gpus-per-task=1`);
+--mode=per_node runs one process per node that sees all its G GPUs. In both, `srun` starts the processes and
+`python -m idattn.train --distributed=on` calls `jax.distributed.initialize()`, which reads the coordinator,
+process count and process id from the SLURM environment (SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID,
+SLURM_LOCALID). `--signal=TERM@120` makes SLURM send SIGTERM 120 s before the time limit; the trainer saves a checkpoint and
+exits 143, and the script then requeues the job (`scontrol requeue`), which resumes where it stopped (the same
+command in the same workdir resumes). `--requeue` also requeues jobs preempted by the scheduler.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+
+TEMPLATE = """#!/bin/bash
+#SBATCH --job-name={job_name}
+#SBATCH --nodes={nodes}
+#SBATCH --ntasks-per-node={tasks_per_node}
+#SBATCH --gpus-per-node={gpus_per_node}
+{gpus_per_task}#SBATCH --cpus-per-task={cpus_per_task}
+#SBATCH --time={time}
+#SBATCH --output={log_dir}/%x-%j.out
+#SBATCH --signal=TERM@120
+#SBATCH --requeue
+{extra_sbatch}
+set -euo pipefail
+{setup}
+export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes x $SLURM_NTASKS_PER_NODE tasks on $SLURM_JOB_NODELIST"
+rc=0
+srun --kill-on-bad-exit=1 {python} -m idattn.train --distributed=on {train_args} || rc=$?
+if [ "$rc" -eq 143 ]; then  # SIGTERM before the time limit / preemption: the trainer saved; continue later
+  echo "saved on SIGTERM; requeueing job $SLURM_JOB_ID"
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$rc"
+"""
+
+
+def log_dir_of(args) -> str:
+    """--log_dir as an absolute path (relative ones are inside --repo): SLURM opens the --output file before the
+    script starts, in a folder that must already exist, so `main` creates it before submitting."""
+    return os.path.join(os.path.abspath(args.repo), args.log_dir) if not os.path.isabs(args.log_dir) else args.log_dir
+
+
+def render(args, train_args: list[str]) -> str:
+    per_gpu = args.mode == "per_gpu"
+    extra = []
+    if args.partition:
+        extra.append(f"#SBATCH --partition={args.partition}")
+    if args.account:
+        extra.append(f"#SBATCH --account={args.account}")
+    for s in args.sbatch:
+        extra.append(f"#SBATCH {s}")
+    setup = f"cd {shlex.quote(os.path.abspath(args.repo))}"
+    log_dir = log_dir_of(args)
+    if args.venv:
+        setup += f"\nsource {shlex.quote(os.path.join(args.venv, 'bin', 'activate'))}"
+    return TEMPLATE.format(
+        job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
+        gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
+        cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
+        setup=setup, python=args.python, train_args=shlex.join(train_args))
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    rest = []
+    if "--" in argv:
+        k = argv.index("--")
+        argv, rest = argv[:k], argv[k + 1:]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus_per_node", type=int, default=8)
+    p.add_argument("--mode", choices=["per_gpu", "per_node"], default="per_gpu")
+    p.add_argument("--cpus_per_task", type=int, default=8)
+    p.add_argument("--time", default="24:00:00")
+    p.add_argument("--partition", default="")
+    p.add_argument("--account", default="")
+    p.add_argument("--job_name", default="idattn")
+    p.add_argument("--log_dir", default="slurm-logs", help="job output folder (relative: inside --repo); created")
+    p.add_argument("--repo", default=".", help="repository folder on the shared filesystem")
+    p.add_argument("--venv", default="", help="virtual environment to activate on the nodes")
+    p.add_argument("--python", default="python")
+    p.add_argument("--sbatch", action="append", default=[], help="extra #SBATCH line (repeatable)")
+    p.add_argument("--dry_run", action="store_true", help="print the script and the command, submit nothing")
+    args = p.parse_args(argv)
+    if args.nodes < 1 or args.gpus_per_node < 1:
+        p.error(f"--nodes={args.nodes}, --gpus_per_node={args.gpus_per_node}: must be >= 1")
+    if not rest:
+        p.error("pass the trainer's arguments after `--` (at least --config and --workdir)")
+    script = render(args, rest)
+    if args.dry_run:
+        print(script)
+        print("# submit with: sbatch <this script>")
+        return 0
+    log_dir = log_dir_of(args)
+    os.makedirs(log_dir, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix=f"{args.job_name}-", suffix=".sbatch", dir=log_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(script)
+    print(f"wrote {path}")
+    return subprocess.call(["sbatch", path])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
