@@ -474,3 +474,20 @@ def test_wsd_decay_branches_from_a_stable_phase_checkpoint(tmp_path, env):
     assert committed_steps(trunk)[-1] == 20
     bad = T.run_train(trunk, overrides=dict(ov, **{"train.branch_from": f"{trunk}:10"}), env=env, check=False)
     assert bad.returncode == 1 and "is the workdir itself" in bad.stderr
+
+
+@pytest.mark.parametrize("option", ["--train_tokenizer=300", "--tokenizer=train:512"])
+def test_prepare_refuses_a_bad_jsonl_line_the_same_way_with_either_tokenizer_option(tmp_path, env, option):
+    src = tmp_path / "a.jsonl"
+    with open(src, "w") as f:
+        for i in range(40):
+            f.write(json.dumps({"text": f"document number {i}: " + "and the earth was without form " * 8}) + "\n")
+        f.write("{not json\n")
+    proc = subprocess.run([sys.executable, "-m", "idattn.data.prepare", f"--source={src}", f"--out={tmp_path / 'o'}",
+                           option, "--num_proc=0"], cwd=str(tmp_path), env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
+    assert last == (f"prepare: refused: {src}:41: not a JSON object (Expecting property name enclosed in double "
+                    "quotes: line 1 column 2 (char 1)); JSON Lines need one object a line."), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()

@@ -38,6 +38,8 @@ TEMPLATE = """#!/bin/bash
 set -euo pipefail
 {setup}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+# a dead task: srun --kill-on-bad-exit stops the others; jax.distributed's heartbeat bounds any collective wait
+export IDATTN_HEARTBEAT_TIMEOUT_S=${{IDATTN_HEARTBEAT_TIMEOUT_S:-60}}
 echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes x $SLURM_NTASKS_PER_NODE tasks on $SLURM_JOB_NODELIST"
 rc=0
 srun --kill-on-bad-exit=1 {python} -m idattn.train --distributed=on {train_args} || rc=$?
