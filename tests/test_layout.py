@@ -73,10 +73,10 @@ def test_wheel_install_runs_the_documented_commands_from_anywhere(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     env.update(JAX_PLATFORMS="cpu", ALLOW_MULTIPLE_LIBTPU_LOAD="1", IDATTN_CACHE=str(tmp_path / "cache"))
 
-    def run(*args, timeout=900):
+    def run(*args, timeout=900, ok=(0,)):
         p = subprocess.run([py, "-m", *args], cwd=str(elsewhere), env=env, capture_output=True, text=True,
                            timeout=timeout)
-        assert p.returncode == 0, f"{args}: rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
+        assert p.returncode in ok, f"{args}: rc={p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-3000:]}"
         return p.stdout
 
     tiny = ["--config.data.tokenizer=train:512", "--config.model.vocab_size=512", "--config.model.dtype=float32",
@@ -84,8 +84,9 @@ def test_wheel_install_runs_the_documented_commands_from_anywhere(tmp_path):
             "--config.train.warmup_steps=1", "--config.train.eval_batches=1", "--config.data.prefetch=0"]
     out = run("idattn.train", "--config=experiments/scaling.py:softmax,tiny", "--workdir=run", *tiny)
     assert "validation step 2" in out
-    out = run("idattn.quickstart", "--workdir=qs", "--steps=2", "--mixers=softmax", "--fresh")
-    assert "Softmax" in out
+    # 2 steps cannot pass the quickstart's quality gate (exit 1 with FAIL); what matters here is that it runs
+    out = run("idattn.quickstart", "--workdir=qs", "--steps=2", "--mixers=softmax", "--fresh", ok=(0, 1))
+    assert "| Softmax | 688,768 |" in out and os.path.exists(elsewhere / "qs" / "quickstart.png")
     out = run("idattn.repro", "ppl", "--toy", "--root=repro", "--only=interdomain", "--train_dt=paper")
     assert os.path.exists(elsewhere / "repro" / "ppl-toy.md")
     out = run("idattn.bench", "op", "--shapes=2,8,4", "--seqs=32", "--tokens=64", "--impls=chunked",
