@@ -17,21 +17,10 @@ import time
 
 import numpy as np
 
-PEAK_TFLOPS = {  # bf16 dense, per device
-    "H200": 989.0, "H100": 989.0, "A100": 312.0, "L40S": 362.0, "RTX 6000 Ada": 364.0, "A6000": 155.0,
-    "TPU v4": 275.0, "TPU v5 lite": 197.0, "TPU v5e": 197.0, "TPU v5p": 459.0, "TPU v6 lite": 918.0,
-    "TPU v6e": 918.0,
-}
-
-
 def peak_flops(device, override=None):
-    if override:
-        return override * 1e12
-    kind = getattr(device, "device_kind", "")
-    for k, v in PEAK_TFLOPS.items():
-        if k.lower() in kind.lower():
-            return v * 1e12
-    return None
+    """The trainer's peak table (idattn.train.metrics.PEAK_TFLOPS), so bench and trainer report the same MFU."""
+    from idattn.train.metrics import peak_flops_per_device
+    return peak_flops_per_device(getattr(device, "device_kind", ""), float(override or 0.0))
 
 
 def _timeit(fn, n, warmup):
@@ -50,12 +39,14 @@ def _timeit(fn, n, warmup):
 
 
 def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None, overrides=()):
+    """Tokens/s and MFU of the trainer's own jitted step (idattn.train.trainer.build_setup: the same loss,
+    optimiser groups, clipping, sharding and donation as `python -m idattn.train`) on all local devices."""
     import jax
-    import jax.numpy as jnp
-    import optax
 
     from idattn.configs.scaling import get_config
-    from idattn.models import build_model, flops_per_token
+    from idattn.models import flops_per_token
+    from idattn.train import sharding as shd
+    from idattn.train.trainer import build_setup
 
     cfg = get_config(f"{mixer},{size}")
     for kv in overrides:
@@ -63,30 +54,23 @@ def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None
         sect, key = k.split(".", 1) if "." in k else ("model", k)
         cur = cfg[sect][key]
         cfg[sect][key] = type(cur)(v) if not isinstance(cur, bool) else v.lower() in ("1", "true", "yes")
-    model = build_model(cfg.model)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch, seq_len + 1)),
-                         jnp.int32)
-    params = jax.jit(model.init)(jax.random.PRNGKey(0), tokens[:, :-1])["params"]  # eager init: op by op
-    opt = optax.adamw(1e-4, weight_decay=0.1)
-    opt_state = opt.init(params)
+    cfg.data.seq_len, cfg.train.batch_size = int(seq_len), int(batch)
+    mesh = shd.make_mesh(cfg.mesh)
+    setup = build_setup(cfg, mesh)
+    rng = np.random.default_rng(0)
+    toks = rng.integers(0, cfg.model.vocab_size, (batch, seq_len + 1)).astype(np.int32)
+    local = {"inputs": toks[:, :-1], "targets": toks[:, 1:], "segment_ids": np.ones((batch, seq_len), np.int32),
+             "positions": np.tile(np.arange(seq_len, dtype=np.int32), (batch, 1)),
+             "loss_mask": np.ones((batch, seq_len), np.float32)}
+    with setup.context():
+        state = {"s": setup.init(jax.random.PRNGKey(0))}
+        batch_arrays = shd.global_batch_from_full(local, mesh)
 
-    def loss_fn(p, toks):
-        logits = model.apply({"params": p}, toks[:, :-1])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, toks[:, 1:]).mean()
+        def run():
+            state["s"], m = setup.train(state["s"], batch_arrays)
+            return m["loss"]
 
-    @jax.jit
-    def step(p, s, toks):
-        loss, g = jax.value_and_grad(loss_fn)(p, toks)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
-
-    state = {"p": params, "s": opt_state}
-
-    def run():
-        state["p"], state["s"], loss = step(state["p"], state["s"], tokens)
-        return loss
-
-    sec = _timeit(run, repeats, warmup)
+        sec = _timeit(run, repeats, warmup)
     tps = batch * seq_len / sec
     fpt = flops_per_token(cfg.model, seq_len)
     pk = peak_flops(jax.devices()[0], peak)
