@@ -407,7 +407,9 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     except (validate.ConfigError, ValueError, FileNotFoundError) as e:
         raise TrainingError(str(e)) from e
     other_diffs = check_resume_compatible(workdir, config)
-    branch = _check_branch(config, workdir) if t.get("branch_from") else None
+    # a branch is read once, into an empty workdir; its resumes do not need the trunk any more
+    branch = (_check_branch(config, workdir) if t.get("branch_from") and not ckpt.committed_steps(workdir)
+              else None)
     if t.init_from and os.path.abspath(t.init_from) == workdir:
         raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
@@ -493,8 +495,6 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
         log(f"warning: branching at step {step}: the source run's LR there is {old_lr:.3e}, this run's {new_lr:.3e} "
             f"(a decay branch should start where the source's stable phase is: train.schedule=wsd with "
             f"num_steps - decay_steps = {step})")
-    if ckpt.committed_steps(workdir):
-        log(f"note: {workdir} already holds checkpoints; it resumes from them, branch_from is not used again")
     return src, step
 
 
