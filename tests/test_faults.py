@@ -79,6 +79,18 @@ def test_digest_detects_every_single_bit_flip_and_reordering():
     assert "non-finite" in integrity.verify(dict(tree, w=tree["w"] * np.nan), None, "params")
 
 
+def test_checkpoint_writer_refuses_a_non_finite_state(tmp_path):
+    from idattn.train.step import TrainState
+    state = TrainState(step=np.int32(3), params={"w": np.array([1.0, np.nan], np.float32)},
+                       opt_state={"mu": np.zeros(2, np.float32)})
+    mngr = ckpt.make_manager(str(tmp_path), T.tiny_config().train)
+    with pytest.raises(ckpt.NonFiniteState, match=r"step 3 holds non-finite values .*\['w'\].*; not saved"):
+        ckpt.save(mngr, 3, state, {"pos": 1}, {})
+    mngr.wait_until_finished()
+    mngr.close()
+    assert committed_steps(str(tmp_path)) == []
+
+
 def _flip_bit(path, at=0.5):
     with open(path, "r+b") as f:
         data = bytearray(f.read())
@@ -164,7 +176,7 @@ def test_resume_after_fallback_reproduces_the_straight_run(tmp_path, finished, e
 @pytest.mark.slow
 def test_second_trainer_on_a_workdir_is_refused_and_the_first_is_unharmed(tmp_path, env):
     wd = str(tmp_path / "shared")
-    slow = dict(env, IDATTN_DEBUG_STEP_SLEEP="0.3")
+    slow = dict(env, IDATTN_DEBUG_STEP_SLEEP="1.5")  # 30 s of steps: longer than a loaded machine's start-up
     start = lambda extra=(): subprocess.Popen(T.train_command(wd, extra=extra), cwd=T.REPO, env=slow,  # noqa: E731
                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     a, b = start(), start()  # at once: exactly one takes the lease
@@ -182,6 +194,7 @@ def test_second_trainer_on_a_workdir_is_refused_and_the_first_is_unharmed(tmp_pa
     saved_config = open(os.path.join(wd, "config.json")).read()
     late = subprocess.run(T.train_command(wd, extra=["--config.train.log_every=2"]), cwd=T.REPO, env=env,
                           capture_output=True, text=True, timeout=240)
+    assert winner.poll() is None, "the first run ended before the second started: the test proves nothing"
     assert late.returncode == 1 and f"pid {winner.pid}" in late.stderr, late.stderr[-2000:]
     out, err = winner.communicate(timeout=240)
     assert winner.returncode == 0, err[-3000:]

@@ -45,6 +45,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written, read or verified; the message says which and what survived."""
 
 
+class NonFiniteState(CheckpointError):
+    """`save` was given a state with NaN/Inf; nothing was written."""
+
+
 # ------------------------------------------------------------------------------------------------ data state
 class DataStateHandler(ocp.CheckpointHandler):
     """Writes each host's data-iterator state (JSON-able value captured at save time) to its own file."""
@@ -154,8 +158,11 @@ def save(mngr: ocp.CheckpointManager, step: int, state, data_state, meta: dict, 
     """Saves `state` at `step` with digests of every array and of the data state in its meta."""
     from idattn.train import integrity
     data_json = _to_jsonable(data_state)
-    digests = {"algorithm": integrity.ALGORITHM, "params": integrity.state_digests(state.params),
-               "opt_state": integrity.state_digests(state.opt_state), "data": integrity.json_digest(data_json)}
+    (p_dig, p_bad), (o_dig, o_bad) = integrity.summarize(state.params), integrity.summarize(state.opt_state)
+    if p_bad or o_bad:  # never reached through the trainer's step (train/step.py); checked here all the same
+        raise NonFiniteState(f"the state at step {step} holds non-finite values ({(p_bad + o_bad)[:3]}); not saved")
+    digests = {"algorithm": integrity.ALGORITHM, "params": p_dig, "opt_state": o_dig,
+               "data": integrity.json_digest(data_json)}
     args = ocp.args.Composite(params=ocp.args.StandardSave(state.params),
                               opt_state=ocp.args.StandardSave(state.opt_state),
                               meta=ocp.args.JsonSave(dict(meta, step=int(step), digests=digests)),

@@ -682,6 +682,9 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
         try:
             ckpt.save(mngr, s, state, data_state, {"time": time.time(), "loss": summary["loss"],
                                                    "bad_steps": bad_steps}, force=force)
+        except ckpt.NonFiniteState as e:
+            raise TrainingError(f"{e}. Stopping; last finite checkpoint: {last_committed()}. Lower "
+                                f"train.peak_lr or check the data, then rerun.") from e
         except Exception as e:
             raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
                                 f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
