@@ -1,7 +1,7 @@
 """The operator's paths on a device mesh: Interdomain, S4D-only and a linear-readout cube cell on a 2x2x2
 (data, fsdp, tensor) mesh of 8 fake CPU devices match one device, with impl="chunked" (XLA partitions it) and
 impl="pallas" (the kernels in interpret mode, run inside shard_map over the batch and head axes; Interdomain only:
-the linear readout runs the same convolution for every impl); and every one
+the linear readout runs the same convolution for every impl); and (under -m slow) every one
 of the eight cube cells takes a training step on that mesh.
 
 One subprocess (8 fake devices must be set before jax starts), one jit per (mixer, impl, mesh); the one-device
@@ -89,21 +89,26 @@ def loss_and_grads(cases, devices, params):
     return out, jaxpr
 
 
-mixers = sys.argv[1].split(",")
-params = {m: init_params(config(m, "chunked", (1, 1, 1))) for m in mixers}
-one, _ = loss_and_grads([(m, "chunked", (1, 1, 1)) for m in mixers], jax.devices()[:1], params)
-# impl="pallas" only where it selects other code: the linear readout is a causal convolution for every impl
-# (idattn.layers.interdomain), so its "pallas" program would be its chunked one compiled twice.
-pairs = [(m, impl) for m in mixers for impl in ("chunked", "pallas") if impl == "chunked" or "query" in m
-         or m == "interdomain"]
-mesh_out, jaxpr = loss_and_grads([(m, impl, (2, 2, 2)) for m, impl in pairs], jax.devices(), params)
-out = {"grads": {}, "cells": {}, "shard_map": "shard_map" in jaxpr, "pallas_call": "pallas_call" in jaxpr}
-for m, impl in pairs:
-    out["grads"][f"{m}/{impl}"] = {"one": one[f"{m}/chunked"], "mesh": mesh_out[f"{m}/{impl}"]}
+mixers = [m for m in sys.argv[1].split(",") if m]
+out = {"grads": {}, "cells": {}}
+if mixers:
+    params = {m: init_params(config(m, "chunked", (1, 1, 1))) for m in mixers}
+    one, _ = loss_and_grads([(m, "chunked", (1, 1, 1)) for m in mixers], jax.devices()[:1], params)
+    # impl="pallas" only where it selects other code: the linear readout is a causal convolution for every impl
+    # (idattn.layers.interdomain), so its "pallas" program would be its chunked one compiled twice.
+    pairs = [(m, impl) for m in mixers for impl in ("chunked", "pallas") if impl == "chunked" or "query" in m
+             or m == "interdomain"]
+    mesh_out, jaxpr = loss_and_grads([(m, impl, (2, 2, 2)) for m, impl in pairs], jax.devices(), params)
+    out.update(shard_map="shard_map" in jaxpr, pallas_call="pallas_call" in jaxpr)
+    for m, impl in pairs:
+        out["grads"][f"{m}/{impl}"] = {"one": one[f"{m}/chunked"], "mesh": mesh_out[f"{m}/{impl}"]}
 
 # The other cube cells: one optimiser step each on the mesh, all in one program.
 from idattn.train.step import TrainState
-cells = sys.argv[2].split(",")
+cells = [c for c in sys.argv[2].split(",") if c]
+if not cells:
+    print("RESULT" + json.dumps(out))
+    sys.exit(0)
 setups, states, p0s = [], [], []
 for mixer in cells:
     cfg = config(mixer, "auto", (2, 2, 2))
@@ -128,15 +133,24 @@ print("RESULT" + json.dumps(out))
 GRAD_MIXERS = ("interdomain", "s4d_only", "dualkv-linear-rope")
 
 
-@pytest.fixture(scope="module")
-def mesh_run(tmp_path_factory):
-    from idattn.models.spec import cube_cells
-    cells = [c for c in cube_cells() if c not in ("dualkv-query-rope", "generic-linear-norope", "dualkv-linear-rope")]
+def _run_script(tmp_path_factory, mixers, cells):
     env = dict(T.cached_env(tmp_path_factory.getbasetemp()), XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(GRAD_MIXERS), ",".join(cells)], cwd=T.REPO,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, ",".join(mixers), ",".join(cells)], cwd=T.REPO,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def mesh_run(tmp_path_factory):
+    return _run_script(tmp_path_factory, GRAD_MIXERS, [])
+
+
+@pytest.fixture(scope="module")
+def mesh_cells(tmp_path_factory):
+    from idattn.models.spec import cube_cells
+    cells = [c for c in cube_cells() if c not in ("dualkv-query-rope", "generic-linear-norope", "dualkv-linear-rope")]
+    return _run_script(tmp_path_factory, [], cells)
 
 
 @pytest.mark.parametrize("mixer,impl", [(m, "chunked") for m in GRAD_MIXERS] + [("interdomain", "pallas")])
@@ -157,9 +171,10 @@ def test_mesh_2x2x2_loss_and_grads_match_one_device(mesh_run, mixer, impl):
         assert mesh_run["pallas_call"] and mesh_run["shard_map"]
 
 
-def test_every_cube_cell_trains_on_the_mesh(mesh_run):
+@pytest.mark.slow  # a second program of five train steps on 8 devices: most of this file's compile time
+def test_every_cube_cell_trains_on_the_mesh(mesh_cells):
     """The five cells not covered above take one optimiser step on the 2x2x2 mesh: finite loss, parameters move."""
-    cells = mesh_run["cells"]
+    cells = mesh_cells["cells"]
     assert len(cells) + len(GRAD_MIXERS) == 8
     for name, r in cells.items():
         assert np.isfinite(r["loss"]) and r["loss"] > 1.0, (name, r)

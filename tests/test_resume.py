@@ -74,6 +74,8 @@ def test_sigkill_then_rerun_matches_straight_run(tmp_path, env, straight):
     _check_resumed(wd, rerun.stdout + rerun.stderr, straight, min_step=10)
 
 
+@pytest.mark.slow  # the default suite's budget; tests/test_faults.py's slow launcher test also stops runs with
+# SIGTERM (one process and through the launcher) and checks the resumed losses
 def test_sigterm_saves_and_rerun_matches(tmp_path, env, straight):
     wd = str(tmp_path / "term")
     slow, proc = _start_slow(wd, env)
