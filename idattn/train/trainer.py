@@ -408,6 +408,9 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         raise TrainingError(str(e)) from e
     other_diffs = check_resume_compatible(workdir, config)
     # a branch is read once, into an empty workdir; its resumes do not need the trunk any more
+    if t.get("branch_from") and _branch_source(str(t.branch_from)) == workdir:
+        raise TrainingError(f"config.train.branch_from={t.branch_from!r} is the workdir itself; branch into a new "
+                            f"--workdir")
     branch = (_check_branch(config, workdir) if t.get("branch_from") and not ckpt.committed_steps(workdir)
               else None)
     if t.init_from and os.path.abspath(t.init_from) == workdir:
@@ -465,6 +468,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     finally:
         if lease is not None:
             lease.release()
+
+
+def _branch_source(spec: str) -> str:
+    src, _, step_s = spec.rpartition(":")
+    return os.path.abspath(src if step_s.isdigit() else spec)
 
 
 def _check_branch(config, workdir: str) -> tuple[str, int]:
