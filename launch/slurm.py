@@ -1,9 +1,6 @@
 #!/usr/bin/env python
-"""
-
-The launcher lives in the package (idattn/launch/slurm.py, also `python -m idattn.launch.slurm`); this script is
-the documented path and re-exports it.
-"""
+"""The documented path of the launcher in idattn/launch/slurm.py (its docstring says how to run it); everything is
+re-exported from there, so that an installed wheel runs the same launcher."""
 import sys
 
 from idattn.launch import slurm as _module

@@ -1,9 +1,6 @@
 #!/usr/bin/env python
-"""
-
-The launcher lives in the package (idattn/launch/tpu.py, also `python -m idattn.launch.tpu`); this script is
-the documented path and re-exports it.
-"""
+"""The documented path of the launcher in idattn/launch/tpu.py (its docstring says how to run it); everything is
+re-exported from there, so that an installed wheel runs the same launcher."""
 import sys
 
 from idattn.launch import tpu as _module
