@@ -32,7 +32,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from idattn.models.inference import load_model
+from idattn.rundir.loading import load_model
 from idattn.models.spec import ModelSpec, spec_from_config
 
 IDATTN_CONFIG = "idattn_config.json"
@@ -163,9 +163,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
+    """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.cli import define_model_flags
+    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("out", None, "output folder")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
@@ -182,7 +182,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from idattn.cli import run_app  # a --config.<key> typo: one readable line
+    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
 
     define_flags()
     run_app(main)

@@ -4,7 +4,7 @@
         [--temperature=0.8 --top_p=0.95 --seed=0] [--out=gen.json]
     python -m idattn.generate --config=experiments/scaling.py:interdomain,tiny --tokenizer=bytes --prompt=abc
 
-`--workdir` loads the latest checkpoint with `idattn.train.checkpoint.load_params`; `--config` builds the model
+`--workdir` loads the latest checkpoint with `idattn.rundir.load_params`; `--config` builds the model
 with random parameters (`--seed`). Greedy when `--temperature=0` (default), else temperature / nucleus
 (top-p) sampling. The prompt is prefilled in chunks of `--prefill_chunk` tokens, then decoded one token at a
 time (`idattn.models.decoding`). `--tokenizer` overrides config.data.tokenizer; `bytes` is UTF-8 bytes as ids
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 from absl import app, flags, logging
 
 
-from idattn.models.inference import check_ids, encode, get_tokenizer, load_model  # noqa: E402
+from idattn.data.tokenizer import check_ids, encode, get_tokenizer
+from idattn.rundir.loading import load_model  # noqa: E402
 
 
 _CONFIG = None
@@ -28,9 +29,9 @@ FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
+    """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.cli import define_model_flags
+    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("prompt", "", "prompt text")
     flags.DEFINE_string("prompt_ids", None, "comma-separated prompt token ids (instead of --prompt)")
@@ -77,7 +78,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from idattn.cli import run_app  # a --config.<key> typo: one readable line
+    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
 
     define_flags()
     run_app(main)

@@ -75,7 +75,7 @@ def main(argv, config_flag):
 
 
 if __name__ == "__main__":
-    from idattn.cli import run_app  # a --config.<key> typo: one readable line
+    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
 
     # Defined here, not at import: `report` is imported by tests and tools beside other CLIs that define --config.
     _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config, e.g. "

@@ -15,16 +15,17 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
 
-from idattn.models.inference import check_ids, encode, get_tokenizer, load_model
+from idattn.data.tokenizer import check_ids, encode, get_tokenizer
+from idattn.rundir.loading import load_model
 
 _CONFIG = None
 FLAGS = flags.FLAGS
 
 
 def define_flags() -> None:
-    """The CLI's flags, defined when run as a CLI (idattn.cli.define_model_flags says why)."""
+    """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.cli import define_model_flags
+    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("text", None, "text to score")
     flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
@@ -66,7 +67,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from idattn.cli import run_app
+    from idattn.configs.flags import run_app
 
     define_flags()
     run_app(main)

@@ -10,7 +10,7 @@ import pytest
 
 from idattn.eval import harness
 from idattn.eval.datasets import write_jsonl
-from idattn.eval.schema import read_results
+from idattn.rundir.schema import read_results
 from tests.eval_fixtures import ARC, BOOLQ, HELLASWAG, LAMBADA, OPENBOOKQA, PIQA, SIQA, WIKITEXT, WINOGRANDE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,7 +59,7 @@ class _Reference:
         import jax.numpy as jnp
         from flax import linen as nn
 
-        from idattn.eval.__main__ import load_config_file
+        from idattn.configs import load_config_file
         from idattn.models import build_model
 
         config = load_config_file(cfg_spec)
@@ -95,7 +95,7 @@ def _rolling_ll(ref, bos, toks, L=64):
 def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     import re
 
-    from idattn import results
+    from idattn.studies import results
     from idattn.data.tokenizer import load_tokenizer
     from idattn.eval.__main__ import main
 
@@ -169,7 +169,8 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     # the trainer's token count (eval_batches x batch x seq_len) whatever --batch_size; a file of its own
     assert main([f"--workdir={wd}", "--suite=validation", "--random_init", f"--config={cfg}:interdomain",
                  "--batch_size=3", "--quiet"]) == 0
-    from idattn.eval.__main__ import load_config_file, trainer_val_rows
+    from idattn.configs import load_config_file
+    from idattn.eval.__main__ import trainer_val_rows
     c = load_config_file(f"{cfg}:interdomain")
     rows = trainer_val_rows(c)
     v2 = [r for r in read_results(wd, "validation") if r["protocol"]["corpus"] == "kjv.val"][0]

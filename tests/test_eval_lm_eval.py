@@ -71,7 +71,7 @@ def test_adapter_command_runs_local_task_yaml(tmp_path):
     from idattn.eval import harness
     from idattn.eval.scoring import model_score_fn
     from idattn.models import build_model
-    from idattn.train.checkpoint import load_params
+    from idattn.rundir.loading import load_params
 
     config, params = load_params(wd)
     m, _ = harness.evaluate_task("piqa", docs[:5], model_score_fn(build_model(config.model), params),

@@ -25,8 +25,9 @@ import numpy as np
 import pytest
 
 from idattn.train import checkpoint as ckpt
-from idattn.train import integrity, lease as lease_lib, optim, testing as T, validate
-from idattn.train.checkpoint import committed_steps
+from idattn.rundir import integrity, layout, loading
+from idattn.train import lease as lease_lib, optim, testing as T, validate
+from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -129,7 +130,7 @@ DAMAGE = {
 def abstract_state(finished, env):
     os.environ.setdefault("IDATTN_CACHE", env["IDATTN_CACHE"])
     from idattn.train import sharding as shd, trainer
-    config = ckpt.load_config(finished[0])
+    config = layout.load_config(finished[0])
     return trainer.build_setup(config, shd.make_mesh(config.mesh)).abstract_state, config
 
 
@@ -149,7 +150,7 @@ def test_damaged_latest_checkpoint_is_moved_aside_and_the_run_falls_back(tmp_pat
     mngr.close()
     assert step == 15 and meta["step"] == 15
     assert committed_steps(wd) == [10, 15]
-    moved = glob.glob(os.path.join(wd, ckpt.REJECTED_DIR, "20.*"))
+    moved = glob.glob(os.path.join(wd, layout.REJECTED_DIR, "20.*"))
     assert len([m for m in moved if not m.endswith(".reason.txt")]) == 1, moved  # kept, not deleted
     reason = open([m for m in moved if m.endswith(".reason.txt")][0]).read()
     assert any(w in reason for w in ("checksum mismatch", "unreadable", "non-finite", "data:")), reason
@@ -334,16 +335,16 @@ def test_schedule_change_is_refused_and_the_best_checkpoint_survives_rotation(tm
     assert "the LR schedule changes under the run (train.num_steps): the next update (step 20) would use LR" \
         in refused.stderr and "allow_schedule_change=true" in refused.stderr, refused.stderr[-2000:]
     assert open(os.path.join(wd, "config.json")).read() == saved_config and committed_steps(wd) == [10, 15, 20]
-    best0 = ckpt.best_info(wd)
+    best0 = layout.best_info(wd)
     assert best0["step"] == 20
     T.run_train(wd, overrides={"train.num_steps": 30, "train.allow_schedule_change": True, "train.keep_last": 1,
                                "train.eval_every": 5}, env=env)
     assert committed_steps(wd) == [30]  # rotation kept one ...
     vals = {json.load(open(p))["step"]: json.load(open(p))["metrics"]["loss"]
             for p in glob.glob(os.path.join(wd, "eval", "validation-step*.json"))}
-    best = ckpt.best_info(wd)
+    best = layout.best_info(wd)
     assert best["val_loss"] == pytest.approx(min(vals.values())) and best["step"] == min(vals, key=vals.get)
-    config, params = ckpt.load_params(wd, "best")  # ... and the best is still there, verified
+    config, params = loading.load_params(wd, "best")  # ... and the best is still there, verified
     assert jax.tree.leaves(params)
     assert os.path.exists(os.path.join(wd, "config.history", "config.step20.json"))
     assert json.load(open(os.path.join(wd, "config.json")))["train"]["num_steps"] == 30

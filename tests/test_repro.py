@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from idattn import repro
+from idattn.studies import repro
 from idattn.eval import paper_numbers as P
 
 

@@ -6,9 +6,9 @@ import os
 
 import numpy as np
 
-from idattn import results
+from idattn.studies import results
 from idattn.eval import paper_numbers as P
-from idattn.eval.schema import write_result
+from idattn.rundir.schema import write_result
 
 
 def test_paper_numbers_are_consistent():
@@ -120,7 +120,7 @@ def test_run_identity_from_trainer_config(tmp_path):
     """The trainer's validation records carry no size / seq_len: they come from the saved config."""
     import importlib.util
 
-    from idattn.train.checkpoint import save_config
+    from idattn.rundir.layout import save_config
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "scaling.py")
     spec = importlib.util.spec_from_file_location("_scaling_cfg_results", path)  # by path: any working directory

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from idattn.train import testing as T
-from idattn.train.checkpoint import committed_steps
+from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -15,12 +15,12 @@ import os
 import numpy as np
 import pytest
 
-from idattn import scaling as S
+from idattn.studies import scaling as S
 from idattn.configs import base_config
-from idattn.eval.schema import write_result
-from idattn.shapes import cpu_shape, non_embedding_params
-from idattn.sweep import make_run
-from idattn.train.checkpoint import save_config
+from idattn.rundir.schema import write_result
+from idattn.configs.sizes import cpu_shape, non_embedding_params
+from idattn.configs.runs import make_run
+from idattn.rundir.layout import save_config
 
 TRUTH = {
     "softmax": dict(E=1.8, A=60.0, alpha=0.30, B=300.0, beta=0.32),

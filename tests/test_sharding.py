@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from idattn.train import testing as T
-from idattn.train.checkpoint import committed_steps
+from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 

@@ -1,4 +1,4 @@
-"""Shape rules (idattn.shapes), sweep files and the sweep runner (idattn.sweep).
+"""Shape rules (idattn.configs.sizes), sweep files and the sweep runner (idattn.sweep).
 
 The local runner is tested with a stand-in trainer (a tiny script given as --python) that writes the files
 the real trainer writes (config.json, metrics.jsonl, eval/validation-step<N>.json), so that skipping finished
@@ -17,7 +17,9 @@ from contextlib import redirect_stdout
 
 import pytest
 
-from idattn import shapes, sweep
+from idattn.configs import sizes as shapes
+from idattn.configs import runs
+from idattn.studies import sweep
 from idattn.configs import base_config
 from idattn.models.counting import count_params_closed
 
@@ -27,11 +29,14 @@ PAPER_SWEEP = os.path.join(REPO, "experiments", "sweeps", "paper_sizes.py")
 ISO_SWEEP = os.path.join(REPO, "experiments", "sweeps", "paper_isoflop.py")
 
 
-def _scaling_sizes():
-    spec = importlib.util.spec_from_file_location("_exp_scaling", os.path.join(REPO, "experiments", "scaling.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.SIZES
+# The paper's shapes (App. A.1 / Table 3: GPT-3's widths and depths, 32 heads of 64 at 1.3B; SwiGLU hidden
+# (2/3)·4d rounded up to 128), written out here independently of the rules in idattn/configs/sizes.py.
+PAPER_SHAPES = {
+    "125m": dict(d_model=768, num_layers=12, num_heads=12, head_dim=64, ffn_dim=2048),
+    "350m": dict(d_model=1024, num_layers=24, num_heads=16, head_dim=64, ffn_dim=2816),
+    "760m": dict(d_model=1536, num_layers=24, num_heads=16, head_dim=96, ffn_dim=4096),
+    "1.3b": dict(d_model=2048, num_layers=24, num_heads=32, head_dim=64, ffn_dim=5504),
+}
 
 
 # Paper Table 3, softmax column (exact).
@@ -41,8 +46,8 @@ TABLE3_SOFTMAX = {"125m": 134_105_856, "350m": 373_867_520, "760m": 777_856_512,
 @pytest.mark.parametrize("size", shapes.PAPER_SIZES)
 def test_shape_rules_reproduce_the_paper_sizes(size):
     got = shapes.paper_shape(shapes.PAPER_WIDTHS[size])
-    want = _scaling_sizes()[size]
-    assert got == {k: want[k] for k in got}, (size, got, want)
+    want = PAPER_SHAPES[size]
+    assert {k: got[k] for k in want} == want, (size, got, want)
     c = base_config()
     c.model.update(got)
     c.model.mixer = "softmax"
@@ -62,7 +67,7 @@ def test_shape_rules_between_and_beyond():
 
 
 def test_cpu_sweep_names_and_isoflop_budgets():
-    configs = sweep.load_sweep(CPU_SWEEP)
+    configs = runs.load_sweep(CPU_SWEEP)
     names = [c.sweep.name for c in configs]
     assert len(configs) == 30 and len(set(names)) == 30
     assert names[6:9] == ["cpu-iso-softmax-d32L1-C3e10", "cpu-iso-interdomain-d32L1-C3e10",
@@ -75,7 +80,7 @@ def test_cpu_sweep_names_and_isoflop_budgets():
         # D = C / (6N) to within half a step
         assert abs(c.sweep.tokens - c.sweep.compute / (6 * n)) <= tps / 2 + 1e-6, c.sweep.name
         assert c.model.mixer == c.sweep.mixer
-    mod = sweep.load_sweep_module(CPU_SWEEP)
+    mod = runs.load_sweep_module(CPU_SWEEP)
     one = mod.get_config(names[5])  # what `python -m idattn.train --config=<file>:<name>` trains
     assert one.to_dict() == configs[5].to_dict()
     with pytest.raises(ValueError, match="no run named"):
@@ -107,11 +112,11 @@ def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
     rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--dry_run", "--set", "data.source=kjv"])
     assert rc == 0 and "--config.data.source=kjv" in out and "arrayrecord" not in out
     # a config that leaves data.source unset (experiments/scaling.py's paper sizes) is refused the same way
-    unset = sweep.load_sweep(PAPER_SWEEP)[:1]
+    unset = runs.load_sweep(PAPER_SWEEP)[:1]
     unset[0].data.source = ""
     with pytest.raises(SystemExit, match="--data_path"):
         sweep.data_flags(unset, "")
-    configs = sweep.load_sweep(ISO_SWEEP)
+    configs = runs.load_sweep(ISO_SWEEP)
     assert {c.sweep.size for c in configs} >= {"125m", "350m", "760m", "1.3b"}
 
 
@@ -214,7 +219,7 @@ def test_wsd_branches_plan_one_trunk_per_size_and_branch_points_it_keeps(tmp_pat
     """--wsd_branches: per (mixer, size) the largest budget is a WSD trunk that pins the branch points; each
     smaller budget S branches at S - D (D = round(0.2 S)) and decays over its last D steps."""
     from idattn.train import optim
-    configs = sweep.load_sweep(CPU_SWEEP)
+    configs = runs.load_sweep(CPU_SWEEP)
     root = str(tmp_path / "root")
     ordered, flags = sweep.wsd_branch_plan(configs, root)
     assert sorted(c.sweep.name for c in ordered) == sorted(c.sweep.name for c in configs)

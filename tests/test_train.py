@@ -21,7 +21,7 @@ import optax
 import pytest
 
 from idattn.train import optim, testing as T
-from idattn.train.checkpoint import committed_steps, diff_dicts
+from idattn.rundir.layout import committed_steps, diff_dicts
 from idattn.train.step import TrainState, make_loss_sums, make_train_step
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -144,7 +144,7 @@ def test_run_outputs(run_dir):
     assert committed_steps(wd) == [2, 4]
     cfg = json.load(open(os.path.join(wd, "config.json")))
     assert cfg["train"]["num_steps"] == 4 and cfg["model"]["vocab_size"] == 512
-    from idattn.eval.schema import read_results
+    from idattn.rundir.schema import read_results
     res = read_results(wd, "validation")
     assert [r["step"] for r in res] == [2, 4]
     for r in res:
@@ -155,7 +155,7 @@ def test_load_params_reproduces_validation(run_dir, env, monkeypatch):
     wd, _ = run_dir
     monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
     from idattn.data import pipeline, tokenizer as tl
-    from idattn.eval.schema import read_results
+    from idattn.rundir.schema import read_results
     from idattn.models import build_model
     from idattn.train import load_params
     config, params = load_params(wd)
@@ -225,7 +225,7 @@ def test_refuses_tokenizer_larger_than_vocab(tmp_path, env):
 def test_nonfinite_steps_are_never_applied_nor_checkpointed(tmp_path, env):
     """LR 1e30: the first bad step is dropped (train.max_bad_steps=1, logged and counted), the second stops the run
     naming the last checkpoint; every checkpoint written, the named one included, restores finite and verifies."""
-    from idattn.train.checkpoint import load_params
+    from idattn.rundir.loading import load_params
     wd = str(tmp_path / "nan")
     proc = T.run_train(wd, overrides={"train.peak_lr": 1e30, "train.warmup_steps": 0, "train.checkpoint_every": 1,
                                       "train.num_steps": 8, "train.max_bad_steps": 1}, env=env, check=False)

@@ -10,7 +10,7 @@ def main(argv=None):
         print("  op      interdomain_mix implementations vs causal softmax attention (ms, tok/s, temp memory)")
         print("  theory  LegS convergence table (idattn.ops.theory)")
         print("  model   training tok/s and MFU per mixer, decode tok/s vs context (needs flax)")
-        print("  checksum  cost of the checkpoint checksums vs one read of the state (idattn.train.integrity)")
+        print("  checksum  cost of the checkpoint checksums vs one read of the state (idattn.rundir.integrity)")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     cmd, rest = argv[0], argv[1:]
     if cmd == "op":

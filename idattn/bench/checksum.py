@@ -1,4 +1,4 @@
-"""Cost of the checkpoint checksums (idattn.train.integrity) next to a plain read of the same bytes.
+"""Cost of the checkpoint checksums (idattn.rundir.integrity) next to a plain read of the same bytes.
 
     python -m idattn.bench checksum [--params=134e6,374e6] [--repeats=3] [--leaves=16]
 
@@ -40,7 +40,7 @@ def _time(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    from idattn.train import integrity
+    from idattn.rundir import integrity
     p = argparse.ArgumentParser(prog="python -m idattn.bench checksum", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", default="134e6,374e6", help="comma-separated parameter counts")

@@ -43,17 +43,14 @@ def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None
     optimiser groups, clipping, sharding and donation as `python -m idattn.train`) on all local devices."""
     import jax
 
+    from idattn.configs import apply_overrides
     from idattn.configs.scaling import get_config
     from idattn.models import flops_per_token
     from idattn.train import sharding as shd
     from idattn.train.trainer import build_setup
 
     cfg = get_config(f"{mixer},{size}")
-    for kv in overrides:
-        k, v = kv.split("=", 1)
-        sect, key = k.split(".", 1) if "." in k else ("model", k)
-        cur = cfg[sect][key]
-        cfg[sect][key] = type(cur)(v) if not isinstance(cur, bool) else v.lower() in ("1", "true", "yes")
+    apply_overrides(cfg, [kv if "." in kv.split("=", 1)[0] else "model." + kv for kv in overrides])
     cfg.data.seq_len, cfg.train.batch_size = int(seq_len), int(batch)
     mesh = shd.make_mesh(cfg.mesh)
     setup = build_setup(cfg, mesh)
@@ -82,6 +79,7 @@ def decode_throughput(mixer, size, contexts, batch, steps=20):
     import jax
     import jax.numpy as jnp
 
+    from idattn.configs import apply_overrides
     from idattn.configs.scaling import get_config
     from idattn.models import build_model, decode_step, init_cache
 

@@ -19,11 +19,19 @@ Sections:
 """
 from __future__ import annotations
 
+import ast
+import difflib
+import importlib.util
 import os
+import sys
 
 import ml_collections
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class ConfigError(ValueError):
+    """A config key or value is wrong; the message is the one line the user sees."""
 
 
 def packaged_config(name: str) -> str:
@@ -55,6 +63,44 @@ def resolve_argv(argv: list[str]) -> list[str]:
             a = "--config=" + resolve_config_arg(a[len("--config="):])
         out.append(a)
     return out
+
+def load_config_file(spec: str):
+    """`path.py[:arg]` -> the ConfigDict of its get_config(arg) (a packaged recipe when the path is not here)."""
+    path, _, arg = resolve_config_arg(spec).partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--config={spec!r}: no file {path!r}; expected experiments/<file>.py[:<arg>].")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod.get_config(arg) if arg else mod.get_config()
+
+
+def apply_overrides(config, sets: list[str]):
+    """Each "KEY=VALUE" (eval's --set, the bench's overrides): the value is parsed as a Python literal when it is one (ints, floats, bools), else kept
+    as a string; the key must exist (refused with the keys that do, and the closest one)."""
+    for item in sets:
+        key, eq, raw = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. model.impl=chunked")
+        try:
+            val = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            val = raw
+        node, path = config, []
+        *parents, leaf = key.split(".")
+        for i, p in enumerate(parents + [leaf]):
+            if p not in node:
+                near = difflib.get_close_matches(p, list(node.keys()), n=1)
+                hint = f"; did you mean {'.'.join(path + near)!r}?" if near else ""
+                raise ConfigError(f"--set {key}: no config key {'.'.join(path + [p])!r}{hint} (keys there: "
+                                f"{', '.join(sorted(node.keys()))})")
+            if i < len(parents):
+                node = node[p]
+                path.append(p)
+        node[leaf] = val
+    return config
+
 
 # Logical axis names used by every parameter annotation (idattn.models.sharding) and their default mesh
 # mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.

@@ -49,7 +49,7 @@ def main(argv=None) -> None:
     ap.add_argument("--workdir", default="", help="write <workdir>/<mixer>/eval/recall-step*.json")
     args = ap.parse_args(argv)
     from idattn.eval.recall import train_mqar
-    from idattn.eval.schema import write_result
+    from idattn.rundir.schema import write_result
 
     rows = []
     for mixer in args.mixers.split(","):

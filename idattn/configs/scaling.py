@@ -21,26 +21,10 @@ from __future__ import annotations
 import ml_collections
 
 from idattn.configs import base_config
+from idattn.configs.sizes import PAPER_RECIPE, SIZE_ORDER, named_shape
 from idattn.models.spec import apply_mixer_name
 
-# d_model, layers, heads, head_dim, ffn (SwiGLU hidden = (2/3)·4d rounded up to 128), modes, vocab
-SIZES = {
-    "tiny": dict(d_model=64, num_layers=2, num_heads=4, head_dim=16, ffn_dim=256, num_modes=8, vocab_size=512),
-    "125m": dict(d_model=768, num_layers=12, num_heads=12, head_dim=64, ffn_dim=2048, num_modes=64, vocab_size=32000),
-    "350m": dict(d_model=1024, num_layers=24, num_heads=16, head_dim=64, ffn_dim=2816, num_modes=64,
-                 vocab_size=32000),
-    "760m": dict(d_model=1536, num_layers=24, num_heads=16, head_dim=96, ffn_dim=4096, num_modes=64,
-                 vocab_size=32000),
-    "1.3b": dict(d_model=2048, num_layers=24, num_heads=32, head_dim=64, ffn_dim=5504, num_modes=64,
-                 vocab_size=32000),
-}
-# Paper App. A.2: tokens, peak LR (warmup 375M tokens, cosine to 1e-5, batch 128 × 4096, SSM LR cap 1e-3).
-RECIPES = {
-    "125m": dict(total_tokens=2_500_000_000, peak_lr=3e-3),
-    "350m": dict(total_tokens=7_000_000_000, peak_lr=1.5e-3),
-    "760m": dict(total_tokens=15_000_000_000, peak_lr=1e-3),
-    "1.3b": dict(total_tokens=26_000_000_000, peak_lr=1e-3),
-}
+SIZES = {size: named_shape(size) for size in SIZE_ORDER}  # the one size table: idattn/configs/sizes.py
 
 
 def get_config(arg: str = "interdomain,125m") -> ml_collections.ConfigDict:
@@ -73,6 +57,6 @@ def get_config(arg: str = "interdomain,125m") -> ml_collections.ConfigDict:
         c.train.eval_every = 100
         c.train.eval_batches = 2
     else:
-        c.train.update(RECIPES[size])
+        c.train.update(PAPER_RECIPE[size])
         c.data.source = ""  # must be chosen on the command line (see the module docstring); refused while unset
     return c

@@ -221,6 +221,54 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
     return Tokenizer(path.read_bytes(), name=str(path))
 
 
+# ------------------------------------------------------------ tokenizers of the inference commands
+class ByteTokenizer:
+    """UTF-8 bytes as token ids 0..255 (no BOS/EOS); for random-init smoke runs and tests."""
+    vocab_size = 256
+    bos_id = None
+    eos_id = None
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+    def id_to_piece(self, i: int) -> str:
+        return bytes([int(i)]).decode("latin-1")
+
+
+def get_tokenizer(name: str | None, config=None):
+    """`bytes` -> ByteTokenizer; else idattn.data.tokenizer.load_tokenizer(name or config.data.tokenizer)."""
+    name = name or (config.data.tokenizer if config is not None else None)
+    if not name:
+        raise ValueError("tokenizer: none given; pass --tokenizer=<mistral|path.model|train:N|bytes>")
+    if name == "bytes":
+        return ByteTokenizer()
+    return load_tokenizer(name)
+
+
+def _bos(tok):
+    b = getattr(tok, "bos_id", None)
+    b = b() if callable(b) else b
+    return None if b is None or b < 0 else int(b)
+
+
+def encode(tok, text: str, add_bos: bool = True) -> list[int]:
+    ids = list(tok.encode(text))
+    bos = _bos(tok)
+    return ([bos] if add_bos and bos is not None else []) + ids
+
+
+
+
+def check_ids(ids, vocab_size: int, what: str = "prompt") -> None:
+    bad = [i for i in ids if not 0 <= int(i) < vocab_size]
+    if bad:
+        raise ValueError(f"{what}: token ids {bad[:5]} outside the model vocabulary [0, {vocab_size}); the "
+                         "tokenizer does not match the model (check --tokenizer)")
+
+
 def main(argv=None) -> int:
     """`python -m idattn.data.tokenizer train --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`."""
     import argparse

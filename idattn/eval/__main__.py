@@ -1,6 +1,6 @@
 """Evaluate a checkpoint: `python -m idattn.eval --workdir=DIR --suite=validation,extrapolation,harness,...`.
 
-Suites (each writes one JSON file under `<workdir>/eval/` through `idattn.eval.schema.write_result`):
+Suites (each writes one JSON file under `<workdir>/eval/` through `idattn.rundir.schema.write_result`):
   validation     token perplexity of the run's held-out split, packed exactly as the trainer validates
                  (`make_eval_batches`) and by default on the *same tokens* as the trainer's validation
                  (train.eval_batches x microbatch x data.seq_len), so the number equals the trainer's for the same
@@ -21,10 +21,10 @@ name is refused before anything is loaded or written.
 
 Files never replace the trainer's: the validation and extrapolation files carry their protocol in the name
 (`validation-<corpus>-t<tokens>-c<context>-b<batch>-step<step>.json`, `extrapolation-<corpora>-c<lengths>-...`;
-see idattn.eval.schema). Progress goes to stderr with an ETA; at the end a table of every number measured is
+see idattn.rundir.schema). Progress goes to stderr with an ETA; at the end a table of every number measured is
 printed (the same values as the JSON files, rounded to 4 decimals) followed by the files written.
 
-The checkpoint comes from `idattn.train.checkpoint.load_params(workdir, step)`; `--config=<file.py>:<arg>
+The checkpoint comes from `idattn.rundir.load_params(workdir, step)`; `--config=<file.py>:<arg>
 --random_init` evaluates a freshly initialised model instead (decode benchmarks, smoke tests; step -1).
 """
 from __future__ import annotations
@@ -36,6 +36,8 @@ import os
 import sys
 import time
 from typing import Any
+
+from idattn.configs import ConfigError, apply_overrides, load_config_file
 
 SUITES = ("validation", "extrapolation", "harness", "recall", "decode")
 
@@ -189,46 +191,8 @@ def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) 
 
 # ------------------------------------------------------------------------------------------------ config / run
 
-def load_config_file(spec: str):
-    """`path.py[:arg]` -> the ConfigDict of its get_config(arg) (a packaged recipe when the path is not here)."""
-    from idattn.configs import resolve_config_arg
-    path, _, arg = resolve_config_arg(spec).partition(":")
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"--config={spec!r}: no file {path!r}; expected experiments/<file>.py[:<arg>].")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    mod_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
-    mod = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(mod)
-    return mod.get_config(arg) if arg else mod.get_config()
 
 
-def apply_overrides(config, sets: list[str]):
-    """--set KEY=VALUE: the value is parsed as a Python literal when it is one (ints, floats, bools), else kept
-    as a string; the key must exist (refused with the keys that do, and the closest one)."""
-    import ast
-    import difflib
-
-    for item in sets:
-        key, eq, raw = item.partition("=")
-        if not eq:
-            raise EvalError(f"--set {item!r}: expected KEY=VALUE, e.g. model.impl=chunked")
-        try:
-            val = ast.literal_eval(raw)
-        except (ValueError, SyntaxError):
-            val = raw
-        node, path = config, []
-        *parents, leaf = key.split(".")
-        for i, p in enumerate(parents + [leaf]):
-            if p not in node:
-                near = difflib.get_close_matches(p, list(node.keys()), n=1)
-                hint = f"; did you mean {'.'.join(path + near)!r}?" if near else ""
-                raise EvalError(f"--set {key}: no config key {'.'.join(path + [p])!r}{hint} (keys there: "
-                                f"{', '.join(sorted(node.keys()))})")
-            if i < len(parents):
-                node = node[p]
-                path.append(p)
-        node[leaf] = val
-    return config
 
 
 def load_run(args) -> tuple[Any, Any, int]:
@@ -313,7 +277,7 @@ def format_number(v: float) -> str:
 
 def results_table(records: list[dict[str, Any]]) -> str:
     """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
-    from idattn.eval.schema import protocol_of
+    from idattn.rundir.schema import protocol_of
 
     lines = ["| suite | measured on | metric | value |", "|---|---|---|---|"]
     for rec in records:
@@ -354,7 +318,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return _main(args)
-    except EvalError as e:
+    except (EvalError, ConfigError) as e:
         print(f"eval: refused: {e}", file=sys.stderr)
         return 2
 
@@ -365,7 +329,7 @@ def _main(args) -> int:
 
     from idattn.data.tokenizer import load_tokenizer
     from idattn.eval import perplexity
-    from idattn.eval.schema import write_result
+    from idattn.rundir.schema import write_result
     from idattn.eval.scoring import model_score_fn, prefix_token
     from idattn.models import build_model
 

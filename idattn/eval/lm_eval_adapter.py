@@ -34,7 +34,7 @@ def _build(workdir: str, step: int | None, max_length: int | None):
     from idattn.data.tokenizer import load_tokenizer
     from idattn.eval.scoring import model_score_fn
     from idattn.models import build_model
-    from idattn.train.checkpoint import load_params
+    from idattn.rundir.loading import load_params
 
     config, params = load_params(workdir, step)
     model = build_model(config.model)

@@ -10,8 +10,15 @@
 Modes: --mode=per_gpu (default) runs one process per GPU (`--ntasks-per-node=G --gpus-per-task=1`);
 --mode=per_node runs one process per node that sees all its G GPUs. In both, `srun` starts the processes and
 `python -m idattn.train --distributed=on` calls `jax.distributed.initialize()`, which reads the coordinator,
-process count and process id from the SLURM environment (SLURM_JOB_NODELIST, SLURM_NTASKS, SLURM_PROCID,
-SLURM_LOCALID). `--signal=TERM@120` makes SLURM send SIGTERM 120 s before the time limit; the trainer saves a checkpoint and
+process count and process id from the SLURM environment (SLURM_STEP_NODELIST, SLURM_NTASKS, SLURM_PROCID,
+SLURM_LOCALID). The script exports IDATTN_LOCAL_DEVICES=one (per_gpu) or all (per_node), from which
+idattn/train/distributed.py passes each process its GPUs (`local_device_ids`; jax's own SLURM default gives
+every task one device numbered by its local id, wrong in both modes) and refuses a layout that cannot work.
+
+Environment on the nodes: `--module=X` (repeatable) adds `module load X` lines (e.g. a cluster's CUDA / NCCL
+modules, needed with the `cuda12-local` extra), `--setup=LINE` (repeatable) adds shell lines (e.g.
+`export NCCL_SOCKET_IFNAME=ib0`), both after `cd --repo` and before `source --venv`/bin/activate. With the
+`cuda12` extra the CUDA libraries come from pip and no module is needed. `--signal=TERM@120` makes SLURM send SIGTERM 120 s before the time limit; the trainer saves a checkpoint and
 exits 143, and the script then requeues the job (`scontrol requeue`), which resumes where it stopped (the same
 command in the same workdir resumes). `--requeue` also requeues jobs preempted by the scheduler.
 """
@@ -38,6 +45,8 @@ TEMPLATE = """#!/bin/bash
 set -euo pipefail
 {setup}
 export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+# GPUs per process for idattn/train/distributed.py (jax's SLURM default would be one, numbered by SLURM_LOCALID)
+export IDATTN_LOCAL_DEVICES={local_devices}
 # a dead task: srun --kill-on-bad-exit stops the others; jax.distributed's heartbeat bounds any collective wait
 export IDATTN_HEARTBEAT_TIMEOUT_S=${{IDATTN_HEARTBEAT_TIMEOUT_S:-60}}
 echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes x $SLURM_NTASKS_PER_NODE tasks on $SLURM_JOB_NODELIST"
@@ -69,13 +78,18 @@ def render(args, train_args: list[str]) -> str:
         extra.append(f"#SBATCH {s}")
     setup = f"cd {shlex.quote(os.path.abspath(args.repo))}"
     log_dir = log_dir_of(args)
+    for m in args.module:
+        setup += f"\nmodule load {shlex.quote(m)}"
+    for line in args.setup:  # the user's own shell line, verbatim
+        setup += f"\n{line}"
     if args.venv:
         setup += f"\nsource {shlex.quote(os.path.join(args.venv, 'bin', 'activate'))}"
     return TEMPLATE.format(
         job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
         gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
         cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
-        setup=setup, python=args.python, train_args=shlex.join(train_args))
+        setup=setup, python=args.python, train_args=shlex.join(train_args),
+        local_devices="one" if per_gpu else "all")
 
 
 def main(argv=None) -> int:
@@ -98,6 +112,10 @@ def main(argv=None) -> int:
     p.add_argument("--venv", default="", help="virtual environment to activate on the nodes")
     p.add_argument("--python", default="python")
     p.add_argument("--sbatch", action="append", default=[], help="extra #SBATCH line (repeatable)")
+    p.add_argument("--module", action="append", default=[],
+                   help="environment module to load on the nodes, `module load X` (repeatable)")
+    p.add_argument("--setup", action="append", default=[],
+                   help="shell line run on the nodes before training, verbatim (repeatable)")
     p.add_argument("--dry_run", action="store_true", help="print the script and the command, submit nothing")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 1:

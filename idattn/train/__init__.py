@@ -5,7 +5,7 @@
 
 See docs/training.md.
 """
-from idattn.train.checkpoint import load_params  # noqa: F401
+from idattn.rundir.loading import load_params  # noqa: F401
 
 
 def run(config, workdir, **kw):

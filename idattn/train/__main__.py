@@ -28,7 +28,11 @@ def main(argv):
     if not flags.FLAGS["verbosity"].present:  # orbax logs every file it writes at INFO
         logging.set_verbosity(logging.WARNING)
     from idattn.train import distributed
-    distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
+    try:
+        distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
+    except distributed.StartError as e:  # a device layout that cannot work: one line, before any work
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(1)
     import jax
 
     from idattn.train.trainer import TrainingError, run
@@ -58,6 +62,6 @@ def _is_peer_failure(e: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    from idattn.cli import run_app  # a --config.<key> typo: one readable line
+    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
 
     run_app(main)

@@ -16,7 +16,7 @@ Checkpoints are saved asynchronously (train.async_checkpoint); the manager keeps
 every train.keep_every-th step. A step directory appears only once committed (orbax writes into a temporary
 name and renames), so a killed run always resumes from a complete checkpoint.
 
-Integrity: `save` records per-array digests of the parameters and optimiser state (idattn.train.integrity,
+Integrity: `save` records per-array digests of the parameters and optimiser state (idattn.rundir.integrity,
 computed on the devices) and a SHA-256 of the data state in `meta`; `restore_verified` recomputes them on the
 restored arrays, checks finiteness, and on any failure moves the checkpoint to `checkpoints.rejected/` and tries
 the next older one (or refuses, `train.checkpoint_fallback=false`).
@@ -29,20 +29,16 @@ import os
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-CONFIG_FILE = "config.json"
-CKPT_DIR = "checkpoints"
-BEST_DIR = "best"  # the best-of-run parameters by validation loss, outside the rotation
-REJECTED_DIR = "checkpoints.rejected"  # checkpoints that failed to read or verify, moved aside (never deleted)
-DATA_STATE_FILE = "state.json"
+from idattn.rundir import integrity
+from idattn.rundir.layout import BEST_DIR, CKPT_DIR, DATA_STATE_FILE, REJECTED_DIR
+from idattn.rundir.loading import CheckpointError
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint could not be written, read or verified; the message says which and what survived."""
+
 
 
 class NonFiniteState(CheckpointError):
@@ -156,7 +152,6 @@ def make_manager(workdir: str, train_cfg, *, read_only: bool = False) -> ocp.Che
 
 def save(mngr: ocp.CheckpointManager, step: int, state, data_state, meta: dict, *, force: bool = False) -> bool:
     """Saves `state` at `step` with digests of every array and of the data state in its meta."""
-    from idattn.train import integrity
     data_json = _to_jsonable(data_state)
     (p_dig, p_bad), (o_dig, o_bad) = integrity.summarize(state.params), integrity.summarize(state.opt_state)
     if p_bad or o_bad:  # never reached through the trainer's step (train/step.py); checked here all the same
@@ -182,7 +177,6 @@ def restore(mngr: ocp.CheckpointManager, step: int, abstract_state):
 
 def check_restored(params, opt_state, meta, data_state) -> str | None:
     """None when the restored arrays and data state match the digests in `meta` and are finite; else why."""
-    from idattn.train import integrity
     if not isinstance(meta, dict):
         return f"meta is not a JSON object ({type(meta).__name__})"
     dig = meta.get("digests")
@@ -197,7 +191,7 @@ def check_restored(params, opt_state, meta, data_state) -> str | None:
     return None
 
 
-def _agree(ok: bool) -> bool:
+def all_processes_agree(ok: bool) -> bool:
     """True only when every process says ok (one collective; a no-op with one process)."""
     if jax.process_count() == 1:
         return ok
@@ -238,7 +232,7 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
             params = opt_state = meta = data_state = None
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
             reason = f"unreadable ({type(e).__name__}: {first[:300]})"
-        ok = _agree(reason is None)
+        ok = all_processes_agree(reason is None)
         if ok:
             if rejected:
                 log(f"falling back to checkpoint {step} ({where}): it verifies; rejected: " + "; ".join(rejected))
@@ -281,29 +275,9 @@ def disk_free_bytes(path: str) -> int:
     return int(shutil.disk_usage(path).free)
 
 
-def committed_steps(workdir: str) -> list[int]:
-    """Steps with a complete (renamed, committed) checkpoint directory; cheap, no orbax needed."""
-    d = os.path.join(workdir, CKPT_DIR)
-    if not os.path.isdir(d):
-        return []
-    return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
 
 
 # ------------------------------------------------------------------------------------------------------ best
-def best_info(workdir: str) -> dict | None:
-    """{"step", "val_loss", "path", ...} of the best-of-run parameters kept in <workdir>/best, or None."""
-    root = os.path.join(workdir, BEST_DIR)
-    if not os.path.isdir(root):
-        return None
-    steps = sorted(int(n) for n in os.listdir(root) if n.isdigit())
-    for step in reversed(steps):
-        try:
-            with open(os.path.join(root, str(step), "meta.json")) as f:
-                meta = json.load(f)
-        except (OSError, ValueError):
-            continue
-        return dict(meta, path=os.path.join(root, str(step)))
-    return None
 
 
 def save_best(workdir: str, step: int, params, val_loss: float) -> str:
@@ -313,7 +287,6 @@ def save_best(workdir: str, step: int, params, val_loss: float) -> str:
     process calls it (the array write is collective); the renames are process 0's."""
     import shutil
 
-    from idattn.train import integrity
     root = os.path.join(os.path.abspath(workdir), BEST_DIR)
     tmp = os.path.join(root, f".{step}.tmp")
     final = os.path.join(root, str(step))
@@ -345,119 +318,18 @@ def _sync(name: str) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------- config
-def archive_config(workdir: str, steps: list[int]) -> str | None:
-    """Keeps the config a run had so far as config.history/config.step<N>.json before it is replaced."""
-    src = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(src):
-        return None
-    d = os.path.join(workdir, "config.history")
-    os.makedirs(d, exist_ok=True)
-    dst = os.path.join(d, f"config.step{steps[-1] if steps else 0}.json")
-    with open(src) as f_in, open(dst, "w") as f_out:
-        f_out.write(f_in.read())
-    return dst
 
 
-def config_to_dict(config) -> dict:
-    """JSON-normalised plain dict (tuples -> lists), so a saved and a live config compare equal."""
-    d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-    return json.loads(json.dumps(d, default=_json_default))
 
 
-def _json_default(o):
-    if isinstance(o, (np.generic,)):
-        return o.item()
-    if isinstance(o, (set, frozenset)):
-        return sorted(o)
-    raise TypeError(f"config value {o!r} of type {type(o).__name__} is not JSON-serialisable")
 
 
-def save_config(workdir: str, config, name: str = CONFIG_FILE) -> str:
-    path = os.path.join(workdir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(config_to_dict(config), f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
 
 
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: {workdir!r} is not a training run directory (no config.json)")
-    with open(path) as f:
-        d = json.load(f)
-    if "logical_axis_rules" in d:
-        d["logical_axis_rules"] = tuple((n, tuple(a) if isinstance(a, list) else a) for n, a in d["logical_axis_rules"])
-    return ml_collections.ConfigDict(d)
 
 
-def diff_dicts(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
-    """[(dotted key, old value, new value)] for every key that differs (missing keys show as <missing>)."""
-    out = []
-    for k in sorted(set(old) | set(new)):
-        a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
-        key = f"{prefix}{k}"
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += diff_dicts(a, b, key + ".")
-        elif a != b:
-            out.append((key, a, b))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ load_params
-def load_params(workdir: str, step: int | None = None, *, shardings: Any = None):
-    """(config, params) of a run directory at `step` (default: the latest committed checkpoint).
-
-    Parameters come back as float32 arrays on the default device (or onto `shardings`, a pytree of
-    jax.sharding.Sharding matching the parameters) whatever mesh the run was trained on. step="best": the
-    best-of-run parameters by validation loss (<workdir>/best). The parameters are checked against the digests
-    recorded at save time and for finiteness (CheckpointError otherwise).
-    """
-    config = load_config(workdir)
-    if step == "best":
-        info = best_info(workdir)
-        if info is None:
-            raise FileNotFoundError(f"no best-of-run parameters under {os.path.join(workdir, BEST_DIR)} (kept when "
-                                    f"train.keep_best and a validation ran)")
-        return config, _restore_params(config, os.path.join(info["path"], "params"), shardings,
-                                       info.get("digests", {}).get("params"), info["path"])
-    steps = committed_steps(workdir)
-    if not steps:
-        raise FileNotFoundError(f"no committed checkpoint under {os.path.join(workdir, CKPT_DIR)}; train first "
-                                f"(python -m idattn.train --workdir={workdir} ...)")
-    if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise ValueError(f"load_params: step={step} has no checkpoint in {workdir}; available steps: {steps}")
-    where = os.path.join(workdir, CKPT_DIR, str(step))
-    digests = None
-    try:
-        with open(os.path.join(where, "meta", "metadata")) as f:
-            digests = json.load(f).get("digests", {}).get("params")
-    except (OSError, ValueError):
-        pass
-    return config, _restore_params(config, os.path.join(where, "params"), shardings, digests, where)
 
 
-def _restore_params(config, params_dir: str, shardings, digests, where: str):
-    """Parameters from an orbax `params` folder, verified against `digests` (when recorded) and for finiteness."""
-    from flax import linen as nn
-    import jax.numpy as jnp
-
-    from idattn import models
-    from idattn.train import integrity
-    model = models.build_model(config.model)
-    tokens = jnp.zeros((1, 8), jnp.int32)
-    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens)["params"])
-    abstract = nn.unbox(boxed)
-    if shardings is None:
-        dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        shardings = jax.tree.map(lambda _: dev, abstract)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-    with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(epath.Path(os.path.abspath(params_dir)), abstract)
-    reason = integrity.verify(params, digests, "params")
-    if reason:
-        raise CheckpointError(f"{where}: {reason}; it is damaged: use another step (or the best/ copy)")
-    return params

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from idattn.rundir import layout, loading
 from idattn.train import checkpoint as ckpt
 from idattn.train import lease as lease_lib
 from idattn.train import metrics as metrics_lib
@@ -79,16 +80,16 @@ def derive_steps(config) -> tuple[int, int, int]:
 def check_resume_compatible(workdir: str, config) -> dict | None:
     """Refuses a changed model config / tokenizer against the run saved in `workdir`, and a changed LR schedule
     unless train.allow_schedule_change. Returns the other diffs (None: no saved run)."""
-    path = os.path.join(workdir, ckpt.CONFIG_FILE)
+    path = os.path.join(workdir, layout.CONFIG_FILE)
     if not os.path.exists(path):
-        if ckpt.committed_steps(workdir):
+        if layout.committed_steps(workdir):
             raise TrainingError(f"refusing to resume {workdir}: it holds checkpoints "
-                                f"{ckpt.committed_steps(workdir)} but no {ckpt.CONFIG_FILE}, so the model config "
+                                f"{layout.committed_steps(workdir)} but no {layout.CONFIG_FILE}, so the model config "
                                 f"cannot be checked; restore the file or use a new --workdir")
         return None
-    saved = ckpt.config_to_dict(ckpt.load_config(workdir))
-    live = ckpt.config_to_dict(config)
-    diffs = ckpt.diff_dicts(saved, live)
+    saved = layout.config_to_dict(layout.load_config(workdir))
+    live = layout.config_to_dict(config)
+    diffs = layout.diff_dicts(saved, live)
     locked = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in _RESUME_LOCKED)]
     if locked:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in locked)
@@ -96,8 +97,8 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
             f"refusing to resume {workdir}: its checkpoints were trained with a different config:\n{lines}\n"
             f"  Fix: rerun with the saved values (see {path}), or use a new --workdir "
             f"(to start from this run's parameters use --config.train.init_from={workdir}).")
-    steps = ckpt.committed_steps(workdir)
-    jump = check_schedule_change(ckpt.load_config(workdir), config, steps[-1] if steps else None)
+    steps = layout.committed_steps(workdir)
+    jump = check_schedule_change(layout.load_config(workdir), config, steps[-1] if steps else None)
     if jump and not bool(config.train.get("allow_schedule_change", False)):
         raise TrainingError(
             f"refusing to resume {workdir}: {jump}. To accept the jump, add "
@@ -135,7 +136,7 @@ def check_schedule_change(saved, live, resume_step: int | None) -> str | None:
     if bad.size == 0:
         return None
     i = int(bad[0])
-    changed = [k for k, a, b in ckpt.diff_dicts(ckpt.config_to_dict(saved), ckpt.config_to_dict(live))
+    changed = [k for k, a, b in layout.diff_dicts(layout.config_to_dict(saved), layout.config_to_dict(live))
                if k in _SCHEDULE_KEYS]
     past = (f"; the steps already trained had other LRs too (step {int(probe[i])}: {old[i]:.3e}, new schedule "
             f"{new[i]:.3e})" if int(probe[i]) < s else "")
@@ -411,21 +412,21 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     if t.get("branch_from") and _branch_source(str(t.branch_from)) == workdir:
         raise TrainingError(f"config.train.branch_from={t.branch_from!r} is the workdir itself; branch into a new "
                             f"--workdir")
-    branch = (_check_branch(config, workdir) if t.get("branch_from") and not ckpt.committed_steps(workdir)
+    branch = (_check_branch(config, workdir) if t.get("branch_from") and not layout.committed_steps(workdir)
               else None)
     if t.init_from and os.path.abspath(t.init_from) == workdir:
         raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
     if t.init_from:
         try:
-            src_model = ckpt.config_to_dict(ckpt.load_config(t.init_from).model)
+            src_model = layout.config_to_dict(layout.load_config(t.init_from).model)
         except FileNotFoundError as e:
             raise TrainingError(f"config.train.init_from={t.init_from!r}: {e}") from e
-        diffs = ckpt.diff_dicts(src_model, ckpt.config_to_dict(config.model))
+        diffs = layout.diff_dicts(src_model, layout.config_to_dict(config.model))
         if diffs:
             raise TrainingError(f"config.train.init_from={t.init_from!r}: that run's model config differs: "
                                 + ", ".join(f"model.{k}: {a!r} there, {b!r} here" for k, a, b in diffs))
-        if not ckpt.committed_steps(t.init_from):
+        if not layout.committed_steps(t.init_from):
             raise TrainingError(f"config.train.init_from={t.init_from!r} has no committed checkpoint")
     process_count, process_index = jax.process_count(), jax.process_index()
     try:
@@ -451,17 +452,17 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             held = str(e)
     else:
         held = None
-    if not ckpt._agree(held is None):
+    if not ckpt.all_processes_agree(held is None):
         raise TrainingError(held or "process 0 could not take the workdir lease (its log says why)")
     try:
         if is_main:
             if other_diffs is None:
-                ckpt.save_config(workdir, config)
+                layout.save_config(workdir, config)
             elif other_diffs:
                 log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
                     + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
-                ckpt.archive_config(workdir, ckpt.committed_steps(workdir))
-                ckpt.save_config(workdir, config)
+                layout.archive_config(workdir, layout.committed_steps(workdir))
+                layout.save_config(workdir, config)
         return _train(config, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, lease=lease,
                       num_steps=num_steps, warmup_steps=warmup_steps, tokens_per_step=tokens_per_step,
                       branch=branch)
@@ -483,16 +484,16 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
     if src == workdir:
         raise TrainingError(f"config.train.branch_from={spec!r} is the workdir itself; branch into a new --workdir")
     try:
-        saved = ckpt.load_config(src)
+        saved = layout.load_config(src)
     except FileNotFoundError as e:
         raise TrainingError(f"config.train.branch_from={spec!r}: {e}") from e
-    steps = ckpt.committed_steps(src)
+    steps = layout.committed_steps(src)
     step = int(step_s) if step_s else (steps[-1] if steps else None)
     if step is None or step not in steps:
         raise TrainingError(f"config.train.branch_from={spec!r}: no committed checkpoint"
                             f"{'' if step is None else f' at step {step}'} in {src} (it has {steps})")
-    a, b = ckpt.config_to_dict(saved), ckpt.config_to_dict(config)
-    must_match = [d for d in ckpt.diff_dicts(a, b) if d[0].split(".")[0] in ("model", "data", "seed")
+    a, b = layout.config_to_dict(saved), layout.config_to_dict(config)
+    must_match = [d for d in layout.diff_dicts(a, b) if d[0].split(".")[0] in ("model", "data", "seed")
                   or d[0] in ("train.batch_size", "train.grad_accum")]
     if must_match:
         raise TrainingError(f"config.train.branch_from={spec!r}: the branch must keep the source run's model, data "
@@ -550,7 +551,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
                                                  step=branch[1])
             finally:
                 src_mngr.close()
-            log(f"branched from {os.path.join(branch[0], ckpt.CKPT_DIR, str(branch[1]))} (full state: parameters, "
+            log(f"branched from {os.path.join(branch[0], layout.CKPT_DIR, str(branch[1]))} (full state: parameters, "
                 f"optimiser, data position; step {branch[1]})")
     except ckpt.CheckpointError as e:
         mngr.close()
@@ -563,14 +564,14 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
         state = jax.device_put(state, state_sh)
         data_iter.set_state(data_state)
         bad_steps = int(meta.get("bad_steps", 0) or 0)
-        if branch is None or ckpt.committed_steps(workdir):
-            log(f"restored step {latest} from {os.path.join(workdir, ckpt.CKPT_DIR, str(latest))} (checksums verified)")
+        if branch is None or layout.committed_steps(workdir):
+            log(f"restored step {latest} from {os.path.join(workdir, layout.CKPT_DIR, str(latest))} (checksums verified)")
         start_step = int(latest)
     else:
         with setup.context():
             state = p_init(jax.random.PRNGKey(int(config.seed)))
         if t.init_from:
-            _, src_params = ckpt.load_params(t.init_from, shardings=param_sh)
+            _, src_params = loading.load_params(t.init_from, shardings=param_sh)
             state = state.replace(params=src_params)
             log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
         start_step = 0
@@ -604,7 +605,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
         loss = nll / max(cnt, 1.0)
         ppl = math.exp(min(loss, 700.0))
         if is_main:
-            from idattn.eval.schema import write_result
+            from idattn.rundir.schema import write_result
             write_result(workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=run_info,
                          details={"tokens": cnt, "batches": len(eval_data), "seq_len": seq_len})
         writer.scalar("validation/loss", loss, step)
@@ -629,7 +630,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
     first_dt = float("nan")
     data_state = data_iter.get_state()
     state_bytes = _state_nbytes(abstract_state)
-    best = ckpt.best_info(workdir) if bool(t.keep_best) else None
+    best = layout.best_info(workdir) if bool(t.keep_best) else None
     best_loss = float(best["val_loss"]) if best else math.inf
 
     def last_committed() -> str:
@@ -637,8 +638,8 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
             mngr.wait_until_finished()
         except Exception:  # the failed save itself; what is on disk is what counts
             pass
-        steps = ckpt.committed_steps(workdir)
-        return (os.path.join(workdir, ckpt.CKPT_DIR, str(steps[-1])) if steps else
+        steps = layout.committed_steps(workdir)
+        return (os.path.join(workdir, layout.CKPT_DIR, str(steps[-1])) if steps else
                 "none (no checkpoint was committed yet)")
 
     def check_finite(s: int, m) -> float:
@@ -677,7 +678,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
 
     def save(s: int, *, force: bool = False) -> None:
         check_saves(s)
-        free = _maybe(ckpt.disk_free_bytes, os.path.join(workdir, ckpt.CKPT_DIR))
+        free = _maybe(ckpt.disk_free_bytes, os.path.join(workdir, layout.CKPT_DIR))
         if isinstance(free, int):
             if free < 1.1 * state_bytes:
                 raise TrainingError(f"not enough disk space for checkpoint {s}: {metrics_lib.format_bytes(free)} free "
@@ -705,7 +706,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
                     check_finite(*pending)
                     pending = None
                 log(f"preemption signal: saving step {step} and exiting")
-                if step not in ckpt.committed_steps(workdir) and mngr.latest_step() != step:
+                if step not in layout.committed_steps(workdir) and mngr.latest_step() != step:
                     save(step, force=True)
                 mngr.wait_until_finished()
                 check_saves(step)

@@ -12,9 +12,9 @@ import math
 import os
 import tempfile
 
+from idattn.configs import ConfigError
 
-class ConfigError(ValueError):
-    """A config value out of range; the message is the one line the user sees."""
+
 
 
 def _num(cfg, section: str, key: str):

@@ -5,7 +5,7 @@
     python -m idattn.scaling fit --root=/work/studies/scaling-cpu --out=docs/scaling
     python -m idattn.train --config=experiments/sweeps/cpu_isoflop.py:<run name> --workdir=/tmp/x   # one run
 
-Sizes: widths 16, 32, 48, 64, 96 under idattn.shapes.CPU_RULE (aspect 32, d_h 16, SwiGLU hidden 8d/3 rounded up
+Sizes: widths 16, 32, 48, 64, 96 under idattn.configs.sizes.CPU_RULE (aspect 32, d_h 16, SwiGLU hidden 8d/3 rounded up
 to 32; 1, 1, 2, 2, 3 layers; non-embedding N = 4.1K, 13.4K, 55.5K, 106.8K, 332.5K for Softmax; d16 was added
 after the first 24 runs put every IsoFLOP minimum at or below d32), M = 8 modes, a 512-piece
 SentencePiece vocabulary trained on the corpus, context 64, batch 8 (512 tokens per step), float32.
@@ -23,9 +23,9 @@ from __future__ import annotations
 import ml_collections
 
 from idattn.configs import base_config
-from idattn.shapes import cpu_shape
-from idattn.sweep import config_by_name, isoflop_tokens, make_run
-from idattn.shapes import non_embedding_params
+from idattn.configs.sizes import cpu_shape
+from idattn.configs.runs import config_by_name, isoflop_tokens, make_run
+from idattn.configs.sizes import non_embedding_params
 
 STUDY = "cpu-iso"
 MIXERS = ("softmax", "interdomain")

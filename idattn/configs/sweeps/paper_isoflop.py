@@ -6,7 +6,7 @@
         --data_path=/mnt/data/fineweb-edu --launcher=tpu --dry_run -- --zone=us-east5-a --type=v5p-64
     python -m idattn.scaling fit --root=/shared/runs/iso
 
-Sizes from idattn.shapes.PAPER_RULES (the paper's banded shape rules; widths 512-2048 give 8-24 layers,
+Sizes from idattn.configs.sizes.PAPER_RULES (the paper's banded shape rules; widths 512-2048 give 8-24 layers,
 ~25M-1.2B non-embedding parameters), 32K tokenizer, context 4096, batch 128, the paper's App. A.2 recipe
 (warmup 375M tokens or 10% of the run if shorter, cosine to 1e-5, S4D LR cap 1e-3) with the peak LR
 interpolated log-linearly in N between the paper's (3e-3 at 125M, 1.5e-3 at 350M, 1e-3 at 760M and above).
@@ -22,8 +22,8 @@ import math
 import ml_collections
 
 from idattn.configs import base_config
-from idattn.shapes import non_embedding_params, paper_shape
-from idattn.sweep import config_by_name, isoflop_tokens, make_run
+from idattn.configs.sizes import non_embedding_params, paper_shape
+from idattn.configs.runs import config_by_name, isoflop_tokens, make_run
 
 STUDY = "paper-iso"
 MIXERS = ("softmax", "interdomain")

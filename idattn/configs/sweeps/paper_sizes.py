@@ -4,7 +4,7 @@
         --data_path=/shared/data/fineweb-edu --launcher=slurm --dry_run -- --nodes=4 --gpus_per_node=8
     python -m idattn.scaling fit --root=/shared/runs/paper
 
-Shapes: idattn.shapes.paper_shape at widths 768 / 1024 / 1536 / 2048 (= experiments/scaling.py's 125m / 350m /
+Shapes: idattn.configs.sizes.paper_shape at widths 768 / 1024 / 1536 / 2048 (= experiments/scaling.py's 125m / 350m /
 760m / 1.3b exactly; tests/test_sweep.py checks it), the paper's recipe (peak LR per size, warmup 375M tokens,
 cosine to 1e-5, batch 128 x 4096, S4D LR cap 1e-3, output gate off at 1.3B). The 1x runs are the paper's
 Fig. 2 runs; the 0.5x and 2x runs give the D-dependence the parametric law needs. Data: prepared FineWeb-Edu
@@ -16,8 +16,8 @@ from __future__ import annotations
 import ml_collections
 
 from idattn.configs import base_config
-from idattn.shapes import PAPER_WIDTHS, paper_shape
-from idattn.sweep import config_by_name, make_run
+from idattn.configs.sizes import PAPER_WIDTHS, paper_shape
+from idattn.configs.runs import config_by_name, make_run
 
 STUDY = "paper"
 MIXERS = ("softmax", "interdomain")

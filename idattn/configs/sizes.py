@@ -1,4 +1,7 @@
-"""Model shapes from a few documented rules, so that a scaling sweep can place sizes between and beyond the
+"""The model sizes: the paper's four (with their App. A.2 recipe), the CPU `tiny`, and the shape rules that
+place sizes between and beyond them. This is the one size table; every other module asks it.
+
+Shape rules, so that a scaling sweep can place sizes between and beyond the
 paper's four (125M, 350M, 760M, 1.3B) without hand-written tables.
 
 A `ShapeRule` turns a width d (d_model) into a full shape:
@@ -28,6 +31,18 @@ import math
 
 PAPER_SIZES = ("125m", "350m", "760m", "1.3b")
 PAPER_WIDTHS = {"125m": 768, "350m": 1024, "760m": 1536, "1.3b": 2048}
+NOMINAL_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's size names
+# Paper App. A.2: tokens and peak LR per size (warmup 375M tokens, cosine to 1e-5, batch 128 × 4096, SSM LR cap
+# 1e-3; experiments/scaling.py applies it).
+PAPER_RECIPE = {
+    "125m": dict(total_tokens=2_500_000_000, peak_lr=3e-3),
+    "350m": dict(total_tokens=7_000_000_000, peak_lr=1.5e-3),
+    "760m": dict(total_tokens=15_000_000_000, peak_lr=1e-3),
+    "1.3b": dict(total_tokens=26_000_000_000, peak_lr=1e-3),
+}
+# A CPU-sized model for tests and smoke runs (not on a rule: 2 layers at width 64 keep one step fast).
+TINY = dict(d_model=64, num_layers=2, num_heads=4, head_dim=16, ffn_dim=256, num_modes=8, vocab_size=512)
+SIZE_ORDER = ("tiny", *PAPER_SIZES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +99,25 @@ def cpu_shape(d_model: int) -> dict[str, int]:
 def size_name(shape: dict[str, int]) -> str:
     """A stable short name of a shape: d<width>L<layers> (e.g. d768L12), used in run names."""
     return f"d{int(shape['d_model'])}L{int(shape['num_layers'])}"
+
+
+def named_shape(size: str) -> dict[str, int]:
+    """The full model shape of a named size: `tiny` or one of the paper's four (its banded rule)."""
+    if size == "tiny":
+        return dict(TINY)
+    if size not in PAPER_WIDTHS:
+        raise ValueError(f"size {size!r}: expected one of {SIZE_ORDER}")
+    return paper_shape(PAPER_WIDTHS[size])
+
+
+def size_label(model_cfg) -> str:
+    """The named size whose (d_model, layers) a model config matches, else its `size_name` (d<width>L<layers>)."""
+    key = (int(model_cfg.d_model), int(model_cfg.num_layers))
+    for size in SIZE_ORDER:
+        s = named_shape(size)
+        if (s["d_model"], s["num_layers"]) == key:
+            return size
+    return size_name({"d_model": key[0], "num_layers": key[1]})
 
 
 def non_embedding_params(model_cfg) -> int:

@@ -70,7 +70,7 @@ def run_app(main, argv=None) -> None:
 
 def define_model_flags():
     """Define `--config` (an experiment config; a random-init model when no --workdir) and `--workdir` (a run
-    directory with checkpoints): the model source of `idattn.models.inference.load_model`, shared by the score,
+    directory with checkpoints): the model source of `idattn.rundir.loading.load_model`, shared by the score,
     generate and export CLIs. Returns the config flag holder.
 
     Call it when run as a CLI, never at import: two modules defining `--config` in one process (e.g. one pytest

@@ -1,0 +1,117 @@
+"""The run directory's layout: file names, the saved config, committed steps, the best-of-run copy.
+
+    <workdir>/config.json                  the locked config of the run (written once, on the first start)
+    <workdir>/config.history/              the configs a resumed run had before (config.step<N>.json)
+    <workdir>/checkpoints/<step>/          one orbax checkpoint per saved step, items:
+        params/      parameters (float32, sharded save/restore)
+        opt_state/   optimiser state
+        meta/        {"step", "time", "loss", "bad_steps", "digests": {params, opt_state, data}} (JSON)
+        data/        state.json: the data iterator state (global: the same on every process)
+    <workdir>/best/<step>/                 the best-of-run parameters by validation loss (params, meta.json)
+    <workdir>/checkpoints.rejected/        checkpoints that failed to read or verify, moved aside
+    <workdir>/eval/                        result files (idattn.rundir.schema)
+    <workdir>/metrics.jsonl, <workdir>/tb/ the trainer's per-step log
+
+A step directory appears only once committed (orbax writes into a temporary name and renames), so listing the
+digit-named folders is the list of complete checkpoints. The trainer (idattn.train.checkpoint) writes this
+layout; everything downstream reads it through this package.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import ml_collections
+import numpy as np
+
+CONFIG_FILE = "config.json"
+CKPT_DIR = "checkpoints"
+BEST_DIR = "best"  # the best-of-run parameters by validation loss, outside the rotation
+DATA_STATE_FILE = "state.json"  # inside checkpoints/<step>/data/
+REJECTED_DIR = "checkpoints.rejected"  # checkpoints that failed to read or verify, moved aside (never deleted)
+
+
+def committed_steps(workdir: str) -> list[int]:
+    """Steps with a complete (renamed, committed) checkpoint directory; cheap, no orbax needed."""
+    d = os.path.join(workdir, CKPT_DIR)
+    if not os.path.isdir(d):
+        return []
+    return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+
+
+def best_info(workdir: str) -> dict | None:
+    """{"step", "val_loss", "path", ...} of the best-of-run parameters kept in <workdir>/best, or None."""
+    root = os.path.join(workdir, BEST_DIR)
+    if not os.path.isdir(root):
+        return None
+    steps = sorted(int(n) for n in os.listdir(root) if n.isdigit())
+    for step in reversed(steps):
+        try:
+            with open(os.path.join(root, str(step), "meta.json")) as f:
+                meta = json.load(f)
+        except (OSError, ValueError):
+            continue
+        return dict(meta, path=os.path.join(root, str(step)))
+    return None
+
+
+def archive_config(workdir: str, steps: list[int]) -> str | None:
+    """Keeps the config a run had so far as config.history/config.step<N>.json before it is replaced."""
+    src = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(src):
+        return None
+    d = os.path.join(workdir, "config.history")
+    os.makedirs(d, exist_ok=True)
+    dst = os.path.join(d, f"config.step{steps[-1] if steps else 0}.json")
+    with open(src) as f_in, open(dst, "w") as f_out:
+        f_out.write(f_in.read())
+    return dst
+
+
+def config_to_dict(config) -> dict:
+    """JSON-normalised plain dict (tuples -> lists), so a saved and a live config compare equal."""
+    d = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
+    return json.loads(json.dumps(d, default=_json_default))
+
+
+def _json_default(o):
+    if isinstance(o, (np.generic,)):
+        return o.item()
+    if isinstance(o, (set, frozenset)):
+        return sorted(o)
+    raise TypeError(f"config value {o!r} of type {type(o).__name__} is not JSON-serialisable")
+
+
+def save_config(workdir: str, config, name: str = CONFIG_FILE) -> str:
+    path = os.path.join(workdir, name)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(config_to_dict(config), f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+    return path
+
+
+def load_config(workdir: str) -> ml_collections.ConfigDict:
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} not found: {workdir!r} is not a training run directory (no config.json)")
+    with open(path) as f:
+        d = json.load(f)
+    if "logical_axis_rules" in d:
+        d["logical_axis_rules"] = tuple((n, tuple(a) if isinstance(a, list) else a) for n, a in d["logical_axis_rules"])
+    return ml_collections.ConfigDict(d)
+
+
+def diff_dicts(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """[(dotted key, old value, new value)] for every key that differs (missing keys show as <missing>)."""
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, "<missing>"), new.get(k, "<missing>")
+        key = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += diff_dicts(a, b, key + ".")
+        elif a != b:
+            out.append((key, a, b))
+    return out
+

@@ -1,0 +1,214 @@
+"""The CPU quickstart: train tiny Softmax, Interdomain and S4D-only models on the embedded KJV corpus, evaluate
+validation perplexity and a length sweep past the training context, print one table and save a plot.
+
+    python -m idattn.quickstart [--workdir=/tmp/idattn-quickstart] [--mixers=softmax,interdomain,s4d_only]
+                                [--steps=N] [--fresh]
+
+Config: experiments/quickstart.py (model sizes, steps, tokenizer). Each model is trained by the real trainer
+(`idattn.train.run`, the code path of `python -m idattn.train`) in <workdir>/<mixer>; rerunning resumes or
+reuses finished runs (--fresh starts over). Evaluation: token-level perplexity exp(Σ m·nll / Σ m) over the same
+first 64,512 held-out tokens at every length L, cut into rows of L tokens (each row a fresh context; a row
+that starts inside a document sees no earlier context). Unigram baseline: add-one smoothed frequencies of
+the target tokens of the training batches the models saw (same stream, same number of tokens), scored on the
+same held-out tokens. Results: the table on stdout, <workdir>/quickstart.json, <workdir>/quickstart.png, and
+`extrapolation` result JSON in each run directory (idattn.rundir.schema).
+Pass criterion (exit code 1 otherwise): every model's perplexity at the training length is finite and at
+least 30% below the unigram baseline.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+
+from idattn.configs import packaged_config
+
+QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
+NAMES = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only"}
+REQUIRED_GAIN = 0.30
+
+
+def load_experiment():
+    from idattn.configs import quickstart
+    return quickstart
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def eval_batches(config, tokenizer, length: int, total_tokens: int):
+    from idattn.data import pipeline
+    rows = total_tokens // length
+    b = _divisor_at_most(rows, 16)
+    return pipeline.make_eval_batches(config.data, tokenizer, batch_size=b, seq_len=length, num_batches=rows // b)
+
+
+def perplexities(config, params, tokenizer, lengths, total_tokens) -> dict[int, float]:
+    import jax
+
+    from idattn.models import build_model
+    from idattn.train.step import make_loss_sums
+    fn = jax.jit(make_loss_sums(build_model(config.model).apply))
+    out = {}
+    for length in lengths:
+        s = c = 0.0
+        for batch in eval_batches(config, tokenizer, length, total_tokens):
+            bs, bc = fn(params, batch)
+            s, c = s + float(bs), c + float(bc)
+        out[length] = math.exp(s / max(c, 1.0)) if math.isfinite(s) else float("nan")
+    return out
+
+
+def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: int) -> tuple[dict[int, float], int]:
+    from idattn.data import pipeline
+    v = int(config.model.vocab_size)
+    counts = np.zeros(v, np.float64)
+    it = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(config.train.batch_size),
+                                      seq_len=int(config.data.seq_len), seed=int(config.data.shuffle_seed))
+    for _ in range(train_batches):
+        b = next(it)
+        np.add.at(counts, b["targets"][b["loss_mask"] > 0], 1.0)
+    if hasattr(it, "close"):
+        it.close()
+    logp = np.log((counts + 1.0) / (counts.sum() + v))
+    out = {}
+    for length in lengths:
+        s = c = 0.0
+        for batch in eval_batches(config, tokenizer, length, total_tokens):
+            s -= float((logp[batch["targets"]] * batch["loss_mask"]).sum())
+            c += float(batch["loss_mask"].sum())
+        out[length] = math.exp(s / c)
+    return out, int(counts.sum())
+
+
+def plot(path: str, lengths, rows, unigram, train_len: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for r in rows:
+        ax.plot(lengths, [r["ppl"][L] for L in lengths], marker="o", label=r["name"])
+    ax.plot(lengths, [unigram[L] for L in lengths], ls="--", color="gray", label="Unigram")
+    ax.axvline(train_len, color="k", lw=0.8, ls=":")
+    ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8)
+    ax.set_xlabel("evaluation context length (tokens)")
+    ax.set_ylabel("validation perplexity")
+    ax.set_yscale("log")
+    ax.set_xticks(list(lengths))
+    ax.set_title("Quickstart: tiny models on the KJV corpus")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def format_table(lengths, rows, unigram, train_len: int) -> str:
+    # ppl ratio to Softmax at the training length (the paper's "vs Softmax" column of Table 4, as a ratio)
+    soft = next((r["ppl"][train_len] for r in rows if r["mixer"] == "softmax"), None)
+    head = (["model", "params", "train s"] + [f"ppl@{L}" for L in lengths]
+            + [f"vs unigram @{train_len}", f"ppl / Softmax @{train_len}"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines.append("| Unigram | - | - | " + " | ".join(f"{unigram[L]:.2f}" for L in lengths) + " | +0.0% | "
+                 + (f"{unigram[train_len] / soft:.3f}" if soft else "-") + " |")
+    for r in rows:
+        gain = 1.0 - r["ppl"][train_len] / unigram[train_len]
+        lines.append(f"| {r['name']} | {r['params']:,} | {r['train_s']:.0f} | "
+                     + " | ".join(f"{r['ppl'][L]:.2f}" for L in lengths) + f" | {-100 * gain:+.1f}% | "
+                     + (f"{r['ppl'][train_len] / soft:.3f}" if soft else "-") + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-quickstart"))
+    p.add_argument("--mixers", default="softmax,interdomain,s4d_only")
+    p.add_argument("--steps", type=int, default=0, help="override train.num_steps (0: the config's)")
+    p.add_argument("--fresh", action="store_true", help="delete earlier quickstart runs in --workdir first")
+    args = p.parse_args(argv)
+
+    t0 = time.time()
+    from absl import logging as absl_logging
+    absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file at INFO
+    import jax
+
+    from idattn.data import tokenizer as tok_lib
+    from idattn.rundir.schema import read_results, write_result
+    from idattn.train import load_params, run
+
+    exp = load_experiment()
+    lengths = tuple(exp.EVAL_LENGTHS)
+    mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]
+    os.makedirs(args.workdir, exist_ok=True)
+    print(f"idattn quickstart: {', '.join(mixers)} on the KJV corpus; {jax.device_count()} x "
+          f"{jax.devices()[0].device_kind}; workdir {args.workdir}", flush=True)
+    rows = []
+    config = None
+    for mixer in mixers:
+        config = exp.get_config(mixer)
+        if args.steps > 0:
+            config.train.num_steps = args.steps
+            config.train.warmup_steps = min(int(config.train.warmup_steps), args.steps)
+        wd = os.path.join(args.workdir, mixer)
+        if args.fresh and os.path.exists(wd):
+            shutil.rmtree(wd)
+        print(f"\n=== {NAMES.get(mixer, mixer)}: python -m idattn.train --config={QUICKSTART_CONFIG}:{mixer} "
+              f"--workdir={wd}", flush=True)
+        ts = time.time()
+        summary = run(config, wd)
+        train_s = time.time() - ts
+        if summary["status"] == "preempted":
+            print("stopped by SIGTERM; rerun to continue", file=sys.stderr)
+            return 143
+        cfg, params = load_params(wd)
+        tokenizer = tok_lib.load_tokenizer(cfg.data.tokenizer)
+        ppl = perplexities(cfg, params, tokenizer, lengths, exp.EVAL_TOKENS)
+        step = int(cfg.train.num_steps)
+        # the length sweep is measured on EVAL_TOKENS held-out tokens (its own protocol, named in its file), not
+        # on the trainer's validation tokens: its ppl@<train length> is not "the validation perplexity"
+        write_result(wd, "extrapolation", step, {f"kjv.val/ppl@{L}": v for L, v in ppl.items()},
+                     run={"workdir": wd, "mixer": mixer, "params": summary["num_params"], "size": "quickstart"},
+                     details={"eval_tokens": exp.EVAL_TOKENS, "train_seq_len": int(cfg.data.seq_len)},
+                     protocol={"corpus": "kjv.val", "tokens": exp.EVAL_TOKENS, "context": list(lengths),
+                               "method": "rows of L tokens from the first eval_tokens held-out tokens"})
+        val = [r for r in read_results(wd, "validation") if not r["tagged"] and r["step"] == step]
+        rows.append({"mixer": mixer, "name": NAMES.get(mixer, mixer), "params": summary["num_params"],
+                     "train_s": train_s, "ppl": ppl, "val_ppl": val[0]["metrics"]["ppl"] if val else float("nan"),
+                     "val_tokens": int(val[0]["details"].get("tokens", 0)) if val else 0})
+        print(f"{NAMES.get(mixer, mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
+              + f"  ({time.time() - ts:.0f} s)", flush=True)
+
+    tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)
+    unigram, n_tok = unigram_baseline(config, tokenizer, lengths, exp.EVAL_TOKENS, int(config.train.num_steps))
+    train_len = int(config.data.seq_len)
+    table = format_table(lengths, rows, unigram, train_len)
+    png = os.path.join(args.workdir, "quickstart.png")
+    plot(png, lengths, rows, unigram, train_len)
+    ok = all(math.isfinite(r["ppl"][train_len]) and r["ppl"][train_len] <= (1 - REQUIRED_GAIN) * unigram[train_len]
+             for r in rows)
+    wall = time.time() - t0
+    with open(os.path.join(args.workdir, "quickstart.json"), "w") as f:
+        json.dump({"lengths": list(lengths), "unigram": unigram, "unigram_train_tokens": n_tok,
+                   "models": rows, "wall_time_s": wall, "pass": ok}, f, indent=1, default=str)
+    print(f"\nPerplexity at each evaluation length on the first {exp.EVAL_TOKENS:,} held-out KJV tokens (trained at "
+          f"context {train_len}; unigram from {n_tok:,} training tokens):\n")
+    print(table)
+    vt = next((r["val_tokens"] for r in rows if r["val_tokens"]), 0)
+    print(f"\nValidation perplexity (the trainer's: first {vt:,} held-out tokens at context {train_len}; the number "
+          "in idattn.results and `python -m idattn.eval --suite=validation`). It differs from ppl@"
+          f"{train_len} above only by the tokens scored ({vt:,} vs {exp.EVAL_TOKENS:,}):\n")
+    print("| model | validation ppl |\n|---|---|\n" + "\n".join(f"| {r['name']} | {r['val_ppl']:.2f} |" for r in rows))
+    print(f"\nplot: {png}\ntotal wall time {wall / 60:.1f} min")
+    print(("PASS" if ok else "FAIL") + f": every model's ppl@{train_len} finite and >= {100 * REQUIRED_GAIN:.0f}% "
+          f"below the unigram baseline")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

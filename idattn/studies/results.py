@@ -1,0 +1,556 @@
+"""Render the paper's tables from run directories: `python -m idattn.results --runs=DIR [DIR ...] [--out=DIR]`.
+
+Reads every `<run>/eval/*.json` (schema `idattn.eval/v1`, see idattn/rundir/schema.py) and prints Markdown with
+the paper's numbers (idattn/eval/paper_numbers.py) beside ours:
+
+  Table 2   length extrapolation, five-corpus average perplexity at 1x / 2x / 3.5x the train length
+  Table 4   mechanism cube: best-of-run validation loss / perplexity per cube cell
+  Table 6   validation CE, 8-task average, LAMBADA acc / ppl / bpb, WikiText-2 ppl / bpb
+  Table 7   per-task accuracies of the eight-task suite
+  Table 8   per-corpus extrapolation perplexity
+  Table 9   recall: RULER S-NIAH-1 against context, phonebook against size (Based: paper only)
+  Fig. 2    validation perplexity against scale
+  Extrapolation per corpus   every corpus a run was evaluated on (your own corpora by the name given to
+            `python -m idattn.eval --corpora=name=path`), each row on its own corpus, never averaged
+and writes `results.md` plus PNG plots (extrapolation against length, validation perplexity against parameter
+count, S-NIAH-1 accuracy against context; labelled axes with units, training length marked) to
+`--out` (default: the current directory).
+
+Numbers are never mixed: a run's validation perplexity is its trainer's validation (held-out split, first
+eval_batches x microbatch x seq_len tokens at the training context; `idattn.rundir.schema`), or, for a run with no
+trainer file, the eval CLI's; every table with validation numbers lists what each was measured on, and a value
+measured on another corpus / token count / context than the others in its table is marked †, with no
+"vs softmax" ratio across protocols. Table 2's "five-corpus mean" is filled only from runs evaluated on all five
+paper corpora; any other corpus appears, named, in the per-corpus table.
+
+Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...); the mixer is
+canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` = `generic-linear-norope`). For the 1.3B tables
+each mixer's column takes its largest run (1.3b if present) and the header names the size, so small runs
+still render. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
+every other suite takes the latest step.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import os
+import sys
+from typing import Any
+
+from idattn.eval import paper_numbers as P
+from idattn.rundir.schema import protocol_of, read_results
+
+SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
+CANON = {"interdomain": "dualkv-query-rope", "s4d_only": "generic-linear-norope"}
+FAMILY = {v: k for k, v in CANON.items()}
+
+
+def canonical_mixer(name: str) -> str:
+    return CANON.get(name, name)
+
+
+def mixer_family(name: str) -> str:
+    """softmax | interdomain | s4d_only for the three headline mixers, else the cube cell name."""
+    c = canonical_mixer(name)
+    return "softmax" if c == "softmax" else FAMILY.get(c, c)
+
+
+class Run:
+    """The results of one run directory, flattened to `<suite>/<metric>` (latest step; validation best-of-run)."""
+
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        recs = read_results(workdir)
+        if not recs:
+            raise FileNotFoundError(f"--runs: {workdir} has no eval/*.json result files (python -m idattn.eval "
+                                    f"--workdir={workdir} --suite=... writes them).")
+        ident: dict[str, Any] = {}
+        for r in recs:
+            ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
+        cfg = _saved_config(workdir) if ("size" not in ident or "seq_len" not in ident) else None
+        if cfg is not None:  # the trainer's validation records no size / seq_len: take them from the config
+            from idattn.eval.__main__ import size_name
+
+            ident.setdefault("size", size_name(cfg.model))
+            ident.setdefault("seq_len", int(cfg.data.seq_len))
+            ident.setdefault("mixer", str(cfg.model.mixer))
+        self.mixer = canonical_mixer(str(ident.get("mixer", os.path.basename(os.path.normpath(workdir)))))
+        self.size = str(ident.get("size", "?")).lower()
+        self.ident = ident
+        self.metrics: dict[str, float] = {}
+        self.details: dict[str, Any] = {}
+        self.protocols: dict[str, dict] = {}
+        latest: dict[str, dict] = {}
+        for r in recs:
+            if r["suite"] == "validation":
+                continue
+            if r["suite"] not in latest or (r["step"], r.get("time", 0)) >= (latest[r["suite"]]["step"],
+                                                                           latest[r["suite"]].get("time", 0)):
+                latest[r["suite"]] = r
+        for suite, r in latest.items():
+            m = dict(r["metrics"])
+            if suite == "extrapolation" and not any("/" in k for k in m):
+                # an old-style file: a headline ppl@L with no per-corpus numbers is not a five-corpus mean
+                name = protocol_of(r).get("corpus") or ("kjv.val" if r.get("details", {}).get("eval_tokens")
+                                                        else "unnamed corpus")
+                m = {f"{name}/{k}": v for k, v in m.items()}
+            self.metrics.update({f"{suite}/{k}": v for k, v in m.items()})
+            self.details[suite] = r.get("details", {})
+            self.details[suite + "/run"] = r.get("run", {})
+            self.protocols[suite] = protocol_of(r)
+        # validation: the trainer's files (one protocol) when there are any, else the eval CLI's of one protocol
+        vals = [r for r in recs if r["suite"] == "validation" and "loss" in r["metrics"]]
+        trainer = [r for r in vals if not r["tagged"]]
+        if not trainer and vals:
+            last = max(vals, key=lambda r: (r["step"], r.get("time", 0)))
+            trainer = [r for r in vals if protocol_key(protocol_of(r)) == protocol_key(protocol_of(last))]
+        if trainer:
+            best = min(trainer, key=lambda r: r["metrics"]["loss"])
+            final = max(trainer, key=lambda r: (r["step"], r.get("time", 0)))
+            self.metrics["validation/loss"] = best["metrics"]["loss"]
+            self.metrics["validation/ppl"] = math.exp(best["metrics"]["loss"])
+            self.metrics["validation/final_loss"] = final["metrics"]["loss"]
+            self.protocols["validation"] = protocol_of(best)
+            if not best["tagged"] and "corpus" not in best.get("details", {}):
+                cfg = _saved_config(workdir)
+                if cfg is not None:
+                    from idattn.eval.__main__ import corpus_label
+
+                    self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
+
+    def params(self) -> int | None:
+        p = self.ident.get("params")
+        return int(p) if isinstance(p, (int, float)) and p > 0 else None
+
+    def extrap_corpora(self) -> list[str]:
+        """Corpora with per-corpus extrapolation numbers, in first-seen order."""
+        out: list[str] = []
+        for k in self.metrics:
+            if k.startswith("extrapolation/") and k.count("/") == 2:
+                c = k.split("/")[1]
+                if c not in out:
+                    out.append(c)
+        return out
+
+    def five_corpus_mean(self) -> bool:
+        """True when the headline extrapolation/ppl@L is the paper's five-corpus mean (all five measured)."""
+        return all(c in self.extrap_corpora() for c in P_FIVE) and any(
+            k.startswith("extrapolation/ppl@") for k in self.metrics)
+
+    @property
+    def family(self) -> str:
+        return mixer_family(self.mixer)
+
+    def seq_len(self) -> int | None:
+        """The run's training context (run record, the quickstart's `train_seq_len` detail, or its config)."""
+        if self.ident.get("seq_len"):
+            return int(self.ident["seq_len"])
+        for v in self.details.values():
+            if isinstance(v, dict) and v.get("train_seq_len"):
+                return int(v["train_seq_len"])
+        return None
+
+    def __repr__(self) -> str:
+        return f"Run({self.workdir!r}, {self.mixer}, {self.size})"
+
+
+P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
+
+
+def protocol_key(p: dict | None) -> tuple:
+    """What makes two numbers comparable: corpus, token count, context."""
+    p = p or {}
+    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")))
+
+
+def protocol_text(p: dict | None) -> str:
+    p = p or {}
+    parts = [str(p["corpus"])] if p.get("corpus") else []
+    if p.get("tokens"):
+        parts.append(f"{int(p['tokens']):,} tokens")
+    if p.get("context"):
+        c = p["context"]
+        parts.append("context " + ("/".join(map(str, c)) if isinstance(c, (list, tuple)) else str(c)))
+    return ", ".join(parts) or "unknown protocol"
+
+
+def _saved_config(workdir: str):
+    """The run's saved config (written by the trainer), or None when there is none or it cannot be read."""
+    try:
+        from idattn.rundir.layout import load_config
+
+        return load_config(workdir)
+    except Exception:  # no trainer config in this folder (e.g. result files written by hand)
+        return None
+
+
+def _size_rank(s: str) -> int:
+    return SIZE_ORDER.index(s) if s in SIZE_ORDER else -1
+
+
+def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | None = None,
+         exact: bool = False) -> Run | None:
+    """The run of a mixer family (at `size`, else - unless `exact` - the largest) that has metric prefix `need`."""
+    cands = [r for r in runs if r.family == family and (need is None or any(k.startswith(need) for k in r.metrics))]
+    if size is not None:
+        at = [r for r in cands if r.size == size]
+        cands = at if (at or exact) else cands
+    return max(cands, key=lambda r: _size_rank(r.size), default=None)
+
+
+def fmt(v: float | None, digits: int = 2, pct: bool = False) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "—"
+    return f"{v * 100 if pct else v:.{digits}f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _col(run: Run | None, fam: str) -> str:
+    return f"{P.MIXER_LABEL.get(fam, fam)} ours ({run.size})" if run else f"{P.MIXER_LABEL.get(fam, fam)} ours"
+
+
+def _extrap_lengths(run: Run, prefix: str = "extrapolation/ppl@") -> list[int]:
+    return sorted({int(k.split("@")[1]) for k in run.metrics if k.startswith(prefix)})
+
+
+def _ratio_value(run: Run, ratio: float, key_prefix: str) -> float | None:
+    """Our metric at the length closest to ratio x train length (exact match on `seq_len` when known)."""
+    lengths = _extrap_lengths(run, key_prefix)
+    if not lengths:
+        return None
+    base = run.seq_len() or lengths[0]
+    target = ratio * base
+    best = min(lengths, key=lambda L: abs(L - target))
+    return run.metrics.get(f"{key_prefix}{best}") if abs(best - target) <= 0.15 * target else None
+
+
+def table2(runs: list[Run]) -> str:
+    header = ["mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS] + ["ours run"]
+    rows = []
+    five = [r for r in runs if r.five_corpus_mean()]
+    for fam in P.MIXERS:
+        r = pick(five, fam, need="extrapolation/ppl@")
+        ours = [fmt(_ratio_value(r, x, "extrapolation/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
+        rows.append([P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE2[fam]] + ours + [r.size if r else "—"])
+    others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
+    note = ("\n\n'ours' is filled only from runs evaluated on all five corpora (PG19, CodeParrot, GovReport, "
+            "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
+                                                   "see the per-corpus table." if others else ""))
+    return ("### Table 2: length extrapolation (five-corpus mean perplexity; paper: 1.3B trained at 4K)\n\n" +
+            _table(header, rows) + note)
+
+
+def table_corpora(runs: list[Run]) -> str:
+    """Every (run, corpus) measured, each on its own row, at the lengths it was measured (no averaging)."""
+    rows = []
+    for r in runs:
+        for c in r.extrap_corpora():
+            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
+            base = r.seq_len()
+            vals = ", ".join(f"{r.metrics[f'extrapolation/{c}/ppl@{L}']:.2f} @{L}" +
+                             (f" ({L / base:g}x)" if base else "") for L in Ls)
+            docs = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get("docs")
+            tokens = (r.protocols.get("extrapolation") or {}).get("tokens")
+            on = (f"first {int(tokens):,} tokens, rows of L" if tokens else
+                  f"{docs} docs, first L tokens of each" if docs is not None else "?")
+            rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), on, vals])
+    if not rows:
+        return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
+    return ("### Length extrapolation per corpus (ours; perplexity per token at each context length L, each row "
+            "on its own corpus, never averaged)\n\n" +
+            _table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
+
+
+def table8(runs: list[Run]) -> str:
+    header = ["corpus", "mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS]
+    rows = []
+    for corpus, per in P.TABLE8.items():
+        for fam in P.MIXERS:
+            r = pick(runs, fam, need=f"extrapolation/{corpus}/ppl@")
+            ours = [fmt(_ratio_value(r, x, f"extrapolation/{corpus}/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
+            rows.append([corpus, P.MIXER_LABEL[fam]] + [fmt(v) for v in per[fam]] + ours)
+    return "### Table 8: per-corpus extrapolation perplexity (NarrativeQA outside the Table 2 mean)\n\n" + \
+        _table(header, rows)
+
+
+def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], str]:
+    """Marks (†) for runs whose validation protocol differs from the most common one among `shown`, and a
+    'measured on' note listing each protocol."""
+    shown = [r for r in shown if r is not None and "validation" in r.protocols]
+    if not shown:
+        return {}, ""
+    keys = [protocol_key(r.protocols["validation"]) for r in shown]
+    common = max(set(keys), key=keys.count)
+    marks = {id(r): ("" if protocol_key(r.protocols["validation"]) == common else "†") for r in shown}
+    seen, lines = set(), []
+    for r in shown:
+        t = protocol_text(r.protocols["validation"])
+        if (r.workdir, t) not in seen:
+            seen.add((r.workdir, t))
+            lines.append(f"{marks[id(r)]}{r.mixer} ({r.size}): {t}")
+    note = "\n\nValidation measured on: " + "; ".join(lines)
+    if any(marks.values()):
+        note += ". † measured on another corpus / token count / context than the unmarked values: not comparable."
+    return marks, note
+
+
+def table4(runs: list[Run]) -> str:
+    header = ["cell", "description", "paper loss", "paper ppl", "ours loss", "ours ppl", "ours vs softmax", "ours run"]
+    rows = []
+    # one size for the whole cube (125M when measured there, else the size with the most cells measured), so
+    # that "vs softmax" never compares across sizes
+    sizes = [r.size for r in runs if "validation/loss" in r.metrics]
+    size = "125m" if "125m" in sizes else max(set(sizes), key=lambda s: (sizes.count(s), _size_rank(s)), default=None)
+    soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True)
+    picked = [(cell, desc, loss, ppl, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True))
+              for cell, desc, loss, ppl in P.TABLE4]
+    marks, note = _protocol_notes(runs, [x[4] for x in picked])
+    for cell, desc, loss, ppl, r in picked:
+        ol = r.metrics["validation/loss"] if r else None
+        m = marks.get(id(r), "") if r else ""
+        same = r and soft and protocol_key(r.protocols.get("validation")) == protocol_key(soft.protocols.get("validation"))
+        rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
+               if r and soft and cell != "softmax" and same else ("n/c (other protocol)" if r and soft and cell != "softmax"
+                                                                  else "—"))
+        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), m + fmt(ol, 4), m + fmt(math.exp(ol) if ol is not None else None),
+                     rel, r.size if r else "—"])
+    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + _table(header, rows)
+            + note)
+
+
+def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm")) -> str:
+    picked = {fam: pick(runs, fam, size="1.3b", need=spec[0][0].split("/")[0] if spec else None) for fam in P.MIXERS}
+    header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in P.MIXERS]
+    rows = []
+    for key, label, paper in spec:
+        pct = key.split("/")[-1] in pct_keys
+        digits = 4 if ("bpb" in key or "bits" in key or "loss" in key) else 2
+        ours = []
+        for f in P.MIXERS:
+            r = pick(runs, f, size="1.3b", need=key) or picked[f]
+            ours.append(fmt(r.metrics.get(key) if r else None, digits, pct=pct))
+        rows.append([label] + [fmt(paper[f], digits) for f in P.MIXERS] + ours)
+    return f"### {title}\n\n" + _table(header, rows)
+
+
+def table6(runs: list[Run]) -> str:
+    _, note = _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss") for f in P.MIXERS])
+    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs) + note
+
+
+def table7(runs: list[Run]) -> str:
+    return _paper_vs_ours("Table 7: eight-task commonsense suite, accuracy % (paper: 1.3B)", P.TABLE7, runs)
+
+
+def table9(runs: list[Run]) -> str:
+    header = ["task", "mixer"] + [f"paper {x}" for x in P.NIAH_LENGTHS] + [f"ours {x}" for x in P.NIAH_LENGTHS] + ["ours run"]
+    rows = []
+    for fam in P.MIXERS:
+        r = pick(runs, fam, size="1.3b", need="recall/niah@")
+        ours = [fmt(r.metrics.get(f"recall/niah@{L}/acc") if r else None, 2, pct=True) for L in P.NIAH_LENGTHS]
+        rows.append(["S-NIAH-1", P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE9_NIAH[fam]] + ours + [r.size if r else "—"])
+    for fam in P.MIXERS:
+        r = pick(runs, fam, size="1.3b", need="recall/phonebook@")
+        ours = [fmt(r.metrics.get(f"recall/phonebook@{N}/acc") if r else None, 2, pct=True) for N in P.PHONEBOOK_SIZES]
+        rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", P.MIXER_LABEL[fam]] +
+                    [fmt(v) for v in P.TABLE9_PHONEBOOK[fam]] + ours + [r.size if r else "—"])
+    based = _table(["mixer"] + list(P.BASED_TASKS),
+                   [[P.MIXER_LABEL[f]] + [fmt(v) for v in P.TABLE9_BASED[f]] for f in P.MIXERS])
+    mqar = [r for r in runs if any(k.startswith("recall/mqar@") for k in r.metrics)]
+    extra = ""
+    if mqar:
+        keys = sorted({k for r in mqar for k in r.metrics if k.startswith("recall/mqar@")})
+        extra = "\n\nMQAR (ours; query accuracy %)\n\n" + _table(
+            ["run"] + [k[len("recall/"):] for k in keys],
+            [[f"{r.mixer} ({r.size})"] + [fmt(r.metrics.get(k), 2, pct=True) for k in keys] for r in mqar])
+    return ("### Table 9: recall, accuracy % (paper: 1.3B; columns are context tokens for S-NIAH-1, entries for "
+            "the phonebook)\n\n" + _table(header, rows) + "\n\nBased recall suite (paper only; not run here)\n\n" +
+            based + extra)
+
+
+def fig2_table(runs: list[Run]) -> str:
+    header = ["size"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [f"{P.MIXER_LABEL[f]} ours" for f in P.MIXERS]
+    rows = []
+    sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=_size_rank)
+    shown = [r for r in runs if r.family in P.MIXERS and "validation/ppl" in r.metrics]
+    marks, note = _protocol_notes(runs, shown)
+    for s in sizes:
+        paper = P.VAL_PPL.get(s, {})
+        ours = []
+        for f in P.MIXERS:
+            r = next((x for x in runs if x.family == f and x.size == s and "validation/ppl" in x.metrics), None)
+            ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
+        approx = "≈" if s in P.APPROX_FIG2 else ""
+        rows.append([s] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
+    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + _table(header, rows) + note
+
+
+PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
+PAPER_TRAIN_LEN = 4096
+
+
+def plot_extrapolation(runs: list[Run], path: str) -> str | None:
+    """Five-corpus mean perplexity against context length / training length (paper dashed, ours solid), plus
+    every other corpus of ours as its own dotted line named by its corpus; the training length is x = 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    drawn = False
+    five = [r for r in runs if r.five_corpus_mean()]
+    for i, fam in enumerate(P.MIXERS):
+        ax.plot(P.EXTRAP_RATIOS, P.TABLE2[fam], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper 1.3B (five-corpus mean)")
+        r = pick(five, fam, need="extrapolation/ppl@")
+        if r:
+            Ls = _extrap_lengths(r)
+            base = r.seq_len() or Ls[0]
+            ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/ppl@{L}"] for L in Ls], marker="o",
+                    color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} ours {r.size} (five-corpus mean)")
+            drawn = True
+    k = len(P.MIXERS)
+    for r in runs:
+        for c in [c for c in r.extrap_corpora() if not (r in five and c in P_FIVE)]:
+            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
+            base = r.seq_len() or Ls[0]
+            ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/{c}/ppl@{L}"] for L in Ls], marker="o", ls=":",
+                    color=f"C{k % 10}", label=f"{r.mixer} ours {r.size} on {c}")
+            k += 1
+            drawn = True
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+    ax.set_xlabel("context length / training length (ratio; paper: 4K tokens = 1)")
+    ax.set_ylabel("perplexity (per token, log scale)")
+    ax.set_yscale("log")
+    ax.legend(fontsize=6)
+    ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_scaling(runs: list[Run], path: str) -> str:
+    """Best-of-run validation perplexity against parameter count (log-log): the paper's sizes at their nominal
+    counts, and every run of ours, of any size, at its own count (marked † when its validation protocol differs
+    from the others')."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    xs = list(P.VAL_PPL)
+    shown = [r for r in runs if "validation/ppl" in r.metrics and r.params()]
+    marks, _ = _protocol_notes(runs, shown)
+    for i, fam in enumerate(P.MIXERS):
+        ax.plot([PAPER_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper (FineWeb-Edu val)")
+    families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
+    for i, fam in enumerate(families):
+        pts = sorted((r.params(), r.metrics["validation/ppl"], marks.get(id(r), "")) for r in shown if r.family == fam)
+        if pts:
+            lab = P.MIXER_LABEL.get(fam, fam)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i % 10}",
+                    label=f"{lab} ours ({protocol_text(next(r for r in shown if r.family == fam).protocols['validation'])})")
+            for x, y, m in pts:
+                if m:
+                    ax.annotate(m, (x, y), fontsize=9)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("parameters (count, log scale)")
+    ax.set_ylabel("validation perplexity (per token, log scale)")
+    ax.set_title("Validation perplexity against scale (Fig. 2)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_recall(runs: list[Run], path: str) -> str:
+    """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer; training lengths
+    marked (paper 4K, ours per run)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.axvline(PAPER_TRAIN_LEN, color="k", lw=0.8, ls=":", label=f"paper training length {PAPER_TRAIN_LEN}")
+    for i, fam in enumerate(P.MIXERS):
+        ax.plot(P.NIAH_LENGTHS, P.TABLE9_NIAH[fam], ls="--", marker="x", color=f"C{i}",
+                label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
+        r = pick(runs, fam, size="1.3b", need="recall/niah@")
+        if r:
+            Ls = sorted(int(k.split("@")[1].split("/")[0]) for k in r.metrics if k.startswith("recall/niah@"))
+            ax.plot(Ls, [100 * r.metrics[f"recall/niah@{L}/acc"] for L in Ls], marker="o", color=f"C{i}",
+                    label=f"{P.MIXER_LABEL[fam]} ours {r.size}")
+            if r.seq_len():
+                ax.axvline(r.seq_len(), color=f"C{i}", lw=0.8, ls=":",
+                           label=f"{P.MIXER_LABEL[fam]} ours training length {r.seq_len()}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("S-NIAH-1 accuracy (%)")
+    ax.set_title("Recall against context length (Table 9)")
+    ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def render(runs: list[Run]) -> str:
+    parts = ["# idattn results against the paper (arXiv 2605.24330)", "",
+             "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size})" for r in runs), "",
+             "Accuracies in %, perplexities per token (WikiText-2: per word). '—': not measured.", ""]
+    for fn in (table2, table_corpora, table4, table6, table7, table8, table9, fig2_table):
+        parts += [fn(runs), ""]
+    return "\n".join(parts)
+
+
+def expand_runs(items: list[str]) -> list[str]:
+    out = []
+    for it in items:
+        for part in it.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            matches = sorted(glob.glob(part)) or [part]
+            out += matches
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m idattn.results", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", nargs="+", required=True, help="run directories (comma/space separated, globs ok)")
+    ap.add_argument("--out", default=".", help="folder for results.md and the PNG plots")
+    a = ap.parse_args(argv)
+    dirs = expand_runs(a.runs)
+    missing = [d for d in dirs if not os.path.isdir(d)]
+    if missing:
+        ap.error(f"--runs: not a directory: {missing}")
+    runs = [Run(d) for d in dirs]
+    md = render(runs)
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "results.md"), "w") as f:
+        f.write(md)
+    plot_extrapolation(runs, os.path.join(a.out, "extrapolation.png"))
+    plot_scaling(runs, os.path.join(a.out, "scaling.png"))
+    plot_recall(runs, os.path.join(a.out, "recall.png"))
+    print(md)
+    print(f"wrote {os.path.join(a.out, 'results.md')}, extrapolation.png, scaling.png, recall.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

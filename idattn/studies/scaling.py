@@ -1,0 +1,807 @@
+"""Scaling-law fits from run folders: `python -m idattn.scaling fit --root=DIR [--metric=val_loss] [--out=DIR]`.
+
+Collection. Every `<root>/**/config.json` with a finished run (the validation file of its last step,
+`eval/validation-step<num_steps>.json`, in the evaluation schema) is one point:
+    N  non-embedding parameters (idattn.configs.sizes.non_embedding_params: all but the 2·V·d vocabulary matrices)
+    D  training tokens = num_steps · batch_size · seq_len
+    L  the metric: `val_loss` (validation loss at the last step, nats/token; default) or `train_loss` (last
+       logged training loss)
+    C  compute, 6·N·D (the Chinchilla convention; IsoFLOP families are grouped by the sweep's nominal budget
+       `sweep.compute` when the config has one, else by 6·N·D to 0.02 decades); the actual training FLOPs
+       F·D with F = idattn.models.flops_per_token (LM head and mixer included) are reported beside it.
+Points are grouped by mixer family (softmax | interdomain | s4d_only | cube cell).
+
+(a) Parametric law (Chinchilla approach 3), per mixer:
+        L(N, D) = E + A / N^α + B / D^β
+    fitted as log L̂ = LSE(a − α log N, b − β log D, e) (A = e^a, B = e^b, E = e^e) by minimising
+    Σ Huber_δ(log L̂ − log L) with δ = 1e-3 (BFGS from several initialisations: the best points of a (α, β)
+    grid with (E, A, B) solved linearly, plus a fixed grid after Chinchilla's; the best optimum is kept). Intervals:
+    percentile bootstrap (2.5 %, 97.5 %) over runs (resample runs with replacement, refit from the best
+    solutions' neighbourhood). Compute-optimal allocation under C = 6ND:
+        N*(C) = G (C/6)^a,  D*(C) = G⁻¹ (C/6)^b,  G = (αA / (βB))^{1/(α+β)},  a = β/(α+β),  b = α/(α+β).
+    Held-out error: the law refitted without the largest size (all its runs) predicts that size's losses;
+    reported as mean and max |L̂ − L| / L (and for every size left out in turn).
+(b) IsoFLOP minima (approach 2): for each budget with ≥ 3 sizes, a parabola in log N, L = p₂x² + p₁x + p₀,
+    x = log N; N_opt = exp(−p₁ / 2p₂) (only when p₂ > 0; flagged when outside the sizes tried), D_opt =
+    C / (6 N_opt); then log N_opt = k + a log C by least squares (and b for D_opt). Bootstrap over runs within
+    each budget (resamples with fewer than 4 distinct sizes, of budgets with 5 or more, are redrawn).
+(c) Difference test between two mixers: gap(C) = L*_1(C) − L*_2(C) (compute-optimal loss of each fitted law)
+    and the relative gap gap/L*_1, with intervals from independent bootstrap draws of the two fits; and the
+    change of the relative gap between the smallest and the largest budget of the grid (does the advantage
+    grow with compute?), with its interval. Beside it, model-free: the mean relative difference of runs paired
+    by size and budget, with a bootstrap interval over pairs.
+
+Outputs (`--out`, default `<root>/scaling`): `scaling_fit.json`, `law.png` (loss against N and against D with
+fitted curves and 95 % bands), `isoflop.png`, `frontier.png` (every mixer's compute-optimal loss, N* and D*
+against C on one figure) and `gap.png` (the difference test). Predictions at the paper's four sizes and token
+budgets come with the paper's numbers beside them, marked as what they are: an extrapolation by 4-6 orders
+of magnitude from whatever the runs were (for the CPU study: tiny models on the KJV corpus with a 512-piece
+tokenizer, not FineWeb-Edu with a 32K one), so the absolute values are not comparable.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+HUBER_DELTA = 1e-3
+
+
+# ------------------------------------------------------------------------------------------------ collection
+@dataclass
+class Point:
+    name: str
+    mixer: str
+    n: float  # non-embedding parameters
+    d: float  # training tokens
+    loss: float
+    compute: float  # 6 N D, or the sweep's nominal budget
+    flops: float  # flops_per_token · D (actual training FLOPs, LM head and mixer included)
+    size: str = ""
+    workdir: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def last_metrics(workdir: str) -> dict | None:
+    """The last well-formed line of a run's metrics.jsonl (the trainer's per-step log), or None."""
+    last = None
+    path = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    last = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a kill mid-write
+                    pass
+    return last
+
+
+def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]]:
+    """(points of the finished runs under `root`, notes on the folders skipped and why)."""
+    from idattn.models.counting import flops_per_token
+    from idattn.studies.results import mixer_family
+    from idattn.configs.sizes import non_embedding_params
+    from idattn.rundir.layout import load_config
+
+    if metric not in ("val_loss", "train_loss"):
+        raise ValueError(f"--metric={metric!r}: expected val_loss or train_loss")
+    paths = sorted(glob.glob(os.path.join(root, "**", "config.json"), recursive=True))
+    if not paths:
+        raise FileNotFoundError(f"--root={root}: no run folders (no */config.json below it); run a sweep first "
+                                f"(python -m idattn.sweep <sweep file> --root={root})")
+    points, skipped = [], []
+    for p in paths:
+        wd = os.path.dirname(p)
+        cfg = load_config(wd)
+        t = cfg.train
+        seq = int(cfg.data.seq_len)
+        tps = int(t.batch_size) * seq
+        steps = int(t.num_steps) if int(t.num_steps) > 0 else -(-int(t.total_tokens) // tps)
+        vpath = os.path.join(wd, "eval", f"validation-step{steps:08d}.json")
+        if metric == "val_loss":
+            if not os.path.exists(vpath):
+                skipped.append(f"{wd}: not finished (no {os.path.relpath(vpath, wd)})")
+                continue
+            with open(vpath) as f:
+                loss = float(json.load(f)["metrics"]["loss"])
+        else:
+            last = last_metrics(wd)
+            if not last or int(last["step"]) != steps:
+                skipped.append(f"{wd}: not finished (metrics.jsonl does not reach step {steps})")
+                continue
+            loss = float(last["loss"])
+        if not math.isfinite(loss):
+            skipped.append(f"{wd}: non-finite loss {loss}")
+            continue
+        n = float(non_embedding_params(cfg.model))
+        d = float(steps * tps)
+        sw = cfg.get("sweep", None)
+        nominal = float(sw.compute) if sw is not None and float(sw.get("compute", 0.0)) > 0 else 0.0
+        fpt = float(flops_per_token(cfg.model, seq))
+        name = str(sw.name) if sw is not None else os.path.relpath(wd, root)
+        size = str(sw.size) if sw is not None else f"d{int(cfg.model.d_model)}L{int(cfg.model.num_layers)}"
+        points.append(Point(name=name, mixer=mixer_family(str(cfg.model.mixer)), n=n, d=d, loss=loss,
+                            compute=nominal or 6.0 * n * d, flops=fpt * d, size=size, workdir=wd,
+                            extra={"nominal_compute": nominal, "flops_per_token": fpt,
+                                   "six_nd": 6.0 * n * d}))
+    return points, skipped
+
+
+# ------------------------------------------------------------------------------------------- parametric law
+PARAM_NAMES = ("E", "A", "alpha", "B", "beta")
+
+
+def law(p: dict, n, d):
+    """L(N, D) = E + A N^-α + B D^-β (broadcasts)."""
+    return p["E"] + p["A"] * np.power(n, -p["alpha"]) + p["B"] * np.power(d, -p["beta"])
+
+
+def _objective(theta, logn, logd, logl, delta):
+    a, b, e, al, be = theta
+    z = np.stack([a - al * logn, b - be * logd, np.full_like(logn, e)])
+    zmax = z.max(axis=0)
+    w = np.exp(z - zmax)
+    s = w.sum(axis=0)
+    pred = zmax + np.log(s)
+    w = w / s
+    r = pred - logl
+    ar = np.abs(r)
+    quad = ar <= delta
+    loss = np.where(quad, 0.5 * r * r, delta * (ar - 0.5 * delta)).sum()
+    g_r = np.where(quad, r, delta * np.sign(r))
+    grad = np.array([(g_r * w[0]).sum(), (g_r * w[1]).sum(), (g_r * w[2]).sum(),
+                     -(g_r * w[0] * logn).sum(), -(g_r * w[1] * logd).sum()])
+    return loss, grad
+
+
+def default_inits(level: str = "full") -> np.ndarray:
+    """Fixed initialisations (a, b, e, α, β) after Chinchilla's grid (coarser here; the data-driven starts of
+    `grid_inits` do most of the work)."""
+    if level == "full":
+        al = be = (0.5,)
+        e = (-1.0, 0.5)
+        a = b = (3.0, 10.0)
+    else:
+        al = be = (0.5,)
+        e = (0.5,)
+        a = b = (3.0, 10.0)
+    return np.array([(x1, x2, x3, x4, x5) for x1 in a for x2 in b for x3 in e for x4 in al for x5 in be])
+
+
+def grid_inits(logn, logd, logl, *, k: int = 6, delta: float = HUBER_DELTA) -> np.ndarray:
+    """Data-driven starts: for each (α, β) on a 30 x 30 grid, (E, A, B) is linear given the exponents, so it is
+    solved by least squares on relative residuals (coefficients clipped to be positive); the k grid points with
+    the lowest Huber objective become starts for BFGS."""
+    al = np.linspace(0.05, 2.0, 30)
+    ag, bg = [x.ravel() for x in np.meshgrid(al, al)]
+    y = np.exp(logl)
+    x1 = np.exp(-ag[:, None] * logn[None, :])  # [G, m]
+    x2 = np.exp(-bg[:, None] * logd[None, :])
+    X = np.stack([np.ones_like(x1), x1, x2], -1) / y[None, :, None]  # relative residuals
+    t = np.ones_like(y)[None, :].repeat(len(ag), 0)
+    xtx = np.einsum("gmi,gmj->gij", X, X) + 1e-12 * np.eye(3)
+    xty = np.einsum("gmi,gm->gi", X, t)
+    coef = np.linalg.solve(xtx, xty[..., None])[..., 0]
+    coef = np.clip(coef, 1e-6, None)
+    pred = np.log(coef[:, :1] + coef[:, 1:2] * x1 + coef[:, 2:3] * x2)
+    r = np.abs(pred - logl[None, :])
+    obj = np.where(r <= delta, 0.5 * r * r, delta * (r - 0.5 * delta)).sum(1)
+    best = np.argsort(obj)[:k]
+    return np.stack([np.log(coef[best, 1]), np.log(coef[best, 2]), np.log(coef[best, 0]), ag[best], bg[best]], 1)
+
+
+def _params_from_theta(theta) -> dict:
+    a, b, e, al, be = (float(x) for x in theta)
+    return {"E": math.exp(e), "A": math.exp(a), "alpha": al, "B": math.exp(b), "beta": be}
+
+
+def fit_law(n, d, loss, *, inits: np.ndarray | None = None, grid_k: int = 6, delta: float = HUBER_DELTA,
+            return_all: bool = False):
+    """Fits E, A, α, B, β by Huber loss on log-residuals from every start (the `grid_k` best `grid_inits` plus
+    `inits`, default `default_inits()`); returns the best parameters (and, with return_all, the sorted
+    (objective, theta) of every converged start)."""
+    from scipy.optimize import minimize
+
+    n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
+    if n.size < 5:
+        raise ValueError(f"fit_law: {n.size} runs; the law has 5 parameters, give at least 5 runs (better 12+)")
+    if np.any(loss <= 0) or np.any(n <= 0) or np.any(d <= 0):
+        raise ValueError("fit_law: N, D and the loss must be positive")
+    logn, logd, logl = np.log(n), np.log(d), np.log(loss)
+    starts = [default_inits("full") if inits is None else np.atleast_2d(inits)]
+    if grid_k > 0:
+        starts.append(grid_inits(logn, logd, logl, k=grid_k, delta=delta))
+    inits = np.concatenate(starts)
+    results = []
+    for x0 in inits:
+        # BFGS (unbounded): on this 5-parameter problem 20-100x faster than scipy's L-BFGS-B, same minima
+        r = minimize(_objective, x0, args=(logn, logd, logl, delta), jac=True, method="BFGS",
+                     options={"maxiter": 1000})
+        if np.all(np.isfinite(r.x)):
+            results.append((float(r.fun), r.x))
+    if not results:
+        raise RuntimeError("fit_law: no initialisation converged")
+    results.sort(key=lambda t: t[0])
+    best = _params_from_theta(results[0][1])
+    return (best, results) if return_all else best
+
+
+def optimal_allocation(p: dict, c):
+    """(N*, D*, L*) at compute C = 6 N D under the law p (closed form; a = β/(α+β))."""
+    c = np.asarray(c, np.float64)
+    al, be = p["alpha"], p["beta"]
+    if al <= 0 or be <= 0:
+        return np.full_like(c, np.nan), np.full_like(c, np.nan), np.full_like(c, np.nan)
+    g = (al * p["A"] / (be * p["B"])) ** (1.0 / (al + be))
+    n = g * (c / 6.0) ** (be / (al + be))
+    d = (c / 6.0) / n
+    return n, d, law(p, n, d)
+
+
+def bootstrap_law(n, d, loss, *, n_boot: int = 200, seed: int = 0, best: dict | None = None,
+                  inits: np.ndarray | None = None) -> list[dict]:
+    """Parameter sets refitted on runs resampled with replacement (draws with < 5 distinct runs are redrawn).
+    Each refit starts from the full fit's solution and the resample's two best `grid_inits`."""
+    n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
+    rng = np.random.default_rng(seed)
+    m = n.size
+    if best is None:
+        best = fit_law(n, d, loss)
+    theta0 = np.array([math.log(best["A"]), math.log(best["B"]), math.log(best["E"]), best["alpha"], best["beta"]])
+    starts = np.array([theta0] + ([] if inits is None else list(np.atleast_2d(inits))))
+    out = []
+    while len(out) < n_boot:
+        idx = rng.integers(0, m, m)
+        if len(np.unique(idx)) < 5:
+            continue
+        out.append(fit_law(n[idx], d[idx], loss[idx], inits=starts, grid_k=2))
+    return out
+
+
+def interval(values, level: float = 0.95) -> tuple[float, float]:
+    v = np.asarray(values, np.float64)
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return (float("nan"), float("nan"))
+    lo, hi = np.percentile(v, [50 * (1 - level), 50 * (1 + level)])
+    return float(lo), float(hi)
+
+
+def derived(p: dict) -> dict:
+    s = p["alpha"] + p["beta"]
+    return {"a_N_opt": p["beta"] / s if s > 0 else float("nan"), "b_D_opt": p["alpha"] / s if s > 0 else float("nan")}
+
+
+def held_out(points: Sequence[Point], *, inits=None) -> dict:
+    """Leave-one-size-out: refit without each size (all its runs) and predict them; `largest` is the headline."""
+    sizes = sorted({pt.n for pt in points})
+    out: dict[str, Any] = {"per_size": []}
+    for s in sizes:
+        train = [pt for pt in points if pt.n != s]
+        test = [pt for pt in points if pt.n == s]
+        if len({pt.n for pt in train}) < 2 or len(train) < 5:
+            continue
+        p = fit_law([t.n for t in train], [t.d for t in train], [t.loss for t in train], inits=inits, grid_k=3)
+        pred = law(p, np.array([t.n for t in test]), np.array([t.d for t in test]))
+        obs = np.array([t.loss for t in test])
+        rel = np.abs(pred - obs) / obs
+        out["per_size"].append({"n": s, "size": test[0].size, "mean_rel_err": float(rel.mean()),
+                                "max_rel_err": float(rel.max()), "pred": pred.tolist(), "obs": obs.tolist(),
+                                "d": [t.d for t in test]})
+    if out["per_size"]:
+        out["largest"] = out["per_size"][-1]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- IsoFLOP
+def isoflop_groups(points: Sequence[Point]) -> dict[float, list[Point]]:
+    """Budget -> points; nominal budgets as they are, else 6ND rounded to 0.02 decades."""
+    groups: dict[float, list[Point]] = {}
+    for pt in points:
+        key = pt.extra.get("nominal_compute") or 10 ** (round(math.log10(pt.compute) / 0.02) * 0.02)
+        groups.setdefault(float(key), []).append(pt)
+    return dict(sorted(groups.items()))
+
+
+def parabola_min(n, loss) -> dict:
+    x, y = np.log(np.asarray(n, np.float64)), np.asarray(loss, np.float64)
+    if len(np.unique(x)) < 3:
+        return {"ok": False, "why": "fewer than 3 sizes"}
+    p2, p1, p0 = np.polyfit(x, y, 2)
+    if p2 <= 0:
+        return {"ok": False, "why": "parabola opens downwards (no minimum)", "coef": [p2, p1, p0]}
+    xs = -p1 / (2 * p2)
+    return {"ok": True, "n_opt": float(math.exp(xs)), "loss_opt": float(p0 + p1 * xs + p2 * xs * xs),
+            "inside": bool(x.min() <= xs <= x.max()), "coef": [float(p2), float(p1), float(p0)]}
+
+
+def _powerlaw(c, v) -> tuple[float, float]:
+    """log v = k + e log c by least squares -> (exponent, prefactor)."""
+    e, k = np.polyfit(np.log(c), np.log(v), 1)
+    return float(e), float(math.exp(k))
+
+
+def isoflop_fit(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0) -> dict:
+    groups = isoflop_groups(points)
+    minima = []
+    for c, pts in groups.items():
+        r = parabola_min([p.n for p in pts], [p.loss for p in pts])
+        r["compute"] = c
+        r["sizes"] = len({p.n for p in pts})
+        if r["ok"]:
+            r["d_opt"] = c / (6.0 * r["n_opt"])
+        minima.append(r)
+    good = [m for m in minima if m["ok"]]
+    out: dict[str, Any] = {"minima": minima}
+    if len(good) < 2:
+        out["exponents"] = None
+        out["why"] = f"{len(good)} budget(s) with a parabola minimum; exponents need >= 2"
+        return out
+    cs = np.array([m["compute"] for m in good])
+    a, ka = _powerlaw(cs, [m["n_opt"] for m in good])
+    b, kb = _powerlaw(cs, [m["d_opt"] for m in good])
+    rng = np.random.default_rng(seed)
+    boot_a, boot_b, tries = [], [], 0
+    while len(boot_a) < n_boot and tries < 200 * n_boot:
+        tries += 1
+        cc, nn = [], []
+        for c, pts in groups.items():
+            # a resample needs more distinct sizes than the parabola's 3 coefficients (else it interpolates
+            # and its minimum is arbitrary): at least 4 when the budget has 5 or more sizes, else 3
+            need = min(4, len({p.n for p in pts})) if len({p.n for p in pts}) >= 5 else 3
+            for _ in range(100):
+                idx = rng.integers(0, len(pts), len(pts))
+                if len({pts[i].n for i in idx}) >= need:
+                    break
+            sub = [pts[i] for i in idx]
+            r = parabola_min([p.n for p in sub], [p.loss for p in sub])
+            if r["ok"]:
+                cc.append(c)
+                nn.append(r["n_opt"])
+        if len(cc) >= 2 and len(set(cc)) >= 2:
+            ea, _ = _powerlaw(np.array(cc), nn)
+            boot_a.append(ea)
+            boot_b.append(1.0 - ea)  # D_opt = C / (6 N_opt): b = 1 - a exactly
+    out["exponents"] = {"a_N_opt": a, "b_D_opt": b, "k_N": ka, "k_D": kb, "budgets_used": len(good),
+                        "a_ci": interval(boot_a), "b_ci": interval(boot_b), "boot_draws": len(boot_a)}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ mixers
+def fit_mixer(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0, inits=None) -> dict:
+    n = np.array([p.n for p in points])
+    d = np.array([p.d for p in points])
+    y = np.array([p.loss for p in points])
+    best = fit_law(n, d, y, inits=inits)
+    boots = bootstrap_law(n, d, y, n_boot=n_boot, seed=seed, best=best)
+    theta = np.array([[math.log(best["A"]), math.log(best["B"]), math.log(best["E"]), best["alpha"], best["beta"]]])
+    ci = {k: interval([b[k] for b in boots]) for k in PARAM_NAMES}
+    der = derived(best)
+    der_ci = {k: interval([derived(b)[k] for b in boots]) for k in der}
+    resid = np.log(law(best, n, d)) - np.log(y)
+    return {"n_runs": len(points), "params": best, "ci": ci, "derived": der, "derived_ci": der_ci,
+            "rms_log_resid": float(np.sqrt(np.mean(resid ** 2))), "boot": boots,
+            "held_out": held_out(points, inits=theta), "isoflop": isoflop_fit(points, n_boot=n_boot, seed=seed),
+            "range": {"n": [float(n.min()), float(n.max())], "d": [float(d.min()), float(d.max())],
+                      "c": [float((6 * n * d).min()), float((6 * n * d).max())]}}
+
+
+def predict_with_band(fit: dict, n, d) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(central, 2.5 %, 97.5 %) of L(N, D) over the bootstrap fits."""
+    mid = law(fit["params"], np.asarray(n, float), np.asarray(d, float))
+    draws = np.array([law(b, np.asarray(n, float), np.asarray(d, float)) for b in fit["boot"]])
+    return mid, np.percentile(draws, 2.5, axis=0), np.percentile(draws, 97.5, axis=0)
+
+
+def frontier_with_band(fit: dict, c) -> dict:
+    c = np.asarray(c, float)
+    nn, dd, ll = optimal_allocation(fit["params"], c)
+    draws = [optimal_allocation(b, c) for b in fit["boot"]]
+    out = {"c": c, "n": nn, "d": dd, "loss": ll}
+    for i, k in enumerate(("n", "d", "loss")):
+        arr = np.array([x[i] for x in draws])
+        out[k + "_lo"] = np.nanpercentile(arr, 2.5, axis=0)
+        out[k + "_hi"] = np.nanpercentile(arr, 97.5, axis=0)
+    return out
+
+
+def difference_test(fit1: dict, fit2: dict, c) -> dict:
+    """gap(C) = L*_1(C) − L*_2(C) and gap / L*_1 with bootstrap intervals (draw i of each fit paired)."""
+    c = np.asarray(c, float)
+    l1 = optimal_allocation(fit1["params"], c)[2]
+    l2 = optimal_allocation(fit2["params"], c)[2]
+    k = min(len(fit1["boot"]), len(fit2["boot"]))
+    g, rel = [], []
+    for i in range(k):
+        a = optimal_allocation(fit1["boot"][i], c)[2]
+        b = optimal_allocation(fit2["boot"][i], c)[2]
+        g.append(a - b)
+        rel.append((a - b) / a)
+    g, rel = np.array(g), np.array(rel)
+    growth = rel[:, -1] - rel[:, 0]
+    return {"c": c.tolist(), "gap": (l1 - l2).tolist(), "gap_lo": np.nanpercentile(g, 2.5, 0).tolist(),
+            "gap_hi": np.nanpercentile(g, 97.5, 0).tolist(), "rel_gap": ((l1 - l2) / l1).tolist(),
+            "rel_lo": np.nanpercentile(rel, 2.5, 0).tolist(), "rel_hi": np.nanpercentile(rel, 97.5, 0).tolist(),
+            "rel_growth": float(((l1 - l2) / l1)[-1] - ((l1 - l2) / l1)[0]),
+            "rel_growth_ci": list(interval(growth)), "draws": int(k)}
+
+
+def paired_runs(points: Sequence[Point], a: str, b: str, *, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """Model-free check beside the fitted gap: runs of mixers a and b with the same size name and budget
+    (nominal compute, else tokens), relative difference (L_a − L_b) / L_a per pair, its mean with a percentile
+    bootstrap interval over pairs, and how many pairs favour b."""
+    def key(p):
+        return (p.size, p.extra.get("nominal_compute") or p.d)
+    pa = {key(p): p for p in points if p.mixer == a}
+    pb = {key(p): p for p in points if p.mixer == b}
+    common = sorted(set(pa) & set(pb), key=lambda k: (pa[k].n, k[1]))
+    if not common:
+        return None
+    rel = np.array([(pa[k].loss - pb[k].loss) / pa[k].loss for k in common])
+    rng = np.random.default_rng(seed)
+    boot = [rel[rng.integers(0, rel.size, rel.size)].mean() for _ in range(n_boot)]
+    return {"pairs": [{"size": k[0], "budget": k[1], "loss_" + a: pa[k].loss, "loss_" + b: pb[k].loss,
+                       "rel": float(r)} for k, r in zip(common, rel)],
+            "mean_rel": float(rel.mean()), "mean_rel_ci": list(interval(boot)), "b_better": int((rel > 0).sum()),
+            "n": int(rel.size)}
+
+
+# -------------------------------------------------------------------------------------- paper comparison
+def paper_points() -> dict[str, dict]:
+    """The paper's four sizes: non-embedding N (Softmax and Interdomain shapes), tokens D, and validation loss
+    ln(ppl) from Fig. 2 / Table 6 (FineWeb-Edu, 32K tokenizer; 350M and 760M read off the figure)."""
+    from idattn.configs import base_config
+    from idattn.eval import paper_numbers as P
+    from idattn.models.spec import apply_mixer_name
+    from idattn.configs.sizes import PAPER_WIDTHS, non_embedding_params, paper_shape
+
+    tokens = {"125m": 2.5e9, "350m": 7e9, "760m": 15e9, "1.3b": 26e9}  # App. A.2 (experiments/scaling.py)
+    out = {}
+    for size, width in PAPER_WIDTHS.items():
+        row = {"d": tokens[size], "n": {}, "paper_loss": {}, "approx": size in P.APPROX_FIG2}
+        for mixer in ("softmax", "interdomain"):
+            c = base_config()
+            c.model.update(paper_shape(width))
+            apply_mixer_name(c.model, mixer)
+            row["n"][mixer] = float(non_embedding_params(c.model))
+            row["paper_loss"][mixer] = math.log(P.VAL_PPL[size][mixer])
+        out[size] = row
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------- plots
+def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    mixers = list(fits)
+    colors = {m: c for m, c in zip(mixers, ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange"))}
+
+    # law.png: per mixer, loss vs N along each budget (IsoFLOP curves) or fixed D, and loss vs D per size
+    fig, axes = plt.subplots(len(mixers), 2, figsize=(11, 4.2 * len(mixers)), squeeze=False)
+    for r, m in enumerate(mixers):
+        pts, fit = points_by_mixer[m], fits[m]
+        ax = axes[r, 0]
+        groups = isoflop_groups(pts)
+        cmap = plt.get_cmap("viridis")
+        for i, (c, gp) in enumerate(groups.items()):
+            col = cmap(i / max(1, len(groups) - 1))
+            ns = np.array([p.n for p in gp])
+            nn = np.geomspace(ns.min() / 1.5, ns.max() * 1.5, 60)
+            mid, lo, hi = predict_with_band(fit, nn, c / (6 * nn))
+            ax.plot(nn, mid, color=col, lw=1.2)
+            ax.fill_between(nn, lo, hi, color=col, alpha=0.2)
+            ax.scatter(ns, [p.loss for p in gp], color=col, edgecolor="k", zorder=3, label=f"C = {c:.2g} FLOPs")
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title(f"{m}: loss vs N at fixed compute C = 6ND\n(fitted law, 95% bootstrap band)")
+        ax.legend(fontsize=8)
+        ax = axes[r, 1]
+        sizes = sorted({p.n for p in pts})
+        for i, s in enumerate(sizes):
+            col = plt.get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85)
+            gp = [p for p in pts if p.n == s]
+            ds = np.array([p.d for p in gp])
+            dd = np.geomspace(ds.min() / 1.5, ds.max() * 1.5, 60)
+            mid, lo, hi = predict_with_band(fit, np.full_like(dd, s), dd)
+            ax.plot(dd, mid, color=col, lw=1.2)
+            ax.fill_between(dd, lo, hi, color=col, alpha=0.2)
+            ax.scatter(ds, [p.loss for p in gp], color=col, edgecolor="k", zorder=3,
+                       label=f"{gp[0].size} (N = {s:,.0f})")
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens D")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title(f"{m}: loss vs D at fixed N")
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    files.append(os.path.join(out, "law.png"))
+    fig.savefig(files[-1], dpi=80)
+    plt.close(fig)
+
+    # isoflop.png: parabolas and minima per budget
+    fig, axes = plt.subplots(1, len(mixers), figsize=(5.5 * len(mixers), 4.2), squeeze=False)
+    for j, m in enumerate(mixers):
+        ax = axes[0, j]
+        groups = isoflop_groups(points_by_mixer[m])
+        mins = {mm["compute"]: mm for mm in fits[m]["isoflop"]["minima"]}
+        for i, (c, gp) in enumerate(groups.items()):
+            col = plt.get_cmap("viridis")(i / max(1, len(groups) - 1))
+            ns = np.array([p.n for p in gp])
+            ax.scatter(ns, [p.loss for p in gp], color=col, edgecolor="k", zorder=3, label=f"C = {c:.2g}")
+            mm = mins.get(c)
+            if mm and "coef" in mm:
+                xx = np.linspace(np.log(ns.min()) - 0.3, np.log(ns.max()) + 0.3, 80)
+                ax.plot(np.exp(xx), np.polyval(mm["coef"], xx), color=col, lw=1)
+            if mm and mm.get("ok"):  # filled: minimum inside the sizes tried; hollow: extrapolated outside
+                ax.scatter([mm["n_opt"]], [mm["loss_opt"]], marker="*", s=160, zorder=4,
+                           color=col if mm["inside"] else "none", edgecolor=col if not mm["inside"] else "k")
+        ax.set_xscale("log")
+        ax.set_xlabel("non-embedding parameters N")
+        ax.set_ylabel("validation loss (nats/token)")
+        ax.set_title(f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum (hollow: outside the sizes tried)",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    files.append(os.path.join(out, "isoflop.png"))
+    fig.savefig(files[-1], dpi=80)
+    plt.close(fig)
+
+    # frontier.png: every mixer on one figure
+    cmin = min(f["range"]["c"][0] for f in fits.values()) / 3
+    cmax = max(f["range"]["c"][1] for f in fits.values()) * 30
+    cc = np.geomspace(cmin, cmax, 80)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    for m in mixers:
+        fr = frontier_with_band(fits[m], cc)
+        col = colors[m]
+        for ax, k, lab in zip(axes, ("loss", "n", "d"), ("compute-optimal loss L*(C) (nats/token)",
+                                                           "compute-optimal N*(C) (non-embedding params)",
+                                                           "compute-optimal D*(C) (tokens)")):
+            ax.plot(cc, fr[k], color=col, label=f"{m} (fitted law)")
+            ax.fill_between(cc, fr[k + "_lo"], fr[k + "_hi"], color=col, alpha=0.2)
+            ax.set_xscale("log")
+            if k != "loss":
+                ax.set_yscale("log")
+            ax.set_xlabel("training compute C = 6ND (FLOPs)")
+            ax.set_ylabel(lab)
+        for mm in fits[m]["isoflop"]["minima"]:
+            if mm.get("ok"):
+                axes[0].scatter([mm["compute"]], [mm["loss_opt"]], color=col, marker="*", s=120, edgecolor="k",
+                                zorder=4)
+                axes[1].scatter([mm["compute"]], [mm["n_opt"]], color=col, marker="*", s=120, edgecolor="k",
+                                zorder=4)
+                axes[2].scatter([mm["compute"]], [mm["d_opt"]], color=col, marker="*", s=120, edgecolor="k",
+                                zorder=4)
+        for ax in axes:
+            for edge in fits[m]["range"]["c"]:
+                ax.axvline(edge, color=col, ls=":", lw=0.8)
+    axes[0].legend(fontsize=8)
+    axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: the data's range of C, "
+                      "extrapolation outside)", fontsize=9)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    files.append(os.path.join(out, "frontier.png"))
+    fig.savefig(files[-1], dpi=80)
+    plt.close(fig)
+
+    if diff is not None:
+        a, b = diff["mixers"]
+        fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+        c = np.array(diff["c"])
+        lo_c, hi_c = diff["in_range"]["c"]
+        for ax, (x0, x1), ttl in zip(axes, ((lo_c / 1.5, hi_c * 1.5), (c.min(), c.max() * 1.5)),
+                                     ("within the data's compute range", "extrapolated to the paper's compute")):
+            keep = (c >= x0) & (c <= x1)
+            if keep.sum() < 2:
+                keep = np.ones_like(c, bool)
+            ax.plot(c[keep], 100 * np.array(diff["rel_gap"])[keep], color="k", label="fitted laws (this study)")
+            ax.fill_between(c[keep], 100 * np.array(diff["rel_lo"])[keep], 100 * np.array(diff["rel_hi"])[keep],
+                            color="gray", alpha=0.3, label="95% bootstrap band")
+            ax.axhline(0, color="k", lw=0.6)
+            for edge in (lo_c, hi_c):
+                ax.axvline(edge, color="k", ls=":", lw=0.8)
+            ax.set_xscale("log")
+            ax.set_xlabel("training compute C = 6ND (FLOPs)")
+            ax.set_ylabel(f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
+            ax.set_title(f"{b}'s advantage over {a}\nat each law's compute-optimal size, {ttl}", fontsize=9)
+        pp = diff.get("paper")
+        if pp:
+            axes[1].scatter(pp["c"], [100 * g for g in pp["rel_gap"]], color="tab:red", marker="D", zorder=4,
+                            label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
+            axes[1].set_ylim(-100, 100)
+        axes[1].legend(fontsize=7, loc="lower left")
+        fig.suptitle(title, fontsize=8)
+        fig.tight_layout()
+        files.append(os.path.join(out, "gap.png"))
+        fig.savefig(files[-1], dpi=80)
+        plt.close(fig)
+    return files
+
+
+# -------------------------------------------------------------------------------------------------- driver
+def _fmt_ci(v, ci, f="{:.3g}"):
+    return f"{f.format(v)} [{f.format(ci[0])}, {f.format(ci[1])}]"
+
+
+def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int = 200, seed: int = 0,
+             plots: bool = True, title: str = "", compare: Sequence[str] = ("softmax", "interdomain"),
+             inits=None) -> dict:
+    points, skipped = collect(root, metric)
+    by_mixer: dict[str, list[Point]] = {}
+    for p in points:
+        by_mixer.setdefault(p.mixer, []).append(p)
+    fits, notes = {}, list(skipped)
+    for m, pts in sorted(by_mixer.items()):
+        if len(pts) < 5 or len({p.n for p in pts}) < 2 or len({p.d for p in pts}) < 2:
+            notes.append(f"{m}: {len(pts)} finished runs ({len({p.n for p in pts})} sizes); need >= 5 runs over "
+                         f">= 2 sizes and >= 2 token budgets to fit")
+            continue
+        fits[m] = fit_mixer(pts, n_boot=n_boot, seed=seed, inits=inits)
+    if not fits:
+        raise SystemExit("idattn.scaling: nothing to fit:\n  " + "\n  ".join(notes))
+    out = out or os.path.join(root, "scaling")
+    os.makedirs(out, exist_ok=True)
+    diff = None
+    if len(compare) == 2 and all(m in fits for m in compare):
+        lo = min(fits[m]["range"]["c"][0] for m in compare)
+        hi = max(fits[m]["range"]["c"][1] for m in compare)
+        paper_c = [6 * r["n"]["softmax"] * r["d"] for r in paper_points().values()]
+        grid = np.geomspace(lo, max(hi, max(paper_c)), 60)
+        diff = difference_test(fits[compare[0]], fits[compare[1]], grid)
+        diff["mixers"] = list(compare)
+        diff["c_data_max"] = hi
+        diff["paired_runs"] = paired_runs(points, compare[0], compare[1])
+        pts = paper_points() if set(compare) <= {"softmax", "interdomain"} else {}
+        diff["paper"] = None if not pts else {"sizes": list(pts), "c": [6 * r["n"][compare[0]] * r["d"] for r in pts.values()],
+                         "rel_gap": [(r["paper_loss"][compare[0]] - r["paper_loss"][compare[1]])
+                                     / r["paper_loss"][compare[0]] for r in pts.values()],
+                         "note": "the paper's validation losses (ln ppl) at its fixed sizes and token budgets, "
+                                 "FineWeb-Edu: another corpus and tokenizer, and not compute-optimal sizes"}
+        # the headline: the change of the relative gap over the data's own compute range
+        inside = difference_test(fits[compare[0]], fits[compare[1]], np.array([lo, hi]))
+        diff["in_range"] = {"c": [lo, hi], "rel_gap": inside["rel_gap"], "rel_lo": inside["rel_lo"],
+                            "rel_hi": inside["rel_hi"], "rel_growth": inside["rel_growth"],
+                            "rel_growth_ci": inside["rel_growth_ci"]}
+    paper = paper_points()
+    preds = {}
+    for m, fit in fits.items():
+        if m not in ("softmax", "interdomain"):
+            continue
+        preds[m] = {}
+        for size, row in paper.items():
+            mid, lo_, hi_ = predict_with_band(fit, np.array([row["n"][m]]), np.array([row["d"]]))
+            preds[m][size] = {"n": row["n"][m], "d": row["d"], "pred_loss": float(mid[0]),
+                              "pred_ci": [float(lo_[0]), float(hi_[0])], "paper_loss": row["paper_loss"][m],
+                              "paper_approx": row["approx"]}
+    files = _plots(fits, by_mixer, out, diff, title or f"{root} ({metric})") if plots else []
+    result = {"root": os.path.abspath(root), "metric": metric, "n_boot": n_boot, "huber_delta": HUBER_DELTA,
+              "notes": notes, "points": [asdict(p) for p in points],
+              "fits": {m: {k: v for k, v in f.items() if k != "boot"} for m, f in fits.items()},
+              "difference": diff, "paper_predictions": preds, "plots": files,
+              "paper_predictions_note": "extrapolation of the fitted law far beyond the data (N, D up to "
+                                        "10^4-10^5 x larger); the paper trained on FineWeb-Edu with a 32K "
+                                        "tokenizer: absolute losses are not comparable to these runs'"}
+    with open(os.path.join(out, "scaling_fit.json"), "w") as f:
+        json.dump(result, f, indent=1, default=_json_default)
+    result["_fits"] = fits
+    return result
+
+
+def _json_default(o):
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    raise TypeError(type(o))
+
+
+def print_report(res: dict) -> None:
+    fits = res["_fits"]
+    print(f"idattn.scaling: {len(res['points'])} finished runs under {res['root']} (metric {res['metric']}); "
+          f"intervals: 95% percentile bootstrap over runs ({res['n_boot']} draws)")
+    for n in res["notes"]:
+        print(f"  note: {n}")
+    print("\nL(N, D) = E + A/N^alpha + B/D^beta  (Huber on log residuals, delta 1e-3; N non-embedding params, "
+          "D tokens)")
+    print("| mixer | runs | E | A | alpha | B | beta | a (N*~C^a) | b (D*~C^b) | rms log resid | "
+          "held-out (largest size) mean / max rel. err |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for m, f in fits.items():
+        p, ci = f["params"], f["ci"]
+        ho = f["held_out"].get("largest")
+        hos = f"{ho['size']}: {100 * ho['mean_rel_err']:.2f}% / {100 * ho['max_rel_err']:.2f}%" if ho else "-"
+        print(f"| {m} | {f['n_runs']} | {_fmt_ci(p['E'], ci['E'])} | {_fmt_ci(p['A'], ci['A'])} | "
+              f"{_fmt_ci(p['alpha'], ci['alpha'])} | {_fmt_ci(p['B'], ci['B'])} | {_fmt_ci(p['beta'], ci['beta'])} | "
+              f"{_fmt_ci(f['derived']['a_N_opt'], f['derived_ci']['a_N_opt'])} | "
+              f"{_fmt_ci(f['derived']['b_D_opt'], f['derived_ci']['b_D_opt'])} | {f['rms_log_resid']:.4f} | {hos} |")
+    print("\nIsoFLOP minima (parabola in log N per budget) and compute-optimal exponents")
+    print("| mixer | C (FLOPs) | sizes | N_opt | D_opt | L_opt | minimum inside the sizes? |")
+    print("|---|---|---|---|---|---|---|")
+    for m, f in fits.items():
+        for mm in f["isoflop"]["minima"]:
+            if mm.get("ok"):
+                print(f"| {m} | {mm['compute']:.2g} | {mm['sizes']} | {mm['n_opt']:,.0f} | {mm['d_opt']:,.0f} | "
+                      f"{mm['loss_opt']:.4f} | {'yes' if mm['inside'] else 'no (extrapolated)'} |")
+            else:
+                print(f"| {m} | {mm['compute']:.2g} | {mm['sizes']} | - | - | - | {mm['why']} |")
+    for m, f in fits.items():
+        ex = f["isoflop"].get("exponents")
+        if ex:
+            print(f"  {m}: N_opt ~ C^{_fmt_ci(ex['a_N_opt'], ex['a_ci'])}, "
+                  f"D_opt ~ C^{_fmt_ci(ex['b_D_opt'], ex['b_ci'])} ({ex['budgets_used']} budgets)")
+        else:
+            print(f"  {m}: no IsoFLOP exponents ({f['isoflop'].get('why')})")
+    print("\nHeld-out: law refitted without each size, predicting that size's runs (mean / max relative error)")
+    for m, f in fits.items():
+        print(f"  {m}: " + "; ".join(f"{r['size']} {100 * r['mean_rel_err']:.2f}% / {100 * r['max_rel_err']:.2f}%"
+                                      for r in f["held_out"]["per_size"]))
+    d = res.get("difference")
+    if d:
+        a, b = d["mixers"]
+        ir = d["in_range"]
+        print(f"\nDifference test: relative gap (L*_{a} - L*_{b}) / L*_{a} at the compute-optimal size")
+        for c, g, lo, hi in zip(ir["c"], ir["rel_gap"], ir["rel_lo"], ir["rel_hi"]):
+            print(f"  C = {c:.2g}: {100 * g:+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%]")
+        gi = ir["rel_growth_ci"]
+        verdict = ("grows" if gi[0] > 0 else "shrinks" if gi[1] < 0 else "no significant change")
+        print(f"  change over the data's compute range: {100 * ir['rel_growth']:+.2f} points "
+              f"[{100 * gi[0]:+.2f}, {100 * gi[1]:+.2f}] -> {verdict}")
+        pr = d.get("paired_runs")
+        if pr:
+            print(f"  model-free: {pr['n']} pairs of runs (same size and budget): mean (L_{a} - L_{b}) / L_{a} = "
+                  f"{100 * pr['mean_rel']:+.2f}% [{100 * pr['mean_rel_ci'][0]:+.2f}%, "
+                  f"{100 * pr['mean_rel_ci'][1]:+.2f}%]; {b} lower in {pr['b_better']} of {pr['n']}")
+        i = -1
+        print(f"  extrapolated to C = {d['c'][i]:.2g} (the paper's 1.3B): {100 * d['rel_gap'][i]:+.2f}% "
+              f"[{100 * d['rel_lo'][i]:+.2f}%, {100 * d['rel_hi'][i]:+.2f}%] (extrapolation)")
+    if res["paper_predictions"]:
+        print("\nPredictions at the paper's sizes and token budgets -- EXTRAPOLATION of the fitted law by orders of "
+              "magnitude; different corpus and tokenizer from the paper (FineWeb-Edu, 32K): absolute values are "
+              "not comparable")
+        print("| mixer | size | N (non-emb.) | D | predicted loss [95%] | paper val loss (ln ppl) |")
+        print("|---|---|---|---|---|---|")
+        for m, rows in res["paper_predictions"].items():
+            for size, r in rows.items():
+                print(f"| {m} | {size} | {r['n']:,.0f} | {r['d']:.2g} | {r['pred_loss']:.3f} "
+                      f"[{r['pred_ci'][0]:.3f}, {r['pred_ci'][1]:.3f}] | {r['paper_loss']:.3f}"
+                      f"{' (read off Fig. 2)' if r['paper_approx'] else ''} |")
+    if res["plots"]:
+        print("\nplots: " + ", ".join(res["plots"]))
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog="python -m idattn.scaling", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    f = sub.add_parser("fit", help="fit scaling laws to the run folders under --root")
+    f.add_argument("--root", required=True)
+    f.add_argument("--metric", default="val_loss", choices=["val_loss", "train_loss"])
+    f.add_argument("--out", default="", help="output folder (default <root>/scaling)")
+    f.add_argument("--n_boot", type=int, default=200, help="bootstrap draws")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--compare", default="softmax,interdomain", help="two mixers for the difference test")
+    f.add_argument("--title", default="", help="caption of the plots (say what the runs were)")
+    f.add_argument("--no_plots", action="store_true")
+    a = p.parse_args(argv)
+    res = fit_root(a.root, metric=a.metric, out=a.out, n_boot=a.n_boot, seed=a.seed, plots=not a.no_plots,
+                   title=a.title, compare=tuple(x for x in a.compare.split(",") if x))
+    print_report(res)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
