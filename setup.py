@@ -2,13 +2,18 @@
 
 Core install: the operator, layers, models, trainer, data pipeline and evaluation.
 Extras: `test` (pytest, xdist, and the TPU/CUDA compilers for the ahead-of-time tests), `tpu` (TPU VMs, libtpu), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter),
-`gcs` (bucket paths for the data prep step), `cuda12` (NVIDIA GPUs; deviceless H100/H200 compilation).
+`gcs` (bucket paths for the data prep step), `cuda12` (NVIDIA GPUs, CUDA libraries from pip; deviceless H100/H200
+compilation), `cuda12-local` (NVIDIA GPUs on a cluster that provides CUDA 12, cuDNN and NCCL itself).
 """
 from setuptools import find_packages, setup
 
 # Accelerator runtimes, pinned to the jax version in install_requires (a mismatched libtpu or plugin refuses to load).
 _TPU = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
-_CUDA12 = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"]
+# The plugin alone brings no CUDA libraries: its `with-cuda` extra adds cuDNN, cuBLAS, NCCL and the runtime.
+_CUDA12_LOCAL = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2"]
+_CUDA12 = ["jax-cuda12-plugin[with-cuda]==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"]
+# deviceless compilation (the test extra) needs ptxas and libdevice only: no multi-GB runtime libraries
+_CUDA12_COMPILE = [*_CUDA12_LOCAL, "nvidia-cuda-nvcc-cu12>=12.9.86"]
 
 setup(
     name="idattn",
@@ -47,15 +52,20 @@ setup(
         # The test extra pins jax to the version the suite is exercised with, and brings the TPU and CUDA
         # compilers so that the ahead-of-time tests (tests/test_aot_*.py, tests/test_mesh_kernels.py) compile
         # for real TPU and H100/H200 targets on a CPU-only host. pytest-xdist: the suite runs on 2 workers.
-        "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "jax==0.10.2", "jaxlib==0.10.2", *_TPU, *_CUDA12],
+        "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "jax==0.10.2", "jaxlib==0.10.2", *_TPU,
+                 *_CUDA12_COMPILE],
         "tfds": ["tensorflow-datasets>=4.9"],
         "harness": ["lm-eval>=0.4.5"],
         "gcs": ["gcsfs>=2024.1"],
         "hub": ["huggingface_hub>=0.24"],
-        # GPU: the CUDA 12 plugin at exactly the jax version above (runs on an NVIDIA host; on a CPU-only host it
-        # compiles for H100/H200 targets, `python -m idattn.aot --topology=h200x8`); the nvcc wheel supplies ptxas
-        # and libdevice for that compile (docs/kernels.md, "Deviceless compilation").
+        # GPU: the CUDA 12 plugin at exactly the jax version above with the CUDA libraries it loads (cuDNN,
+        # cuBLAS, NCCL, the runtime) as pip wheels, so a node needs only the NVIDIA driver (runs on an NVIDIA host;
+        # on a CPU-only host it compiles for H100/H200 targets, `python -m idattn.aot --topology=h200x8`); the nvcc
+        # wheel supplies ptxas and libdevice for that compile (docs/kernels.md, "Deviceless compilation").
         "cuda12": _CUDA12,
+        # GPU clusters that provide CUDA 12 themselves (`module load cuda cudnn nccl`, launch/slurm.py --module):
+        # only the plugin, which then loads the system's libraries.
+        "cuda12-local": _CUDA12_LOCAL,
         # TPU VMs (and ahead-of-time compilation for TPU topologies on any host): libtpu at jax's own pin.
         "tpu": _TPU,
     },

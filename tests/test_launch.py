@@ -92,6 +92,26 @@ def test_slurm_dry_run_script(tmp_path):
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     per_node = _run("slurm.py", "--nodes=2", "--mode=per_node", "--dry_run", "--", *TRAIN)
     assert "#SBATCH --ntasks-per-node=1" in per_node and "--gpus-per-task" not in per_node
+    # the trainer learns the mode (idattn/train/distributed.py): one GPU per task, or all of the node's
+    assert "export IDATTN_LOCAL_DEVICES=one\n" in script and "export IDATTN_LOCAL_DEVICES=all\n" in per_node
+
+
+def test_slurm_modules_and_setup_lines(tmp_path):
+    """--module / --setup (repeatable) become `module load` and verbatim shell lines on the nodes, in order,
+    after `cd --repo` and before the venv is activated; the script still parses."""
+    out = _run("slurm.py", "--repo=/shared/my repo", "--venv=/shared/venv", "--module=cuda/12.4", "--module=nccl 2.21",
+               "--setup=export NCCL_SOCKET_IFNAME=ib0", "--setup=ulimit -n 65536", "--python=/opt/my py/bin/python",
+               "--dry_run", "--", *TRAIN)
+    script = out.split("# submit with")[0]
+    lines = script.splitlines()
+    want = ["cd '/shared/my repo'", "module load cuda/12.4", "module load 'nccl 2.21'",
+            "export NCCL_SOCKET_IFNAME=ib0", "ulimit -n 65536", "source /shared/venv/bin/activate"]
+    k = lines.index(want[0])
+    assert lines[k:k + len(want)] == want
+    assert "srun --kill-on-bad-exit=1 '/opt/my py/bin/python' -m idattn.train" in script
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
 
 
 @pytest.fixture
@@ -182,3 +202,22 @@ def test_tpu_create_queued_waits_until_active(tmp_path, states, rc, said):
     assert said in p.stdout + p.stderr
     assert int((tmp_path / "n").read_text()) == len(states.split())  # polled until the last state, no further
     assert "pod: WAITING_FOR_RESOURCES after" in p.stdout and p.stdout.count("WAITING_FOR_RESOURCES") == 1
+
+
+def test_cuda_extras():
+    """`cuda12` brings the CUDA libraries (the plugin's with-cuda extra) at jax's pin and keeps the nvcc wheel;
+    `cuda12-local` is the plugin alone, for clusters that load their own CUDA."""
+    import setuptools
+    seen = {}
+    old = setuptools.setup
+    setuptools.setup = lambda **kw: seen.update(kw)
+    try:
+        src = open(os.path.join(REPO, "setup.py")).read()
+        exec(compile(src, "setup.py", "exec"), {"__name__": "__main__"})
+    finally:
+        setuptools.setup = old
+    extras = seen["extras_require"]
+    assert "jax-cuda12-plugin[with-cuda]==0.10.2" in extras["cuda12"]
+    assert any(r.startswith("nvidia-cuda-nvcc-cu12") for r in extras["cuda12"])
+    assert sorted(extras["cuda12-local"]) == ["jax-cuda12-pjrt==0.10.2", "jax-cuda12-plugin==0.10.2"]
+    assert not any("with-cuda" in r for r in extras["test"])  # deviceless compile: no runtime libraries

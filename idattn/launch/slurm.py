@@ -88,7 +88,7 @@ def render(args, train_args: list[str]) -> str:
         job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
         gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
         cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
-        setup=setup, python=args.python, train_args=shlex.join(train_args),
+        setup=setup, python=shlex.quote(args.python), train_args=shlex.join(train_args),
         local_devices="one" if per_gpu else "all")
 
 
