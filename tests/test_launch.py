@@ -221,3 +221,65 @@ def test_cuda_extras():
     assert any(r.startswith("nvidia-cuda-nvcc-cu12") for r in extras["cuda12"])
     assert sorted(extras["cuda12-local"]) == ["jax-cuda12-pjrt==0.10.2", "jax-cuda12-plugin==0.10.2"]
     assert not any("with-cuda" in r for r in extras["test"])  # deviceless compile: no runtime libraries
+
+
+def _remote(line: str) -> str:
+    return [w for w in shlex.split(line) if w.startswith("--command=")][0][len("--command="):]
+
+
+FAKE_PY = """#!/bin/bash
+# stands in for the worker's python3.11 / the venv's python: records its arguments and working folder
+echo "$PWD|$*" >> "$CALLS"
+if [ "$1 $2" = "-m venv" ]; then mkdir -p "$3/bin" && cp "$0" "$3/bin/python"; fi
+exit "${FAKE_RC:-0}"
+"""
+
+
+def test_tpu_remote_paths_are_quoted(tmp_path):
+    """--remote_dir, --venv and --python reach the worker's shell as single words: paths with a space and a `;`
+    run the setup in the right folders and nothing after the `;` executes."""
+    odd = tmp_path / "a b;touch PWNED;x"
+    remote, venv, py = odd / "repo", odd / "venv", odd / "py thon3.11"
+    odd.mkdir()
+    py.write_text(FAKE_PY)
+    py.chmod(0o755)
+    name = f"quoting-{os.getpid()}"
+    tarball = f"/tmp/{name}-idattn.tgz"
+    subprocess.run(["tar", "czf", tarball, "-C", REPO, "setup.py"], check=True)
+    try:
+        setup = _run("tpu.py", "setup", f"--name={name}", "--zone=z", f"--remote_dir={remote}", f"--venv={venv}",
+                     f"--python={py}", "--dry_run").strip().splitlines()
+        calls = tmp_path / "calls"
+        p = subprocess.run(["bash", "-c", _remote(setup[2])], cwd=tmp_path, capture_output=True, text=True,
+                           env=dict(os.environ, CALLS=str(calls)), timeout=60)
+    finally:
+        os.remove(tarball)
+    assert p.returncode == 0, p.stderr
+    assert (remote / "setup.py").exists()  # unpacked where asked
+    log = calls.read_text().splitlines()
+    assert log[0] == f"{tmp_path}|-m venv {venv}" and log[-1] == f"{remote}|-m pip install -e .[tpu]"
+    assert not list(tmp_path.rglob("PWNED"))
+    train = _run("tpu.py", "train", "--name=pod", "--zone=z", f"--remote_dir={remote}", f"--venv={venv}",
+                 "--dry_run", "--", *TRAIN)
+    assert subprocess.run(["bash", "-n", "-c", _remote(train)]).returncode == 0
+    assert shlex.quote(f"{venv}/bin/python") + " -m idattn.train" in _remote(train)  # one word on the worker
+    home = _run("tpu.py", "setup", "--name=pod", "--zone=z", "--dry_run")  # the default ~ still expands
+    assert "mkdir -p ~/idattn &&" in home and "-m venv ~/idattn-venv" in home
+
+
+@pytest.mark.parametrize("rc", [0, 3])
+def test_tpu_foreground_returns_the_trainers_status(tmp_path, rc):
+    """`train --foreground` pipes through tee; the remote command's status is still the trainer's (pipefail):
+    a failed training is not reported as success (the sweep would go on to delete the slice)."""
+    remote, venv = tmp_path / "remote", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").write_text(FAKE_PY)
+    (venv / "bin" / "python").chmod(0o755)
+    remote.mkdir()
+    fg = _run("tpu.py", "train", "--name=pod", "--zone=z", "--foreground", f"--remote_dir={remote}",
+              f"--venv={venv}", "--dry_run", "--", *TRAIN)
+    p = subprocess.run(["bash", "-c", _remote(fg)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CALLS=str(tmp_path / "calls"), FAKE_RC=str(rc)))
+    assert p.returncode == rc, p.stderr
+    assert (tmp_path / "calls").read_text().strip() == f"{remote}|-m idattn.train {' '.join(TRAIN)}"
+    assert len(list((remote / "logs").glob("train-*.log"))) == 1  # tee still wrote the log

@@ -31,7 +31,10 @@ the SSH session (a dropped connection does not stop it), output in <remote_dir>/
 its pid in <remote_dir>/logs/train-<hostname>.pid. Each worker is one JAX process; `jax.distributed.initialize()`
 finds the slice's other hosts by itself (idattn.train.distributed detects TPU_WORKER_HOSTNAMES). Rerunning
 `train` with the same arguments resumes from the latest checkpoint. `--foreground` runs it attached instead
-(streams the output; returns when training ends — what a script that runs several trainings in turn wants).
+(streams the output through `tee` into the same log; returns when training ends, with the trainer's exit status
+under `set -o pipefail` — what a script that runs several trainings in turn wants).
+Every path (--remote_dir, --venv, --python) is shell-quoted in the remote commands; a leading `~/` is kept
+unquoted so that the worker's shell expands it.
 The workdir must be a filesystem path that every worker sees as the same folder: a bucket mounted with gcsfuse or
 a Filestore/NFS share (the trainer writes metrics.jsonl and config.json with ordinary file I/O).
 """
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -60,12 +64,22 @@ def ssh_all(args, command: str) -> list[str]:
     return ssh(args, command, "all")
 
 
+def q(path: str) -> str:
+    """`path` as one word of the remote shell command: shell-quoted, except that a leading `~/` stays unquoted
+    so that the worker's shell still expands it to the home folder."""
+    m = re.match(r"~[A-Za-z0-9._-]*(?=/|$)", path)
+    if m:
+        rest = path[m.end():]
+        return m.group(0) + ("/" + shlex.quote(rest[1:]) if rest[1:] else rest)
+    return shlex.quote(path)
+
+
 def _py(args) -> str:
-    return f"{args.venv}/bin/python"
+    return q(f"{args.venv}/bin/python")
 
 
 def _log(args) -> str:
-    return f"{args.remote_dir}/logs/train-$(hostname)"
+    return f"{q(args.remote_dir + '/logs')}/train-$(hostname)"
 
 
 def archive_command(args, tarball: str) -> list[str]:
@@ -86,23 +100,25 @@ def commands(args, rest: list[str]) -> list[list[str]]:
         return [c]
     if a == "setup":
         tarball = f"/tmp/{args.name}-idattn.tgz"
-        py = args.python
+        py, rd, tb = q(args.python), q(args.remote_dir), q(tarball)
         get_py = (f"(command -v {py} >/dev/null || (sudo apt-get update -q && sudo apt-get install -y -q {py} "
-                  f"{py}-venv))")
+                  f"{q(args.python + '-venv')}))")
         return [
             archive_command(args, tarball),
             _base(args, "tpu-vm", "scp", tarball, f"{args.name}:{tarball}") + ["--worker=all"],
-            ssh_all(args, f"mkdir -p {args.remote_dir} && tar xzf {tarball} -C {args.remote_dir} && {get_py} && "
-                          f"{py} -m venv {args.venv} && {_py(args)} -m pip install -q -U pip && "
-                          f"cd {args.remote_dir} && {_py(args)} -m pip install -e \".[tpu]\""),
+            ssh_all(args, f"mkdir -p {rd} && tar xzf {tb} -C {rd} && {get_py} && "
+                          f"{py} -m venv {q(args.venv)} && {_py(args)} -m pip install -q -U pip && "
+                          f"cd {rd} && {_py(args)} -m pip install -e \".[tpu]\""),
         ]
     if a == "train":
         if not rest:
             raise SystemExit("train: pass the trainer's arguments after `--` (at least --config and --workdir)")
         run = f"{_py(args)} -m idattn.train {shlex.join(rest)}"
-        pre = f"cd {args.remote_dir} && mkdir -p logs && "
+        pre = f"cd {q(args.remote_dir)} && mkdir -p logs && "
         if args.foreground:
-            return [ssh_all(args, pre + f"{run} 2>&1 | tee {_log(args)}.log")]
+            # pipefail: the command's status is the trainer's, not tee's (a sweep must not delete a failed run's
+            # slice as if it had finished)
+            return [ssh_all(args, "set -o pipefail; " + pre + f"{run} 2>&1 | tee {_log(args)}.log")]
         return [ssh_all(args, pre + f"setsid nohup {run} > {_log(args)}.log 2>&1 < /dev/null & "
                               f"echo $! > {_log(args)}.pid && echo \"$(hostname): training, pid $(cat {_log(args)}"
                               f".pid), log {_log(args)}.log\"")]
