@@ -5,4 +5,5 @@ from idattn.configs import mqar as _module
 globals().update({k: v for k, v in vars(_module).items() if not k.startswith("__")})
 
 if __name__ == "__main__":
-    _module.main()
+    from idattn.studies.mqar import main
+    main()

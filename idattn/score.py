@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 import sys
 
-import jax
-import jax.numpy as jnp
 from absl import app, flags, logging
 
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
+from idattn.eval.scoring import score_ids
 from idattn.rundir.loading import load_model
 
 _CONFIG = None
@@ -32,15 +31,6 @@ def define_flags() -> None:
     flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
     flags.DEFINE_string("out", None, "JSON output path (default: stdout)")
-
-
-def score_ids(model, params, ids: list[int]) -> list[float | None]:
-    """log p(ids[i] | ids[:i]) for i ≥ 1 (float32 logits); entry 0 is None."""
-    tokens = jnp.asarray([ids], jnp.int32)
-    logits = jax.jit(model.apply)({"params": params}, tokens)[0]
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    lp = jnp.take_along_axis(logp[:-1], tokens[0, 1:, None], axis=-1)[:, 0]
-    return [None] + [float(x) for x in lp]
 
 
 def main(argv):

@@ -18,7 +18,7 @@ skip (c) / (d) with the reason; they never stop (a) / (b).
     chunk; plus pallas vs the XLA chunked path at a benchmark shape. Prints max relative errors and PASS/FAIL.
 (b) the operator table of `python -m idattn.bench op` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
     T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run.
-(c) `python -m idattn.models.gpu_smoke` (cuDNN attention with segment masks, the model-level Pallas path).
+(c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
 (e) while the budget lasts: pallas variants (save_states, chunk 128), the XLA chunked path, the decode step.
@@ -277,13 +277,13 @@ def deps_missing():
 
 
 def make_deps(dest):
-    """Copy the third-party pure-Python packages that idattn.models, idattn.models.gpu_smoke and
+    """Copy the third-party pure-Python packages that idattn.models, idattn.bench.smoke and
     idattn.bench.model import (beyond jax / numpy / the image's own) from this environment into dest."""
     import importlib
     import shutil
     import sysconfig
-    for m in ("optax", "flax.linen", "ml_collections", "idattn.models", "idattn.models.gpu_smoke",
-              "idattn.bench.model", "experiments.scaling"):
+    for m in ("optax", "flax.linen", "ml_collections", "idattn.models", "idattn.bench.smoke",
+              "idattn.bench.model", "idattn.configs.scaling", "idattn.train.step"):
         importlib.import_module(m)
     stdlib = sysconfig.get_paths()["stdlib"]
     tops = sorted({m.split(".")[0] for m in list(sys.modules)} | set(MODEL_DEPS))
@@ -442,13 +442,13 @@ def main():
         SUMMARY.append(table)
 
     if "smoke" not in skip:
-        log("=== (c) python -m idattn.models.gpu_smoke ===")
+        log("=== (c) python -m idattn.bench.smoke ===")
         if missing:
             SUMMARY.append(f"(c) gpu_smoke SKIPPED: missing {missing}")
         elif time.time() > T0 + 0.72 * B:
             SUMMARY.append("(c) gpu_smoke SKIPPED (time budget)")
         else:
-            out = run_module(["-m", "idattn.models.gpu_smoke"] + (["--tiny"] if dry else []),
+            out = run_module(["-m", "idattn.bench.smoke"] + (["--tiny"] if dry else []),
                              timeout=T0 + 0.72 * B - time.time() + 20, extra_path=deps_dir)
             SUMMARY.append("(c) gpu_smoke:\n" + "\n".join(out))
 

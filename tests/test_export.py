@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from idattn import export as ex
+from idattn.models import export as ex
 from idattn.configs import base_config
 from idattn.models import apply_mixer_name, build_model
 

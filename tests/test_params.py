@@ -57,7 +57,7 @@ def test_cube_cells_at_125m_in_appendix_b1_range():
     App. B.1's range, with its ends exactly the cheapest cell (dual-KV input + linear readout: Interdomain − 4d per
     layer) and the dearest (generic input + query readout: Interdomain + 4d + H·M per layer), S4D-only on Table 3,
     and RoPE never changing a count."""
-    from idattn.params import report
+    from idattn.models.counting import report
 
     want_min, want_max = B1_RANGE
     d, L, H, M = 768, 12, 12, 64

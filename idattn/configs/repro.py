@@ -162,13 +162,8 @@ def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.Config
 
 def get_mqar_config(mixer: str, size: str = "small") -> ml_collections.ConfigDict:
     """The MQAR model (experiments/mqar.py's: d 64, 2 layers, 256-token vocabulary) and task at this size."""
-    import importlib.util
-    import os
-    here = os.path.dirname(os.path.abspath(__file__))
-    spec = importlib.util.spec_from_file_location("idattn_mqar_config", os.path.join(here, "mqar.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    c = mod.get_config(mixer)
+    from idattn.configs.mqar import get_config as mqar_config
+    c = mqar_config(mixer)
     if size == "toy":
         c.model.update(dict(d_model=32, num_layers=1, num_heads=2, head_dim=16, ffn_dim=64, num_modes=4))
         c.model.chunk_size = 8

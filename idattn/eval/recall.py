@@ -105,50 +105,51 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
                test_grid: Sequence[tuple[int, int]] = (), log_every: int = 100,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Trains `idattn.models.build_model(model_cfg)` on MQAR with AdamW (loss at query positions only) and
-    returns {"acc": test accuracy at (seq_len, num_kv_pairs), "grid": {"T/P": acc}, "loss", "steps", ...}."""
+    returns {"acc": test accuracy at (seq_len, num_kv_pairs), "grid": {"T/P": acc}, "loss", "steps", ...}.
+
+    The step is the trainer's (idattn.train.step.make_train_step: masked token cross-entropy, the update
+    applied only when finite) with Zoology's optimiser: AdamW (b2 0.999, decay on every parameter), global-norm
+    clip 1.0, linear warmup then cosine to lr/100."""
     import jax
     import jax.numpy as jnp
     import optax
+    from flax import linen as nn
 
     from idattn.models import build_model
+    from idattn.train.step import TrainState, make_train_step
 
     V = int(vocab_size or model_cfg.vocab_size)
     if V > model_cfg.vocab_size:
         raise ValueError(f"train_mqar: vocab_size={V} exceeds model.vocab_size={model_cfg.vocab_size}.")
     model = build_model(model_cfg)
     x_tr, y_tr = mqar_generate(V, num_train, seq_len, num_kv_pairs, seed=seed)
-    from flax import linen as nn
-
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
-    state = opt.init(params)
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
+    step = jax.jit(make_train_step(model.apply, opt))
+    positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len))
 
-    def loss_fn(p, x, y):
-        logits = model.apply({"params": p}, x).astype(jnp.float32)
-        m = y != IGNORE
-        lp = jax.nn.log_softmax(logits, -1)
-        nll = -jnp.take_along_axis(lp, jnp.where(m, y, 0)[..., None], -1)[..., 0]
-        return jnp.sum(nll * m) / jnp.maximum(m.sum(), 1)
-
-    @jax.jit
-    def step(p, s, x, y):
-        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
-        upd, s = opt.update(g, s, p)
-        return optax.apply_updates(p, upd), s, loss
+    def batch_of(x, y):  # the trainer's batch: the loss only where MQAR marks a query's answer
+        mask = y != IGNORE
+        return {"inputs": jnp.asarray(x), "targets": jnp.asarray(np.where(mask, y, 0)),
+                "segment_ids": jnp.ones(x.shape, jnp.int32), "positions": jnp.asarray(positions),
+                "loss_mask": jnp.asarray(mask, jnp.float32)}
 
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
     rng = np.random.default_rng(seed + 1)
     t0, loss, first_loss = time.time(), float("nan"), float("nan")
     for i in range(steps):
         idx = rng.integers(0, num_train, batch_size)
-        params, state, loss = step(params, state, jnp.asarray(x_tr[idx]), jnp.asarray(y_tr[idx]))
+        state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
+        loss = metrics["loss"]
         if i == 0:
             first_loss = float(loss)
         if log_every and (i + 1) % log_every == 0:
             log(f"mqar step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
     out: dict[str, Any] = {"loss": float(loss), "first_loss": first_loss if steps else float("nan"), "steps": steps, "train_seconds": time.time() - t0,
                            "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V}
+    params = state.params
     logits_fn = lambda x: apply(params, jnp.asarray(x))  # noqa: E731
     x_te, y_te = mqar_generate(V, num_test, seq_len, num_kv_pairs, seed=seed + 12345)
     out["acc"] = mqar_accuracy(logits_fn, x_te, y_te)

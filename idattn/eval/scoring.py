@@ -222,3 +222,17 @@ def loglikelihood_rolling(score_fn: ScoreFn, docs_tokens: Sequence[Sequence[int]
     for d, (ll, _) in zip(owner, lls):
         total[d] += ll
     return total
+
+
+def score_ids(model, params, ids: list[int]) -> list[float | None]:
+    """log p(ids[i] | ids[:i]) for i ≥ 1 of one sequence (float32 logits; `python -m idattn.score`); entry 0
+    is None (nothing predicts the first token)."""
+    import jax
+    import jax.numpy as jnp
+
+    tokens = jnp.asarray([ids], jnp.int32)
+    logits = jax.jit(model.apply)({"params": params}, tokens)[0]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    lp = jnp.take_along_axis(logp[:-1], tokens[0, 1:, None], axis=-1)[:, 0]
+    return [None] + [float(x) for x in lp]
+

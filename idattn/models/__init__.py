@@ -17,13 +17,8 @@ import jax
 
 from idattn.models.counting import (count_params, count_params_closed, differences, flops_per_token,
                                     param_breakdown, paper_count, state_budget, table3_equivalent)
-from idattn.models.llama import Block, Decoder
+from idattn.models.llama import Block, Decoder, build_model
 from idattn.models.spec import ModelSpec, apply_mixer_name, conv_names, cube_cells, parse_mixer, spec_from_config
-
-
-def build_model(model_cfg: Any) -> nn.Module:
-    """Validate `model_cfg` and return the Decoder module."""
-    return Decoder(spec_from_config(model_cfg))
 
 
 _DECAY_NAMES = ("kernel", "embedding")

@@ -17,12 +17,15 @@ K short-conv kernel):
 """
 from __future__ import annotations
 
+import collections
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.models.llama import build_model
 from idattn.models.spec import ModelSpec, conv_names, spec_from_config
 
 
@@ -137,8 +140,6 @@ def count_params(model_cfg: Any) -> int:
     """Number of parameters of the built model, from `jax.eval_shape` (no memory, fast at 1.3B)."""
     import flax.linen as nn
 
-    from idattn.models import build_model
-
     model = build_model(model_cfg)
     shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
     leaves = jax.tree_util.tree_leaves(nn.meta.unbox(shapes["params"]))
@@ -183,3 +184,46 @@ def flops_per_token(model_cfg: Any, seq_len: int) -> float:
     else:
         mix = 6.0 * s.num_heads * mixer_macs_per_token_head(s, seq_len)
     return 6.0 * n + s.num_layers * mix
+
+
+# ------------------------------------------------------------- the report of `python -m idattn.params`
+def module_breakdown(model_cfg) -> "collections.OrderedDict[str, int]":
+    """Counts grouped by module path (layers summed over depth), from eval_shape of the built model."""
+    model = build_model(model_cfg)
+    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+    flat = jax.tree_util.tree_flatten_with_path(nn.meta.unbox(shapes["params"]))[0]
+    out: collections.OrderedDict[str, int] = collections.OrderedDict()
+    for path, leaf in flat:
+        names = [str(getattr(p, "key", p)) for p in path]
+        if names[0].startswith("layers_"):
+            names[0] = "layers"
+        key = "/".join(names[:3] if names[0] == "layers" else names[:1])
+        out[key] = out.get(key, 0) + int(np.prod(leaf.shape))
+    return out
+
+
+def report(model_cfg) -> list[str]:
+    spec = spec_from_config(model_cfg)
+    rows = module_breakdown(model_cfg)
+    total = sum(rows.values())
+    closed = count_params_closed(model_cfg)
+    if total != closed:
+        raise AssertionError(f"eval_shape count {total} != closed form {closed}: update this module's closed form")
+    lines = [f"model: mixer={spec.mixer} input={spec.input} readout={spec.readout} rope={spec.rope} "
+             f"gate={spec.output_gate} theory={spec.theory} d={spec.d_model} layers={spec.num_layers} "
+             f"heads={spec.num_heads}x{spec.head_dim} ffn={spec.ffn_dim} M={spec.num_modes} V={spec.vocab_size}",
+             "parameters by module (summed over layers):"]
+    w = max(len(k) for k in rows)
+    lines += [f"  {k:<{w}}  {v:>15,}" for k, v in rows.items()]
+    sb = state_budget(model_cfg)
+    unit = "per token (KV cache), per layer" if spec.family == "softmax" else "per layer (constant in context)"
+    lines.append(f"state budget: {sb:,} real numbers {unit}")
+    diffs = differences(model_cfg)
+    lines.append(f"differences from the paper's parameterisation (ours − paper): {len(diffs)} items")
+    for desc, n in diffs:
+        lines.append(f"  {n:+,}  {desc}")
+    lines.append(f"paper formula: {paper_count(model_cfg):,}")
+    lines.append(f"params: {total}")
+    lines.append(f"table3_equivalent: {total - sum(n for _, n in diffs)}")
+    return lines
+

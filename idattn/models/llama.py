@@ -32,7 +32,7 @@ from idattn.layers.attention import SoftmaxAttention
 from idattn.layers.common import (RMSNorm, SwiGLU, check_segment_ids, document_index, param,
                                   positions_from_segments)
 from idattn.layers.interdomain import InterdomainMixer
-from idattn.models.spec import ModelSpec
+from idattn.models.spec import ModelSpec, spec_from_config
 
 
 def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
@@ -181,3 +181,8 @@ class Decoder(nn.Module):
         if cache is None:
             return logits
         return logits, {"index": cache_index + t, "layers": new_layer_cache}
+
+
+def build_model(model_cfg) -> nn.Module:
+    """Validate `model_cfg` (a config's `model` section) and return the Decoder module."""
+    return Decoder(spec_from_config(model_cfg))

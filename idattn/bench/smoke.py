@@ -1,4 +1,4 @@
-"""Model-level accelerator smoke check (run on a GPU/TPU host): `python -m idattn.models.gpu_smoke`.
+"""Model-level accelerator smoke check (run on a GPU/TPU host): `python -m idattn.bench.smoke`.
 
 1. cuDNN attention (with and without segment masks) against XLA, bf16.
 2. 125M softmax / interdomain in bf16 with packed segment ids: finite logits, forward and train-step time.
@@ -20,6 +20,7 @@ import numpy as np
 from idattn.configs import base_config
 from idattn.layers.common import document_index
 from idattn.models import apply_mixer_name, build_model, decoding
+from idattn.train.step import make_loss_sums
 
 
 def _t(f, *a, n=3):
@@ -66,9 +67,14 @@ def main(argv=None):
             fwd = jax.jit(lambda p, t, s: m.apply({"params": p}, t, segment_ids=s))
             lg = fwd(p, tok, sg)
 
+            loss_sums = make_loss_sums(m.apply)  # the trainer's loss (idattn.train.step)
+            pos = jnp.broadcast_to(jnp.arange(T - 1, dtype=jnp.int32), (4, T - 1))
+
             def loss(p, tok, sg):  # tokens as arguments: as constants XLA would spend the compile folding them
-                lg = m.apply({"params": p}, tok, segment_ids=sg)
-                return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(lg[:, :-1]), tok[:, 1:, None], -1))
+                batch = {"inputs": tok[:, :-1], "targets": tok[:, 1:], "segment_ids": sg[:, :-1], "positions": pos,
+                         "loss_mask": jnp.ones((4, T - 1), jnp.float32)}
+                total, count = loss_sums(p, batch)
+                return total / count
             g = jax.jit(jax.value_and_grad(loss))
             val, _ = g(p, tok, sg)
             print(f"{mixer} {'tiny' if tiny else '125M'} bf16 [4,{T}]: finite={bool(jnp.all(jnp.isfinite(lg)))} "
