@@ -22,7 +22,7 @@ import pytest
 
 from idattn.aot.compile import collectives
 from idattn.aot.tpu import chips_per_host_bounds, parse_tpu_name
-from idattn.train import testing as T
+from tests import train_helpers as T
 
 HAVE_LIBTPU = importlib.util.find_spec("libtpu") is not None
 
@@ -72,7 +72,8 @@ import json, os, re, sys, time
 import jax, jax.numpy as jnp
 from idattn.aot.tpu import tpu_target
 from idattn.models.spec import apply_mixer_name
-from idattn.train import sharding as shd, testing as T
+from idattn.train import sharding as shd
+from tests import train_helpers as T
 from idattn.train.step import BATCH_KEYS
 from idattn.train.trainer import build_setup
 

@@ -3,6 +3,7 @@ import re
 
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from idattn.bench import op as bop
 
@@ -59,3 +60,19 @@ def test_cli_dispatch(capsys):
     from idattn.bench.__main__ import main
     assert main([]) == 2
     assert "theory" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag,said", [
+    ("--modes=fwd+bwd", "error: --modes=fwd+bwd: unknown mode(s) fwd+bwd; expected a comma-separated list of fwd, "
+                        "fwdbwd"),
+    ("--modes=fwd,bwd", "unknown mode(s) bwd;"),
+    ("--impls=chunky", "error: --impls=chunky: unknown chunky; expected a comma-separated list of sequential"),
+])
+def test_op_refuses_unknown_modes_and_impls_up_front(capsys, monkeypatch, flag, said):
+    """An unknown --modes / --impls value stops before any benchmark runs, in one line naming the valid ones
+    (fwd+bwd used to reach the benchmark and fail there with a TypeError about loss())."""
+    monkeypatch.setattr(bop, "bench_case", lambda *a, **k: pytest.fail("benchmark ran"))
+    with pytest.raises(SystemExit) as e:
+        bop.main([flag, "--no-decode"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and said in err and len(err.splitlines()) == 1

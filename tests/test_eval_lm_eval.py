@@ -23,7 +23,7 @@ import pytest
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install -e '.[harness]')")
 
-from idattn.train import testing as T  # noqa: E402
+from tests import train_helpers as T  # noqa: E402
 from tests.eval_fixtures import PIQA  # noqa: E402
 
 

@@ -26,7 +26,8 @@ import pytest
 
 from idattn.train import checkpoint as ckpt
 from idattn.rundir import integrity, layout, loading
-from idattn.train import lease as lease_lib, optim, testing as T, validate
+from idattn.train import lease as lease_lib, optim, validate
+from tests import train_helpers as T
 from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from idattn.train import testing as T
+from tests import train_helpers as T
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -27,7 +27,8 @@ SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
 from flax import linen as nn
-from idattn.train import testing as T, sharding as shd
+from idattn.train import sharding as shd
+from tests import train_helpers as T
 from idattn.train.trainer import build_setup
 from idattn.train.step import make_loss_sums
 from idattn.models.spec import apply_mixer_name, cube_cells

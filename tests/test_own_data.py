@@ -196,7 +196,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     # the trainer refuses a prepared folder without a held-out split at start, before writing the workdir
     from idattn.data import prepare
     from idattn.data.tokenizer import Tokenizer, train_sentencepiece
-    from idattn.train import testing as T
+    from tests import train_helpers as T
     from idattn.train.trainer import TrainingError, run
 
     tok = Tokenizer(train_sentencepiece(texts, 300), "t")

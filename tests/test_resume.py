@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from idattn.train import testing as T
+from tests import train_helpers as T
 from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")

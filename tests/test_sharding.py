@@ -21,7 +21,7 @@ import sys
 import numpy as np
 import pytest
 
-from idattn.train import testing as T
+from tests import train_helpers as T
 from idattn.rundir.layout import committed_steps
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -31,7 +31,8 @@ RTOL, ATOL, ATOL_ALL, MAX_FRAC = 2e-5, 2e-6, 5e-5, 1e-3
 SCRIPT = r"""
 import json, sys
 import jax, numpy as np
-from idattn.train import testing as T, sharding as shd
+from idattn.train import sharding as shd
+from tests import train_helpers as T
 from idattn.train.trainer import build_setup
 from idattn.data import tokenizer as tl, pipeline
 

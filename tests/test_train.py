@@ -20,7 +20,8 @@ import numpy as np
 import optax
 import pytest
 
-from idattn.train import optim, testing as T
+from idattn.train import optim
+from tests import train_helpers as T
 from idattn.rundir.layout import committed_steps, diff_dicts
 from idattn.train.step import TrainState, make_loss_sums, make_train_step
 

@@ -7,9 +7,10 @@ import subprocess
 import sys
 from typing import Sequence
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
-                           "scaling.py") + ":softmax,tiny"  # the packaged recipe (experiments/scaling.py re-exports it)
+from idattn.configs import packaged_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY_CONFIG = packaged_config("scaling") + ":softmax,tiny"  # the packaged recipe (experiments/scaling.py re-exports it)
 
 # The tiny CPU model with a 512-piece SentencePiece vocabulary trained on the embedded corpus.
 TINY_OVERRIDES = {
