@@ -24,6 +24,9 @@ import jax
 import jax.numpy as jnp
 
 
+MODES = ("fwd", "fwdbwd")  # the output; value and gradients (module docstring)
+
+
 @dataclasses.dataclass
 class Row:
     shape: tuple          # (H, d_h, M)
@@ -212,7 +215,7 @@ def main(argv=None):
     p.add_argument("--tokens", type=int, default=d["tokens"], help="tokens per batch (B = tokens // T)")
     p.add_argument("--impls", default=",".join(d["impls"]),
                    help="comma list of sequential,associative,chunked,pallas (default: %(default)s)")
-    p.add_argument("--modes", default="fwd,fwdbwd")
+    p.add_argument("--modes", default=",".join(MODES), help="comma-separated, of %(default)s")
     p.add_argument("--dtype", default=d["dtype"], choices=["bfloat16", "float32"])
     p.add_argument("--chunk", type=int, default=64)
     p.add_argument("--with-c", action="store_true", help="include the readout mixing c")
@@ -227,7 +230,12 @@ def main(argv=None):
     modes = [x for x in a.modes.split(",") if x]
     bad = [i for i in impls if i not in ("sequential", "associative", "chunked", "pallas")]
     if bad:
-        p.error(f"--impls: unknown {bad}; choose from sequential,associative,chunked,pallas")
+        p.exit(2, f"error: --impls={a.impls}: unknown {', '.join(bad)}; expected a comma-separated list of "
+                  f"sequential, associative, chunked, pallas\n")
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:  # refused here: an unknown mode would fail inside the benchmark, case after case
+        p.exit(2, f"error: --modes={a.modes}: unknown mode(s) {', '.join(bad) or '(none given)'}; expected a "
+                  f"comma-separated list of {', '.join(MODES)} (e.g. --modes=fwd,fwdbwd)\n")
     deadline = None if a.budget_s is None else time.time() + a.budget_s
     log(f"backend={jax.default_backend()} devices={jax.devices()} dtype={a.dtype} tokens/batch={a.tokens}")
     rows = []
