@@ -170,7 +170,7 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     assert main([f"--workdir={wd}", "--suite=validation", "--random_init", f"--config={cfg}:interdomain",
                  "--batch_size=3", "--quiet"]) == 0
     from idattn.configs import load_config_file
-    from idattn.eval.__main__ import trainer_val_rows
+    from idattn.eval.evaluate import trainer_val_rows
     c = load_config_file(f"{cfg}:interdomain")
     rows = trainer_val_rows(c)
     v2 = [r for r in read_results(wd, "validation") if r["protocol"]["corpus"] == "kjv.val"][0]
@@ -203,3 +203,39 @@ def test_eval_cli_refuses_unknown_corpus_before_anything(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and "no such file or folder" in err
     assert not wd.exists()
+
+
+class _Payload:
+    """Unpickling this object writes a marker file: what a shared pickled .npy could do to its reader."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def test_token_id_files_are_read_without_pickle(tmp_path):
+    import numpy as np
+
+    from idattn.eval.evaluate import EvalError, read_token_docs
+    marker = tmp_path / "pwned"
+    bad = tmp_path / "shared.npy"
+    np.save(bad, np.array([_Payload(str(marker)), [1, 2, 3]], dtype=object), allow_pickle=True)
+    with pytest.raises(EvalError, match=r"--val_path=.*shared\.npy.*integer"):
+        read_token_docs(str(bad))
+    assert not marker.exists()  # nothing ran
+    np.save(tmp_path / "one.npy", np.arange(5, dtype=np.int32))
+    np.save(tmp_path / "rows.npy", np.arange(6, dtype=np.int64).reshape(2, 3))
+    np.savez(tmp_path / "docs.npz", a=np.array([7, 8], np.int16), b=np.array([9], np.int32))
+    (tmp_path / "docs.ids.jsonl").write_text("[1, 2]\n\n[3]\n")
+    assert read_token_docs(str(tmp_path / "one.npy")) == [[0, 1, 2, 3, 4]]
+    assert read_token_docs(str(tmp_path / "rows.npy")) == [[0, 1, 2], [3, 4, 5]]
+    assert read_token_docs(str(tmp_path / "docs.npz")) == [[7, 8], [9]]
+    assert read_token_docs(str(tmp_path / "docs.ids.jsonl")) == [[1, 2], [3]]
+    np.save(tmp_path / "floats.npy", np.ones(3, np.float32))
+    with pytest.raises(EvalError, match="float32 values; expected integer token ids"):
+        read_token_docs(str(tmp_path / "floats.npy"))
+    (tmp_path / "text.ids.jsonl").write_text('["a"]\n')
+    with pytest.raises(EvalError, match="line 1 is not a JSON list of integers"):
+        read_token_docs(str(tmp_path / "text.ids.jsonl"))

@@ -7,8 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from idattn.layers import (InterdomainMixer, RMSNorm, ShortConv, causal_attention, document_index,
-                           positions_from_segments, rope, xi)
+from idattn.layers import (InterdomainMixer, RMSNorm, ShortConv, causal_attention, positions_from_segments, rope,
+                           xi)
+from idattn.ops import document_index
 
 SEG = np.array([[1, 1, 1, 2, 2, 1, 1, 1, 1], [5, 5, 5, 5, 5, 5, 5, 5, 5]], np.int32)  # row 0: three documents
 

@@ -3,6 +3,9 @@ install runs the documented commands from an unrelated folder.
 
 - (default) no module of `idattn` imports `experiments`, `launch` or `tests`, or names those folders in a path;
   `experiments/*.py` and `launch/*.py` are re-exports of the packaged recipes and launchers;
+- (default) the rooms import only downward (ROOMS below, docs/architecture.md), there is no import cycle, and no
+  module imports another's private (`_name`) names; a command's `if __name__ == "__main__":` block is its entry
+  and is exempt (it runs only as the program, never at import);
 - (slow) `git clone` of this checkout's HEAD, `pip install <clone>[tpu]` into a fresh venv, then from a temporary
   folder: idattn.train on a packaged config, the quickstart (2 steps of one model), `idattn.repro ppl --toy`,
   `idattn.bench op` and `idattn.aot`.
@@ -39,6 +42,149 @@ def test_package_never_reaches_into_the_repository_tree():
     # the one allowed mention: resolve_config_arg strips an "experiments/" prefix to find the packaged recipe
     bad.remove(("idattn/configs/__init__.py", "path component 'experiments'"))
     assert not bad, bad
+
+
+# Rooms, bottom to top: a module may import its own room and the rooms below it. The first matching prefix wins.
+ROOMS = [
+    ("ops", ("idattn.ops",)),
+    ("layers", ("idattn.layers",)),
+    ("models", ("idattn.models",)),
+    ("configs", ("idattn.configs",)),
+    ("data", ("idattn.data",)),
+    ("rundir", ("idattn.rundir",)),
+    ("train", ("idattn.train",)),
+    ("eval", ("idattn.eval",)),
+    ("studies", ("idattn.studies",)),
+    ("tools", ("idattn.aot", "idattn.bench", "idattn.launch")),
+    ("commands", ("idattn",)),  # the top-level modules: thin entries (argv -> one library call)
+]
+# Commands inside a room (argv parsing around that room's library); they sit at the commands level.
+COMMANDS = ("idattn.train.__main__", "idattn.eval.__main__")
+
+
+def _module_name(path: str) -> str:
+    rel = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+    return rel[: -len(".__init__")] if rel.endswith(".__init__") else rel
+
+
+def _room(module: str) -> int:
+    if module in COMMANDS:
+        return len(ROOMS) - 1
+    for i, (_, prefixes) in enumerate(ROOMS):
+        if any(module == p or module.startswith(p + ".") for p in prefixes):
+            return i
+    raise AssertionError(f"{module}: in no room; add it to ROOMS")
+
+
+def _is_main_guard(node) -> bool:
+    t = node.test if isinstance(node, ast.If) else None
+    return (isinstance(t, ast.Compare) and isinstance(t.left, ast.Name) and t.left.id == "__name__"
+            and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in t.comparators))
+
+
+def _imports(path: str, modules: set[str]):
+    """(target module, imported names, line) of every idattn import outside `if __name__ == "__main__":`, plus
+    (module alias -> target) for attribute use (`pipeline._private`)."""
+    name = _module_name(path)
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    tree = ast.parse(open(path).read(), path)
+    skip = {id(n) for top in tree.body if _is_main_guard(top) for n in ast.walk(top)}
+    out, aliases = [], {}
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("idattn"):
+                    out.append((a.name, [], node.lineno))
+                    if a.asname:
+                        aliases[a.asname] = a.name
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            if not base.startswith("idattn"):
+                continue
+            for a in node.names:
+                sub = f"{base}.{a.name}"
+                if sub in modules:  # `from idattn.train import checkpoint`: a module, not a name
+                    out.append((sub, [], node.lineno))
+                    aliases[a.asname or a.name] = sub
+                else:
+                    out.append((base, [a.name], node.lineno))
+    private_attrs = [(aliases[n.value.id], n.attr, n.lineno) for n in ast.walk(tree)
+                     if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in aliases
+                     and n.attr.startswith("_") and not n.attr.startswith("__")]
+    return out, private_attrs
+
+
+def _graph():
+    files = {_module_name(p): p for p in _package_files()}
+    return files, {m: _imports(p, set(files)) for m, p in files.items()}
+
+
+def test_rooms_import_only_downward_without_cycles_or_private_names():
+    files, graph = _graph()
+
+    def resolve(target):  # a name imported from a package resolves to the package module
+        while target not in files and "." in target:
+            target = target.rpartition(".")[0]
+        return target
+
+    upward, private, edges = [], [], {m: set() for m in files}
+    for m, (imports, private_attrs) in graph.items():
+        for target, names, line in imports:
+            t = resolve(target)
+            if t != m:
+                edges[m].add(t)
+            if _room(t) > _room(m):
+                upward.append(f"{files[m]}:{line}: {m} ({ROOMS[_room(m)][0]}) imports {t} ({ROOMS[_room(t)][0]})")
+            private += [f"{files[m]}:{line}: {m} imports {t}.{n}" for n in names
+                        if n.startswith("_") and not n.startswith("__") and t != m]
+        private += [f"{files[m]}:{line}: {m} uses {t}.{a}" for t, a, line in private_attrs if t != m]
+    cycles, state = [], {}
+
+    def visit(node, stack):  # depth-first search; a back edge closes a cycle
+        state[node] = "open"
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                cycles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for m in sorted(files):
+        if m not in state:
+            visit(m, [m])
+    assert not upward, "imports against the room order:\n" + "\n".join(upward)
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    assert not private, "private names across modules:\n" + "\n".join(private)
+
+
+def test_the_layout_checker_catches_what_it_forbids(tmp_path, monkeypatch):
+    """The checker itself can fail: an upward import, a cycle and a private name in a fake package are named."""
+    pkg = tmp_path / "idattn"
+    for sub in ("ops", "train"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "ops" / "a.py").write_text("from idattn.train import b\n")
+    (pkg / "train" / "b.py").write_text("from idattn.ops.a import _helper\nimport idattn.ops.a\n")
+    (pkg / "train" / "c.py").write_text('if __name__ == "__main__":\n    from idattn.studies import x\n')
+    monkeypatch.setattr(sys.modules[__name__], "REPO", str(tmp_path))
+    with pytest.raises(AssertionError) as e:
+        test_rooms_import_only_downward_without_cycles_or_private_names()
+    msg = str(e.value)
+    assert "idattn.ops.a (ops) imports idattn.train.b (train)" in msg, msg
+    monkeypatch.setattr(sys.modules[__name__], "ROOMS", [("all", ("idattn",))])
+    with pytest.raises(AssertionError) as e:
+        test_rooms_import_only_downward_without_cycles_or_private_names()
+    assert "idattn.ops.a -> idattn.train.b -> idattn.ops.a" in str(e.value), str(e.value)
+    (pkg / "ops" / "a.py").write_text("")
+    with pytest.raises(AssertionError) as e:
+        test_rooms_import_only_downward_without_cycles_or_private_names()
+    assert "imports idattn.ops.a._helper" in str(e.value) and "studies" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize("folder, package", [("experiments", "idattn.configs"), ("launch", "idattn.launch")])

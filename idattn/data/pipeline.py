@@ -169,7 +169,7 @@ class PackIterDataset(grain.IterDataset):
 _KJV_CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
 
 
-def _kjv_token_docs(tokenizer, split: str, val_fraction: float) -> tuple[np.ndarray, ...]:
+def kjv_token_docs(tokenizer, split: str, val_fraction: float) -> tuple[np.ndarray, ...]:
     key = (tokenizer.identity()["sha256"], float(val_fraction), split)
     if key not in _KJV_CACHE:
         from idattn.data import corpus
@@ -197,7 +197,7 @@ def _doc_dataset(data_cfg, tokenizer, split: str) -> tuple[grain.MapDataset, int
     """MapDataset of 1-D int32 token-id documents (no BOS/EOS) and the read-thread count that suits it."""
     source = _cfg(data_cfg, "source", "kjv")
     if source == "kjv":
-        docs = _kjv_token_docs(tokenizer, split, _cfg(data_cfg, "val_fraction", 0.05))
+        docs = kjv_token_docs(tokenizer, split, _cfg(data_cfg, "val_fraction", 0.05))
         return grain.MapDataset.source(list(docs)), 0  # in memory: threads would only contend for the GIL
     if source == "arrayrecord":
         path = _cfg(data_cfg, "path", "")

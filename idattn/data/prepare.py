@@ -66,7 +66,7 @@ from typing import Iterator
 import numpy as np
 
 from idattn.data import formats
-from idattn.data.tokenizer import Tokenizer, load_tokenizer
+from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, atomic_write, load_tokenizer
 
 
 class PrepareError(ValueError):
@@ -430,7 +430,7 @@ def _promote_to_val(staging: pathlib.Path, train_w: "_ShardWriter", val_w: "_Sha
     return new_w
 
 
-def _decode_separator(sep: str | None) -> str | None:
+def decode_separator(sep: str | None) -> str | None:
     if not sep:
         return None
     import codecs
@@ -483,7 +483,7 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
     if min_val_docs < 0 or min_val_tokens < 0 or (val_fraction > 0 and min_val_docs > max_val_docs):
         raise PrepareError(f"--min_val_docs={min_val_docs}, --min_val_tokens={min_val_tokens}, --max_val_docs="
                            f"{max_val_docs}; expected 0 <= min_val_docs <= max_val_docs and min_val_tokens >= 0.")
-    separator = _decode_separator(separator)
+    separator = decode_separator(separator)
     out_p = pathlib.Path(out).expanduser()
     if "://" in str(out):
         raise PrepareError(f"--out={out!r}: write to a local (or mounted, e.g. gcsfuse) folder and copy it to the "
@@ -678,6 +678,45 @@ def main(argv=None) -> int:
     except (PrepareError, FileNotFoundError) as e:
         print(f"prepare: refused: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def tokenizer_main(argv=None) -> int:
+    """`python -m idattn.data.tokenizer train --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`."""
+    ap = argparse.ArgumentParser(prog="python -m idattn.data.tokenizer",
+                                 description="Train a SentencePiece tokenizer on your own text (the settings of "
+                                             "train_sentencepiece: BPE, byte fallback, identity normalisation, "
+                                             "<unk>=0 <s>=1 </s>=2, one thread so the model is reproducible).")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train", help="train a .model file")
+    t.add_argument("--source", required=True, help="the same forms as `python -m idattn.data.prepare --source`")
+    t.add_argument("--vocab", type=int, required=True, help=f"vocabulary size (>= {MIN_TRAIN_VOCAB})")
+    t.add_argument("--out", required=True, help="output path ending in .model")
+    t.add_argument("--format", default=None, choices=("text", "jsonl", "parquet"))
+    t.add_argument("--text_field", default="text")
+    t.add_argument("--separator", default=None, help="plain text: document separator (default: one per file)")
+    t.add_argument("--val_fraction", type=float, default=0.0005,
+                   help="leave out the documents prepare would hold out with this fraction (use the same value)")
+    t.add_argument("--overwrite", action="store_true")
+    a = ap.parse_args(argv)
+    out = pathlib.Path(a.out).expanduser()
+    try:
+        if out.suffix != ".model":
+            raise PrepareError(f"--out={a.out!r}: expected a path ending in .model (e.g. tok.model).")
+        if out.exists() and not a.overwrite:
+            raise PrepareError(f"--out={a.out!r} exists; pass --overwrite or choose another path.")
+        if a.vocab < MIN_TRAIN_VOCAB:
+            raise PrepareError(f"--vocab={a.vocab}; expected >= {MIN_TRAIN_VOCAB} (256 byte pieces + specials).")
+        proto = train_tokenizer_on(a.source, a.vocab, fmt=a.format, field=a.text_field,
+                                        separator=decode_separator(a.separator), val_fraction=a.val_fraction)
+    except PrepareError as e:
+        print(f"tokenizer: refused: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(out, proto)
+    tok = Tokenizer(proto, str(out))
+    print(f"tokenizer: wrote {out} ({tok.vocab_size} pieces, sha256 {tok.identity()['sha256'][:16]}...); use it with "
+          f"--tokenizer={out} (prepare) and data.tokenizer={out} (train, eval)")
     return 0
 
 

@@ -165,7 +165,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
     if model_prefix is not None:
         out = pathlib.Path(f"{model_prefix}.model")
         out.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(out, proto)
+        atomic_write(out, proto)
     return proto
 
 
@@ -179,7 +179,7 @@ def _train(lines, buf, vocab_size, model_type, num_threads) -> None:
         input_sentence_size=2_000_000, minloglevel=2)
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
@@ -269,49 +269,6 @@ def check_ids(ids, vocab_size: int, what: str = "prompt") -> None:
                          "tokenizer does not match the model (check --tokenizer)")
 
 
-def main(argv=None) -> int:
-    """`python -m idattn.data.tokenizer train --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`."""
-    import argparse
-    import sys
-
-    ap = argparse.ArgumentParser(prog="python -m idattn.data.tokenizer",
-                                 description="Train a SentencePiece tokenizer on your own text (the settings of "
-                                             "train_sentencepiece: BPE, byte fallback, identity normalisation, "
-                                             "<unk>=0 <s>=1 </s>=2, one thread so the model is reproducible).")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train a .model file")
-    t.add_argument("--source", required=True, help="the same forms as `python -m idattn.data.prepare --source`")
-    t.add_argument("--vocab", type=int, required=True, help=f"vocabulary size (>= {MIN_TRAIN_VOCAB})")
-    t.add_argument("--out", required=True, help="output path ending in .model")
-    t.add_argument("--format", default=None, choices=("text", "jsonl", "parquet"))
-    t.add_argument("--text_field", default="text")
-    t.add_argument("--separator", default=None, help="plain text: document separator (default: one per file)")
-    t.add_argument("--val_fraction", type=float, default=0.0005,
-                   help="leave out the documents prepare would hold out with this fraction (use the same value)")
-    t.add_argument("--overwrite", action="store_true")
-    a = ap.parse_args(argv)
-    from idattn.data import prepare as prep
-
-    out = pathlib.Path(a.out).expanduser()
-    try:
-        if out.suffix != ".model":
-            raise prep.PrepareError(f"--out={a.out!r}: expected a path ending in .model (e.g. tok.model).")
-        if out.exists() and not a.overwrite:
-            raise prep.PrepareError(f"--out={a.out!r} exists; pass --overwrite or choose another path.")
-        if a.vocab < MIN_TRAIN_VOCAB:
-            raise prep.PrepareError(f"--vocab={a.vocab}; expected >= {MIN_TRAIN_VOCAB} (256 byte pieces + specials).")
-        proto = prep.train_tokenizer_on(a.source, a.vocab, fmt=a.format, field=a.text_field,
-                                        separator=prep._decode_separator(a.separator), val_fraction=a.val_fraction)
-    except prep.PrepareError as e:
-        print(f"tokenizer: refused: {e}", file=sys.stderr)
-        return 2
-    out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(out, proto)
-    tok = Tokenizer(proto, str(out))
-    print(f"tokenizer: wrote {out} ({tok.vocab_size} pieces, sha256 {tok.identity()['sha256'][:16]}...); use it with "
-          f"--tokenizer={out} (prepare) and data.tokenizer={out} (train, eval)")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+if __name__ == "__main__":  # the command; its code is idattn.data.prepare.tokenizer_main (it reads inputs)
+    from idattn.data.prepare import tokenizer_main
+    raise SystemExit(tokenizer_main())

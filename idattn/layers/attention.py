@@ -57,17 +57,17 @@ def _tpu_flash_local(q, k, v, doc):
 
 def _tpu_flash(q, k, v, doc):
     """The TPU kernel, inside shard_map over the context mesh's batch and head axes (when there is a mesh)."""
-    from idattn.ops.pallas.op import _spec, mesh_partition
+    from idattn.ops.pallas.op import partition_spec, mesh_partition
 
     plan = mesh_partition(q.shape[0], q.shape[2])
     if plan is None:
         return _tpu_flash_local(q, k, v, doc)
     mesh, bx, hx = plan
-    qs = _spec(bx, (), hx, ())
+    qs = partition_spec(bx, (), hx, ())
     if doc is None:
         return jax.shard_map(lambda q, k, v: _tpu_flash_local(q, k, v, None), mesh=mesh, in_specs=(qs, qs, qs),
                              out_specs=qs, check_vma=False)(q, k, v)
-    return jax.shard_map(_tpu_flash_local, mesh=mesh, in_specs=(qs, qs, qs, _spec(bx, ())), out_specs=qs,
+    return jax.shard_map(_tpu_flash_local, mesh=mesh, in_specs=(qs, qs, qs, partition_spec(bx, ())), out_specs=qs,
                          check_vma=False)(q, k, v, doc)
 
 

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.ops.interdomain import document_index
+
 Dtype = Any
 Initializer = Callable[..., jax.Array]
 
@@ -28,15 +30,6 @@ def param(module: nn.Module, name: str, init_fn: Initializer, shape: Sequence[in
         raise ValueError(f"param {name!r}: {len(axes)} logical axes {tuple(axes)} for shape {tuple(shape)}; "
                          "give one axis name (or None) per dimension")
     return module.param(name, nn.with_logical_partitioning(init_fn, tuple(axes)), tuple(shape), dtype)
-
-
-def document_index(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:
-    """d_t = cumsum(seg[t] != seg[t-1]) ([B, T] int32); zeros when segment_ids is None."""
-    if segment_ids is None:
-        return jnp.zeros((batch, length), jnp.int32)
-    seg = jnp.asarray(segment_ids)
-    change = jnp.concatenate([jnp.zeros_like(seg[:, :1], dtype=bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    return jnp.cumsum(change.astype(jnp.int32), axis=1)
 
 
 def positions_from_segments(segment_ids: jax.Array | None, batch: int, length: int) -> jax.Array:

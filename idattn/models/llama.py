@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import optax
 
 from idattn.layers.attention import SoftmaxAttention
-from idattn.layers.common import (RMSNorm, SwiGLU, check_segment_ids, document_index, param,
-                                  positions_from_segments)
+from idattn.layers.common import RMSNorm, SwiGLU, check_segment_ids, param, positions_from_segments
 from idattn.layers.interdomain import InterdomainMixer
 from idattn.models.spec import ModelSpec, spec_from_config
+from idattn.ops.interdomain import document_index
 
 
 def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:

@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-INPUTS = ("dualkv", "generic")
-READOUTS = ("query", "linear")
+from idattn.layers.interdomain import INPUTS, READOUTS  # the layer owns its switches
+
 ALIASES = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}
 S4D_INITS = ("inv", "lin", "legs", "inv_paper")
 REMATS = ("none", "full", "dots")

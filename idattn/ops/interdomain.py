@@ -85,15 +85,15 @@ def associative_max_bytes() -> int:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _is_concrete(x) -> bool:
+def is_concrete(x) -> bool:
     return x is not None and not isinstance(x, jax.core.Tracer)
 
 
-def _shape_str(x) -> str:
+def shape_str(x) -> str:
     return f"shape {tuple(x.shape)} dtype {x.dtype}"
 
 
-def _real_dtype(*arrays):
+def real_dtype(*arrays):
     """float64 when any input is 64-bit (and x64 is on), else float32: state/accumulation precision."""
     for a in arrays:
         if a is not None and jnp.dtype(a.dtype) in (jnp.dtype(jnp.float64), jnp.dtype(jnp.complex128)):
@@ -106,7 +106,7 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     for name, x in (("fq", fq), ("zk", zk), ("zv", zv)):
         if x.ndim != 4:
-            raise ValueError(f"{name} must be [B, T, H, {'D' if name == 'zv' else 'R'}], got {_shape_str(x)}")
+            raise ValueError(f"{name} must be [B, T, H, {'D' if name == 'zv' else 'R'}], got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"{name} must be a real floating array (float32/bfloat16/float64), got {x.dtype}")
     if fq.shape != zk.shape:
@@ -116,7 +116,7 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
         raise ValueError(f"zv must be [B, T, H, D] = [{bsz}, {t}, {h}, D] like fq; got {tuple(zv.shape)}")
     for name, x in (("lam", lam), ("b", b)):
         if x.ndim != 2 or x.shape[0] != h:
-            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {_shape_str(x)}")
+            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
                             f"idattn.ops.s4d.discretize or jax.lax.complex(re, im)")
@@ -125,7 +125,7 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
         raise ValueError(f"b must match lam's [H, M] = {tuple(lam.shape)}; got {tuple(b.shape)}")
     if c is not None:
         if tuple(c.shape) != (h, m, m) or not jnp.issubdtype(c.dtype, jnp.complexfloating):
-            raise ValueError(f"c must be complex [H, M, M] = [{h}, {m}, {m}] or None; got {_shape_str(c)}")
+            raise ValueError(f"c must be complex [H, M, M] = [{h}, {m}, {m}] or None; got {shape_str(c)}")
     if segment_ids is not None:
         if tuple(segment_ids.shape) != (bsz, t):
             raise ValueError(f"segment_ids must be [B, T] = [{bsz}, {t}]; got {tuple(segment_ids.shape)}")
@@ -144,13 +144,13 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     # Value checks when the inputs are concrete (not under jit tracing).
-    if _is_concrete(lam):
+    if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
             raise ValueError(f"lam must satisfy |lam| < 1 (a stable decay); saw max |lam| = {mag.max():.8g}. "
                              f"Build lam with idattn.ops.s4d.discretize, which keeps Re(Δ·A) ≥ -κ < 0")
         if impl in ("chunked", "pallas", "auto") and chunk_size > 1:
-            floor = s4d.min_abs_lam(chunk_size, _real_dtype(fq, zv, lam))
+            floor = s4d.min_abs_lam(chunk_size, real_dtype(fq, zv, lam))
             if mag.min() < floor:
                 raise ValueError(
                     f"lam has min |lam| = {mag.min():.6g}, below {floor:.6g}, the smallest the chunked path allows "
@@ -173,7 +173,7 @@ def document_index(segment_ids, batch: int, length: int):
     return jnp.cumsum(starts.astype(jnp.int32), axis=1)
 
 
-def _resets(segment_ids, batch: int, length: int):
+def document_starts(segment_ids, batch: int, length: int):
     """[B, T] bool: True where a new document starts (never at t = 0, where initial_state applies)."""
     if segment_ids is None:
         return jnp.zeros((batch, length), bool)
@@ -195,8 +195,9 @@ def _readout_literal(xk, xv, fq, c, conj):
     return jnp.real(jnp.einsum("...hm,...hmd->...hd", p, xv, precision=_HI))
 
 
-def _complex_dtype(real_dtype):
-    return jnp.complex128 if jnp.dtype(real_dtype) == jnp.dtype(jnp.float64) else jnp.complex64
+def complex_dtype(rdt):
+    """The complex dtype paired with real dtype `rdt` (complex128 for float64, else complex64)."""
+    return jnp.complex128 if jnp.dtype(rdt) == jnp.dtype(jnp.float64) else jnp.complex64
 
 
 def _zero_state(bsz, h, m, r, d, cdt):
@@ -211,11 +212,11 @@ def _zero_state(bsz, h, m, r, d, cdt):
 def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
-    cdt = _complex_dtype(rdt)
+    cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
     c = None if c is None else c.astype(cdt)
     state = _zero_state(bsz, h, m, r, d, cdt) if initial_state is None else tuple(s.astype(cdt) for s in initial_state)
-    resets = _resets(segment_ids, bsz, t)
+    resets = document_starts(segment_ids, bsz, t)
 
     def step(carry, xs):
         xk, xv = carry
@@ -263,7 +264,7 @@ def _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rd
             f"[{bsz}, {t}, {h}, {m}, {r + d}] complex: about {est / 2**30:.2f} GiB, over the bound of "
             f"{_ASSOCIATIVE_MAX_BYTES / 2**30:.2f} GiB. Use impl='chunked' (memory O(T/L · state)), or raise the bound "
             f"with IDATTN_ASSOCIATIVE_MAX_BYTES / idattn.ops.interdomain.set_associative_max_bytes")
-    cdt = _complex_dtype(rdt)
+    cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
     c = None if c is None else c.astype(cdt)
     z = jnp.concatenate([zk, zv], axis=-1).astype(rdt).astype(cdt)  # [B, T, H, R+D]
@@ -271,7 +272,7 @@ def _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rd
     if initial_state is not None:
         x0 = jnp.concatenate([s.astype(cdt) for s in initial_state], axis=-1)  # [B, H, M, R+D]
         x = x.at[:, 0].add(lam[None, :, :, None] * x0)
-    resets = _resets(segment_ids, bsz, t)
+    resets = document_starts(segment_ids, bsz, t)
     a = jnp.where(resets[:, :, None, None], jnp.zeros((), cdt), lam[None, None])  # [B, T, H, M]
     a = a[..., None]
 
@@ -291,7 +292,7 @@ def _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rd
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _powers(log_lam_re, log_lam_im, exponents):
+def mode_powers(log_lam_re, log_lam_im, exponents):
     """lam^k for real exponents k [L] and log lam (re, im) [H, M] -> (re, im) [H, L, M]."""
     e = exponents[None, :, None]
     mag = jnp.exp(log_lam_re[:, None, :] * e)
@@ -310,11 +311,11 @@ def _chunk_tables(lam, b, length, rdt):
     br, bi = jnp.real(b).astype(rdt), jnp.imag(b).astype(rdt)
     pos = jnp.arange(length, dtype=rdt)
     mu = (length - 1) / 2.0
-    pin = _powers(lr, li, pos + 1)
-    pt = _powers(lr, li, pos - mu)
-    ps = _cmul(*_powers(lr, li, mu - pos), br[:, None, :], bi[:, None, :])
-    pe = _cmul(*_powers(lr, li, (length - 1) - pos), br[:, None, :], bi[:, None, :])
-    lam_l = _powers(lr, li, jnp.asarray([float(length)], rdt))
+    pin = mode_powers(lr, li, pos + 1)
+    pt = mode_powers(lr, li, pos - mu)
+    ps = _cmul(*mode_powers(lr, li, mu - pos), br[:, None, :], bi[:, None, :])
+    pe = _cmul(*mode_powers(lr, li, (length - 1) - pos), br[:, None, :], bi[:, None, :])
+    lam_l = mode_powers(lr, li, jnp.asarray([float(length)], rdt))
     return dict(pin=pin, pt=pt, ps=ps, pe=pe, lam_l=(lam_l[0][:, 0], lam_l[1][:, 0]))
 
 
@@ -395,7 +396,7 @@ def _chunk_body(carry, xs, tables, kblock, conj):
 def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
-    cdt = _complex_dtype(rdt)
+    cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
     kblock = _fold_c(None if c is None else c.astype(cdt), conj, rdt)
     docs = document_index(segment_ids, bsz, t)
@@ -488,7 +489,7 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
     c = None if c is None else jnp.asarray(c)
     _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
     out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
-    rdt = _real_dtype(fq, zk, zv, lam, b)
+    rdt = real_dtype(fq, zk, zv, lam, b)
     impl = resolve_impl(impl, int(chunk_size))
     if impl == "sequential":
         o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
@@ -518,8 +519,8 @@ def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = Tr
     if tuple(xk.shape) != (bsz, h, m, r) or tuple(xv.shape) != (bsz, h, m, zv_t.shape[-1]):
         raise ValueError(f"state must be (Xk [{bsz}, {h}, {m}, {r}], Xv [{bsz}, {h}, {m}, {zv_t.shape[-1]}]); got "
                          f"(Xk {list(xk.shape)}, Xv {list(xv.shape)})")
-    rdt = _real_dtype(fq_t, zk_t, zv_t, lam, b)
-    cdt = _complex_dtype(rdt)
+    rdt = real_dtype(fq_t, zk_t, zv_t, lam, b)
+    cdt = complex_dtype(rdt)
     o_t, new_state = _step(xk.astype(cdt), xv.astype(cdt), fq_t, zk_t, zv_t, lam.astype(cdt), b.astype(cdt),
                            None if c is None else c.astype(cdt), conj, rdt)
     return o_t.astype(zv_t.dtype), new_state

@@ -40,8 +40,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from idattn.ops.interdomain import (_complex_dtype, _is_concrete, _powers, _real_dtype, _resets, _shape_str,
-                                    document_index)
+from idattn.ops.interdomain import (complex_dtype, document_index, document_starts, is_concrete, mode_powers,
+                                    real_dtype, shape_str)
 
 LINEAR_IMPLS = ("auto", "sequential", "chunked")
 _HI = lax.Precision.HIGHEST
@@ -52,13 +52,13 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
         raise ValueError(f"impl must be one of {LINEAR_IMPLS} for the linear S4D readout, got {impl!r} "
                          "(the chunked path is a convolution: no associative or pallas path is needed)")
     if z.ndim != 4:
-        raise ValueError(f"z must be [B, T, H, W], got {_shape_str(z)}")
+        raise ValueError(f"z must be [B, T, H, W], got {shape_str(z)}")
     if not jnp.issubdtype(z.dtype, jnp.floating):
         raise TypeError(f"z must be a real floating array (float32/bfloat16/float64), got {z.dtype}")
     bsz, t, h, w = z.shape
     for name, x in (("lam", lam), ("b", b), ("c", c)):
         if x.ndim != 2 or x.shape[0] != h:
-            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {_shape_str(x)}")
+            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
                             f"jax.lax.complex(re, im)")
@@ -75,10 +75,10 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
         if tuple(initial_state.shape) != (bsz, h, m, w) or not jnp.issubdtype(initial_state.dtype,
                                                                             jnp.complexfloating):
             raise ValueError(f"initial_state must be complex X [B, H, M, W] = [{bsz}, {h}, {m}, {w}]; got "
-                             f"{_shape_str(initial_state)}")
+                             f"{shape_str(initial_state)}")
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if _is_concrete(lam):
+    if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
             raise ValueError(f"lam must satisfy |lam| < 1 (a stable decay); saw max |lam| = {mag.max():.8g}. "
@@ -88,10 +88,10 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
 def _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt):
     bsz, t, h, w = z.shape
     m = lam.shape[-1]
-    cdt = _complex_dtype(rdt)
+    cdt = complex_dtype(rdt)
     lam, b, c = lam.astype(cdt), b.astype(cdt), c.astype(cdt)
     x0 = jnp.zeros((bsz, h, m, w), cdt) if initial_state is None else initial_state.astype(cdt)
-    resets = _resets(segment_ids, bsz, t)
+    resets = document_starts(segment_ids, bsz, t)
 
     def step(x, inp):
         z_t, r_t = inp
@@ -112,14 +112,14 @@ def _tables(lam, b, c, length, rdt):
     br, bi = jnp.real(b).astype(rdt)[:, None, :], jnp.imag(b).astype(rdt)[:, None, :]
     cr, ci = jnp.real(c).astype(rdt)[:, None, :], jnp.imag(c).astype(rdt)[:, None, :]
     pos = jnp.arange(length, dtype=rdt)
-    p_r, p_i = _powers(lr, li, pos)  # lam^τ
+    p_r, p_i = mode_powers(lr, li, pos)  # lam^τ
     cb_r, cb_i = cr * br - ci * bi, cr * bi + ci * br
     kt = jnp.sum(cb_r * p_r - cb_i * p_i, axis=-1)  # Re(c b lam^τ) summed over modes: [H, l]
-    q_r, q_i = _powers(lr, li, pos + 1)
+    q_r, q_i = mode_powers(lr, li, pos + 1)
     cin = (cr * q_r - ci * q_i, cr * q_i + ci * q_r)
-    e_r, e_i = _powers(lr, li, (length - 1) - pos)
+    e_r, e_i = mode_powers(lr, li, (length - 1) - pos)
     cout = (br * e_r - bi * e_i, br * e_i + bi * e_r)
-    lam_l = _powers(lr, li, jnp.asarray([float(length)], rdt))
+    lam_l = mode_powers(lr, li, jnp.asarray([float(length)], rdt))
     return dict(kt=kt, cin=cin, cout=cout, lam_l=(lam_l[0][:, 0], lam_l[1][:, 0]))
 
 
@@ -163,7 +163,7 @@ def _chunk_body(carry, xs, tables):
 def _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
     bsz, t, h, w = z.shape
     m = lam.shape[-1]
-    cdt = _complex_dtype(rdt)
+    cdt = complex_dtype(rdt)
     lam, b, c = lam.astype(cdt), b.astype(cdt), c.astype(cdt)
     docs = document_index(segment_ids, bsz, t)
     if initial_state is None:
@@ -212,7 +212,7 @@ def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, se
     z, lam, b, c = jnp.asarray(z), jnp.asarray(lam), jnp.asarray(b), jnp.asarray(c)
     _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size)
     out_dtype = z.dtype if out_dtype is None else jnp.dtype(out_dtype)
-    rdt = _real_dtype(z, lam, b, c)
+    rdt = real_dtype(z, lam, b, c)
     if impl == "sequential":
         y, x = _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt)
     else:
@@ -230,8 +230,8 @@ def s4d_linear_step(state, z_t, lam, b, c):
     m = lam.shape[-1]
     if tuple(state.shape) != (bsz, h, m, w):
         raise ValueError(f"state must be X [{bsz}, {h}, {m}, {w}] complex; got {list(state.shape)}")
-    rdt = _real_dtype(z_t, lam, b, c)
-    cdt = _complex_dtype(rdt)
+    rdt = real_dtype(z_t, lam, b, c)
+    cdt = complex_dtype(rdt)
     lam, b, c = lam.astype(cdt), b.astype(cdt), c.astype(cdt)
     x = lam[None, :, :, None] * state.astype(cdt) + b[None, :, :, None] * z_t.astype(rdt).astype(cdt)[:, :, None]
     y = jnp.real(jnp.einsum("hm,bhmw->bhw", c, x, precision=_HI))

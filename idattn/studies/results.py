@@ -70,9 +70,9 @@ class Run:
             ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
         cfg = _saved_config(workdir) if ("size" not in ident or "seq_len" not in ident) else None
         if cfg is not None:  # the trainer's validation records no size / seq_len: take them from the config
-            from idattn.eval.__main__ import size_name
+            from idattn.configs.sizes import size_label
 
-            ident.setdefault("size", size_name(cfg.model))
+            ident.setdefault("size", size_label(cfg.model))
             ident.setdefault("seq_len", int(cfg.data.seq_len))
             ident.setdefault("mixer", str(cfg.model.mixer))
         self.mixer = canonical_mixer(str(ident.get("mixer", os.path.basename(os.path.normpath(workdir)))))
@@ -115,7 +115,7 @@ class Run:
             if not best["tagged"] and "corpus" not in best.get("details", {}):
                 cfg = _saved_config(workdir)
                 if cfg is not None:
-                    from idattn.eval.__main__ import corpus_label
+                    from idattn.eval.evaluate import corpus_label
 
                     self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
 

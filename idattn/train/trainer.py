@@ -173,7 +173,7 @@ def describe_data(config, tokenizer) -> str:
             tokens = f"{int(meta.get('train_tokens', 0)):,} train / {int(meta.get('val_tokens', 0)):,} val tokens"
         elif source == "kjv":
             from idattn.data import pipeline
-            docs = pipeline._kjv_token_docs(tokenizer, "train", float(d.val_fraction))
+            docs = pipeline.kjv_token_docs(tokenizer, "train", float(d.val_fraction))
             tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
                       f"the paper's data)")
     except Exception as e:  # informative only

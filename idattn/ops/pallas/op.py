@@ -450,7 +450,7 @@ def mesh_partition(batch: int, heads: int, batch_axes=None, head_axes=None):
     return mesh, tuple(b_axes), h_axes
 
 
-def _spec(*dims):
+def partition_spec(*dims):
     from jax.sharding import PartitionSpec as P
     return P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims])
 
@@ -502,8 +502,8 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
     if plan is None:
         return run(*args)
     mesh, bx, hx = plan
-    tok, head_p, rowhead, rep = _spec(bx, (), hx, ()), _spec(hx, ()), _spec(bx, hx, (), ()), _spec()
-    in_specs = (tok, tok, tok, head_p, head_p, _spec(hx, (), ()) if has_c else rep, _spec(bx, ()) if has_seg else rep,
+    tok, head_p, rowhead, rep = partition_spec(bx, (), hx, ()), partition_spec(hx, ()), partition_spec(bx, hx, (), ()), partition_spec()
+    in_specs = (tok, tok, tok, head_p, head_p, partition_spec(hx, (), ()) if has_c else rep, partition_spec(bx, ()) if has_seg else rep,
                 (rowhead, rowhead) if has_x0 else (rep, rep))
     out_specs = (tok, (rowhead, rowhead)) if return_state else tok
     return jax.shard_map(run, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)(*args)

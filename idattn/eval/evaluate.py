@@ -1,0 +1,424 @@
+"""The library of `python -m idattn.eval`: resolve what a command line names (corpora, validation sources), load
+the run, run each suite, write one result file per suite (idattn.rundir.schema) and print a table.
+
+`evaluate(args)` takes the parsed flags of idattn/eval/__main__.py (their help is the documentation); every
+refusal is an `EvalError` (one line) raised before anything is written.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+from idattn.configs import apply_overrides, load_config_file
+from idattn.configs.sizes import size_label
+
+SUITES = ("validation", "extrapolation", "harness", "recall", "decode")
+
+
+class EvalError(ValueError):
+    """A refused command line (one line: what is wrong and the fix); raised before anything is written."""
+
+
+def ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def parse_corpora(spec: str, data_dir: str = "", hub: bool = False) -> dict[str, str | None]:
+    """`a,b=path,...` -> {name: path or None (a known corpus)}; refuses unknown bare names and missing paths."""
+    from idattn.eval.perplexity import CORPORA
+
+    out: dict[str, str | None] = {}
+    for item in [c.strip() for c in spec.split(",") if c.strip()]:
+        name, eq, path = item.partition("=")
+        name = name.strip()
+        if not name:
+            raise EvalError(f"--corpora item {item!r}: expected name or name=path.")
+        if name in out:
+            raise EvalError(f"--corpora: {name!r} given twice; give each corpus a distinct name.")
+        if eq:
+            if not path or not (os.path.exists(os.path.expanduser(path)) or any(c in path for c in "*?[")):
+                raise EvalError(f"--corpora {name}={path}: no such file or folder; point it at a prepared folder "
+                                "(python -m idattn.data.prepare --out=...) or .txt/.jsonl/.parquet documents.")
+            out[name] = os.path.expanduser(path)
+        elif name in CORPORA:
+            out[name] = None
+        else:
+            raise EvalError(f"--corpora: unknown corpus {name!r}; known: {', '.join(sorted(CORPORA))}. For your own "
+                            f"data pass {name}=<path> (a prepared folder or .txt/.jsonl/.parquet documents).")
+    if not out:
+        raise EvalError("--corpora is empty; pass e.g. --corpora=mine=data/mine or --corpora=pg19 --data_dir=DIR.")
+    return out
+
+
+def read_token_docs(path: str) -> list[list[int]]:
+    """Documents of token ids from a file, never through pickle (a shared file must not run code on load):
+
+      .npy        integers: 1-D = one document, 2-D = one document per row
+      .npz        integer arrays, one document each (in the archive's order)
+      .ids.jsonl  one JSON list of integers per line
+    """
+    import json
+
+    import numpy as np
+
+    def ids_of(a, where):
+        a = np.asarray(a)
+        if a.dtype.kind not in "iu":
+            raise EvalError(f"--val_path={path}: {where} holds {a.dtype} values; expected integer token ids "
+                            f"(save with np.save(path, np.asarray(ids, np.int32)); object arrays are refused)")
+        return [a.astype(np.int64).tolist()] if a.ndim == 1 else [r.tolist() for r in a.astype(np.int64)]
+
+    try:
+        if path.endswith(".npy"):
+            return ids_of(np.load(path, allow_pickle=False), "the array")
+        if path.endswith(".npz"):
+            with np.load(path, allow_pickle=False) as z:
+                return [d for k in z.files for d in ids_of(z[k], f"array {k!r}")]
+    except ValueError as e:  # numpy refuses an object array without allow_pickle
+        raise EvalError(f"--val_path={path}: {e}; save token ids as an integer array "
+                        f"(np.save(path, np.asarray(ids, np.int32)))") from e
+    docs = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                row = json.loads(line)
+                if not (isinstance(row, list) and all(isinstance(i, int) for i in row)):
+                    raise EvalError(f"--val_path={path}: line {n} is not a JSON list of integers")
+                docs.append(row)
+    return docs
+
+
+def corpus_label(data_cfg) -> str:
+    """The name of a run's own held-out split: `<data name>.val` (kjv.val, <prepared folder name>.val, ...)."""
+    src = str(data_cfg.get("source", "kjv"))
+    if src == "arrayrecord":
+        return os.path.basename(os.path.normpath(str(data_cfg.get("path", "data")))) + ".val"
+    if src == "tfds":
+        return str(data_cfg.get("tfds_name", "tfds")).replace("/", "_") + ".val"
+    return f"{src}.val"
+
+
+def _is_prepared(path: str) -> bool:
+    return os.path.isdir(path) and os.path.isfile(os.path.join(path, "meta.json"))
+
+
+def _prepared_cfg(data_cfg, path: str):
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict(data_cfg.to_dict() if hasattr(data_cfg, "to_dict") else dict(data_cfg))
+    cfg.source, cfg.path = "arrayrecord", path
+    return cfg
+
+
+def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) -> list[list[int]]:
+    """Token-id documents of one corpus (held-out split of a prepared folder, documents, or a known corpus)."""
+    from idattn.eval import perplexity
+
+    if path is not None and _is_prepared(path):
+        import numpy as np
+
+        from idattn.data import formats
+
+        try:
+            meta = formats.check_tokenizer_matches(path, tok)
+            shards = formats.shard_paths(path, meta, "val")
+        except (ValueError, FileNotFoundError) as e:
+            raise EvalError(f"corpus {name}={path}: {e}") from e
+        import grain
+
+        src = grain.sources.ArrayRecordDataSource(shards)
+        docs = [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+        docs = [d for d in docs if d and len(d) >= min_tokens]
+        return docs[:args.limit] if args.limit else docs
+    if path is not None:
+        from idattn.data import prepare
+
+        try:
+            fs, files = prepare.list_inputs(path)
+            texts = prepare.iter_texts(fs, files, field=args.text_field,
+                                       separator=prepare.decode_separator(args.separator))
+        except prepare.PrepareError as e:
+            raise EvalError(f"corpus {name}={path}: {e}") from e
+    else:
+        texts = perplexity.load_corpus(name, data_dir=args.data_dir or None, hub=args.hub, limit=None)
+    kept = []
+    for t in texts:
+        # encode only a prefix long enough for the longest window (>= 16 characters per token is far more than
+        # any tokenizer needs), and stop once `limit` long enough documents are found
+        ids = tok.encode(t[:16 * min_tokens] if min_tokens else t)
+        if len(ids) >= min_tokens and ids:
+            kept.append(ids)
+            if args.limit and len(kept) >= args.limit:
+                break
+    return kept
+
+
+# ------------------------------------------------------------------------------------------------ config / run
+
+
+def load_run(args) -> tuple[Any, Any, int]:
+    """(config, params, step)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.models import build_model
+
+    if args.random_init:
+        config = apply_overrides(load_config_file(args.config), args.set)
+        model = build_model(config.model)
+        params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(config.get("seed", 0)),
+                                             jnp.zeros((1, 8), jnp.int32))["params"])  # jit: 2x faster than eager
+        return config, params, -1
+    from idattn.train import checkpoint
+
+    steps = checkpoint.committed_steps(args.workdir)
+    if not steps:
+        raise EvalError(f"--workdir={args.workdir}: no committed checkpoint there; train first (python -m "
+                        "idattn.train ... --workdir=...) or pass --random_init --config=...")
+    step = args.step if args.step is not None else steps[-1]
+    config, params = checkpoint.load_params(args.workdir, step)
+    return apply_overrides(config, args.set), params, int(step)
+
+
+def run_info(args, config, params) -> dict[str, Any]:
+    import jax
+
+    n = sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
+    m = config.model
+    return {"workdir": os.path.abspath(args.workdir), "mixer": str(m.mixer), "size": size_label(m), "params": n,
+            "input": str(m.get("input", "")), "readout": str(m.get("readout", "")), "rope": bool(m.get("rope", True)),
+            "seq_len": int(config.data.seq_len)}
+
+
+def trainer_val_rows(config) -> int:
+    """Rows of the trainer's validation: train.eval_batches x its microbatch (train.batch_size / grad_accum)."""
+    t = config.train
+    return int(t.eval_batches) * (int(t.batch_size) // max(int(t.get("grad_accum", 1) or 1), 1))
+
+
+# ------------------------------------------------------------------------------------------------ output
+
+class Progress:
+    """One stderr line per update: `<label>: i/n (p%) elapsed Xs, ETA Ys` (carriage return on a terminal)."""
+
+    def __init__(self, label: str, total: int, quiet: bool = False):
+        self.label, self.total, self.quiet = label, max(int(total), 1), quiet
+        self.t0 = time.time()
+        self.done = 0
+        self.tty = sys.stderr.isatty()
+        self._last = -1.0
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if self.quiet:
+            return
+        el = time.time() - self.t0
+        frac = min(self.done / self.total, 1.0)
+        if not self.tty and self.done < self.total and el - self._last < 2.0:
+            return  # a log file gets a line every 2 s at most
+        self._last = el
+        eta = el / frac * (1 - frac) if frac > 0 else float("nan")
+        msg = (f"{self.label}: {self.done}/{self.total} ({100 * frac:.0f}%) elapsed {el:.0f}s, ETA "
+               f"{eta:.0f}s")
+        end = "\n" if (not self.tty or self.done >= self.total) else ""
+        print(("\r" if self.tty else "") + msg, end=end, file=sys.stderr, flush=True)
+
+
+def format_number(v: float) -> str:
+    return f"{v:.4f}"
+
+
+def results_table(records: list[dict[str, Any]]) -> str:
+    """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
+    from idattn.rundir.schema import protocol_of
+
+    lines = ["| suite | measured on | metric | value |", "|---|---|---|---|"]
+    for rec in records:
+        p = protocol_of(rec)
+        on = ", ".join(f"{k} {v}" for k, v in p.items() if k in ("corpus", "tokens", "context", "batch", "lengths")
+                       and v not in (None, "", []))
+        for k, v in rec["metrics"].items():
+            lines.append(f"| {rec['suite']} | {on or '-'} | {k} | {format_number(v)} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def _resolve(args) -> dict[str, Any]:
+    """Everything a command line names, checked before the model is loaded or anything is written."""
+    out: dict[str, Any] = {}
+    suites = args.suite.split(",")
+    if "extrapolation" in suites:
+        out["corpora"] = parse_corpora(args.corpora, args.data_dir, args.hub)
+    if "validation" in suites and args.val_path:
+        name, eq, path = args.val_path.partition("=")
+        if not eq:
+            name, path = "", args.val_path
+        path = os.path.expanduser(path)
+        if not os.path.exists(path):
+            raise EvalError(f"--val_path={args.val_path}: no such file or folder.")
+        if not name:
+            base = os.path.basename(os.path.normpath(path))
+            name = (base if _is_prepared(path) else os.path.splitext(base)[0]) or "val_path"
+        out["val"] = (name, path)
+    if args.val_tokens < 0 or args.val_batches < 0 or args.batch_size < 1:
+        raise EvalError(f"--val_tokens={args.val_tokens}, --val_batches={args.val_batches}, --batch_size="
+                        f"{args.batch_size}: expected non-negative counts and a positive batch size.")
+    return out
+
+
+def evaluate(args) -> int:
+    """Runs the suites of a parsed command line (`python -m idattn.eval`'s flags) and prints the table."""
+    resolved = _resolve(args)
+    import numpy as np
+
+    from idattn.data.tokenizer import load_tokenizer
+    from idattn.eval import perplexity
+    from idattn.rundir.schema import write_result
+    from idattn.eval.scoring import model_score_fn, prefix_token
+    from idattn.models import build_model
+
+    config, params, step = load_run(args)
+    model = build_model(config.model)
+    run = run_info(args, config, params)
+    seq_len = int(args.max_length or config.data.seq_len)
+    limit = args.limit or None
+    score_fn = model_score_fn(model, params)
+    suites = args.suite.split(",")
+    tok = load_tokenizer(config.data.tokenizer) if set(suites) - {"decode"} else None
+    if tok is not None and tok.vocab_size > int(config.model.vocab_size):
+        raise EvalError(f"tokenizer {config.data.tokenizer!r} has {tok.vocab_size} pieces but the model's "
+                        f"vocab_size is {config.model.vocab_size}: ids would index past the embedding. Evaluate "
+                        "with the tokenizer the run was trained with (config.data.tokenizer).")
+    # documents of every corpus are read (and refused) before the first file is written
+    corpora_docs: dict[str, list[list[int]]] = {}
+    lengths: list[int] = []
+    if "extrapolation" in suites:
+        lengths = ints(args.lengths) or [seq_len, 2 * seq_len, int(3.5 * seq_len)]
+        for name, path in resolved["corpora"].items():
+            try:
+                kept = corpus_docs(name, path, tok, args, min_tokens=max(lengths))
+            except FileNotFoundError as e:
+                if path is not None:
+                    raise EvalError(f"corpus {name}: {e}") from e
+                print(f"extrapolation: skipping {name}: {e}", file=sys.stderr)
+                continue
+            if not kept:
+                msg = (f"corpus {name!r} has no document with {max(lengths)} tokens (the longest length); lower "
+                       "--lengths or add longer documents")
+                if path is not None:
+                    raise EvalError(msg + ".")
+                print(f"extrapolation: skipping {msg}", file=sys.stderr)
+                continue
+            corpora_docs[name] = kept
+        if not corpora_docs:
+            raise EvalError("extrapolation: no corpus found; pass --corpora=name=path, or --data_dir with "
+                            "<corpus>/ folders, or --hub.")
+    records: list[dict[str, Any]] = []
+    written: list[str] = []
+
+    def write(suite, metrics, details, protocol=None):
+        path = write_result(args.workdir, suite, step, metrics, run=run, details=details, protocol=protocol)
+        written.append(path)
+        import json
+
+        with open(path) as f:
+            records.append(json.load(f))
+        return path
+
+    if "validation" in suites:
+        name, path = resolved.get("val", (None, None))
+        if path is not None and not _is_prepared(path):
+            if path.endswith((".npy", ".npz")) or path.endswith(".ids.jsonl"):
+                docs = read_token_docs(path)
+            else:
+                docs = corpus_docs(name, path, tok, args)
+            docs = docs[:limit] if limit else docs
+            prog = Progress(f"validation {name}", sum(-(-len(d) // seq_len) for d in docs), args.quiet)
+            m = perplexity.validation_perplexity(score_fn, docs, prefix=prefix_token(tok), max_length=seq_len,
+                                                 batch_size=args.batch_size, progress=prog)
+            protocol = {"corpus": name, "tokens": int(m["tokens"]), "context": seq_len, "batch": args.batch_size,
+                        "method": "rolling windows over documents"}
+            write("validation", m, {"source": path, "method": "rolling windows", "docs": len(docs)}, protocol)
+        else:
+            from idattn.data.pipeline import make_eval_batches
+
+            data_cfg = config.data if path is None else _prepared_cfg(config.data, path)
+            label = corpus_label(config.data) if path is None else name
+            if args.val_tokens:
+                rows = max(args.val_tokens // seq_len, 1)
+            elif args.val_batches:
+                rows = args.val_batches * args.batch_size
+            else:
+                rows = trainer_val_rows(config)
+            nb = -(-rows // args.batch_size)
+            try:
+                batches = make_eval_batches(data_cfg, tok, batch_size=args.batch_size, seq_len=seq_len,
+                                            num_batches=nb)
+            except (ValueError, FileNotFoundError) as e:
+                raise EvalError(f"validation on {label}: {e}") from e
+            extra = nb * args.batch_size - rows  # rows past the protocol's count in the last batch: masked out
+            if extra and batches and len(batches) == nb:
+                batches[-1] = dict(batches[-1])
+                batches[-1]["loss_mask"] = batches[-1]["loss_mask"].copy()
+                batches[-1]["loss_mask"][args.batch_size - extra:] = 0.0
+            prog = Progress(f"validation {label}", len(batches), args.quiet)
+            m = perplexity.packed_perplexity(lambda p, b: model.apply({"params": p}, b["inputs"],
+                                                                      segment_ids=b["segment_ids"],
+                                                                      positions=b["positions"]), params, batches,
+                                             progress=prog)
+            protocol = {"corpus": label, "tokens": rows * seq_len, "context": seq_len, "batch": args.batch_size,
+                        "method": "packed held-out split (the trainer's validation)"}
+            if int(m["tokens"]) < rows * seq_len:
+                protocol["note"] = f"the split holds only {int(m['tokens'])} tokens"
+            write("validation", m, {"source": f"data.source={data_cfg.source}" + (
+                f", data.path={data_cfg.path}" if data_cfg.source == "arrayrecord" else ""),
+                "method": "packed eval batches", "batches": len(batches), "rows": rows}, protocol)
+
+    if "extrapolation" in suites:
+        total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
+        prog = Progress("extrapolation", total, args.quiet)
+        m, details = perplexity.extrapolation(score_fn, corpora_docs, lengths, bos=prefix_token(tok),
+                                              max_docs=limit, batch_size=1, progress=prog)
+        details["train_seq_len"] = int(config.data.seq_len)
+        protocol = {"corpus": "+".join(corpora_docs), "context": lengths,
+                    "docs": {k: details["corpora"][k]["docs"] for k in corpora_docs},
+                    "method": "first L tokens of each document"}
+        path = write("extrapolation", m, details, protocol)
+        perplexity.plot_extrapolation(details, path[:-5] + ".png", title=f"{run['mixer']} {run['size']}",
+                                      train_len=int(config.data.seq_len))
+
+    if "harness" in suites:
+        from idattn.eval import harness
+
+        tasks = [t for t in args.tasks.split(",") if t] or list(harness.DEFAULT_TASKS)
+        prog = Progress("harness (tasks)", len(tasks), args.quiet)
+        m, details = harness.run_harness(score_fn, tok, tasks=tasks, data_dir=args.data_dir or None, hub=args.hub,
+                                         limit=limit, max_length=seq_len, batch_size=args.batch_size,
+                                         add_bos=args.add_bos, progress=prog)
+        write("harness", m, details)
+
+    if "recall" in suites:
+        from idattn.eval.recall import run_text_recall
+
+        m, details = run_text_recall(score_fn, tok, niah_lengths=ints(args.niah_lengths),
+                                     phonebook_sizes=ints(args.phonebook_sizes), n=args.recall_n, batch_size=1)
+        write("recall", m, details)
+
+    if "decode" in suites:
+        from idattn.eval.decode_bench import decode_benchmark
+
+        m, details = decode_benchmark(model, params, contexts=ints(args.decode_contexts),
+                                      batch_sizes=ints(args.decode_batches), steps=args.decode_steps,
+                                      prefill_chunk=args.prefill_chunk)
+        write("decode", m, details)
+
+    print(f"\n{run['mixer']} ({run['size']}, {run['params']:,} params), step {step}, {args.workdir}:\n")
+    print(results_table(records))
+    print()
+    for p in written:
+        print(p)
+    return 0
