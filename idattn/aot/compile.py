@@ -292,12 +292,3 @@ def run(config, config_name: str, topology: str, num_slices: int = 1, steps=("tr
     log(f"wall time {time.perf_counter() - t0:.1f} s")
     log(line)
     return 0 if fits else 1
-
-
-def main(argv=None) -> int:  # pragma: no cover - thin CLI (see __main__)
-    from idattn.aot.__main__ import cli
-    return cli(argv)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

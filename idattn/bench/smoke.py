@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from idattn.configs import base_config
-from idattn.layers.common import document_index
+from idattn.ops.interdomain import document_index
 from idattn.models import apply_mixer_name, build_model, decoding
 from idattn.train.step import make_loss_sums
 
