@@ -170,3 +170,19 @@ def test_two_processes_started_like_srun(tmp_path):
                 p.kill()
     results = sorted(line.split()[1:] for o in outs for line in o.splitlines() if line.startswith("RESULT"))
     assert results == [["2", "0", "0"], ["2", "1", "0"]]
+
+
+def test_cpu_host_start_is_quiet():
+    """On a host without accelerators, with libtpu and the CUDA plugin installed, `import idattn` first keeps
+    jax's start free of the runtimes' probe messages (idattn/__init__.py); the CPU backend is the result."""
+    import importlib.util
+    import idattn
+    if idattn._has_accelerator() or not (importlib.util.find_spec("jax_cuda12_plugin")
+                                         or importlib.util.find_spec("libtpu")):
+        pytest.skip("needs an accelerator-less host with the accelerator runtimes installed")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    p = subprocess.run([sys.executable, "-c", "import idattn, jax; print(jax.default_backend())"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.strip() == "cpu", p.stderr
+    for noise in ("Could not find cuda drivers", "unexpected worker hostname", "Unable to load CUDA"):
+        assert noise not in p.stderr, p.stderr

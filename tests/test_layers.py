@@ -115,7 +115,7 @@ def test_softmax_attention_segment_mask():
 
 
 def np_mixer(p, x, seg, inp, readout, use_rope, conj, gate, eps=1e-5, contraction="mean"):
-    """The SPEC section-3 layer, written as float64 loops from the module's parameters."""
+    """The Interdomain layer (docs/model.md, Mixers), written as float64 loops from the module's parameters."""
     p = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64), p)
     x = x.astype(np.float64)
     doc, pos = np_doc_pos(seg)

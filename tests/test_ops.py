@@ -1,4 +1,4 @@
-"""The Interdomain operator against an independent float64 NumPy loop (SPEC section 1).
+"""The Interdomain operator against an independent float64 NumPy loop (the operator's docstring, idattn/ops/interdomain.py).
 
 The reference below applies c literally (U = c·Xk, Γ = c·Xv) and resets on raw id changes; it does not call the
 library. Error metric: ‖o − o_ref‖ / ‖o_ref‖ per (batch row, head), worst case.
@@ -502,7 +502,7 @@ def test_linear_readout_float32_long_sequence():
 
 
 def test_linear_readout_is_linear_in_the_state():
-    """The defining property (SPEC section 3): y(z1 + z2) = y(z1) + y(z2), and y(α z) = α y(z). The frozen-query
+    """The defining property (docs/model.md, Mixers): y(z1 + z2) = y(z1) + y(z2), and y(α z) = α y(z). The frozen-query
     bilinear form this replaces fails both (it is quadratic in z)."""
     x = make_linear_inputs(bsz=1, t=20, h=2, w=3, m=4, seed=5)
     z2 = np.random.default_rng(9).normal(size=x["z"].shape)

@@ -124,7 +124,7 @@ def test_state_budget():
 
 def test_flops_per_token():
     cfg = scaling.get_config("interdomain,1.3b").model
-    # SPEC section 1: R = D = M = L = 64 -> ~74K MACs per token-head (57K without C)
+    # the operator's docstring, idattn/ops/interdomain.py: R = D = M = L = 64 -> ~74K MACs per token-head (57K without C)
     assert models.counting.mixer_macs_per_token_head(cfg, 4096) == 64 * 128 + 4 * 64 * (64 + 128) + 4 * 64 * 64
     assert models.counting.mixer_macs_per_token_head(cfg, 4096) == 73_728
     n_nonembed = models.count_params_closed(cfg) - 32000 * 2048

@@ -203,3 +203,29 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
         recipe["steps"]
     repro.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
     assert len(calls) == 1
+
+
+def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
+    """Moving or renaming model files keeps finished runs valid; changing one byte of code re-verifies them."""
+    import shutil
+
+    pkg = tmp_path / "idattn"
+    for d in repro.SRC_DIRS:
+        shutil.copytree(os.path.join(repro.PACKAGE, d), pkg / d)
+    monkeypatch.setattr(repro, "PACKAGE", str(pkg))
+
+    def fresh_hash():
+        monkeypatch.setattr(repro, "_SRC", [])
+        return repro.source_hash()
+
+    base = fresh_hash()
+    assert base == fresh_hash()
+    os.replace(pkg / "ops" / "s4d.py", pkg / "models" / "moved_s4d.py")
+    assert fresh_hash() == base
+    with open(pkg / "layers" / "common.py", "a") as f:
+        f.write("\n# a change\n")
+    assert fresh_hash() != base
+    shutil.rmtree(pkg)
+    pkg.mkdir()
+    with pytest.raises(repro.ReproError, match="no model code"):
+        fresh_hash()

@@ -1,4 +1,4 @@
-"""LegS convergence table (SPEC section 2): relative error of ``idattn.ops.theory.legs_interdomain`` to
+"""LegS convergence table (docs/model.md, theory mode): relative error of ``idattn.ops.theory.legs_interdomain`` to
 normalised causal linear attention with the same positive feature map, on smooth ~200-step signals, as the
 number of LegS basis functions M grows. Expect a fall of ≥ 5x from M = 2 to M = 16 and a plateau (or a slight
 rise) around M = 32: the discretised continuous projection against a discrete sum."""

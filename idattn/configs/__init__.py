@@ -1,7 +1,7 @@
 """The one config schema every experiment file fills in.
 
 `base_config()` returns an ml_collections ConfigDict with every key the model, data pipeline and trainer read,
-at the defaults of the paper's recipe (SPEC sections 4-6). The experiment recipes live beside it in this package
+at the defaults of the paper's recipe (docs/model.md, docs/data.md, docs/training.md). The experiment recipes live beside it in this package
 (`idattn/configs/scaling.py`, `quickstart.py`, `repro.py`, `mqar.py`, `sweeps/*.py`); `experiments/*.py` in a
 source checkout are the documented `--config=` paths and re-export them. The command line overrides again with
 `--config.key=value`.
@@ -102,8 +102,8 @@ def apply_overrides(config, sets: list[str]):
     return config
 
 
-# Logical axis names used by every parameter annotation (idattn.models.sharding) and their default mesh
-# mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.
+# Logical axis names used by every parameter annotation (`idattn.layers.common.param`; the trainer places them,
+# idattn/train/sharding.py) and their default mesh mapping: FSDP over the embedding axis, tensor parallelism over heads / MLP hidden.
 # Activations: "batch" over the batch shards, their feature axis ("act_embed") whole on every chip, the logits'
 # vocabulary ("act_vocab") and the heads of per-head activations ("act_heads") over tensor.
 DEFAULT_LOGICAL_AXIS_RULES = (
@@ -143,7 +143,7 @@ def base_config() -> ml_collections.ConfigDict:
     m.output_gate = False
     m.linear_contraction = "mean"  # linear readout: c_h = mean | sum over modes of C_h (paper silent; docs/model.md)
     m.conj = True
-    m.theory = False  # LegS operator with the Nadaraya-Watson denominator (SPEC section 2)
+    m.theory = False  # LegS operator with the Nadaraya-Watson denominator (docs/model.md, theory mode)
     m.num_modes = 64
     m.s4d_init = "inv"  # inv | lin | legs | inv_paper
     m.kappa = 0.25

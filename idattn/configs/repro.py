@@ -31,7 +31,7 @@ One run alone, with the ordinary trainer entry point:
       dt:    scaled (Δ range scaled with the context; the default) | paper (the paper's Δ range)
       seed:  0, 1, ... (model init seed 42 + seed, data order seed `seed`)
 
-Time scales (SPEC section 7). The slowest S4D mode remembers about 1/(Δ_min·|Re A|) tokens (S4D-Inv: Re A = -1/2).
+Time scales (docs/evaluation.md). The slowest S4D mode remembers about 1/(Δ_min·|Re A|) tokens (S4D-Inv: Re A = -1/2).
 The paper trains at T = 4096 with Δ ∈ [1e-3, 1e-1]: Δ_min·T = 4.1, so the slowest mode (~2,000 tokens) settles
 inside the training context. `scaled` keeps Δ·T_train as in the paper: Δ ∈ [1e-3, 1e-1]·4096/T_train
 (at T_train = 256: [0.016, 1.6]; Δ·|Re A| is capped at κ = 0.25 by the layer, so the fastest modes remember
@@ -89,7 +89,7 @@ SEEDS = {"small": (0, 1), "toy": (0, 1)}
 # The Δ range of the `ppl` table's verdicts, the cube and the text-recall models (the `ppl` and `length` tables
 # show both). "paper": measured at this size, the context-scaled range leaves Interdomain 1.5x worse than
 # Softmax (seed 0: ppl 98.7 scaled vs 62.2 paper, Softmax 66.9) where the paper's range does not, so the cube
-# uses the paper's own recipe for every mixer; the `length` table keeps both side by side (SPEC section 7).
+# uses the paper's own recipe for every mixer; the `length` table keeps both side by side (docs/evaluation.md).
 PRIMARY_DT = "paper"
 
 # Extra rows of the `ppl` table (primary Δ, every seed): the linear readout with the mode *sum* instead of the

@@ -1,4 +1,4 @@
-"""idattn.eval: evaluation (SPEC section 7). Results are JSON files in the run directory (`schema`).
+"""idattn.eval: evaluation (docs/evaluation.md). Results are JSON files in the run directory (`schema`).
 
   scoring        the shared core: jitted per-token target log-probs, bucketed batching, harness semantics
                  (encode_pair, loglikelihood with left truncation, rolling windows)

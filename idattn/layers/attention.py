@@ -1,4 +1,4 @@
-"""Softmax baseline: canonical multi-head causal attention with RoPE (SPEC section 3).
+"""Softmax baseline: canonical multi-head causal attention with RoPE (docs/model.md, Mixers).
 
 q, k, v = W_Q x, W_K x, W_V x  ([d] -> [H, d_h], no bias);  q, k <- RoPE(q), RoPE(k);
 o = softmax(q kᵀ / √d_h + causal & same-document mask) v;  y = W_O concat_h(o).

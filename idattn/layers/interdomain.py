@@ -1,11 +1,11 @@
-"""The Interdomain mixer (paper Fig. 3a) and its mechanism cube (SPEC section 3).
+"""The Interdomain mixer (paper Fig. 3a) and its mechanism cube (docs/model.md, Mixers).
 
 Per layer, with H heads of width d_h, feature width R = d_h and M complex S4D modes per head:
 
   dualkv input:   k = SC(W_K x), v = W_V x;  k <- RoPE(k) if rope;  k̃ = N+β(ξ(k)),  ṽ = N+β(v)
   generic input:  h1 = SC(W_1 x), h2 = SC(W_2 x);  h1 <- RoPE(h1) if rope;  k̃ = N+β(h1),  ṽ = N+β(h2)
   query readout:  q = SC(W_Q x);  q <- RoPE(q) if rope;  f_q = ξ(q)
-                  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn.ops, SPEC section 1)
+                  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn.ops, the operator's docstring, idattn/ops/interdomain.py)
   linear readout: no W_Q, no query. Both halves enter the one shared recurrence, X = [X_k | X_v] ∈ C^{M×(R+d_h)},
                   and are read out linearly in the state, as S4D's y = Re(C x), with the mode contraction
                   c_h = (1/M) 1ᵀ C_h ∈ C^M (column means of the same C_h: mean_m (C_h X)[m, :] = c_hᵀ X):

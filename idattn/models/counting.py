@@ -162,7 +162,7 @@ def state_budget(model_cfg: Any) -> int:
 
 
 def mixer_macs_per_token_head(model_cfg: Any, seq_len: int) -> float:
-    """SPEC section 1's operator cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length);
+    """The operator's cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length);
     the linear readout (a convolution per chunk plus the carried state): L(R+D) + 4M(R+D)."""
     s = spec_from_config(model_cfg)
     lch, r, dd, m = min(s.chunk_size, seq_len), s.head_dim, s.head_dim, s.num_modes
@@ -175,7 +175,7 @@ def flops_per_token(model_cfg: Any, seq_len: int) -> float:
     """Training FLOPs per token: 6·N (N without the input embedding, a gather) + the mixer term.
 
     Softmax: QKᵀ and AV cost 4·T·H·d_h forward FLOPs per token, halved for causality, ×3 for training:
-    6·T·H·d_h per layer. Interdomain: 6·H·(SPEC section 1 MACs) per layer (2 FLOPs per MAC, ×3 for training).
+    6·T·H·d_h per layer. Interdomain: 6·H·(the operator's docstring, idattn/ops/interdomain.py MACs) per layer (2 FLOPs per MAC, ×3 for training).
     """
     s = spec_from_config(model_cfg)
     n = count_params_closed(s) - s.vocab_size * s.d_model

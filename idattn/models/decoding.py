@@ -1,4 +1,4 @@
-"""Decoding: cache, chunked prefill, one-token steps and sampling (SPEC section 4).
+"""Decoding: cache, chunked prefill, one-token steps and sampling (docs/model.md).
 
 Cache (one document per batch row):
   {"index": int32 scalar (tokens consumed), "layers": per-layer pytree stacked on a leading [num_layers] axis}

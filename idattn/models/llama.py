@@ -1,4 +1,4 @@
-"""Llama-style decoder (SPEC section 4).
+"""Llama-style decoder (docs/model.md).
 
 x_0 = E[tokens];  for each of N blocks:  x <- x + mixer(RMSNorm(x));  x <- x + SwiGLU(RMSNorm(x));
 logits = W_head RMSNorm(x)   (untied head, no biases, no dropout; logits float32).

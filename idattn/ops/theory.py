@@ -1,4 +1,4 @@
-r"""The theory mode (SPEC section 2): the paper's ideal derivation with a dense HiPPO-LegS basis.
+r"""The theory mode (docs/model.md, theory mode): the paper's ideal derivation with a dense HiPPO-LegS basis.
 
 Keys, values and the constant 1 are projected online onto the first N scaled Legendre polynomials of the
 history [0, t] under the uniform measure (HiPPO-LegS): coefficients c_t ∈ R^N with

@@ -53,6 +53,7 @@ import hashlib
 import json
 import math
 import os
+import pathlib
 import shutil
 import sys
 import time
@@ -60,7 +61,7 @@ from typing import Any
 
 from idattn.configs import packaged_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
 TABLES = ("ppl", "length", "recall", "cube")
 MIXERS3 = ("softmax", "interdomain", "s4d_only")
@@ -112,23 +113,23 @@ def _write_marker(wd: str, rec: dict[str, Any]) -> None:
     os.replace(tmp, os.path.join(wd, MARKER))
 
 
-SRC_DIRS = ("idattn/ops", "idattn/layers", "idattn/models")
+SRC_DIRS = ("ops", "layers", "models")  # inside the package
 _SRC: list[str] = []
 
 
 def source_hash() -> str:
-    """sha1 (10 hex) of the model code: every .py file under idattn/ops, idattn/layers, idattn/models."""
+    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
+    idattn/models, as a sorted set of per-file hashes, so that moving or renaming a file changes nothing and
+    only a change of code re-verifies a finished run."""
     if not _SRC:
-        h = hashlib.sha1()
+        digests = []
         for d in SRC_DIRS:
-            for root, _, files in sorted(os.walk(os.path.join(REPO, d))):
-                for name in sorted(files):
-                    if name.endswith(".py"):
-                        path = os.path.join(root, name)
-                        h.update(os.path.relpath(path, REPO).encode())
-                        with open(path, "rb") as f:
-                            h.update(f.read())
-        _SRC.append(h.hexdigest()[:10])
+            for root, _, files in os.walk(os.path.join(PACKAGE, d)):
+                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
+                            for n in files if n.endswith(".py")]
+        if not digests:
+            raise ReproError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
+        _SRC.append(hashlib.sha1("".join(sorted(digests)).encode()).hexdigest()[:10])
     return _SRC[0]
 
 
@@ -680,7 +681,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         f"## Tables 2 / 8: perplexity against evaluation length (trained at {L1} tokens)", "",
         _setup_line(ctx), "",
         "Δ: `scaled` keeps the paper's Δ·T_train (Δ range × 4096 / T_train; the S4D layer caps Δ·|Re A| at κ = "
-        "0.25), so the slowest mode settles inside the training context as it does in the paper (SPEC section 7): "
+        "0.25), so the slowest mode settles inside the training context as it does in the paper: "
         "it keeps the paper's time scales. `paper` is the paper's Δ range [0.001, 0.1] unchanged, whose slowest "
         f"modes (~2,000 tokens) never settle in a {L1}-token training context, so past the training length they "
         "reach states training never produced. Values: mean ± half the seed spread.", "",

@@ -1,4 +1,4 @@
-"""idattn.train: the sharded trainer (SPEC section 5).
+"""idattn.train: the sharded trainer (docs/training.md).
 
     python -m idattn.train --config=experiments/<file>.py[:arg] --workdir=DIR   # train / resume
     from idattn.train import run, load_params                                   # same, from Python

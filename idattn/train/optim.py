@@ -1,4 +1,4 @@
-"""Optimiser and learning-rate schedule of the paper's recipe (SPEC section 5).
+"""Optimiser and learning-rate schedule of the paper's recipe (docs/training.md).
 
 Schedule (step s counts optimiser updates from 0; W warmup steps, S total steps, peak η, end η_end):
 

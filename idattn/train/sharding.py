@@ -1,4 +1,4 @@
-"""The device mesh and the placement of parameters, optimiser state and batches (SPEC section 5).
+"""The device mesh and the placement of parameters, optimiser state and batches (docs/training.md).
 
 One `jax.sharding.Mesh` with named axes (data, fsdp, tensor). Sizes come from `config.mesh` (per slice); one axis
 may be -1 and takes the remaining devices. Multi-slice: the data axis also spans the slices (DCN), see make_mesh. Parameters carry logical axis names (flax `with_logical_partitioning`);

@@ -1,4 +1,4 @@
-"""The training loop (SPEC section 5): `run(config, workdir)` is what `python -m idattn.train` calls.
+"""The training loop (docs/training.md): `run(config, workdir)` is what `python -m idattn.train` calls.
 
 Order of work, so that a refused start writes nothing:
   1. check every config value (idattn.train.validate), derive the schedule (num_steps, warmup_steps), check
