@@ -56,10 +56,18 @@ def test_theory_table_converges():
     assert e2 / e16 >= 5.0, rows
 
 
-def test_cli_dispatch(capsys):
+def test_cli_dispatch(capsys, monkeypatch):
+    from idattn.bench import theory
     from idattn.bench.__main__ import main
-    assert main([]) == 2
-    assert "theory" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        main([])
+    assert e.value.code == 2 and "{op,theory,model,checksum}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["thoery"])
+    assert e.value.code == 2 and "invalid choice: 'thoery'" in capsys.readouterr().err
+    seen = []
+    monkeypatch.setattr(theory, "main", seen.append)
+    assert main(["theory", "--length", "64", "--seeds=1"]) == 0 and seen == [["--length", "64", "--seeds=1"]]
 
 
 @pytest.mark.parametrize("flag,said", [

@@ -33,9 +33,10 @@ def _t(f, *a, n=3):
 
 
 def main(argv=None):
-    import sys
-    argv = sys.argv[1:] if argv is None else list(argv)
-    tiny = "--tiny" in argv
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m idattn.bench.smoke", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU dry run: 2-layer models, 256-token sequences")
+    tiny = ap.parse_args(argv).tiny
     print(jax.__version__, jax.devices(), "(tiny)" if tiny else "", flush=True)
     ks = jax.random.split(jax.random.PRNGKey(0), 3)
     TA = 128 if tiny else 1024

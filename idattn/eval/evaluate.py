@@ -233,16 +233,16 @@ def format_number(v: float) -> str:
 
 def results_table(records: list[dict[str, Any]]) -> str:
     """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
+    from idattn.eval.markdown import markdown_table
     from idattn.rundir.schema import protocol_of
 
-    lines = ["| suite | measured on | metric | value |", "|---|---|---|---|"]
+    rows = []
     for rec in records:
         p = protocol_of(rec)
         on = ", ".join(f"{k} {v}" for k, v in p.items() if k in ("corpus", "tokens", "context", "batch", "lengths")
                        and v not in (None, "", []))
-        for k, v in rec["metrics"].items():
-            lines.append(f"| {rec['suite']} | {on or '-'} | {k} | {format_number(v)} |")
-    return "\n".join(lines)
+        rows += [[rec["suite"], on or "-", k, format_number(v)] for k, v in rec["metrics"].items()]
+    return markdown_table(["suite", "measured on", "metric", "value"], rows)
 
 
 # ------------------------------------------------------------------------------------------------ main

@@ -13,6 +13,7 @@ import json
 import os
 
 from idattn.configs.mqar import get_config as mqar_config
+from idattn.eval.markdown import markdown_table
 from idattn.eval.recall import train_mqar
 from idattn.rundir.schema import write_result
 
@@ -43,10 +44,8 @@ def main(argv=None) -> None:
             write_result(os.path.join(args.workdir, mixer.replace("/", "_")), "recall", steps, metrics,
                          run={"mixer": mixer, "size": "tiny", "task": "mqar"}, details=res)
     print(f"\nMQAR T={args.seq_len} pairs={args.pairs}")
-    print("| mixer | query acc | final loss | steps | seconds | other (T/pairs: acc) |")
-    print("|---|---|---|---|---|---|")
-    for mixer, r in rows:
-        grid = ", ".join(f"{k}: {v:.3f}" for k, v in r["grid"].items())
-        print(f"| {mixer} | {r['acc']:.4f} | {r['loss']:.4f} | {r['steps']} | {r['train_seconds']:.0f} | {grid} |")
+    print(markdown_table(["mixer", "query acc", "final loss", "steps", "seconds", "other (T/pairs: acc)"],
+                         [[m, f"{r['acc']:.4f}", f"{r['loss']:.4f}", r["steps"], f"{r['train_seconds']:.0f}",
+                           ", ".join(f"{k}: {v:.3f}" for k, v in r["grid"].items())] for m, r in rows]))
     print(json.dumps({m: {"acc": r["acc"], "grid": r["grid"]} for m, r in rows}))
 

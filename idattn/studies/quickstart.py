@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from idattn.configs import packaged_config
+from idattn.eval.markdown import markdown_table
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
 NAMES = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only"}
@@ -114,15 +115,13 @@ def format_table(lengths, rows, unigram, train_len: int) -> str:
     soft = next((r["ppl"][train_len] for r in rows if r["mixer"] == "softmax"), None)
     head = (["model", "params", "train s"] + [f"ppl@{L}" for L in lengths]
             + [f"vs unigram @{train_len}", f"ppl / Softmax @{train_len}"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines.append("| Unigram | - | - | " + " | ".join(f"{unigram[L]:.2f}" for L in lengths) + " | +0.0% | "
-                 + (f"{unigram[train_len] / soft:.3f}" if soft else "-") + " |")
+    rows_out = [["Unigram", "-", "-"] + [f"{unigram[L]:.2f}" for L in lengths]
+                + ["+0.0%", f"{unigram[train_len] / soft:.3f}" if soft else "-"]]
     for r in rows:
         gain = 1.0 - r["ppl"][train_len] / unigram[train_len]
-        lines.append(f"| {r['name']} | {r['params']:,} | {r['train_s']:.0f} | "
-                     + " | ".join(f"{r['ppl'][L]:.2f}" for L in lengths) + f" | {-100 * gain:+.1f}% | "
-                     + (f"{r['ppl'][train_len] / soft:.3f}" if soft else "-") + " |")
-    return "\n".join(lines)
+        rows_out.append([r["name"], f"{r['params']:,}", f"{r['train_s']:.0f}"] + [f"{r['ppl'][L]:.2f}" for L in lengths]
+                        + [f"{-100 * gain:+.1f}%", f"{r['ppl'][train_len] / soft:.3f}" if soft else "-"])
+    return markdown_table(head, rows_out)
 
 
 def main(argv=None) -> int:

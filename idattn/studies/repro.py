@@ -60,6 +60,7 @@ import time
 from typing import Any
 
 from idattn.configs import packaged_config
+from idattn.eval.markdown import markdown_table
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
@@ -330,11 +331,6 @@ def f2(v, digits: int = 2) -> str:
     return "—" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}f}"
 
 
-def _md_table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-                     + ["| " + " | ".join(r) + " |" for r in rows])
-
-
 def _setup_line(ctx: Ctx) -> str:
     z = ctx.exp.SIZES[ctx.size]
     m = z["model"]
@@ -474,7 +470,7 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         f"Δ: `paper` = the paper's recipe [0.001, 0.1]; `scaled` = Δ·T_train as in the paper (× 4096 / {L}). "
         f"The primary range ({primary}; experiments/repro.py PRIMARY_DT says why) is the one of the cube table. "
         f"Softmax has no Δ: its runs are shared.", "",
-        _md_table(["mixer", "Δ", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
+        markdown_table(["mixer", "Δ", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
                    "ratio of means", "paper 125M ppl †", "paper ratio to Softmax †"], rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
         *lines, "",
@@ -598,14 +594,14 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     md = "\n".join([
         f"## Table 4: the mechanism cube, validation perplexity at the training context ({L} tokens), "
         f"{dt} Δ range", "", _setup_line(ctx), "",
-        _md_table(["cell", "description", "params", "ppl per seed", "ppl mean", "loss (ln ppl)", "seed spread",
+        markdown_table(["cell", "description", "params", "ppl per seed", "ppl mean", "loss (ln ppl)", "seed spread",
                    "paper loss †", "paper ppl †"], rows), "",
         "Axis effects: ln ppl(b) − ln ppl(a) for a → b = query → linear readout, dual KV → generic input, "
         "RoPE → no RoPE (positive: a is better). Ours: the main effect (mean over the four pairs of the cube) and "
         "the two pairs the paper reports (readout: dual KV+RoPE & generic+RoPE; input: query+RoPE & linear+RoPE; "
         "RoPE: dual KV+query & generic+linear), per seed. The verdict uses the main effect when all eight cells "
         "exist, else the mean of the paper's pairs.", "",
-        _md_table(["axis", "ours, all 8 cells, per seed", "ours on the paper's pairs, per seed", "paper pairs †"],
+        markdown_table(["axis", "ours, all 8 cells, per seed", "ours on the paper's pairs, per seed", "paper pairs †"],
                   ax_rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens); `generic-query-norope` and `dualkv-linear-norope` "
         "are not reported there. Only orderings and ratios compare.", "",
@@ -685,7 +681,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         "it keeps the paper's time scales. `paper` is the paper's Δ range [0.001, 0.1] unchanged, whose slowest "
         f"modes (~2,000 tokens) never settle in a {L1}-token training context, so past the training length they "
         "reach states training never produced. Values: mean ± half the seed spread.", "",
-        _md_table(head, rows), "",
+        markdown_table(head, rows), "",
         "† The paper's Table 2 (1.3B, trained at 4K, five-corpus average; 14K = 3.5x the training length). Only "
         "the ratios compare.", "",
         f"- (c) Interdomain flat past the training length while Softmax degrades (scaled Δ): **{vc[0]}** ({vc[1]}; "
@@ -842,13 +838,13 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"layers, vocabulary {c.mqar.vocab_size}, trained at T = {mq['seq_len']} with {mq['num_kv_pairs']} pairs, "
         f"{mq['steps']} steps x {mq['batch_size']}, the paper's Δ range; accuracy (%) at query positions on "
         f"{mq['num_test']} test sequences per setting, per seed.", "",
-        _md_table(["mixer"] + [k.split("/")[0].replace("mqar@", "T x pairs ") for k in grid_keys], mq_rows), "",
+        markdown_table(["mixer"] + [k.split("/")[0].replace("mqar@", "T x pairs ") for k in grid_keys], mq_rows), "",
         f"Text recall on the `ppl` models (trained at {ctx.train_len()} tokens on KJV; seeds "
         f"{[s for s in ctx.seeds if s in tr.get('seeds', ctx.seeds)]}), {tr['n']} examples per "
         f"setting, greedy exact match (%), per seed; the paper's Table 9 (1.3B; S-NIAH-1 at 1K / 2K / 4K / 8K, "
         f"phonebook with 16 / 32 / 64 / 128 entries) beside it. Our settings: S-NIAH-1 at {niah} tokens, phonebook "
         f"with {list(tr['phonebook_sizes'])} entries.", "",
-        _md_table(["mixer"] + [k.split("/")[0] for k in text_keys] + ["paper S-NIAH-1 †", "paper phonebook †"],
+        markdown_table(["mixer"] + [k.split("/")[0] for k in text_keys] + ["paper S-NIAH-1 †", "paper phonebook †"],
                   tx_rows), "",
         "† The paper's numbers (1.3B, FineWeb-Edu); only orderings compare.", "",
         f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "

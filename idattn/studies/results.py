@@ -39,6 +39,7 @@ import sys
 from typing import Any
 
 from idattn.eval import paper_numbers as P
+from idattn.eval.markdown import markdown_table
 from idattn.rundir.schema import protocol_of, read_results
 
 SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
@@ -205,12 +206,6 @@ def fmt(v: float | None, digits: int = 2, pct: bool = False) -> str:
     return f"{v * 100 if pct else v:.{digits}f}"
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(out)
-
-
 def _col(run: Run | None, fam: str) -> str:
     return f"{P.MIXER_LABEL.get(fam, fam)} ours ({run.size})" if run else f"{P.MIXER_LABEL.get(fam, fam)} ours"
 
@@ -243,7 +238,7 @@ def table2(runs: list[Run]) -> str:
             "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
                                                    "see the per-corpus table." if others else ""))
     return ("### Table 2: length extrapolation (five-corpus mean perplexity; paper: 1.3B trained at 4K)\n\n" +
-            _table(header, rows) + note)
+            markdown_table(header, rows) + note)
 
 
 def table_corpora(runs: list[Run]) -> str:
@@ -264,7 +259,7 @@ def table_corpora(runs: list[Run]) -> str:
         return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
     return ("### Length extrapolation per corpus (ours; perplexity per token at each context length L, each row "
             "on its own corpus, never averaged)\n\n" +
-            _table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
+            markdown_table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
 
 
 def table8(runs: list[Run]) -> str:
@@ -276,7 +271,7 @@ def table8(runs: list[Run]) -> str:
             ours = [fmt(_ratio_value(r, x, f"extrapolation/{corpus}/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
             rows.append([corpus, P.MIXER_LABEL[fam]] + [fmt(v) for v in per[fam]] + ours)
     return "### Table 8: per-corpus extrapolation perplexity (NarrativeQA outside the Table 2 mean)\n\n" + \
-        _table(header, rows)
+        markdown_table(header, rows)
 
 
 def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], str]:
@@ -320,7 +315,7 @@ def table4(runs: list[Run]) -> str:
                                                                   else "—"))
         rows.append([cell, desc, fmt(loss, 4), fmt(ppl), m + fmt(ol, 4), m + fmt(math.exp(ol) if ol is not None else None),
                      rel, r.size if r else "—"])
-    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + _table(header, rows)
+    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + markdown_table(header, rows)
             + note)
 
 
@@ -336,7 +331,7 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
             r = pick(runs, f, size="1.3b", need=key) or picked[f]
             ours.append(fmt(r.metrics.get(key) if r else None, digits, pct=pct))
         rows.append([label] + [fmt(paper[f], digits) for f in P.MIXERS] + ours)
-    return f"### {title}\n\n" + _table(header, rows)
+    return f"### {title}\n\n" + markdown_table(header, rows)
 
 
 def table6(runs: list[Run]) -> str:
@@ -360,17 +355,17 @@ def table9(runs: list[Run]) -> str:
         ours = [fmt(r.metrics.get(f"recall/phonebook@{N}/acc") if r else None, 2, pct=True) for N in P.PHONEBOOK_SIZES]
         rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", P.MIXER_LABEL[fam]] +
                     [fmt(v) for v in P.TABLE9_PHONEBOOK[fam]] + ours + [r.size if r else "—"])
-    based = _table(["mixer"] + list(P.BASED_TASKS),
+    based = markdown_table(["mixer"] + list(P.BASED_TASKS),
                    [[P.MIXER_LABEL[f]] + [fmt(v) for v in P.TABLE9_BASED[f]] for f in P.MIXERS])
     mqar = [r for r in runs if any(k.startswith("recall/mqar@") for k in r.metrics)]
     extra = ""
     if mqar:
         keys = sorted({k for r in mqar for k in r.metrics if k.startswith("recall/mqar@")})
-        extra = "\n\nMQAR (ours; query accuracy %)\n\n" + _table(
+        extra = "\n\nMQAR (ours; query accuracy %)\n\n" + markdown_table(
             ["run"] + [k[len("recall/"):] for k in keys],
             [[f"{r.mixer} ({r.size})"] + [fmt(r.metrics.get(k), 2, pct=True) for k in keys] for r in mqar])
     return ("### Table 9: recall, accuracy % (paper: 1.3B; columns are context tokens for S-NIAH-1, entries for "
-            "the phonebook)\n\n" + _table(header, rows) + "\n\nBased recall suite (paper only; not run here)\n\n" +
+            "the phonebook)\n\n" + markdown_table(header, rows) + "\n\nBased recall suite (paper only; not run here)\n\n" +
             based + extra)
 
 
@@ -388,7 +383,7 @@ def fig2_table(runs: list[Run]) -> str:
             ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
         approx = "≈" if s in P.APPROX_FIG2 else ""
         rows.append([s] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
-    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + _table(header, rows) + note
+    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + markdown_table(header, rows) + note
 
 
 PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
