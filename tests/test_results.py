@@ -94,10 +94,10 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert row("| govreport | Softmax")[5:8] == ["10.56", "10.63", "10.72"]
     # Table 4: the 125M cells, relative to the 125M softmax run
     r = row("| generic-query-rope")
-    assert r[4] == "2.9000" and r[6] == f"{(math.exp(2.9) / math.exp(2.8) - 1) * 100:+.2f}%" and r[7] == "125m"
-    assert row("| softmax | Softmax")[4] == "2.8000"
+    assert r[5] == "2.9000" and r[7] == f"{(math.exp(2.9) / math.exp(2.8) - 1) * 100:+.2f}%" and r[8] == "125m"
+    assert row("| softmax | Softmax")[5] == "2.8000"
     r = row("| dualkv-linear-rope")
-    assert r[4] == "†2.7000" and r[6].startswith("n/c")
+    assert r[5] == "†2.7000" and r[7].startswith("n/c")
     t4 = md.split("### Table 4")[1].split("###")[0]
     assert "999 tokens" in t4 and "† measured on another" in t4
     # Table 9: S-NIAH-1 at 1K (ours 0 / 25 / 50 %), phonebook 12.5 %
@@ -105,7 +105,7 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert row("| Phonebook (16/32/64/128 entries) | Softmax")[6] == "12.50"
     # Fig. 2: best-of-run ppl at 1.3b
     r = row("| 1.3b")
-    assert r[4:7] == [f"{math.exp(2.2):.2f}", f"{math.exp(2.1):.2f}", f"{math.exp(2.3):.2f}"]
+    assert r[5:8] == [f"{math.exp(2.2):.2f}", f"{math.exp(2.1):.2f}", f"{math.exp(2.3):.2f}"]
 
 
 def test_runs_without_results_refused(tmp_path):
@@ -134,3 +134,53 @@ def test_run_identity_from_trainer_config(tmp_path):
     write_result(wd, "validation", 5, {"loss": 3.0, "ppl": math.exp(3.0)}, run={"workdir": wd, "mixer": "s4d_only"})
     r = results.Run(wd)
     assert (r.size, r.seq_len(), r.family, r.mixer) == ("tiny", 64, "s4d_only", "generic-linear-norope")
+
+
+def _trainer_val(wd, corpus, loss, run, step=100, tokens=32768):
+    """A trainer-style validation file (no protocol; the corpus in its details) and one eval CLI file."""
+    write_result(wd, "validation", step, {"loss": loss, "ppl": math.exp(loss)}, run=run,
+                 details={"tokens": tokens, "seq_len": 64, "corpus": corpus})
+
+
+def test_two_corpora_same_mixer_and_size_both_shown_in_any_order(tmp_path):
+    """Two runs of one mixer and size on two corpora: both appear, labelled by corpus, in Fig. 2, Table 4 and the
+    scaling plot's series (one per corpus), and the output is identical whichever order --runs gives them."""
+    root = str(tmp_path)
+    run = {"mixer": "interdomain", "size": "d128xl2", "seq_len": 64, "params": 696456}
+    _trainer_val(os.path.join(root, "on_kjv"), "kjv.val", math.log(150.65), run)
+    _trainer_val(os.path.join(root, "on_py"), "pystdlib.val", math.log(26.05), run)
+    a, b = os.path.join(root, "on_kjv"), os.path.join(root, "on_py")
+    outs = []
+    for order in ([a, b], [b, a]):
+        out = str(tmp_path / f"out{len(outs)}")
+        assert results.main(["--runs", *order, "--out", out]) == 0
+        outs.append(open(os.path.join(out, "results.md")).read())
+    assert outs[0] == outs[1]
+    md = outs[0]
+    fig2 = md.split("### Fig. 2")[1].split("###")[0]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in fig2.splitlines() if ln.startswith("| d128xl2")]
+    assert sorted((r[1], r[6]) for r in rows) == [("kjv.val", "150.65"), ("pystdlib.val", "†26.05")]
+    t4 = md.split("### Table 4")[1].split("###")[0]
+    rows = [[c.strip() for c in ln.strip("|").split("|")] for ln in t4.splitlines()
+            if ln.startswith("| dualkv-query-rope")]
+    assert sorted((r[4], r[6]) for r in rows) == [("kjv.val", "150.65"), ("pystdlib.val", "†26.05")]
+    series = results.scaling_series(sorted((results.Run(d) for d in (b, a)), key=results.Run.sort_key))
+    assert [(f, [round(p[1], 2) for p in pts]) for f, _, pts in series] == [("interdomain", [150.65]),
+                                                                           ("interdomain", [26.05])]
+    assert "kjv.val" in series[0][1] and "pystdlib.val" in series[1][1]
+
+
+def test_competing_runs_choice_is_stated_and_order_independent(tmp_path):
+    """Two runs for one cell (same mixer, size, corpus): the latest step wins, in any order, and the tables say
+    which run was chosen over which."""
+    root = str(tmp_path)
+    run = {"mixer": "interdomain", "size": "d128xl2", "seq_len": 64, "params": 696456}
+    _trainer_val(os.path.join(root, "short"), "kjv.val", 4.0, run, step=30)
+    _trainer_val(os.path.join(root, "long"), "kjv.val", 3.5, run, step=300)
+    mds = [results.render([results.Run(os.path.join(root, n)) for n in names])
+           for names in (("short", "long"), ("long", "short"))]
+    assert mds[0] == mds[1]
+    assert f"| d128xl2 | kjv.val | — | — | — | — | {math.exp(3.5):.2f} | — |" in mds[0]
+    why = mds[0].split("### Which run fills a cell")[1]
+    assert f"`{os.path.join(root, 'long')}` (kjv.val, step 300) chosen over `{os.path.join(root, 'short')}`" in why
+    assert "the latest step" in why

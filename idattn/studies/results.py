@@ -23,10 +23,13 @@ measured on another corpus / token count / context than the others in its table 
 "vs softmax" ratio across protocols. Table 2's "five-corpus mean" is filled only from runs evaluated on all five
 paper corpora; any other corpus appears, named, in the per-corpus table.
 
-Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...); the mixer is
-canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` = `generic-linear-norope`). For the 1.3B tables
-each mixer's column takes its largest run (1.3b if present) and the header names the size, so small runs
-still render. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
+Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...) and the corpus
+its validation was measured on; the mixer is canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` =
+`generic-linear-norope`). Every run given appears, whatever the order of `--runs` (runs are sorted by mixer,
+size, corpus, folder): the validation tables (Table 4, Fig. 2) and `scaling.png` have one row / line per
+corpus, labelled with it. For the 1.3B tables each mixer's column takes its largest run (1.3b if present) and
+the header names the size, so small runs still render. When several runs compete for one cell the latest step
+wins, then the folder name, and the section "Which run fills a cell" says which was chosen over which. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
 every other suite takes the latest step.
 """
 from __future__ import annotations
@@ -119,6 +122,25 @@ class Run:
                     from idattn.eval.evaluate import corpus_label
 
                     self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
+        self.step = max(int(r["step"]) for r in recs)
+        self.corpus = self._corpus()
+
+    def _corpus(self) -> str:
+        """The corpus the run's validation numbers were measured on (its trainer's held-out split), else the
+        saved config's held-out split, else "unknown corpus": what labels the run in every validation table."""
+        c = (self.protocols.get("validation") or {}).get("corpus")
+        if c:
+            return str(c)
+        cfg = _saved_config(self.workdir)
+        if cfg is not None:
+            from idattn.eval.evaluate import corpus_label
+
+            return corpus_label(cfg.data)
+        return "unknown corpus"
+
+    def sort_key(self) -> tuple:
+        """Runs are rendered in this order whatever the order of `--runs`: mixer, size, corpus, folder."""
+        return (self.family, _size_rank(self.size), self.size, self.corpus, os.path.normpath(self.workdir))
 
     def params(self) -> int | None:
         p = self.ident.get("params")
@@ -153,7 +175,7 @@ class Run:
         return None
 
     def __repr__(self) -> str:
-        return f"Run({self.workdir!r}, {self.mixer}, {self.size})"
+        return f"Run({self.workdir!r}, {self.mixer}, {self.size}, {self.corpus})"
 
 
 P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
@@ -191,13 +213,27 @@ def _size_rank(s: str) -> int:
 
 
 def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | None = None,
-         exact: bool = False) -> Run | None:
-    """The run of a mixer family (at `size`, else - unless `exact` - the largest) that has metric prefix `need`."""
+         exact: bool = False, corpus: str | None = None, why: list[str] | None = None) -> Run | None:
+    """The run of a mixer family (at `size`, else - unless `exact` - the largest; on `corpus` when given) that has
+    metric prefix `need`. When several runs compete for the cell, the rule is the same whatever the order of
+    `--runs`: the latest step (the most trained), then the corpus and folder names; the choice is appended to `why`."""
     cands = [r for r in runs if r.family == family and (need is None or any(k.startswith(need) for k in r.metrics))]
+    if corpus is not None:
+        cands = [r for r in cands if r.corpus == corpus]
     if size is not None:
         at = [r for r in cands if r.size == size]
         cands = at if (at or exact) else cands
-    return max(cands, key=lambda r: _size_rank(r.size), default=None)
+    if not cands:
+        return None
+    top = max(_size_rank(r.size) for r in cands)
+    tied = sorted((r for r in cands if _size_rank(r.size) == top), key=lambda r: (-r.step, r.sort_key()))
+    chosen = tied[0]
+    if why is not None and len(tied) > 1:
+        others = ", ".join(f"`{r.workdir}` ({r.corpus}, step {r.step})" for r in tied[1:])
+        why.append(f"{P.MIXER_LABEL.get(family, family)} {chosen.size}" + (f" on {corpus}" if corpus else "") +
+                   (f" ({need.rstrip('/@')})" if need else "") + f": `{chosen.workdir}` ({chosen.corpus}, step "
+                   f"{chosen.step}) chosen over {others}: the latest step, then the corpus and folder names")
+    return chosen
 
 
 def fmt(v: float | None, digits: int = 2, pct: bool = False) -> str:
@@ -225,12 +261,12 @@ def _ratio_value(run: Run, ratio: float, key_prefix: str) -> float | None:
     return run.metrics.get(f"{key_prefix}{best}") if abs(best - target) <= 0.15 * target else None
 
 
-def table2(runs: list[Run]) -> str:
+def table2(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS] + ["ours run"]
     rows = []
     five = [r for r in runs if r.five_corpus_mean()]
     for fam in P.MIXERS:
-        r = pick(five, fam, need="extrapolation/ppl@")
+        r = pick(five, fam, need="extrapolation/ppl@", why=why)
         ours = [fmt(_ratio_value(r, x, "extrapolation/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
         rows.append([P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE2[fam]] + ours + [r.size if r else "—"])
     others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
@@ -262,12 +298,12 @@ def table_corpora(runs: list[Run]) -> str:
             markdown_table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
 
 
-def table8(runs: list[Run]) -> str:
+def table8(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["corpus", "mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS]
     rows = []
     for corpus, per in P.TABLE8.items():
         for fam in P.MIXERS:
-            r = pick(runs, fam, need=f"extrapolation/{corpus}/ppl@")
+            r = pick(runs, fam, need=f"extrapolation/{corpus}/ppl@", why=why)
             ours = [fmt(_ratio_value(r, x, f"extrapolation/{corpus}/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
             rows.append([corpus, P.MIXER_LABEL[fam]] + [fmt(v) for v in per[fam]] + ours)
     return "### Table 8: per-corpus extrapolation perplexity (NarrativeQA outside the Table 2 mean)\n\n" + \
@@ -281,45 +317,53 @@ def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], 
     if not shown:
         return {}, ""
     keys = [protocol_key(r.protocols["validation"]) for r in shown]
-    common = max(set(keys), key=keys.count)
+    common = max(sorted(set(keys), key=str), key=keys.count)  # ties: the same choice in any order
     marks = {id(r): ("" if protocol_key(r.protocols["validation"]) == common else "†") for r in shown}
     seen, lines = set(), []
     for r in shown:
         t = protocol_text(r.protocols["validation"])
         if (r.workdir, t) not in seen:
             seen.add((r.workdir, t))
-            lines.append(f"{marks[id(r)]}{r.mixer} ({r.size}): {t}")
+            lines.append(f"{marks[id(r)]}{r.mixer} ({r.size}, `{r.workdir}`): {t}")
     note = "\n\nValidation measured on: " + "; ".join(lines)
     if any(marks.values()):
         note += ". † measured on another corpus / token count / context than the unmarked values: not comparable."
     return marks, note
 
 
-def table4(runs: list[Run]) -> str:
-    header = ["cell", "description", "paper loss", "paper ppl", "ours loss", "ours ppl", "ours vs softmax", "ours run"]
+def table4(runs: list[Run], why: list[str] | None = None) -> str:
+    header = ["cell", "description", "paper loss", "paper ppl", "ours on", "ours loss", "ours ppl", "ours vs softmax",
+              "ours run"]
     rows = []
     # one size for the whole cube (125M when measured there, else the size with the most cells measured), so
-    # that "vs softmax" never compares across sizes
+    # that "vs softmax" never compares across sizes; one row per corpus measured, "vs softmax" within a corpus
     sizes = [r.size for r in runs if "validation/loss" in r.metrics]
-    size = "125m" if "125m" in sizes else max(set(sizes), key=lambda s: (sizes.count(s), _size_rank(s)), default=None)
-    soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True)
-    picked = [(cell, desc, loss, ppl, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True))
-              for cell, desc, loss, ppl in P.TABLE4]
-    marks, note = _protocol_notes(runs, [x[4] for x in picked])
-    for cell, desc, loss, ppl, r in picked:
+    size = "125m" if "125m" in sizes else max(sorted(set(sizes)), key=lambda s: (sizes.count(s), _size_rank(s)),
+                                              default=None)
+    corpora = sorted({r.corpus for r in runs if r.size == size and "validation/loss" in r.metrics})
+    picked = []
+    for cell, desc, loss, ppl in P.TABLE4:
+        got = [(c, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True, corpus=c, why=why))
+               for c in corpora]
+        picked += [(cell, desc, loss, ppl, c, r) for c, r in got if r] or [(cell, desc, loss, ppl, None, None)]
+    marks, note = _protocol_notes(runs, [x[5] for x in picked])
+    for cell, desc, loss, ppl, c, r in picked:
+        soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True, corpus=c) if c else None
         ol = r.metrics["validation/loss"] if r else None
         m = marks.get(id(r), "") if r else ""
         same = r and soft and protocol_key(r.protocols.get("validation")) == protocol_key(soft.protocols.get("validation"))
         rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
                if r and soft and cell != "softmax" and same else ("n/c (other protocol)" if r and soft and cell != "softmax"
                                                                   else "—"))
-        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), m + fmt(ol, 4), m + fmt(math.exp(ol) if ol is not None else None),
-                     rel, r.size if r else "—"])
-    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens)\n\n" + markdown_table(header, rows)
-            + note)
+        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), c or "—", m + fmt(ol, 4),
+                     m + fmt(math.exp(ol) if ol is not None else None), rel, r.size if r else "—"])
+    return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens; ours: one row per "
+            "corpus measured, 'vs softmax' against the softmax run on the same corpus)\n\n" +
+            markdown_table(header, rows) + note)
 
 
-def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm")) -> str:
+def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm"),
+                   why: list[str] | None = None) -> str:
     picked = {fam: pick(runs, fam, size="1.3b", need=spec[0][0].split("/")[0] if spec else None) for fam in P.MIXERS}
     header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in P.MIXERS]
     rows = []
@@ -328,30 +372,31 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
         digits = 4 if ("bpb" in key or "bits" in key or "loss" in key) else 2
         ours = []
         for f in P.MIXERS:
-            r = pick(runs, f, size="1.3b", need=key) or picked[f]
+            r = pick(runs, f, size="1.3b", need=key, why=why) or picked[f]
             ours.append(fmt(r.metrics.get(key) if r else None, digits, pct=pct))
         rows.append([label] + [fmt(paper[f], digits) for f in P.MIXERS] + ours)
     return f"### {title}\n\n" + markdown_table(header, rows)
 
 
-def table6(runs: list[Run]) -> str:
+def table6(runs: list[Run], why: list[str] | None = None) -> str:
     _, note = _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss") for f in P.MIXERS])
-    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs) + note
+    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs,
+                          why=why) + note
 
 
-def table7(runs: list[Run]) -> str:
-    return _paper_vs_ours("Table 7: eight-task commonsense suite, accuracy % (paper: 1.3B)", P.TABLE7, runs)
+def table7(runs: list[Run], why: list[str] | None = None) -> str:
+    return _paper_vs_ours("Table 7: eight-task commonsense suite, accuracy % (paper: 1.3B)", P.TABLE7, runs, why=why)
 
 
-def table9(runs: list[Run]) -> str:
+def table9(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["task", "mixer"] + [f"paper {x}" for x in P.NIAH_LENGTHS] + [f"ours {x}" for x in P.NIAH_LENGTHS] + ["ours run"]
     rows = []
     for fam in P.MIXERS:
-        r = pick(runs, fam, size="1.3b", need="recall/niah@")
+        r = pick(runs, fam, size="1.3b", need="recall/niah@", why=why)
         ours = [fmt(r.metrics.get(f"recall/niah@{L}/acc") if r else None, 2, pct=True) for L in P.NIAH_LENGTHS]
         rows.append(["S-NIAH-1", P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE9_NIAH[fam]] + ours + [r.size if r else "—"])
     for fam in P.MIXERS:
-        r = pick(runs, fam, size="1.3b", need="recall/phonebook@")
+        r = pick(runs, fam, size="1.3b", need="recall/phonebook@", why=why)
         ours = [fmt(r.metrics.get(f"recall/phonebook@{N}/acc") if r else None, 2, pct=True) for N in P.PHONEBOOK_SIZES]
         rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", P.MIXER_LABEL[fam]] +
                     [fmt(v) for v in P.TABLE9_PHONEBOOK[fam]] + ours + [r.size if r else "—"])
@@ -369,21 +414,24 @@ def table9(runs: list[Run]) -> str:
             based + extra)
 
 
-def fig2_table(runs: list[Run]) -> str:
-    header = ["size"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [f"{P.MIXER_LABEL[f]} ours" for f in P.MIXERS]
+def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
+    header = (["size", "ours on"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] +
+              [f"{P.MIXER_LABEL[f]} ours" for f in P.MIXERS])
     rows = []
-    sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=_size_rank)
+    sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=lambda s: (_size_rank(s), s))
     shown = [r for r in runs if r.family in P.MIXERS and "validation/ppl" in r.metrics]
     marks, note = _protocol_notes(runs, shown)
     for s in sizes:
         paper = P.VAL_PPL.get(s, {})
-        ours = []
-        for f in P.MIXERS:
-            r = next((x for x in runs if x.family == f and x.size == s and "validation/ppl" in x.metrics), None)
-            ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
         approx = "≈" if s in P.APPROX_FIG2 else ""
-        rows.append([s] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
-    return "### Fig. 2: best-of-run validation perplexity against scale\n\n" + markdown_table(header, rows) + note
+        for c in sorted({r.corpus for r in shown if r.size == s}) or [None]:  # one row per corpus measured
+            ours = []
+            for f in P.MIXERS:
+                r = pick(shown, f, size=s, exact=True, corpus=c, why=why) if c else None
+                ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
+            rows.append([s, c or "—"] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
+    return ("### Fig. 2: best-of-run validation perplexity against scale (ours: one row per size and corpus)\n\n" +
+            markdown_table(header, rows) + note)
 
 
 PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
@@ -433,10 +481,26 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     return path
 
 
+def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float, str]]]]:
+    """Our points of the scaling plot: one series per (mixer family, validation corpus), never a line joining two
+    corpora; each (family, label, [(params, best-of-run ppl, † mark)]), in a fixed order."""
+    shown = sorted((r for r in runs if "validation/ppl" in r.metrics and r.params()), key=Run.sort_key)
+    marks, _ = _protocol_notes(runs, shown)
+    families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
+    out = []
+    for fam in families:
+        for c in sorted({r.corpus for r in shown if r.family == fam}):
+            rs = [r for r in shown if r.family == fam and r.corpus == c]
+            pts = sorted((r.params(), r.metrics["validation/ppl"], marks.get(id(r), "")) for r in rs)
+            out.append((fam, f"{P.MIXER_LABEL.get(fam, fam)} ours ({protocol_text(rs[0].protocols['validation'])})",
+                        pts))
+    return out
+
+
 def plot_scaling(runs: list[Run], path: str) -> str:
     """Best-of-run validation perplexity against parameter count (log-log): the paper's sizes at their nominal
-    counts, and every run of ours, of any size, at its own count (marked † when its validation protocol differs
-    from the others')."""
+    counts, and every run of ours, of any size, at its own count, one line per mixer and validation corpus
+    (marked † when its validation protocol differs from the others')."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -444,21 +508,22 @@ def plot_scaling(runs: list[Run], path: str) -> str:
 
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = list(P.VAL_PPL)
-    shown = [r for r in runs if "validation/ppl" in r.metrics and r.params()]
-    marks, _ = _protocol_notes(runs, shown)
     for i, fam in enumerate(P.MIXERS):
         ax.plot([PAPER_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
                 label=f"{P.MIXER_LABEL[fam]} paper (FineWeb-Edu val)")
-    families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
-    for i, fam in enumerate(families):
-        pts = sorted((r.params(), r.metrics["validation/ppl"], marks.get(id(r), "")) for r in shown if r.family == fam)
-        if pts:
-            lab = P.MIXER_LABEL.get(fam, fam)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", color=f"C{i % 10}",
-                    label=f"{lab} ours ({protocol_text(next(r for r in shown if r.family == fam).protocols['validation'])})")
-            for x, y, m in pts:
-                if m:
-                    ax.annotate(m, (x, y), fontsize=9)
+    series = scaling_series(runs)
+    families = list(dict.fromkeys(f for f, _, _ in series))
+    styles = ("-", "-.", ":", (0, (5, 1)))
+    seen: dict[str, int] = {}
+    for fam, label, pts in series:
+        k = seen.get(fam, 0)
+        seen[fam] = k + 1
+        i = list(P.MIXERS).index(fam) if fam in P.MIXERS else len(P.MIXERS) + families.index(fam)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^D"[k % 4], ls=styles[k % 4],
+                color=f"C{i % 10}", label=label)
+        for x, y, m in pts:
+            if m:
+                ax.annotate(m, (x, y), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("parameters (count, log scale)")
@@ -504,11 +569,16 @@ def plot_recall(runs: list[Run], path: str) -> str:
 
 
 def render(runs: list[Run]) -> str:
+    runs = sorted(runs, key=Run.sort_key)  # the same tables whatever the order of --runs
+    why: list[str] = []
     parts = ["# idattn results against the paper (arXiv 2605.24330)", "",
-             "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size})" for r in runs), "",
+             "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size}, validated on {r.corpus})" for r in runs), "",
              "Accuracies in %, perplexities per token (WikiText-2: per word). '—': not measured.", ""]
     for fn in (table2, table_corpora, table4, table6, table7, table8, table9, fig2_table):
-        parts += [fn(runs), ""]
+        parts += [fn(runs, why) if fn is not table_corpora else fn(runs), ""]
+    if why:
+        parts += ["### Which run fills a cell (several runs of one mixer and size)", "",
+                  "\n".join(f"- {w}" for w in dict.fromkeys(why)), ""]
     return "\n".join(parts)
 
 
@@ -534,7 +604,7 @@ def main(argv=None) -> int:
     missing = [d for d in dirs if not os.path.isdir(d)]
     if missing:
         ap.error(f"--runs: not a directory: {missing}")
-    runs = [Run(d) for d in dirs]
+    runs = sorted((Run(d) for d in dirs), key=Run.sort_key)
     md = render(runs)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, "results.md"), "w") as f:
