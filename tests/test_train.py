@@ -191,7 +191,21 @@ def test_refuses_changed_model_on_resume(run_dir, env):
     proc = T.run_train(wd, overrides={**RUN, "model.d_model": 96, "train.num_steps": 6}, env=env, check=False)
     assert proc.returncode == 1
     assert "refusing to resume" in proc.stderr and "model.d_model: saved 64, now 96" in proc.stderr, proc.stderr
+    assert "init_from" not in proc.stderr and "starts from scratch" in proc.stderr  # init_from cannot change size
     assert _snapshot(wd) == before
+
+
+@pytest.mark.parametrize("key, value, init_from_hint", [("model.d_model", 96, False), ("model.impl", "sequential", True)])
+def test_resume_refusal_suggests_init_from_only_when_the_parameters_fit(tmp_path, key, value, init_from_hint):
+    from idattn.rundir import layout
+    from idattn.train.trainer import TrainingError, check_resume_compatible
+    layout.save_config(str(tmp_path), T.tiny_config())
+    section, name = key.split(".")
+    live = T.tiny_config()
+    live[section][name] = value
+    with pytest.raises(TrainingError, match="refusing to resume") as e:
+        check_resume_compatible(str(tmp_path), live)
+    assert (f"--config.train.init_from={tmp_path}" in str(e.value)) == init_from_hint, str(e.value)
 
 
 def _refusal(tmp_path, env, overrides, extra_env=None):

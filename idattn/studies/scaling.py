@@ -477,17 +477,9 @@ def paper_points() -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- plots
-def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    files = []
+def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
+    """law.png: per mixer, loss vs N along each budget (IsoFLOP curves) or fixed D, and loss vs D per size."""
     mixers = list(fits)
-    colors = {m: c for m, c in zip(mixers, ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange"))}
-
-    # law.png: per mixer, loss vs N along each budget (IsoFLOP curves) or fixed D, and loss vs D per size
     fig, axes = plt.subplots(len(mixers), 2, figsize=(11, 4.2 * len(mixers)), squeeze=False)
     for r, m in enumerate(mixers):
         pts, fit = points_by_mixer[m], fits[m]
@@ -526,11 +518,15 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    files.append(os.path.join(out, "law.png"))
-    fig.savefig(files[-1], dpi=80)
+    path = os.path.join(out, "law.png")
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+    return path
 
-    # isoflop.png: parabolas and minima per budget
+
+def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
+    """isoflop.png: the IsoFLOP parabolas and their minima per budget, one panel per mixer."""
+    mixers = list(fits)
     fig, axes = plt.subplots(1, len(mixers), figsize=(5.5 * len(mixers), 4.2), squeeze=False)
     for j, m in enumerate(mixers):
         ax = axes[0, j]
@@ -555,11 +551,16 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
         ax.legend(fontsize=8)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    files.append(os.path.join(out, "isoflop.png"))
-    fig.savefig(files[-1], dpi=80)
+    path = os.path.join(out, "isoflop.png")
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+    return path
 
-    # frontier.png: every mixer on one figure
+
+def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
+    """frontier.png: every mixer's compute-optimal L*, N*, D* against C with bootstrap bands."""
+    mixers = list(fits)
+    colors = {m: c for m, c in zip(mixers, ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange"))}
     cmin = min(f["range"]["c"][0] for f in fits.values()) / 3
     cmax = max(f["range"]["c"][1] for f in fits.values()) * 30
     cc = np.geomspace(cmin, cmax, 80)
@@ -593,41 +594,58 @@ def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title
                       "extrapolation outside)", fontsize=9)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    files.append(os.path.join(out, "frontier.png"))
-    fig.savefig(files[-1], dpi=80)
+    path = os.path.join(out, "frontier.png")
+    fig.savefig(path, dpi=80)
     plt.close(fig)
+    return path
 
+
+def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
+    """gap.png: the second mixer's relative advantage over the first, in range and extrapolated."""
+    a, b = diff["mixers"]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    c = np.array(diff["c"])
+    lo_c, hi_c = diff["in_range"]["c"]
+    for ax, (x0, x1), ttl in zip(axes, ((lo_c / 1.5, hi_c * 1.5), (c.min(), c.max() * 1.5)),
+                                 ("within the data's compute range", "extrapolated to the paper's compute")):
+        keep = (c >= x0) & (c <= x1)
+        if keep.sum() < 2:
+            keep = np.ones_like(c, bool)
+        ax.plot(c[keep], 100 * np.array(diff["rel_gap"])[keep], color="k", label="fitted laws (this study)")
+        ax.fill_between(c[keep], 100 * np.array(diff["rel_lo"])[keep], 100 * np.array(diff["rel_hi"])[keep],
+                        color="gray", alpha=0.3, label="95% bootstrap band")
+        ax.axhline(0, color="k", lw=0.6)
+        for edge in (lo_c, hi_c):
+            ax.axvline(edge, color="k", ls=":", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("training compute C = 6ND (FLOPs)")
+        ax.set_ylabel(f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
+        ax.set_title(f"{b}'s advantage over {a}\nat each law's compute-optimal size, {ttl}", fontsize=9)
+    pp = diff.get("paper")
+    if pp:
+        axes[1].scatter(pp["c"], [100 * g for g in pp["rel_gap"]], color="tab:red", marker="D", zorder=4,
+                        label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
+        axes[1].set_ylim(-100, 100)
+    axes[1].legend(fontsize=7, loc="lower left")
+    fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "gap.png")
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:
+    """The study's figures (law, isoflop, frontier and, for two mixers, gap) written to `out`; their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = [_plot_law(plt, fits, points_by_mixer, out, title), _plot_isoflop(plt, fits, points_by_mixer, out, title),
+             _plot_frontier(plt, fits, out, title)]
     if diff is not None:
-        a, b = diff["mixers"]
-        fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
-        c = np.array(diff["c"])
-        lo_c, hi_c = diff["in_range"]["c"]
-        for ax, (x0, x1), ttl in zip(axes, ((lo_c / 1.5, hi_c * 1.5), (c.min(), c.max() * 1.5)),
-                                     ("within the data's compute range", "extrapolated to the paper's compute")):
-            keep = (c >= x0) & (c <= x1)
-            if keep.sum() < 2:
-                keep = np.ones_like(c, bool)
-            ax.plot(c[keep], 100 * np.array(diff["rel_gap"])[keep], color="k", label="fitted laws (this study)")
-            ax.fill_between(c[keep], 100 * np.array(diff["rel_lo"])[keep], 100 * np.array(diff["rel_hi"])[keep],
-                            color="gray", alpha=0.3, label="95% bootstrap band")
-            ax.axhline(0, color="k", lw=0.6)
-            for edge in (lo_c, hi_c):
-                ax.axvline(edge, color="k", ls=":", lw=0.8)
-            ax.set_xscale("log")
-            ax.set_xlabel("training compute C = 6ND (FLOPs)")
-            ax.set_ylabel(f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
-            ax.set_title(f"{b}'s advantage over {a}\nat each law's compute-optimal size, {ttl}", fontsize=9)
-        pp = diff.get("paper")
-        if pp:
-            axes[1].scatter(pp["c"], [100 * g for g in pp["rel_gap"]], color="tab:red", marker="D", zorder=4,
-                            label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
-            axes[1].set_ylim(-100, 100)
-        axes[1].legend(fontsize=7, loc="lower left")
-        fig.suptitle(title, fontsize=8)
-        fig.tight_layout()
-        files.append(os.path.join(out, "gap.png"))
-        fig.savefig(files[-1], dpi=80)
-        plt.close(fig)
+        files.append(_plot_gap(plt, diff, out, title))
     return files
 
 

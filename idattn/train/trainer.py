@@ -77,6 +77,24 @@ def derive_steps(config) -> tuple[int, int, int]:
 
 
 # ---------------------------------------------------------------------------------------------- refusals
+def _same_parameter_shapes(saved_model, live_model) -> bool:
+    """True when both model configs build the same parameter tree (names and shapes; `jax.eval_shape`, nothing
+    allocated): the condition for train.init_from to load one into the other."""
+    import flax.linen as nn
+
+    from idattn import models
+
+    def tree(m):
+        model = models.build_model(m)
+        boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+        return jax.tree_util.tree_map(lambda a: tuple(a.shape), nn.meta.unbox(boxed))
+
+    try:
+        return tree(saved_model) == tree(live_model)
+    except Exception:  # a saved config this version cannot build: do not suggest loading it
+        return False
+
+
 def check_resume_compatible(workdir: str, config) -> dict | None:
     """Refuses a changed model config / tokenizer against the run saved in `workdir`, and a changed LR schedule
     unless train.allow_schedule_change. Returns the other diffs (None: no saved run)."""
@@ -93,10 +111,13 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
     locked = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in _RESUME_LOCKED)]
     if locked:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in locked)
+        if _same_parameter_shapes(layout.load_config(workdir).model, config.model):
+            start = f"(to start from this run's parameters use --config.train.init_from={workdir})"
+        else:  # init_from needs the same parameter tree; a new size or mixer starts fresh
+            start = "(its parameters do not fit the new model, so it starts from scratch there)"
         raise TrainingError(
             f"refusing to resume {workdir}: its checkpoints were trained with a different config:\n{lines}\n"
-            f"  Fix: rerun with the saved values (see {path}), or use a new --workdir "
-            f"(to start from this run's parameters use --config.train.init_from={workdir}).")
+            f"  Fix: rerun with the saved values (see {path}), or use a new --workdir {start}.")
     steps = layout.committed_steps(workdir)
     jump = check_schedule_change(layout.load_config(workdir), config, steps[-1] if steps else None)
     if jump and not bool(config.train.get("allow_schedule_change", False)):
@@ -509,276 +530,315 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
 
 def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, lease, num_steps: int,
            warmup_steps: int, tokens_per_step: int, branch) -> dict[str, Any]:
+    """The phases of a run once it may write: report, restore (or branch / init), the loop, the summary."""
+    _log_startup(config, workdir, setup, tokenizer, micro, num_steps, warmup_steps)
+    loop = _Loop(config, workdir, setup=setup, tokenizer=tokenizer, micro=micro, lease=lease, num_steps=num_steps,
+                 tokens_per_step=tokens_per_step)
+    loop.restore(branch)
+    if loop.start_step >= num_steps:
+        log(f"run already complete at step {loop.start_step} (train.num_steps={num_steps})")
+        loop.close()
+        return dict(loop.summary, status="already_done", wall_time=time.time() - t0)
+    summary = loop.run()
+    summary.update(bad_steps=loop.bad_steps, wall_time=time.time() - t0)
+    if jax.process_count() > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
+        print(f"[process {jax.process_index()}] final step {summary['step']} loss {summary['loss']!r}", flush=True)
+    return summary
+
+
+def _log_startup(config, workdir: str, setup: "Setup", tokenizer, micro: int, num_steps: int,
+                 warmup_steps: int) -> None:
     from idattn import models
-    from idattn.data import pipeline
 
-    t = config.train
-    seq_len = int(config.data.seq_len)
-    mesh = setup.mesh
-    process_count, process_index = jax.process_count(), jax.process_index()
-    is_main = process_index == 0
-    n_params, state_sh, abstract_state, param_sh = (setup.n_params, setup.state_sh, setup.abstract_state,
-                                                    setup.param_sh)
-    p_init, p_train, p_eval, batch_shardings = setup.init, setup.train, setup.eval, setup.batch_shardings
-
-    # ---- start-up report
+    t, mesh, n_params = config.train, setup.mesh, setup.n_params
     est = hbm_estimate(n_params, config, mesh)
+    fmt = metrics_lib.format_bytes
     log(f"idattn.train: workdir {workdir}")
-    log(f"  devices {mesh.size} x {jax.devices()[0].device_kind} over {process_count} process(es); mesh "
+    log(f"  devices {mesh.size} x {jax.devices()[0].device_kind} over {jax.process_count()} process(es); mesh "
         f"{dict(mesh.shape)}")
     log(f"  model {config.model.mixer}: {n_params:,} parameters (count_params: "
         f"{_maybe(models.count_params, config.model)}); state budget per layer "
         f"{_maybe(models.state_budget, config.model)} real dof")
-    log(f"  HBM estimate per device: params {metrics_lib.format_bytes(est['params'])} + opt state "
-        f"{metrics_lib.format_bytes(est['opt_state'])} + grads {metrics_lib.format_bytes(est['grads'])} + "
-        f"activations {metrics_lib.format_bytes(est['activations'])} = {metrics_lib.format_bytes(est['total'])}")
+    log(f"  HBM estimate per device: params {fmt(est['params'])} + opt state {fmt(est['opt_state'])} + grads "
+        f"{fmt(est['grads'])} + activations {fmt(est['activations'])} = {fmt(est['total'])}")
     log(describe_data(config, tokenizer))
-    log(f"  schedule: {num_steps} steps x {int(t.batch_size)} x {seq_len} tokens (grad_accum {int(t.grad_accum)}, "
-        f"microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
+    log(f"  schedule: {num_steps} steps x {int(t.batch_size)} x {int(config.data.seq_len)} tokens (grad_accum "
+        f"{int(t.grad_accum)}, microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
         f"{min(float(t.peak_lr), float(t.ssm_lr_cap)):g}) -> {float(t.end_lr):g}")
 
-    # ---- state: restore, init_from, or fresh
-    mngr = ckpt.make_manager(workdir, t)
-    data_iter = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(t.batch_size),
-                                             seq_len=seq_len, seed=int(config.data.shuffle_seed),
-                                             process_index=process_index, process_count=process_count)
-    try:
-        restored = ckpt.restore_verified(mngr, workdir, abstract_state, fallback=bool(t.checkpoint_fallback), log=log)
-        if restored is None and branch is not None:
-            src_mngr = ckpt.make_manager(branch[0], t, read_only=True)
-            try:
-                restored = ckpt.restore_verified(src_mngr, branch[0], abstract_state, fallback=False, log=log,
-                                                 step=branch[1])
-            finally:
-                src_mngr.close()
-            log(f"branched from {os.path.join(branch[0], layout.CKPT_DIR, str(branch[1]))} (full state: parameters, "
-                f"optimiser, data position; step {branch[1]})")
-    except ckpt.CheckpointError as e:
-        mngr.close()
-        raise TrainingError(str(e)) from e
-    bad_steps = 0
-    latest = None
-    if restored is not None:
-        latest, params, opt_state, meta, data_state = restored
-        state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
-        state = jax.device_put(state, state_sh)
-        data_iter.set_state(data_state)
-        bad_steps = int(meta.get("bad_steps", 0) or 0)
-        if branch is None or layout.committed_steps(workdir):
-            log(f"restored step {latest} from {os.path.join(workdir, layout.CKPT_DIR, str(latest))} (checksums verified)")
-        start_step = int(latest)
-    else:
-        with setup.context():
-            state = p_init(jax.random.PRNGKey(int(config.seed)))
-        if t.init_from:
-            _, src_params = loading.load_params(t.init_from, shardings=param_sh)
-            state = state.replace(params=src_params)
-            log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
-        start_step = 0
 
-    writer = metrics_lib.MetricsWriter(workdir, enabled=process_index == 0, total_steps=num_steps,
-                                       resume_step=start_step)
-    run_info = {"workdir": workdir, "mixer": str(config.model.mixer), "params": n_params}
-    summary = {"status": "done", "step": start_step, "loss": None, "val_loss": None, "val_ppl": None,
-               "num_params": n_params}
-    if start_step >= num_steps:
-        log(f"run already complete at step {start_step} (train.num_steps={num_steps})")
-        writer.close()
-        mngr.close()
-        summary["status"] = "already_done"
-        summary["wall_time"] = time.time() - t0
-        return summary
+class _Loop:
+    """One run's training loop and what it carries between steps: the state, the data iterator and its
+    position, the checkpoint manager, the metrics writer, the count of dropped (non-finite) steps.
 
-    eval_data = None
+    Phases: `restore` (a verified checkpoint of this run, else a branch source, else init / init_from), `run`
+    (the steps; each step's finiteness is read one step late so the host never waits on the device, except at
+    log / checkpoint / eval steps), with `save`, `evaluate`, `check_finite` and `check_saves` as the fault
+    boundaries: each either completes or stops the run naming the last committed checkpoint."""
 
-    def evaluate(step: int, params) -> tuple[float, float]:
-        nonlocal eval_data
-        if eval_data is None:
-            eval_data = pipeline.make_eval_batches(config.data, tokenizer, batch_size=micro, seq_len=seq_len,
-                                                   num_batches=int(t.eval_batches))
-        nll, cnt = 0.0, 0.0
-        with setup.context():
-            for b in eval_data:
-                s, c = p_eval(params, shd.global_batch_from_full({k: b[k] for k in batch_shardings}, mesh))
-                nll += float(s)
-                cnt += float(c)
-        loss = nll / max(cnt, 1.0)
-        ppl = math.exp(min(loss, 700.0))
-        if is_main:
-            from idattn.rundir.schema import write_result
-            write_result(workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=run_info,
-                         details={"tokens": cnt, "batches": len(eval_data), "seq_len": seq_len})
-        writer.scalar("validation/loss", loss, step)
-        writer.scalar("validation/ppl", ppl, step)
-        log(f"validation step {step}: loss {loss:.4f} ppl {ppl:.3f} ({int(cnt)} tokens)")
-        return loss, ppl
+    def __init__(self, config, workdir: str, *, setup: "Setup", tokenizer, micro: int, lease, num_steps: int,
+                 tokens_per_step: int):
+        from idattn.data import pipeline
 
-    # ---- the loop
-    peak = metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind,
-                                             float(t.get("peak_tflops_per_device", 0.0)))
-    flops_tok = _maybe(models.flops_per_token, config.model, seq_len)  # training FLOPs (fwd + bwd) per token
-    train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
-    preempt = _Preemption()
-    preempt.install()
-    debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
-    max_bad = int(t.max_bad_steps)
-    pinned = {int(x) for x in (t.get("checkpoint_steps", ()) or ())}
-    pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
-    win_steps, win_wait = 0, 0.0
-    win_t = time.perf_counter()
-    step = start_step
-    first_dt = float("nan")
-    data_state = data_iter.get_state()
-    state_bytes = _state_nbytes(abstract_state)
-    best = layout.best_info(workdir) if bool(t.keep_best) else None
-    best_loss = float(best["val_loss"]) if best else math.inf
+        self.config, self.t, self.workdir, self.setup = config, config.train, workdir, setup
+        self.tokenizer, self.micro, self.lease = tokenizer, micro, lease
+        self.num_steps, self.tokens_per_step = num_steps, tokens_per_step
+        self.seq_len = int(config.data.seq_len)
+        self.mesh = setup.mesh
+        self.is_main = jax.process_index() == 0
+        self.mngr = ckpt.make_manager(workdir, self.t)
+        self.data_iter = pipeline.make_train_iterator(
+            config.data, tokenizer, global_batch_size=int(self.t.batch_size), seq_len=self.seq_len,
+            seed=int(config.data.shuffle_seed), process_index=jax.process_index(),
+            process_count=jax.process_count())
+        self.state = None
+        self.start_step = 0
+        self.bad_steps = 0
+        self.max_bad = int(self.t.max_bad_steps)
+        self.eval_data = None
+        self.state_bytes = _state_nbytes(setup.abstract_state)
+        self.run_info = {"workdir": workdir, "mixer": str(config.model.mixer), "params": setup.n_params}
+        self.summary: dict[str, Any] = {"status": "done", "step": 0, "loss": None, "val_loss": None,
+                                        "val_ppl": None, "num_params": setup.n_params}
+        self.writer = None
 
-    def last_committed() -> str:
+    # ---- state
+    def restore(self, branch) -> None:
+        t, workdir, setup = self.t, self.workdir, self.setup
         try:
-            mngr.wait_until_finished()
+            restored = ckpt.restore_verified(self.mngr, workdir, setup.abstract_state,
+                                             fallback=bool(t.checkpoint_fallback), log=log)
+            if restored is None and branch is not None:
+                src_mngr = ckpt.make_manager(branch[0], t, read_only=True)
+                try:
+                    restored = ckpt.restore_verified(src_mngr, branch[0], setup.abstract_state, fallback=False,
+                                                     log=log, step=branch[1])
+                finally:
+                    src_mngr.close()
+                log(f"branched from {os.path.join(branch[0], layout.CKPT_DIR, str(branch[1]))} (full state: "
+                    f"parameters, optimiser, data position; step {branch[1]})")
+        except ckpt.CheckpointError as e:
+            self.mngr.close()
+            raise TrainingError(str(e)) from e
+        if restored is not None:
+            latest, params, opt_state, meta, data_state = restored
+            state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
+            self.state = jax.device_put(state, setup.state_sh)
+            self.data_iter.set_state(data_state)
+            self.bad_steps = int(meta.get("bad_steps", 0) or 0)
+            if branch is None or layout.committed_steps(workdir):
+                log(f"restored step {latest} from {os.path.join(workdir, layout.CKPT_DIR, str(latest))} "
+                    f"(checksums verified)")
+            self.start_step = int(latest)
+        else:
+            with setup.context():
+                self.state = setup.init(jax.random.PRNGKey(int(self.config.seed)))
+            if t.init_from:
+                _, src_params = loading.load_params(t.init_from, shardings=setup.param_sh)
+                self.state = self.state.replace(params=src_params)
+                log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
+            self.start_step = 0
+        self.summary["step"] = self.start_step
+        self.writer = metrics_lib.MetricsWriter(workdir, enabled=self.is_main, total_steps=self.num_steps,
+                                                resume_step=self.start_step)
+
+    def close(self) -> None:
+        """Waits for pending saves (a failure here is reported, never masking the error being raised), then
+        releases the manager, the writer and the data workers."""
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as e:  # don't mask the original error
+            print(f"warning: waiting for pending checkpoint saves failed: {e}", file=sys.stderr)
+        self.mngr.close()
+        if self.writer is not None:
+            self.writer.close()
+        if hasattr(self.data_iter, "close"):
+            self.data_iter.close()
+
+    # ---- fault boundaries
+    def last_committed(self) -> str:
+        try:
+            self.mngr.wait_until_finished()
         except Exception:  # the failed save itself; what is on disk is what counts
             pass
-        steps = layout.committed_steps(workdir)
-        return (os.path.join(workdir, layout.CKPT_DIR, str(steps[-1])) if steps else
+        steps = layout.committed_steps(self.workdir)
+        return (os.path.join(self.workdir, layout.CKPT_DIR, str(steps[-1])) if steps else
                 "none (no checkpoint was committed yet)")
 
-    def check_finite(s: int, m) -> float:
+    def check_finite(self, s: int, m) -> float:
         """Step s's update was applied only if it was finite (train/step.py); count or stop on a dropped one."""
-        nonlocal bad_steps
         host = jax.device_get(m)
         loss = float(host["loss"])
         if float(host.get("finite", 1.0)) > 0.5:
             return loss
-        bad_steps += 1
+        self.bad_steps += 1
         what = f"loss {loss:.4g}, grad norm {float(host['grad_norm']):.4g}"
-        if bad_steps <= max_bad:
+        if self.bad_steps <= self.max_bad:
             log(f"step {s}: non-finite step ({what}); the update was not applied, the batch is dropped "
-                f"(bad step {bad_steps} of train.max_bad_steps={max_bad})")
+                f"(bad step {self.bad_steps} of train.max_bad_steps={self.max_bad})")
             return loss
         raise TrainingError(
             f"non-finite step {s} ({what}); the update was not applied and the run stops "
-            f"({bad_steps} bad step(s), train.max_bad_steps={max_bad}). Last finite checkpoint: {last_committed()} "
-            f"(a checkpoint only ever holds a finite state). Lower train.peak_lr or raise train.warmup_steps, check the "
-            f"data, or allow dropping a few bad batches with --config.train.max_bad_steps=<N>; then rerun (it "
-            f"resumes from that checkpoint).")
+            f"({self.bad_steps} bad step(s), train.max_bad_steps={self.max_bad}). Last finite checkpoint: "
+            f"{self.last_committed()} (a checkpoint only ever holds a finite state). Lower train.peak_lr or raise "
+            f"train.warmup_steps, check the data, or allow dropping a few bad batches with "
+            f"--config.train.max_bad_steps=<N>; then rerun (it resumes from that checkpoint).")
 
-    def check_saves(s: int) -> None:
+    def _save_failed(self, s: int, e: BaseException) -> TrainingError:
+        return TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
+                             f"so that no more work is lost; last committed checkpoint: {self.last_committed()}. "
+                             f"Free space or fix the workdir's permissions, then rerun (it resumes from there).")
+
+    def check_saves(self, s: int) -> None:
         """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept."""
         try:
-            err = ckpt.background_error(mngr)
+            err = ckpt.background_error(self.mngr)
             if err is not None:
                 raise err
         except Exception as e:
-            raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
-                                f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
-                                f"space or fix the workdir's permissions, then rerun (it resumes from there).") from e
-        if lease is not None and lease.lost:
-            raise TrainingError(f"stopping at step {s} without saving: {lease.lost}. Another trainer took over "
-                                f"{workdir}; this run's checkpoints up to {last_committed()} are kept.")
+            raise self._save_failed(s, e) from e
+        if self.lease is not None and self.lease.lost:
+            raise TrainingError(f"stopping at step {s} without saving: {self.lease.lost}. Another trainer took over "
+                                f"{self.workdir}; this run's checkpoints up to {self.last_committed()} are kept.")
 
-    def save(s: int, *, force: bool = False) -> None:
-        check_saves(s)
-        free = _maybe(ckpt.disk_free_bytes, os.path.join(workdir, layout.CKPT_DIR))
+    def save(self, s: int, data_state, *, force: bool = False) -> None:
+        self.check_saves(s)
+        fmt = metrics_lib.format_bytes
+        free = _maybe(ckpt.disk_free_bytes, os.path.join(self.workdir, layout.CKPT_DIR))
         if isinstance(free, int):
-            if free < 1.1 * state_bytes:
-                raise TrainingError(f"not enough disk space for checkpoint {s}: {metrics_lib.format_bytes(free)} free "
-                                    f"in {workdir}, the checkpoint needs about {metrics_lib.format_bytes(state_bytes)}."
-                                    f" Stopping; last committed checkpoint: {last_committed()}. Free space (or lower "
-                                    f"train.keep_last), then rerun.")
-            if free < 3 * state_bytes:
-                log(f"warning: {metrics_lib.format_bytes(free)} free in {workdir}: room for fewer than 3 more "
-                    f"checkpoints of {metrics_lib.format_bytes(state_bytes)}")
+            if free < 1.1 * self.state_bytes:
+                raise TrainingError(f"not enough disk space for checkpoint {s}: {fmt(free)} free in {self.workdir}, "
+                                    f"the checkpoint needs about {fmt(self.state_bytes)}. Stopping; last committed "
+                                    f"checkpoint: {self.last_committed()}. Free space (or lower train.keep_last), "
+                                    f"then rerun.")
+            if free < 3 * self.state_bytes:
+                log(f"warning: {fmt(free)} free in {self.workdir}: room for fewer than 3 more checkpoints of "
+                    f"{fmt(self.state_bytes)}")
         try:
-            ckpt.save(mngr, s, state, data_state, {"time": time.time(), "loss": summary["loss"],
-                                                   "bad_steps": bad_steps}, force=force)
+            ckpt.save(self.mngr, s, self.state, data_state, {"time": time.time(), "loss": self.summary["loss"],
+                                                             "bad_steps": self.bad_steps}, force=force)
         except ckpt.NonFiniteState as e:
-            raise TrainingError(f"{e}. Stopping; last finite checkpoint: {last_committed()}. Lower "
+            raise TrainingError(f"{e}. Stopping; last finite checkpoint: {self.last_committed()}. Lower "
                                 f"train.peak_lr or check the data, then rerun.") from e
         except Exception as e:
-            raise TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
-                                f"so that no more work is lost; last committed checkpoint: {last_committed()}. Free "
-                                f"space or fix the workdir's permissions, then rerun (it resumes from there).") from e
+            raise self._save_failed(s, e) from e
 
-    try:
-        while step < num_steps:
-            if _should_stop(preempt, mngr, step, process_count, int(t.log_every)):
-                if pending is not None:
-                    check_finite(*pending)
-                    pending = None
-                log(f"preemption signal: saving step {step} and exiting")
-                if step not in layout.committed_steps(workdir) and mngr.latest_step() != step:
-                    save(step, force=True)
-                mngr.wait_until_finished()
-                check_saves(step)
-                summary.update(status="preempted", step=step)
-                break
-            tw = time.perf_counter()
-            batch_np = next(data_iter)
-            data_state = data_iter.get_state()
-            batch = shd.global_batch_from_local({k: batch_np[k] for k in batch_shardings}, mesh)
-            win_wait += time.perf_counter() - tw
-            with setup.context():
-                state, m = p_train(state, batch)
-            step += 1
-            win_steps += 1
-            if pending is not None:
-                check_finite(*pending)
-            pending = (step, m)
-            if step == start_step + 1:  # keep compilation out of the step time, the throughput and the ETA
-                jax.block_until_ready(m)
-                first_dt = time.perf_counter() - win_t
-                log(f"first step done in {first_dt:.1f} s (includes compilation)")
-                win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
-            if debug_sleep:
-                time.sleep(debug_sleep)
-            check_saves(step)
+    # ---- evaluation
+    def evaluate(self, step: int) -> tuple[float, float]:
+        """The trainer's validation (docs/evaluation.md): the first train.eval_batches packed held-out batches."""
+        from idattn.data import pipeline
+        from idattn.rundir.schema import write_result
 
-            is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
-            is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
-            is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
-            if is_log or is_ckpt or is_eval:
-                loss = check_finite(*pending)
-                pending = None
-                summary.update(step=step, loss=loss)
-            if is_log:
-                dt = (time.perf_counter() - win_t) / win_steps if win_steps else first_dt
-                tps = tokens_per_step / dt
-                tps_dev = tps / mesh.size
-                mfu = (tps_dev * train_flops_tok / peak) if (peak and train_flops_tok) else None
-                host = jax.device_get(m)
-                writer.write(step, {"loss": float(host["loss"]), "lr": float(host["lr"]),
-                                    "grad_norm": float(host["grad_norm"]), "tokens_per_sec": tps,
-                                    "tokens_per_sec_per_device": tps_dev, "mfu": mfu, "step_time": dt,
-                                    "data_wait": win_wait / max(1, win_steps),
-                                    "tokens_seen": step * tokens_per_step, "bad_steps": bad_steps})
-                win_steps, win_wait = 0, 0.0
-                win_t = time.perf_counter()
-            if is_ckpt:
-                save(step)
-            if is_eval:
-                summary["val_loss"], summary["val_ppl"] = evaluate(step, state.params)
-                if bool(t.keep_best) and summary["val_loss"] < best_loss:
-                    best_loss = summary["val_loss"]
-                    where = ckpt.save_best(workdir, step, state.params, summary["val_loss"])
-                    log(f"best validation loss so far: kept step {step} in {where}")
-                win_t = time.perf_counter()  # evaluation time is not step time
-        else:
-            if pending is not None:
-                summary["loss"] = check_finite(*pending)
-        mngr.wait_until_finished()
-        check_saves(step)
-    finally:
-        preempt.uninstall()
+        if self.eval_data is None:
+            self.eval_data = pipeline.make_eval_batches(self.config.data, self.tokenizer, batch_size=self.micro,
+                                                        seq_len=self.seq_len, num_batches=int(self.t.eval_batches))
+        nll, cnt = 0.0, 0.0
+        with self.setup.context():
+            for b in self.eval_data:
+                s, c = self.setup.eval(self.state.params, shd.global_batch_from_full(
+                    {k: b[k] for k in self.setup.batch_shardings}, self.mesh))
+                nll += float(s)
+                cnt += float(c)
+        loss = nll / max(cnt, 1.0)
+        ppl = math.exp(min(loss, 700.0))
+        if self.is_main:
+            write_result(self.workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=self.run_info,
+                         details={"tokens": cnt, "batches": len(self.eval_data), "seq_len": self.seq_len})
+        self.writer.scalar("validation/loss", loss, step)
+        self.writer.scalar("validation/ppl", ppl, step)
+        log(f"validation step {step}: loss {loss:.4f} ppl {ppl:.3f} ({int(cnt)} tokens)")
+        return loss, ppl
+
+    # ---- the steps
+    def run(self) -> dict[str, Any]:
+        from idattn import models
+
+        t, summary, num_steps = self.t, self.summary, self.num_steps
+        peak = metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind,
+                                                 float(t.get("peak_tflops_per_device", 0.0)))
+        flops_tok = _maybe(models.flops_per_token, self.config.model, self.seq_len)  # fwd + bwd FLOPs per token
+        train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
+        preempt = _Preemption()
+        preempt.install()
+        debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
+        pinned = {int(x) for x in (t.get("checkpoint_steps", ()) or ())}
+        pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
+        win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
+        step, first_dt = self.start_step, float("nan")
+        data_state = self.data_iter.get_state()
+        best = layout.best_info(self.workdir) if bool(t.keep_best) else None
+        best_loss = float(best["val_loss"]) if best else math.inf
         try:
-            mngr.wait_until_finished()
-        except Exception as e:  # don't mask the original error
-            print(f"warning: waiting for pending checkpoint saves failed: {e}", file=sys.stderr)
-        mngr.close()
-        writer.close()
-        if hasattr(data_iter, "close"):
-            data_iter.close()
-    summary["bad_steps"] = bad_steps
-    summary["wall_time"] = time.time() - t0
-    if process_count > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
-        print(f"[process {process_index}] final step {summary['step']} loss {summary['loss']!r}", flush=True)
-    return summary
+            while step < num_steps:
+                if _should_stop(preempt, self.mngr, step, jax.process_count(), int(t.log_every)):
+                    if pending is not None:
+                        self.check_finite(*pending)
+                        pending = None
+                    log(f"preemption signal: saving step {step} and exiting")
+                    if step not in layout.committed_steps(self.workdir) and self.mngr.latest_step() != step:
+                        self.save(step, data_state, force=True)
+                    self.mngr.wait_until_finished()
+                    self.check_saves(step)
+                    summary.update(status="preempted", step=step)
+                    break
+                tw = time.perf_counter()
+                batch_np = next(self.data_iter)
+                data_state = self.data_iter.get_state()
+                batch = shd.global_batch_from_local({k: batch_np[k] for k in self.setup.batch_shardings}, self.mesh)
+                win_wait += time.perf_counter() - tw
+                with self.setup.context():
+                    self.state, m = self.setup.train(self.state, batch)
+                step += 1
+                win_steps += 1
+                if pending is not None:
+                    self.check_finite(*pending)
+                pending = (step, m)
+                if step == self.start_step + 1:  # keep compilation out of the step time, the throughput and the ETA
+                    jax.block_until_ready(m)
+                    first_dt = time.perf_counter() - win_t
+                    log(f"first step done in {first_dt:.1f} s (includes compilation)")
+                    win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
+                if debug_sleep:
+                    time.sleep(debug_sleep)
+                self.check_saves(step)
+
+                is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
+                is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
+                is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
+                if is_log or is_ckpt or is_eval:
+                    summary.update(step=step, loss=self.check_finite(*pending))
+                    pending = None
+                if is_log:
+                    dt = (time.perf_counter() - win_t) / win_steps if win_steps else first_dt
+                    self._log_step(step, m, dt, win_wait / max(1, win_steps), peak, train_flops_tok)
+                    win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
+                if is_ckpt:
+                    self.save(step, data_state)
+                if is_eval:
+                    summary["val_loss"], summary["val_ppl"] = self.evaluate(step)
+                    if bool(t.keep_best) and summary["val_loss"] < best_loss:
+                        best_loss = summary["val_loss"]
+                        where = ckpt.save_best(self.workdir, step, self.state.params, summary["val_loss"])
+                        log(f"best validation loss so far: kept step {step} in {where}")
+                    win_t = time.perf_counter()  # evaluation time is not step time
+            else:
+                if pending is not None:
+                    summary["loss"] = self.check_finite(*pending)
+            self.mngr.wait_until_finished()
+            self.check_saves(step)
+        finally:
+            preempt.uninstall()
+            self.close()
+        return summary
+
+    def _log_step(self, step: int, m, dt: float, data_wait: float, peak, train_flops_tok) -> None:
+        """One line of metrics.jsonl (and TensorBoard): loss, lr, grad norm, tokens/s, MFU, step time."""
+        tps = self.tokens_per_step / dt
+        tps_dev = tps / self.mesh.size
+        mfu = (tps_dev * train_flops_tok / peak) if (peak and train_flops_tok) else None
+        host = jax.device_get(m)
+        self.writer.write(step, {"loss": float(host["loss"]), "lr": float(host["lr"]),
+                                 "grad_norm": float(host["grad_norm"]), "tokens_per_sec": tps,
+                                 "tokens_per_sec_per_device": tps_dev, "mfu": mfu, "step_time": dt,
+                                 "data_wait": data_wait, "tokens_seen": step * self.tokens_per_step,
+                                 "bad_steps": self.bad_steps})
