@@ -183,8 +183,14 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
                     max_val_docs=8, docs_per_shard=20, num_proc=0, batch_docs=7, log=lambda s: None, overwrite=True,
                     min_val_docs=1, min_val_tokens=1)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
-        meta["train_shards"] + meta["val_shards"] + ["meta.json"])  # no staging left behind
+        meta["train_shards"] + meta["val_shards"] + ["meta.json", "train_hashes.npy", "val_hashes.npy"])  # no staging
     formats.check_tokenizer_matches(tmp_path / "out", small_tok)
+    # the document hashes (sha1[:8], little-endian uint64): train sorted, val in record order, recomputed here
+    h = {t: int.from_bytes(hashlib.sha1(t.encode()).digest()[:8], "little") for t in texts}
+    val_texts = [t for t in texts if h[t] / 2**64 < 0.2][:8]
+    assert formats.read_doc_hashes(tmp_path / "out", "train").tolist() == sorted(h[t] for t in texts
+                                                                                 if t not in val_texts)
+    assert formats.read_doc_hashes(tmp_path / "out", "val").tolist() == [h[t] for t in val_texts]
 
 
 def test_prepare_max_docs_and_cli(tmp_path, kjv, small_tok, capsys):
@@ -450,3 +456,45 @@ def test_check_splits_refuses_missing_split(tmp_path, small_tok):
 def test_train_sentencepiece_too_many_pieces_for_the_text():
     with pytest.raises(ValueError, match=r"more pieces than this text can give \(at most \d+\)"):
         train_sentencepiece(["ab ab ab"] * 3, 400)
+
+
+def test_prepare_mixes_formats_in_one_run(tmp_path, small_tok):
+    """`--source=a.jsonl,folder/` and a folder holding .txt and .jsonl files: every input is read by its own
+    reader, in one run (docs/data.md: --source takes several inputs)."""
+    docs = _docs(10, seed=3)
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:4]))
+    (tmp_path / "txt").mkdir()
+    for i, d in enumerate(docs[4:7]):
+        (tmp_path / "txt" / f"{i}.txt").write_text(d)
+    (tmp_path / "txt" / "more.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[7:]))
+    kw = dict(tokenizer=small_tok, val_fraction=0.0, num_proc=0, log=lambda s: None)
+    meta = prepare.prepare(f"{tmp_path / 'a.jsonl'},{tmp_path / 'txt'}/", str(tmp_path / "o1"), **kw)
+    # inputs in the order given, a folder's files sorted (0.txt 1.txt 2.txt more.jsonl)
+    assert _read_split(tmp_path / "o1", meta, "train") == [small_tok.encode(d) for d in docs]
+    assert meta["source"]["format"] == ["jsonl", "text"]
+    assert prepare.main(["--source", str(tmp_path / "txt"), "--out", str(tmp_path / "o2"), "--val_fraction=0",
+                         "--num_proc=0", "--train_tokenizer=400"]) == 0
+    assert formats.read_meta(tmp_path / "o2")["train_docs"] == 6
+
+
+def test_raw_text_folder_as_data_path_hint(tmp_path, small_tok):
+    """data.path pointing at a folder of raw text: the fix names prepare --source=<that folder> --out=<a new
+    folder> (prepare refuses --out=<that folder>, and never suggests deleting it)."""
+    import ml_collections
+
+    from idattn.data import pipeline
+    (tmp_path / "my_corpus").mkdir()
+    for i, d in enumerate(_docs(3)):
+        (tmp_path / "my_corpus" / f"{i}.txt").write_text(d)
+    cfg = ml_collections.ConfigDict({"source": "arrayrecord", "path": str(tmp_path / "my_corpus")})
+    with pytest.raises(ValueError) as e:
+        pipeline.check_splits(cfg, small_tok)
+    msg = str(e.value)
+    assert "\n" not in msg and "3 text file(s)" in msg
+    assert f"prepare --source={tmp_path / 'my_corpus'} --out=<a new folder>" in msg and "--out " not in msg
+    with pytest.raises(prepare.PrepareError, match="holds no meta.json but text files.*pass them as --source.*new, empty --out") as e:
+        prepare.prepare(str(tmp_path / "my_corpus"), str(tmp_path / "my_corpus"), tokenizer=small_tok, num_proc=0,
+                        val_fraction=0.0, log=lambda s: None)
+    assert "delete" not in str(e.value)
+    assert sorted(p.name for p in (tmp_path / "my_corpus").iterdir()) == ["0.txt", "1.txt", "2.txt"]
+    assert formats.RAW_SUFFIXES == tuple(x for v in prepare.FORMATS.values() for x in v)

@@ -203,7 +203,7 @@ def _doc_dataset(data_cfg, tokenizer, split: str) -> tuple[grain.MapDataset, int
         path = _cfg(data_cfg, "path", "")
         if not path:
             raise ValueError("data.source='arrayrecord' needs data.path: the folder written by "
-                             "`python -m idattn.data.prepare --out <folder>`.")
+                             "`python -m idattn.data.prepare --source=<your texts> --out=<folder>`.")
         meta = check_tokenizer_matches(path, tokenizer)
         src = grain.sources.ArrayRecordDataSource(formats.shard_paths(path, meta, split))
         ds = grain.MapDataset.source(src).map(functools.partial(_decode_record, dtype=meta["dtype"]))

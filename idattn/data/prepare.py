@@ -50,6 +50,7 @@ data prepared with another tokenizer; an output folder already holding prepared 
 from __future__ import annotations
 
 import argparse
+import array
 import collections
 import datetime
 import glob
@@ -135,10 +136,6 @@ def _local_files(source: str, forced: str | None) -> list[str]:
         raise PrepareError(f"--source={source!r}: the folder holds no file of an accepted format ({ACCEPTED}); "
                            f"found {[os.path.basename(f) for f in every[:3]]}. Pass --format=text to read them "
                            "as plain text.")
-    fmts = {file_format(f, forced) for f in files}
-    if len(fmts) > 1:
-        raise PrepareError(f"--source={source!r}: the folder mixes formats {sorted(fmts)}; prepare one format per "
-                           "run (use a glob such as 'folder/**/*.txt') so that every document is read the same way.")
     return files
 
 
@@ -181,10 +178,7 @@ def list_inputs(source: str, subset: str | None = None, hf_data_dir: str | None 
     files: list[str] = []
     for part in [x for x in source.split(",") if x.strip()] or [source]:
         files += [f for f in _local_files(part.strip(), fmt) if f not in files]
-    fmts = {file_format(f, fmt) for f in files}
-    if len(fmts) > 1:
-        raise PrepareError(f"--source={source!r} mixes formats {sorted(fmts)}; prepare one format per run.")
-    return None, files
+    return None, files  # formats may be mixed: each file is read by the reader of its own format
 
 
 def _open_parquet(fs, path: str, field: str = "text"):
@@ -302,16 +296,44 @@ def _init_worker(proto: bytes, dtype: str) -> None:
     _WORKER["dtype"] = np.dtype(dtype)
 
 
+def doc_hash(text: str) -> int:
+    """A document's identity: the first 8 bytes of sha1(UTF-8 text), little-endian, as an unsigned 64-bit int. The
+    held-out rule reads it as a fraction of 2^64; `<out>/train_hashes.npy` records those of the training
+    documents, so that `python -m idattn.eval` can tell a training document from a held-out one."""
+    return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "little")
+
+
 def _val_hash(text: str) -> float:
-    return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "little") / 2.0**64
+    return doc_hash(text) / 2.0**64
 
 
-def _tokenize_batch(texts: list[str]) -> list[tuple[bytes, int, float]]:
-    """-> [(record bytes, n_tokens, held-out hash in [0, 1))] for the non-empty texts, in order."""
+def _tokenize_batch(texts: list[str]) -> list[tuple[bytes, int, int]]:
+    """-> [(record bytes, n_tokens, doc_hash)] for the non-empty texts, in order."""
     tok, dtype = _WORKER["tok"], _WORKER["dtype"]
     texts = [t for t in texts if t]
-    return [(np.asarray(ids, dtype).tobytes(), len(ids), _val_hash(t))
+    return [(np.asarray(ids, dtype).tobytes(), len(ids), doc_hash(t))
             for t, ids in zip(texts, tok.encode_batch(texts))]
+
+
+def training_hashes(data_cfg) -> tuple[np.ndarray | None, str]:
+    """(sorted uint64 doc_hash of every training document of a run's data config, or None; what they are) for
+    data.source='kjv' (the split is computed) and 'arrayrecord' (the folder's train_hashes.npy, written by prepare
+    since it records them); None with the reason for anything else (tfds, a folder prepared before)."""
+    get = data_cfg.get if hasattr(data_cfg, "get") else (lambda k, d=None: getattr(data_cfg, k, d))
+    source = str(get("source", "kjv"))
+    if source == "kjv":
+        from idattn.data import corpus
+
+        train, _ = corpus.kjv_documents(val_fraction=float(get("val_fraction", 0.05)))
+        return np.unique(np.fromiter((doc_hash(t) for t in train), np.uint64, len(train))), "kjv training documents"
+    if source == "arrayrecord":
+        path = str(get("path", ""))
+        h = formats.read_doc_hashes(path, "train")
+        if h is None:
+            return None, (f"data.path={path} has no {formats.TRAIN_HASHES} (prepared before prepare recorded "
+                          "them; prepare it again to enable the check)")
+        return h, f"training documents of {path}"
+    return None, f"data.source={source!r} records no document hashes"
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -344,12 +366,17 @@ def _check_output(out: pathlib.Path, tok: Tokenizer, overwrite: bool) -> dict | 
             raise PrepareError(f"--out={str(out)!r} already holds prepared data ({meta.get('train_docs')} train "
                                "documents) with this tokenizer; pass --overwrite to replace it, or choose a new "
                                "--out.")
-        known = set(meta.get("train_shards", [])) | set(meta.get("val_shards", [])) | {formats.META, TOKENIZER_FILE}
+        known = (set(meta.get("train_shards", [])) | set(meta.get("val_shards", [])) |
+                 {formats.META, TOKENIZER_FILE, formats.TRAIN_HASHES, formats.VAL_HASHES})
         others = [e.name for e in entries if e.name not in known]
         if others:
             raise PrepareError(f"--out={str(out)!r} holds files prepare did not write ({others[:3]}); refusing "
                                "to overwrite; choose a new --out.")
         return meta
+    if any(e.name.lower().endswith(formats.RAW_SUFFIXES) for e in entries):  # a corpus: never suggest deleting it
+        raise PrepareError(f"--out={str(out)!r} holds no meta.json but text files ({[e.name for e in entries][:3]}"
+                           "...): a corpus, not prepared data; prepare writes into a folder of its own: pass them "
+                           "as --source and choose a new, empty --out.")
     raise PrepareError(f"--out={str(out)!r} is not empty and holds no meta.json ({[e.name for e in entries][:3]}"
                        "...): not a prepared folder, or an interrupted one. Choose a new --out (or delete it).")
 
@@ -382,8 +409,9 @@ class _ShardWriter:
         self._n = 0
         self.docs = 0
         self.tokens = 0
+        self.hashes = array.array("Q")  # doc_hash of every document written, in record order (8 bytes each)
 
-    def write(self, record: bytes, n_tokens: int) -> None:
+    def write(self, record: bytes, n_tokens: int, h: int) -> None:
         from array_record.python.array_record_module import ArrayRecordWriter
         if self._w is None or self._n >= self.per:
             self.close()
@@ -395,6 +423,7 @@ class _ShardWriter:
         self._n += 1
         self.docs += 1
         self.tokens += n_tokens
+        self.hashes.append(h)
 
     def close(self) -> None:
         if self._w is not None:
@@ -417,7 +446,7 @@ def _promote_to_val(staging: pathlib.Path, train_w: "_ShardWriter", val_w: "_Sha
         n = r.num_records()
         for rec in r.read(list(range(n))) if n else []:
             ntok = len(rec) // itemsize
-            (val_w if i in promote else new_w).write(rec, ntok)
+            (val_w if i in promote else new_w).write(rec, ntok, train_w.hashes[i])
             i += 1
         r.close()
         path.unlink()
@@ -468,14 +497,9 @@ def train_tokenizer_on(source: str, vocab: int, *, fs=None, files=None, fmt: str
     return proto
 
 
-def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", subset: str | None = None,
-            hf_data_dir: str | None = None, val_fraction: float = 0.0005, max_val_docs: int = 10_000,
-            min_val_docs: int = 2, min_val_tokens: int = 2048, docs_per_shard: int = 100_000,
-            num_proc: int | None = None, batch_docs: int = 1024, max_docs: int | None = None,
-            max_tokens: int | None = None, overwrite: bool = False, fmt: str | None = None,
-            text_field: str = "text", separator: str | None = None, train_tokenizer: int | None = None,
-            log=print) -> dict:
-    """Tokenise `source` into ArrayRecord shards in `out`; returns the meta dict written (module docstring)."""
+def _check_args(out: str, *, val_fraction: float, docs_per_shard: int, batch_docs: int, min_val_docs: int,
+                min_val_tokens: int, max_val_docs: int) -> pathlib.Path:
+    """Phase 1a: refuse impossible numbers and outputs; the output folder as a path."""
     if not 0.0 <= val_fraction < 1.0:
         raise PrepareError(f"--val_fraction={val_fraction}; expected a number in [0, 1).")
     if docs_per_shard < 1 or batch_docs < 1:
@@ -483,33 +507,208 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
     if min_val_docs < 0 or min_val_tokens < 0 or (val_fraction > 0 and min_val_docs > max_val_docs):
         raise PrepareError(f"--min_val_docs={min_val_docs}, --min_val_tokens={min_val_tokens}, --max_val_docs="
                            f"{max_val_docs}; expected 0 <= min_val_docs <= max_val_docs and min_val_tokens >= 0.")
-    separator = decode_separator(separator)
     out_p = pathlib.Path(out).expanduser()
     if "://" in str(out):
         raise PrepareError(f"--out={out!r}: write to a local (or mounted, e.g. gcsfuse) folder and copy it to the "
                            "bucket afterwards; ArrayRecord writes local files.")
     if out_p.exists() and not out_p.is_dir():
         raise PrepareError(f"--out={str(out_p)!r} exists and is not a folder; choose another --out.")
+    return out_p
+
+
+def _resolve_inputs(source: str, subset, hf_data_dir, fmt, text_field: str):
+    """Phase 1b: (filesystem or None, input files); every local file is checked before anything is tokenised."""
     fs, files = list_inputs(source, subset, hf_data_dir, fmt)
-    if fs is None:  # local inputs: check every file before tokenising anything
+    if fs is None:
         for f in files:
             _check_local(f, file_format(f, fmt), text_field)
-    trained_proto = None
-    if train_tokenizer:
-        log(f"prepare: training a {train_tokenizer}-piece SentencePiece tokenizer on the training documents of "
-            f"{source}")
-        trained_proto = train_tokenizer_on(source, int(train_tokenizer), fs=fs, files=files, fmt=fmt,
-                                           field=text_field, separator=separator, val_fraction=val_fraction)
-        tok = Tokenizer(trained_proto, name=str((out_p / TOKENIZER_FILE).resolve()))
-    else:
-        tok = tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)
+    return fs, files
+
+
+def _resolve_tokenizer(source, out_p, tokenizer, train_tokenizer, *, fs, files, fmt, text_field, separator,
+                       val_fraction, log) -> tuple[Tokenizer, bytes | None]:
+    """Phase 1c: (tokenizer, trained model proto or None): `--train_tokenizer` trains one on the training documents."""
+    if not train_tokenizer:
+        return (tokenizer if isinstance(tokenizer, Tokenizer) else load_tokenizer(tokenizer)), None
+    log(f"prepare: training a {train_tokenizer}-piece SentencePiece tokenizer on the training documents of "
+        f"{source}")
+    proto = train_tokenizer_on(source, int(train_tokenizer), fs=fs, files=files, fmt=fmt, field=text_field,
+                               separator=separator, val_fraction=val_fraction)
+    return Tokenizer(proto, name=str((out_p / TOKENIZER_FILE).resolve())), proto
+
+
+class _Staged:
+    """What phase 2 wrote into the staging folder: the two writers, the reserve for the validation guarantee and
+    whether --max_docs / --max_tokens stopped the read."""
+
+    def __init__(self, staging: pathlib.Path, docs_per_shard: int):
+        self.train = _ShardWriter(staging, "train", docs_per_shard)
+        self.val = _ShardWriter(staging, "val", docs_per_shard)
+        self.reserve: list[tuple[float, int, int]] = []  # max-heap (by -hash) of the smallest-hash training docs
+        self.stopped = False
+
+    def close(self) -> None:
+        self.train.close()
+        self.val.close()
+
+
+def _tokenise_to_staging(st: _Staged, fs, files, *, tok: Tokenizer, dtype: np.dtype, num_proc: int,
+                         batch_docs: int, fmt, text_field, separator, val_fraction: float, max_val_docs: int,
+                         max_docs, max_tokens, log) -> None:
+    """Phase 2: read the inputs in batches, tokenise them (in `num_proc` spawned workers), write every document
+    to the train or val shards in input order, and remember each one's doc_hash."""
+    # "spawn": workers are fresh interpreters, never forks of a process that may hold JAX's or a remote
+    # filesystem's threads (a fork of those can deadlock); they import only numpy and sentencepiece.
+    args = (tok.model_proto, dtype.str)
+    pool = None
+    try:
+        if num_proc > 0:
+            pool = multiprocessing.get_context("spawn").Pool(num_proc, initializer=_init_worker, initargs=args)
+        else:
+            _init_worker(*args)
+        pending: collections.deque = collections.deque()
+
+        def consume(results) -> None:
+            for record, n, h in results:
+                u = h / 2.0**64
+                if u < val_fraction and st.val.docs < max_val_docs:
+                    st.val.write(record, n, h)
+                else:
+                    if val_fraction > 0:
+                        item = (-u, st.train.docs, n)
+                        if len(st.reserve) < _RESERVE:
+                            heapq.heappush(st.reserve, item)
+                        elif item > st.reserve[0]:
+                            heapq.heapreplace(st.reserve, item)
+                    st.train.write(record, n, h)
+                if (max_docs is not None and st.train.docs >= max_docs) or (
+                        max_tokens is not None and st.train.tokens >= max_tokens):
+                    st.stopped = True
+                    return
+
+        batches = iter_text_batches(fs, files, batch_docs, fmt=fmt, field=text_field, separator=separator)
+        for n_batch, texts in enumerate(batches, 1):
+            if pool is None:
+                consume(_tokenize_batch(texts))
+            else:
+                pending.append(pool.apply_async(_tokenize_batch, (texts,)))
+                if len(pending) >= 2 * num_proc:
+                    consume(pending.popleft().get())
+            if st.stopped:
+                break
+            if n_batch % 200 == 0:
+                log(f"prepare: {st.train.docs} train docs, {st.train.tokens} tokens, {st.val.docs} val docs")
+        while pending and not st.stopped:
+            consume(pending.popleft().get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    st.close()
+
+
+def _guarantee_val(st: _Staged, staging: pathlib.Path, source: str, *, val_fraction: float, min_val_docs: int,
+                   min_val_tokens: int, docs_per_shard: int, itemsize: int, log) -> int:
+    """Phase 3: refuse an empty corpus; top a too-small held-out split up with the training documents of smallest
+    hash (a stable choice), or refuse with the numbers. Returns the number of documents moved."""
+    if st.train.docs + st.val.docs == 0:
+        raise PrepareError(f"--source={source!r}: no non-empty documents were read; nothing to write.")
+    promoted = 0
+    if val_fraction > 0 and (st.val.docs < min_val_docs or st.val.tokens < min_val_tokens):
+        cands = sorted((-h, i, n) for h, i, n in st.reserve)
+        promote, docs, toks = set(), st.val.docs, st.val.tokens
+        for _, i, n in cands:
+            if docs >= min_val_docs and toks >= min_val_tokens:
+                break
+            promote.add(i)
+            docs, toks = docs + 1, toks + n
+        total_docs, total_toks = st.train.docs + st.val.docs, st.train.tokens + st.val.tokens
+        if docs < min_val_docs or toks < min_val_tokens or 2 * toks > total_toks or docs >= total_docs:
+            raise PrepareError(
+                f"validation split: the corpus has {total_docs} documents / {total_toks} tokens; a held-out "
+                f"split of >= {min_val_docs} documents and >= {min_val_tokens} tokens would take {docs} "
+                f"documents / {toks} tokens ({100 * toks / max(total_toks, 1):.0f}% of the tokens; at most 50% "
+                "allowed). Add text, or lower --min_val_docs / --min_val_tokens (or --val_fraction=0 for no "
+                "held-out split).")
+        if promote:
+            st.train = _promote_to_val(staging, st.train, st.val, promote, docs_per_shard, itemsize)
+            promoted = len(promote)
+            log(f"prepare: the held-out rule (val_fraction={val_fraction}) kept {st.val.docs - promoted} "
+                f"documents; moved {promoted} more to the validation split to reach >= {min_val_docs} "
+                f"documents and >= {min_val_tokens} tokens")
+    if st.train.docs == 0:
+        raise PrepareError(f"--source={source!r}: every document went to the held-out split; add text or "
+                           "lower --val_fraction.")
+    return promoted
+
+
+def _stage_meta(st: _Staged, staging: pathlib.Path, *, tok: Tokenizer, trained_proto, train_tokenizer, dtype,
+                source, subset, files, fmt, text_field, separator, max_docs, max_tokens, val_fraction,
+                max_val_docs, min_val_docs, min_val_tokens, promoted) -> dict:
+    """Phase 4: the document hashes, the trained tokenizer and meta.json, into the staging folder."""
+    np.save(staging / formats.TRAIN_HASHES, np.unique(np.frombuffer(st.train.hashes, np.uint64)))
+    np.save(staging / formats.VAL_HASHES, np.frombuffer(st.val.hashes, np.uint64))
+    if trained_proto is not None:
+        (staging / TOKENIZER_FILE).write_bytes(trained_proto)
+    meta = {
+        "format": formats.FORMAT,
+        "tokenizer": {**tok.identity(), "name": tok.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
+        "dtype": dtype.name,
+        "train_shards": st.train.names, "val_shards": st.val.names,
+        "train_docs": st.train.docs, "train_tokens": st.train.tokens,
+        "val_docs": st.val.docs, "val_tokens": st.val.tokens,
+        "doc_hashes": {"train": formats.TRAIN_HASHES, "val": formats.VAL_HASHES,
+                       "hash": "first 8 bytes of sha1(UTF-8 text), little-endian uint64"},
+        "source": {"source": source, "subset": subset, "files": [str(f) for f in files],
+                   "format": sorted({file_format(f, fmt) or "parquet" for f in files}),
+                   "text_field": text_field, "separator": separator,
+                   "max_docs": max_docs, "max_tokens": max_tokens, "stopped_early": st.stopped},
+        "val_fraction": val_fraction, "max_val_docs": max_val_docs, "min_val_docs": min_val_docs,
+        "min_val_tokens": min_val_tokens, "val_promoted": promoted,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if trained_proto is not None:
+        meta["tokenizer"]["trained"] = {"file": TOKENIZER_FILE, "vocab_size": int(train_tokenizer)}
+    (staging / formats.META).write_text(json.dumps(meta, indent=2))
+    return meta
+
+
+def _move_into_place(st: _Staged, staging: pathlib.Path, out_p: pathlib.Path, old_meta: dict | None,
+                     trained: bool) -> None:
+    """Phase 5 (success only): replace the old data (if --overwrite), move the new files in, meta.json last."""
+    extra = [formats.TRAIN_HASHES, formats.VAL_HASHES] + ([TOKENIZER_FILE] if trained else [])
+    if old_meta is not None:
+        (out_p / formats.META).unlink()
+        for name in (old_meta.get("train_shards", []) + old_meta.get("val_shards", []) +
+                     [TOKENIZER_FILE, formats.TRAIN_HASHES, formats.VAL_HASHES]):
+            (out_p / name).unlink(missing_ok=True)
+    for name in st.train.names + st.val.names + extra:
+        os.replace(staging / name, out_p / name)
+    os.replace(staging / formats.META, out_p / formats.META)
+    staging.rmdir()
+
+
+def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", subset: str | None = None,
+            hf_data_dir: str | None = None, val_fraction: float = 0.0005, max_val_docs: int = 10_000,
+            min_val_docs: int = 2, min_val_tokens: int = 2048, docs_per_shard: int = 100_000,
+            num_proc: int | None = None, batch_docs: int = 1024, max_docs: int | None = None,
+            max_tokens: int | None = None, overwrite: bool = False, fmt: str | None = None,
+            text_field: str = "text", separator: str | None = None, train_tokenizer: int | None = None,
+            log=print) -> dict:
+    """Tokenise `source` into ArrayRecord shards in `out`; returns the meta dict written (module docstring).
+
+    Phases: resolve (arguments, inputs, tokenizer, output folder: every refusal before anything is written),
+    tokenise into a staging folder, guarantee the held-out split, stage the hashes and meta.json, move into place."""
+    out_p = _check_args(out, val_fraction=val_fraction, docs_per_shard=docs_per_shard, batch_docs=batch_docs,
+                        min_val_docs=min_val_docs, min_val_tokens=min_val_tokens, max_val_docs=max_val_docs)
+    separator = decode_separator(separator)
+    fs, files = _resolve_inputs(source, subset, hf_data_dir, fmt, text_field)
+    tok, trained_proto = _resolve_tokenizer(source, out_p, tokenizer, train_tokenizer, fs=fs, files=files, fmt=fmt,
+                                            text_field=text_field, separator=separator, val_fraction=val_fraction,
+                                            log=log)
     old_meta = _check_output(out_p, tok, overwrite)
     dtype = formats.token_dtype(tok.vocab_size)
     num_proc = (os.cpu_count() or 1) if num_proc is None else int(num_proc)
-    args = (tok.model_proto, dtype.str)
-    # "spawn": workers are fresh interpreters, never forks of a process that may hold JAX's or a remote
-    # filesystem's threads (a fork of those can deadlock); they import only numpy and sentencepiece.
-    pool = None
 
     created = not out_p.exists()
     out_p.mkdir(parents=True, exist_ok=True)
@@ -518,122 +717,28 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
     if staging.exists():
         shutil.rmtree(staging)
     staging.mkdir()
-    train_w = _ShardWriter(staging, "train", docs_per_shard)
-    val_w = _ShardWriter(staging, "val", docs_per_shard)
-    reserve: list[tuple[float, int, int]] = []  # max-heap (by -hash) of the training docs with the smallest hashes
+    st = _Staged(staging, docs_per_shard)
     try:
-        if num_proc > 0:
-            pool = multiprocessing.get_context("spawn").Pool(num_proc, initializer=_init_worker, initargs=args)
-        else:
-            _init_worker(*args)
-        pending: collections.deque = collections.deque()
-        batches = iter_text_batches(fs, files, batch_docs, fmt=fmt, field=text_field, separator=separator)
-        stop = False
-
-        def consume(results):
-            nonlocal stop
-            for record, n, u in results:
-                if u < val_fraction and val_w.docs < max_val_docs:
-                    val_w.write(record, n)
-                else:
-                    if val_fraction > 0:
-                        item = (-u, train_w.docs, n)
-                        if len(reserve) < _RESERVE:
-                            heapq.heappush(reserve, item)
-                        elif item > reserve[0]:
-                            heapq.heapreplace(reserve, item)
-                    train_w.write(record, n)
-                if (max_docs is not None and train_w.docs >= max_docs) or (
-                        max_tokens is not None and train_w.tokens >= max_tokens):
-                    stop = True
-                    return
-
-        for n_batch, texts in enumerate(batches, 1):
-            if pool is None:
-                consume(_tokenize_batch(texts))
-            else:
-                pending.append(pool.apply_async(_tokenize_batch, (texts,)))
-                if len(pending) >= 2 * num_proc:
-                    consume(pending.popleft().get())
-            if stop:
-                break
-            if n_batch % 200 == 0:
-                log(f"prepare: {train_w.docs} train docs, {train_w.tokens} tokens, {val_w.docs} val docs")
-        while pending and not stop:
-            consume(pending.popleft().get())
-        train_w.close()
-        val_w.close()
-        if train_w.docs + val_w.docs == 0:
-            raise PrepareError(f"--source={source!r}: no non-empty documents were read; nothing to write.")
-        promoted = 0
-        if val_fraction > 0 and (val_w.docs < min_val_docs or val_w.tokens < min_val_tokens):
-            # a small corpus: top the held-out split up with the training docs of smallest hash (stable choice)
-            cands = sorted((-h, i, n) for h, i, n in reserve)
-            promote, docs, toks = set(), val_w.docs, val_w.tokens
-            for _, i, n in cands:
-                if docs >= min_val_docs and toks >= min_val_tokens:
-                    break
-                promote.add(i)
-                docs, toks = docs + 1, toks + n
-            total_docs, total_toks = train_w.docs + val_w.docs, train_w.tokens + val_w.tokens
-            if docs < min_val_docs or toks < min_val_tokens or 2 * toks > total_toks or docs >= total_docs:
-                raise PrepareError(
-                    f"validation split: the corpus has {total_docs} documents / {total_toks} tokens; a held-out "
-                    f"split of >= {min_val_docs} documents and >= {min_val_tokens} tokens would take {docs} "
-                    f"documents / {toks} tokens ({100 * toks / max(total_toks, 1):.0f}% of the tokens; at most 50% "
-                    "allowed). Add text, or lower --min_val_docs / --min_val_tokens (or --val_fraction=0 for no "
-                    "held-out split).")
-            if promote:
-                train_w = _promote_to_val(staging, train_w, val_w, promote, docs_per_shard, dtype.itemsize)
-                promoted = len(promote)
-                log(f"prepare: the held-out rule (val_fraction={val_fraction}) kept {val_w.docs - promoted} "
-                    f"documents; moved {promoted} more to the validation split to reach >= {min_val_docs} "
-                    f"documents and >= {min_val_tokens} tokens")
-        if train_w.docs == 0:
-            raise PrepareError(f"--source={source!r}: every document went to the held-out split; add text or "
-                               "lower --val_fraction.")
-        if trained_proto is not None:
-            (staging / TOKENIZER_FILE).write_bytes(trained_proto)
-        meta = {
-            "format": formats.FORMAT,
-            "tokenizer": {**tok.identity(), "name": tok.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
-            "dtype": dtype.name,
-            "train_shards": train_w.names, "val_shards": val_w.names,
-            "train_docs": train_w.docs, "train_tokens": train_w.tokens,
-            "val_docs": val_w.docs, "val_tokens": val_w.tokens,
-            "source": {"source": source, "subset": subset, "files": [str(f) for f in files],
-                       "format": sorted({file_format(f, fmt) or "parquet" for f in files}),
-                       "text_field": text_field, "separator": separator,
-                       "max_docs": max_docs, "max_tokens": max_tokens, "stopped_early": stop},
-            "val_fraction": val_fraction, "max_val_docs": max_val_docs, "min_val_docs": min_val_docs,
-            "min_val_tokens": min_val_tokens, "val_promoted": promoted,
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        }
-        if trained_proto is not None:
-            meta["tokenizer"]["trained"] = {"file": TOKENIZER_FILE, "vocab_size": int(train_tokenizer)}
-        (staging / formats.META).write_text(json.dumps(meta, indent=2))
+        _tokenise_to_staging(st, fs, files, tok=tok, dtype=dtype, num_proc=num_proc, batch_docs=batch_docs, fmt=fmt,
+                             text_field=text_field, separator=separator, val_fraction=val_fraction,
+                             max_val_docs=max_val_docs, max_docs=max_docs, max_tokens=max_tokens, log=log)
+        promoted = _guarantee_val(st, staging, source, val_fraction=val_fraction, min_val_docs=min_val_docs,
+                                  min_val_tokens=min_val_tokens, docs_per_shard=docs_per_shard,
+                                  itemsize=dtype.itemsize, log=log)
+        meta = _stage_meta(st, staging, tok=tok, trained_proto=trained_proto, train_tokenizer=train_tokenizer,
+                           dtype=dtype, source=source, subset=subset, files=files, fmt=fmt, text_field=text_field,
+                           separator=separator, max_docs=max_docs, max_tokens=max_tokens, val_fraction=val_fraction,
+                           max_val_docs=max_val_docs, min_val_docs=min_val_docs, min_val_tokens=min_val_tokens,
+                           promoted=promoted)
     except BaseException:
-        train_w.close()
-        val_w.close()
+        st.close()
         shutil.rmtree(staging, ignore_errors=True)
         if created and not any(out_p.iterdir()):
             out_p.rmdir()  # created by this run: leave nothing behind
         raise
-    finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
-    # Success: replace the old data (if --overwrite), move the new shards in, meta.json last.
-    if old_meta is not None:
-        (out_p / formats.META).unlink()
-        for name in old_meta.get("train_shards", []) + old_meta.get("val_shards", []) + [TOKENIZER_FILE]:
-            (out_p / name).unlink(missing_ok=True)
-    for name in train_w.names + val_w.names + ([TOKENIZER_FILE] if trained_proto is not None else []):
-        os.replace(staging / name, out_p / name)
-    os.replace(staging / formats.META, out_p / formats.META)
-    staging.rmdir()
-    log(f"prepare: wrote {train_w.docs} train docs ({train_w.tokens} tokens, {len(train_w.names)} shards) and "
-        f"{val_w.docs} val docs ({val_w.tokens} tokens) to {out_p}")
+    _move_into_place(st, staging, out_p, old_meta, trained_proto is not None)
+    log(f"prepare: wrote {st.train.docs} train docs ({st.train.tokens} tokens, {len(st.train.names)} shards) and "
+        f"{st.val.docs} val docs ({st.val.tokens} tokens) to {out_p}")
     if trained_proto is not None:
         log(f"prepare: tokenizer {out_p / TOKENIZER_FILE} ({tok.vocab_size} pieces); train with "
             f"--config.data.tokenizer={out_p / TOKENIZER_FILE} --config.data.path={out_p}")
