@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from idattn.studies import repro
+from idattn.studies import repro, repro_runs as runs, repro_verdicts as verdicts
 from idattn.eval import paper_numbers as P
 
 
@@ -37,7 +37,7 @@ def _run_ppl(root, extra=()):
 def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     root = str(tmp_path)
     data, md = _run_ppl(root, ["--only=interdomain", "--train_dt=paper"])  # one run: the smoke stays short
-    exp = repro.load_experiment()
+    exp = runs.load_experiment()
     assert data["primary_dt"] == exp.PRIMARY_DT
     rows = {(r["mixer"], r["dt"]): r for r in data["rows"]}
     md_rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
@@ -61,7 +61,7 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
         assert line[1] == f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
         assert line[3] == f"{v:.2f}" and line[4] == f"{v:.2f}"
         # the trainer really ran: 4 steps checkpointed, parameters counted by the trainer in the marker
-        marker[dt] = json.load(open(os.path.join(wd, repro.MARKER)))
+        marker[dt] = json.load(open(os.path.join(wd, runs.MARKER)))
         assert marker[dt]["status"] == "done" and marker[dt]["steps"] == 4 and marker[dt]["params"] > 0
         assert marker[dt]["dt_range"] == [cfg.model.dt_min, cfg.model.dt_max]
         assert os.path.isdir(os.path.join(wd, "checkpoints", "4"))
@@ -72,7 +72,7 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     assert "Not available yet" in md
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
     for line in md_rows:
-        m = {v: k for k, v in repro.LABEL.items()}[line[0]].partition("+")[0]  # a variant: its mixer's paper row
+        m = {v: k for k, v in runs.LABEL.items()}[line[0]].partition("+")[0]  # a variant: its mixer's paper row
         assert line[8] == f"{P.VAL_PPL['125m'][m]:.2f}"
         assert line[9] == f"{P.VAL_PPL['125m'][m] / P.VAL_PPL['125m']['softmax']:.3f}"
     for r in data["rows"]:
@@ -84,25 +84,25 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     # rerun: the finished runs are reused (not retrained, not re-evaluated)
     mtime = os.path.getmtime(files[0])
     data2, _ = _run_ppl(root, ["--only=interdomain", "--train_dt=paper"])
-    assert json.load(open(os.path.join(wd, repro.MARKER)))["train_s"] == marker["paper"]["train_s"]
+    assert json.load(open(os.path.join(wd, runs.MARKER)))["train_s"] == marker["paper"]["train_s"]
     assert os.path.getmtime(files[0]) == mtime
     assert [r["ppl_per_seed"] for r in data2["rows"]] == [r["ppl_per_seed"] for r in data["rows"]]
 
 
 def test_changed_code_reuses_only_runs_that_still_compute_the_same(tmp_path):
     wd = str(tmp_path / "run")
-    repro._write_marker(wd, {"src": "old", "status": "done"})
-    assert repro._check_reuse(wd, "old", False)["status"] == "done"
-    assert repro._check_reuse(wd, "new", True)["stale"] is True and os.path.isdir(wd)
+    runs.write_marker(wd, {"src": "old", "status": "done"})
+    assert runs.check_reuse(wd, "old", False)["status"] == "done"
+    assert runs.check_reuse(wd, "new", True)["stale"] is True and os.path.isdir(wd)
     # same function under the new code: reused and re-stamped
-    assert repro._check_reuse(wd, "new", False, verify=lambda: (True, "same"))["src"] == "new"
-    assert json.load(open(os.path.join(wd, repro.MARKER)))["src"] == "new"
+    assert runs.check_reuse(wd, "new", False, verify=lambda: (True, "same"))["src"] == "new"
+    assert json.load(open(os.path.join(wd, runs.MARKER)))["src"] == "new"
     # another function: moved aside, nothing reused
-    assert repro._check_reuse(wd, "newer", False, verify=lambda: (False, "ppl differs")) == {}
+    assert runs.check_reuse(wd, "newer", False, verify=lambda: (False, "ppl differs")) == {}
     assert not os.path.exists(wd) and os.path.isdir(wd + ".stale-new")
     # an unfinished run under other code is never resumed
-    repro._write_marker(wd, {"src": "old", "status": "training"})
-    assert repro._check_reuse(wd, "new", False, verify=lambda: (True, "same")) == {}
+    runs.write_marker(wd, {"src": "old", "status": "training"})
+    assert runs.check_reuse(wd, "new", False, verify=lambda: (True, "same")) == {}
     assert os.path.isdir(wd + ".stale-old")
 
 
@@ -113,46 +113,46 @@ def test_cube_axis_effects_are_main_effects():
     for c in cube_cells():
         i, r, p = c.split("-")
         vals[c] = math.exp(3 + 0.2 * (r == "linear") + 0.03 * (i == "generic") - 0.01 * (p == "norope"))
-    ax = repro._cube_axes(vals)
+    ax = verdicts.cube_axes(vals)
     assert ax["readout"] == pytest.approx(0.2) and ax["input"] == pytest.approx(0.03)
     assert ax["rope"] == pytest.approx(-0.01)
-    assert repro.verdict_d([ax, ax])[0] == "reproduced"
-    assert repro.verdict_d([{"readout": 0.01, "input": 0.2, "rope": 0.0}] * 2)[0] == "not reproduced"
+    assert verdicts.verdict_d([ax, ax])[0] == "reproduced"
+    assert verdicts.verdict_d([{"readout": 0.01, "input": 0.2, "rope": 0.0}] * 2)[0] == "not reproduced"
     vals.pop("generic-query-norope")
-    assert repro._cube_axes(vals)["readout"] is None
+    assert verdicts.cube_axes(vals)["readout"] is None
     # without the two unreported corners the verdict falls back to the paper's pairs, which see the same effects
     vals.pop("dualkv-linear-norope")
-    pa = repro._pair_axes(vals)
+    pa = verdicts.pair_axes(vals)
     assert pa["readout"] == pytest.approx([0.2, 0.2]) and pa["rope"] == pytest.approx([-0.01, -0.01])
-    ax2 = repro._axes_for_verdict(repro._cube_axes(vals), pa)
+    ax2 = verdicts.axes_for_verdict(verdicts.cube_axes(vals), pa)
     assert ax2["basis"] == "the paper's six cells" and ax2["input"] == pytest.approx(0.03)
-    assert repro.verdict_d([ax2])[0] == "reproduced"
+    assert verdicts.verdict_d([ax2])[0] == "reproduced"
     # the paper's own pairs: readout +22% / +17%, RoPE under 3%
-    pax = repro._paper_cube_axes()
+    pax = verdicts.paper_cube_axes()
     assert pax["readout"][0] == pytest.approx(math.log(20.18 / 16.48))
     assert max(abs(x) for x in pax["rope"]) < min(pax["readout"]) / 4
 
 
 def test_verdict_rules_are_paired_by_seed():
-    assert repro.verdict_a([16.4, 20.0], [19.0, 23.0])[0] == "reproduced"  # ranges overlap, every seed > 5%
-    assert repro.verdict_a([16.4, 17.0], [17.5, 17.2])[0] == "inconclusive"
-    assert repro.verdict_a([19.0, 19.4], [16.4, 16.6])[0] == "not reproduced"
-    assert repro.verdict_a([19.0, None], [16.4, 16.6])[1].endswith("(1 seed(s)); Interdomain worse in every seed")
-    assert repro.verdict_a([None], [16.4])[0] == "inconclusive"
-    assert repro.verdict_b([16.4, 20.5], [16.6, 20.6])[0] == "reproduced"
-    assert "matches" in repro.verdict_b([16.7, 20.1], [16.6, 20.0])[1]
-    assert repro.verdict_b([17.0, 21.0], [16.6, 20.0])[0] == "not reproduced"
-    assert repro.verdict_b([17.0, 19.0], [16.6, 20.0])[0] == "inconclusive"
-    assert repro.verdict_c([1.0, 1.01], [1.4, 1.3])[0] == "reproduced"
-    assert repro.verdict_c([1.0, 1.01], [1.0, 1.02])[0] == "not reproduced"
-    assert repro.verdict_c([1.0, 1.01], [1.1, 1.3])[0] == "inconclusive"
-    assert repro.verdict_e([1.0, 1.0], [0.9, 0.95], [0.1, 0.2])[0] == "reproduced"
-    assert repro.verdict_e([0.5, 0.6], [0.9, 0.95], [0.1, 0.2])[0] == "not reproduced"
-    assert repro.verdict_e([1.0, 1.0], [0.3, 0.2], [0.2, 0.25])[0] == "inconclusive"
+    assert verdicts.verdict_a([16.4, 20.0], [19.0, 23.0])[0] == "reproduced"  # ranges overlap, every seed > 5%
+    assert verdicts.verdict_a([16.4, 17.0], [17.5, 17.2])[0] == "inconclusive"
+    assert verdicts.verdict_a([19.0, 19.4], [16.4, 16.6])[0] == "not reproduced"
+    assert verdicts.verdict_a([19.0, None], [16.4, 16.6])[1].endswith("(1 seed(s)); Interdomain worse in every seed")
+    assert verdicts.verdict_a([None], [16.4])[0] == "inconclusive"
+    assert verdicts.verdict_b([16.4, 20.5], [16.6, 20.6])[0] == "reproduced"
+    assert "matches" in verdicts.verdict_b([16.7, 20.1], [16.6, 20.0])[1]
+    assert verdicts.verdict_b([17.0, 21.0], [16.6, 20.0])[0] == "not reproduced"
+    assert verdicts.verdict_b([17.0, 19.0], [16.6, 20.0])[0] == "inconclusive"
+    assert verdicts.verdict_c([1.0, 1.01], [1.4, 1.3])[0] == "reproduced"
+    assert verdicts.verdict_c([1.0, 1.01], [1.0, 1.02])[0] == "not reproduced"
+    assert verdicts.verdict_c([1.0, 1.01], [1.1, 1.3])[0] == "inconclusive"
+    assert verdicts.verdict_e([1.0, 1.0], [0.9, 0.95], [0.1, 0.2])[0] == "reproduced"
+    assert verdicts.verdict_e([0.5, 0.6], [0.9, 0.95], [0.1, 0.2])[0] == "not reproduced"
+    assert verdicts.verdict_e([1.0, 1.0], [0.3, 0.2], [0.2, 0.25])[0] == "inconclusive"
 
 
 def test_scaled_dt_keeps_the_papers_dt_times_context():
-    exp = repro.load_experiment()
+    exp = runs.load_experiment()
     c = exp.get_config("interdomain,small,scaled,1")
     assert c.model.dt_min * c.data.seq_len == pytest.approx(1e-3 * 4096)
     assert c.model.dt_max * c.data.seq_len == pytest.approx(1e-1 * 4096)
@@ -192,16 +192,16 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
         return {"acc": 0.25, "grid": {}, "loss": 1.0, "steps": kw["steps"], "params": None}
 
     monkeypatch.setattr(recall, "train_mqar", fake_train)
-    ctx = repro.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
+    ctx = runs.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
     wd = ctx.mqar_dir("softmax", 0)
     recipe = ctx.exp.get_mqar_config("softmax", "toy").mqar.to_dict()
-    repro._write_marker(wd, {"src": repro.source_hash(), "status": "done", "recipe": dict(recipe, steps=1)})
-    r = repro.ensure_mqar(ctx, "softmax", 0)
+    runs.write_marker(wd, {"src": runs.source_hash(), "status": "done", "recipe": dict(recipe, steps=1)})
+    r = runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 1 and calls[0]["steps"] == recipe["steps"]
     assert r["metrics"][f"mqar@{recipe['seq_len']}x{recipe['num_kv_pairs']}/acc"] == 0.25
-    assert glob.glob(wd + ".stale-*") and json.load(open(os.path.join(wd, repro.MARKER)))["recipe"]["steps"] == \
+    assert glob.glob(wd + ".stale-*") and json.load(open(os.path.join(wd, runs.MARKER)))["recipe"]["steps"] == \
         recipe["steps"]
-    repro.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
+    runs.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
     assert len(calls) == 1
 
 
@@ -210,13 +210,13 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     import shutil
 
     pkg = tmp_path / "idattn"
-    for d in repro.SRC_DIRS:
-        shutil.copytree(os.path.join(repro.PACKAGE, d), pkg / d)
-    monkeypatch.setattr(repro, "PACKAGE", str(pkg))
+    for d in runs.SRC_DIRS:
+        shutil.copytree(os.path.join(runs.PACKAGE, d), pkg / d)
+    monkeypatch.setattr(runs, "PACKAGE", str(pkg))
 
     def fresh_hash():
-        monkeypatch.setattr(repro, "_SRC", [])
-        return repro.source_hash()
+        monkeypatch.setattr(runs, "_SRC", [])
+        return runs.source_hash()
 
     base = fresh_hash()
     assert base == fresh_hash()
@@ -227,5 +227,5 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     assert fresh_hash() != base
     shutil.rmtree(pkg)
     pkg.mkdir()
-    with pytest.raises(repro.ReproError, match="no model code"):
+    with pytest.raises(runs.ReproError, match="no model code"):
         fresh_hash()

@@ -49,282 +49,64 @@ within a seed.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
-import pathlib
-import shutil
 import sys
 import time
 from typing import Any
 
-from idattn.configs import packaged_config
 from idattn.eval.markdown import markdown_table
+from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, ensure_mqar, lm_ppl, load_experiment, log,
+                                       paper, read_marker, run_cost, run_name, text_recall)
+from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
+                                           verdict_a, verdict_b, verdict_c, verdict_d, verdict_e)
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
-REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
 TABLES = ("ppl", "length", "recall", "cube")
 MIXERS3 = ("softmax", "interdomain", "s4d_only")
-LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only",
-         "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
 # cube cells by their canonical run name (the two aliased corners share the `ppl` runs)
-RUN_NAME = {"dualkv-query-rope": "interdomain", "generic-linear-norope": "s4d_only",
-            "s4d_only+sum": "s4d_only-sum", "generic-linear-norope+sum": "s4d_only-sum"}
-MARKER = "repro.json"
 
 
-class ReproError(RuntimeError):
-    pass
 
 
-def log(msg: str) -> None:
-    print(f"[repro {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def load_experiment():
-    from idattn.configs import repro
-    return repro
 
 
-def run_name(mixer: str) -> str:
-    return RUN_NAME.get(mixer, mixer)
 
 
-def paper():
-    from idattn.eval import paper_numbers as P
-    return P
 
 
 # ------------------------------------------------------------------------------------------------ run records
 
-def _read_marker(wd: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(wd, MARKER)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
 
 
-def _write_marker(wd: str, rec: dict[str, Any]) -> None:
-    os.makedirs(wd, exist_ok=True)
-    tmp = os.path.join(wd, MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(wd, MARKER))
 
 
-SRC_DIRS = ("ops", "layers", "models")  # inside the package
-_SRC: list[str] = []
 
 
-def source_hash() -> str:
-    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
-    idattn/models, as a sorted set of per-file hashes, so that moving or renaming a file changes nothing and
-    only a change of code re-verifies a finished run."""
-    if not _SRC:
-        digests = []
-        for d in SRC_DIRS:
-            for root, _, files in os.walk(os.path.join(PACKAGE, d)):
-                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
-                            for n in files if n.endswith(".py")]
-        if not digests:
-            raise ReproError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
-        _SRC.append(hashlib.sha1("".join(sorted(digests)).encode()).hexdigest()[:10])
-    return _SRC[0]
 
 
-def _move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
-    dst = f"{wd}.stale-{rec.get('src', 'unknown')}"
-    shutil.rmtree(dst, ignore_errors=True)
-    os.replace(wd, dst)
-    log(f"{wd}: {why}; moved to {dst}, training it again")
-    return {}
 
 
-def _check_reuse(wd: str, src: str, keep_stale: bool, verify=None) -> dict[str, Any]:
-    """The run's marker when it may be reused or resumed with the current model code, else {} (moved aside).
-
-    Same source hash: reuse / resume. Other source hash: a finished run whose `verify()` returns True (its
-    trained parameters give the recorded perplexity with the current code) is reused and re-stamped; an
-    unfinished one, or one that fails the check, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
-    kept and marked stale)."""
-    rec = _read_marker(wd)
-    if not rec or rec.get("src") == src:
-        return rec
-    if keep_stale:
-        log(f"{wd}: trained with other model code ({rec.get('src')} != {src}); kept (--keep_stale)")
-        return dict(rec, stale=True)
-    if rec.get("status") == "done" and verify is not None:
-        ok, why = verify()
-        if ok:
-            rec["src"] = src
-            rec.setdefault("verified", []).append(why)
-            _write_marker(wd, rec)
-            log(f"{wd}: model code changed ({why}); same function, reused")
-            return rec
-        return _move_aside(wd, rec, f"model code changed and the run no longer evaluates the same ({why})")
-    return _move_aside(wd, rec, f"trained with other model code ({rec.get('src')} != {src})")
 
 
-class Ctx:
-    """One invocation: experiment module, size, root, seeds, flags."""
-
-    def __init__(self, root: str, size: str, seeds, render_only: bool, keep_stale: bool, only=()):
-        self.exp = load_experiment()
-        self.only = {run_name(m) for m in only}
-        self.train_dt = ""
-        self.unverified: set[str] = set()  # runs read (not trained) whose model code differs from the current
-        self.root, self.size = os.path.abspath(root), size
-        self.seeds = tuple(seeds)
-        self.render_only, self.keep_stale = render_only, keep_stale
-        self.tok = None
-
-    def skip(self, mixer: str, dt: str | None = None) -> bool:
-        """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
-        or --train_dt naming another Δ range (softmax has none)."""
-        if self.render_only or bool(self.only and run_name(mixer) not in self.only):
-            return True
-        return bool(self.train_dt and dt is not None and dt != self.train_dt and run_name(mixer) != "softmax")
-
-    def lm_dir(self, mixer: str, dt: str, seed: int) -> str:
-        dt = "scaled" if run_name(mixer) == "softmax" else dt  # no Δ: one softmax run serves both ranges
-        return os.path.join(self.root, "runs", self.size, "lm", f"{run_name(mixer)}-{dt}-s{seed}")
-
-    def mqar_dir(self, mixer: str, seed: int) -> str:
-        return os.path.join(self.root, "runs", self.size, "mqar", f"{run_name(mixer)}-s{seed}")
-
-    def config(self, mixer: str, dt: str, seed: int):
-        dt = "scaled" if run_name(mixer) == "softmax" else dt
-        return self.exp.get_config(f"{mixer},{self.size},{dt},{seed}")
-
-    def tokenizer(self, cfg):
-        if self.tok is None:
-            from idattn.data import tokenizer as tok_lib
-            self.tok = tok_lib.load_tokenizer(cfg.data.tokenizer)
-        return self.tok
-
-    def train_len(self) -> int:
-        return int(self.exp.SIZES[self.size]["seq_len"])
-
-    def lengths(self) -> list[int]:
-        return [int(round(r * self.train_len())) for r in self.exp.LENGTH_RATIOS]
-
-    def table_path(self, table: str, ext: str) -> str:
-        return os.path.join(self.root, f"{table}{'' if self.size == 'small' else '-' + self.size}.{ext}")
 
 
 # ------------------------------------------------------------------------------------------------ LM runs
 
-def _verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
-    """(same?, why): the trained run's perplexity at the training length, recomputed with the current code,
-    against its recorded value (relative 1e-4)."""
-    from idattn.rundir.schema import result_path
-    L = ctx.train_len()
-    path = result_path(wd, "extrapolation", int(rec.get("steps", -1)), _ppl_protocol(ctx, L))
-    if not os.path.exists(path):
-        return False, "no recorded evaluation to compare with"
-    with open(path) as f:
-        old = float(json.load(f)["metrics"][f"ppl@{L}"])
-    try:
-        from idattn.studies.quickstart import perplexities
-        from idattn.train import load_params
-        cfg, params = load_params(wd)
-        new = perplexities(cfg, params, ctx.tokenizer(cfg), [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
-    except Exception as e:  # noqa: BLE001 - a changed parameter tree is the expected way to fail here
-        return False, f"the checkpoint no longer loads: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    return abs(new - old) <= 1e-4 * abs(old), f"ppl@{L} recorded {old:.6g}, now {new:.6g}"
 
 
-def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
-    """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
-    wd = ctx.lm_dir(mixer, dt, seed)
-    if ctx.skip(mixer, dt):
-        rec = _read_marker(wd)
-        if rec.get("status") == "done" and rec.get("src") != source_hash():
-            ctx.unverified.add(os.path.basename(wd))
-        return rec if rec.get("status") == "done" else None
-    cfg = ctx.config(mixer, dt, seed)
-    src = source_hash()
-    rec = _check_reuse(wd, src, ctx.keep_stale, verify=lambda: _verify_lm(ctx, wd, _read_marker(wd)))
-    if rec.get("status") == "done":
-        return rec
-    from idattn.train import run
-    log(f"train {os.path.basename(wd)}: python -m idattn.train --config={REPRO_CONFIG}:{mixer},{ctx.size},{dt},"
-        f"{seed} --workdir={wd}")
-    rec = dict(rec or {}, src=src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
-               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)])
-    _write_marker(wd, rec)
-    t0 = time.time()
-    summary = run(cfg, wd)
-    rec["train_s"] = float(rec.get("train_s", 0.0)) + (time.time() - t0)
-    if summary["status"] == "preempted":
-        _write_marker(wd, rec)
-        raise ReproError(f"{wd}: stopped by a signal; rerun the same command to resume")
-    rec.update(status="done", params=int(summary["num_params"]), steps=int(cfg.train.num_steps),
-               final_train_loss=summary.get("loss"))
-    _write_marker(wd, rec)
-    log(f"trained {os.path.basename(wd)} in {rec['train_s']:.0f} s (loss {summary.get('loss')})")
-    return rec
 
 
-def _ppl_protocol(ctx: Ctx, L: int) -> dict[str, Any]:
-    return {"corpus": "kjv.val", "tokens": int(ctx.exp.EVAL_TOKENS[ctx.size]), "context": int(L),
-            "method": "held-out stream prefix cut into rows of `context` tokens, each a fresh context"}
 
 
-def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float] | None:
-    """{L: perplexity} of one run (trains / evaluates what is missing); None when not available."""
-    from idattn.rundir.schema import result_path, write_result
-    rec = ensure_lm(ctx, mixer, dt, seed)
-    if rec is None:
-        return None
-    wd = ctx.lm_dir(mixer, dt, seed)
-    step = int(rec["steps"])
-    out: dict[int, float] = {}
-    todo = []
-    for L in lengths:
-        path = result_path(wd, "extrapolation", step, _ppl_protocol(ctx, L))
-        if os.path.exists(path):
-            with open(path) as f:
-                out[L] = float(json.load(f)["metrics"][f"ppl@{L}"])
-        else:
-            todo.append(L)
-    if todo and ctx.skip(mixer, dt):
-        return out or None
-    if todo:
-        from idattn.studies.quickstart import perplexities
-        from idattn.train import load_params
-        t0 = time.time()
-        cfg, params = load_params(wd)
-        tok = ctx.tokenizer(cfg)
-        for L in todo:
-            v = perplexities(cfg, params, tok, [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
-            write_result(wd, "extrapolation", step, {f"ppl@{L}": v},
-                         run={"workdir": wd, "mixer": mixer, "params": rec.get("params"), "size": f"repro-{ctx.size}",
-                              "seq_len": int(cfg.data.seq_len), "dt": dt, "seed": seed},
-                         protocol=_ppl_protocol(ctx, L))
-            out[L] = v
-        rec = _read_marker(wd)
-        rec["eval_s"] = float(rec.get("eval_s", 0.0)) + (time.time() - t0)
-        _write_marker(wd, rec)
-        log(f"evaluated {os.path.basename(wd)} at {todo}: " + ", ".join(f"{out[L]:.2f}" for L in todo))
-    return out
 
 
-def run_cost(wd: str) -> float:
-    rec = _read_marker(wd)
-    return float(rec.get("train_s", 0.0)) + float(rec.get("eval_s", 0.0)) + float(rec.get("recall_s", 0.0))
 
 
 # ------------------------------------------------------------------------------------------------ statistics
 
-def _stats(vals: list[float]) -> dict[str, Any]:
-    vals = [v for v in vals if v is not None and math.isfinite(v)]
-    if not vals:
-        return {"mean": None, "min": None, "max": None, "spread": None, "n": 0}
-    return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "spread": max(vals) - min(vals),
-            "n": len(vals)}
 
 
 def f2(v, digits: int = 2) -> str:
@@ -365,38 +147,10 @@ def _missing_note(missing: list[str], ctx: "Ctx | None" = None) -> str:
 
 # ------------------------------------------------------------------------------------------------ ppl
 
-def _paired(x: list, y: list) -> list[tuple[float, float]]:
-    return [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
 
 
-def verdict_a(inter: list, s4d: list) -> tuple[str, str]:
-    """Per seed (same data order and init seed for both mixers): S4D-only / Interdomain perplexity."""
-    pr = _paired(inter, s4d)
-    if not pr:
-        return "inconclusive", "missing runs"
-    r = [b / a for a, b in pr]
-    why = f"S4D-only / Interdomain per seed {' / '.join(f'{v:.3f}' for v in r)} ({len(r)} seed(s))"
-    if all(v >= 1.05 for v in r):
-        return "reproduced", why
-    if all(v < 1.0 for v in r):
-        return "not reproduced", why + "; Interdomain worse in every seed"
-    return "inconclusive", why + "; under 5% or not in every seed"
 
 
-def verdict_b(inter: list, soft: list) -> tuple[str, str]:
-    """Per seed: Interdomain / Softmax perplexity; 'matches' = within 2%."""
-    pr = _paired(inter, soft)
-    if not pr:
-        return "inconclusive", "missing runs"
-    r = [a / b for a, b in pr]
-    why = f"Interdomain / Softmax per seed {' / '.join(f'{v:.3f}' for v in r)} ({len(r)} seed(s))"
-    if all(v < 1.0 for v in r):
-        return "reproduced", why + "; Interdomain better in every seed"
-    if all(v <= 1.02 for v in r):
-        return "reproduced", why + "; matches (within 2%) in every seed"
-    if all(v > 1.02 for v in r):
-        return "not reproduced", why + "; Interdomain more than 2% worse in every seed"
-    return "inconclusive", why
 
 
 def table_ppl(ctx: Ctx) -> dict[str, Any]:
@@ -419,7 +173,7 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
                     per[(mixer, dt)].append(None)
                     continue
                 per[(mixer, dt)].append(r[L])
-                params[mixer] = _read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
+                params[mixer] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
                 if not (mixer == "softmax" and dt != dts[0]):
                     cost += run_cost(ctx.lm_dir(mixer, dt, s))
     pp = P.VAL_PPL["125m"]
@@ -429,17 +183,17 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         for m in MIXERS3 + (variants if dt == primary else ()):
             v = per[(m, dt)]
             base = m.partition("+")[0]  # the paper's row of a variant (the paper does not give the readout scale)
-            st = _stats(v)
-            paired = [a / b if a is not None and b is not None else None for a, b in zip(v, soft)]
-            pr = _paired(v, soft)  # ratio of means over the seeds both have
+            st = stats(v)
+            seed_ratios = [a / b if a is not None and b is not None else None for a, b in zip(v, soft)]
+            pr = paired(v, soft)  # ratio of means over the seeds both have
             ratio = (sum(a for a, _ in pr) / sum(b for _, b in pr)) if pr else None
             cfg = ctx.config(m, dt, 0)
             dtr = "no Δ" if m == "softmax" else f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
             rows.append([LABEL[m], dtr, f"{params.get(m, 0):,}", " / ".join(f2(x) for x in v), f2(st["mean"]),
-                         f2(st["spread"]), " / ".join(f2(x, 3) for x in paired), f2(ratio, 3), f2(pp[base]),
+                         f2(st["spread"]), " / ".join(f2(x, 3) for x in seed_ratios), f2(ratio, 3), f2(pp[base]),
                          f2(pp[base] / pp["softmax"], 3)])
             jrows.append({"mixer": m, "dt": dt, "dt_range": dtr, "params": params.get(m), "ppl_per_seed": v,
-                          **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": paired,
+                          **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": seed_ratios,
                           "ratio_to_softmax": ratio, "paper_ppl_125m": pp[base],
                           "paper_ratio_to_softmax": pp[base] / pp["softmax"]})
         va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)])
@@ -485,69 +239,16 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ cube
 
-def _cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
-    """Main effect of each axis: mean over the 4 pairs differing only in that axis of ln ppl(b) − ln ppl(a),
-    a = (dualkv | query | rope), b = (generic | linear | norope). Positive readout effect = query is better."""
-    from idattn.models.spec import cube_cells
-    out: dict[str, float | None] = {}
-    axes = {"input": (0, "dualkv", "generic"), "readout": (1, "query", "linear"), "rope": (2, "rope", "norope")}
-    for name, (i, a, b) in axes.items():
-        diffs = []
-        for cell in cube_cells():
-            parts = cell.split("-")
-            if parts[i] != a:
-                continue
-            other = "-".join(b if j == i else p for j, p in enumerate(parts))
-            if vals.get(cell) is None or vals.get(other) is None:
-                continue
-            diffs.append(math.log(vals[other]) - math.log(vals[cell]))
-        out[name] = sum(diffs) / len(diffs) if len(diffs) == 4 else None
-    return out
 
 
-PAPER_PAIRS = {"input": [("dualkv-query-rope", "generic-query-rope"), ("dualkv-linear-rope", "generic-linear-rope")],
-               "readout": [("dualkv-query-rope", "dualkv-linear-rope"), ("generic-query-rope", "generic-linear-rope")],
-               "rope": [("dualkv-query-rope", "dualkv-query-norope"), ("generic-linear-rope", "generic-linear-norope")]}
 
 
-def _pair_axes(vals: dict[str, float | None]) -> dict[str, list[float] | None]:
-    """ln ppl(b) − ln ppl(a) on the pairs the paper reports (PAPER_PAIRS); None for an axis with a cell missing."""
-    out: dict[str, list[float] | None] = {}
-    for k, prs in PAPER_PAIRS.items():
-        ok = all(vals.get(a) is not None and vals.get(b) is not None for a, b in prs)
-        out[k] = [math.log(vals[b]) - math.log(vals[a]) for a, b in prs] if ok else None
-    return out
 
 
-def _paper_cube_axes() -> dict[str, list[float]]:
-    """The paper's own differences on its reported pairs."""
-    return _pair_axes({c: ppl for c, _, _, ppl in paper().TABLE4 if ppl is not None})
 
 
-def _axes_for_verdict(full: dict[str, float | None], pairs: dict[str, list[float] | None]) -> dict[str, Any]:
-    """The full-cube main effects when all eight cells exist, else the mean over the paper's pairs."""
-    if None not in full.values():
-        return dict(full, basis="all eight cells")
-    if None not in pairs.values():
-        return dict({k: sum(v) / len(v) for k, v in pairs.items()}, basis="the paper's six cells")
-    return {"readout": None, "input": None, "rope": None, "basis": "missing cells"}
 
 
-def verdict_d(per_seed_axes: list[dict[str, Any]]) -> tuple[str, str]:
-    per_seed_axes = [ax for ax in per_seed_axes if None not in (ax["readout"], ax["input"], ax["rope"])]
-    if not per_seed_axes:
-        return "inconclusive", "missing cells"
-    why = "; ".join(f"seed {i} ({ax.get('basis', 'all eight cells')}): readout {ax['readout'] * 100:+.1f}%, input {ax['input'] * 100:+.1f}%, "
-                    f"RoPE {ax['rope'] * 100:+.1f}%" for i, ax in enumerate(per_seed_axes))
-    ok = [ax["readout"] > 0 and ax["readout"] > abs(ax["input"]) and abs(ax["rope"]) < ax["readout"] / 4
-          for ax in per_seed_axes]
-    if all(ok):
-        return "reproduced", why
-    dominant_other = [ax["readout"] <= 0 or abs(ax["input"]) > abs(ax["readout"]) or
-                      abs(ax["rope"]) > abs(ax["readout"]) for ax in per_seed_axes]
-    if all(dominant_other):
-        return "not reproduced", why
-    return "inconclusive", why
 
 
 def table_cube(ctx: Ctx) -> dict[str, Any]:
@@ -567,28 +268,28 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
                 per[cell].append(None)
                 continue
             per[cell].append(r[L])
-            params[cell] = _read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
+            params[cell] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
             cost += run_cost(ctx.lm_dir(mixer, dt, s))
-    axes = [_cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
-    pair_axes = [_pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
-    vd = verdict_d([_axes_for_verdict(a, b) for a, b in zip(axes, pair_axes)])
+    axes = [cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
+    seed_pair_axes = [pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
+    vd = verdict_d([axes_for_verdict(a, b) for a, b in zip(axes, seed_pair_axes)])
     desc = {c: d for c, d, _, _ in P.TABLE4}
     rows, jrows = [], []
-    order = sorted(cells, key=lambda c: (_stats(per[c])["mean"] is None, _stats(per[c])["mean"] or 0))
+    order = sorted(cells, key=lambda c: (stats(per[c])["mean"] is None, stats(per[c])["mean"] or 0))
     for c in order:
-        st = _stats(per[c])
+        st = stats(per[c])
         ploss, pppl = next((lo, pp) for cc, _, lo, pp in P.TABLE4 if cc == c)
         rows.append([f"`{c}`", desc[c], f"{params[c]:,}" if params.get(c) else "—", " / ".join(f2(v) for v in per[c]), f2(st["mean"]),
                      f2(math.log(st["mean"]), 4) if st["mean"] else "—", f2(st["spread"]), f2(ploss, 4),
                      f2(pppl)])
         jrows.append({"cell": c, "description": desc[c], "params": params.get(c), "ppl_per_seed": per[c],
                       **{f"ppl_{k}": v for k, v in st.items()}, "paper_loss": ploss, "paper_ppl": pppl})
-    pax = _paper_cube_axes()
+    pax = paper_cube_axes()
     ax_rows = []
     for name in ("readout", "input", "rope"):
         ax_rows.append([name, " / ".join(f"{ax[name] * 100:+.1f}%" if ax[name] is not None else "—" for ax in axes),
                         " / ".join(" & ".join(f"{d * 100:+.1f}%" for d in pa[name]) if pa[name] else "—"
-                                   for pa in pair_axes),
+                                   for pa in seed_pair_axes),
                         " & ".join(f"{d * 100:+.1f}%" for d in pax[name])])
     wall = time.time() - t0
     md = "\n".join([
@@ -609,7 +310,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "cube", "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
-            "axes_per_seed": axes, "pair_axes_per_seed": pair_axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
+            "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     _write(ctx, "cube", md, data)
@@ -618,17 +319,6 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ length
 
-def verdict_c(inter: list[float], soft: list[float]) -> tuple[str, str]:
-    si, ss = _stats(inter), _stats(soft)
-    if not si["n"] or not ss["n"]:
-        return "inconclusive", "missing runs"
-    why = (f"ppl@4x / ppl@1x: Interdomain {' / '.join(f'{v:.3f}' for v in inter)}, Softmax "
-           f"{' / '.join(f'{v:.3f}' for v in soft)}")
-    if si["max"] <= 1.05 and ss["min"] >= 1.20:
-        return "reproduced", why
-    if si["min"] > 1.05 or ss["max"] < 1.05:
-        return "not reproduced", why
-    return "inconclusive", why
 
 
 def table_length(ctx: Ctx) -> dict[str, Any]:
@@ -656,7 +346,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         ratios[(mixer, dt)] = rat
         cfg = ctx.config(mixer, dt, 0)
         dtr = note or f"[{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
-        means = {L: _stats([r[L] for r in per_seed]) for L in lengths}
+        means = {L: stats([r[L] for r in per_seed]) for L in lengths}
         pt = P.TABLE2[mixer]
         rows.append([LABEL[mixer], dt if mixer != "softmax" else "—", dtr]
                     + [f"{f2(means[L]['mean'])} ± {f2(means[L]['spread'] / 2 if means[L]['spread'] is not None else None)}"
@@ -702,97 +392,10 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ recall
 
-def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
-    from idattn.eval.recall import train_mqar
-    from idattn.rundir.schema import read_results, write_result
-    wd = ctx.mqar_dir(mixer, seed)
-    c = ctx.exp.get_mqar_config(mixer, ctx.size)
-    q = c.mqar
-    recipe = json.loads(json.dumps(q.to_dict()))  # the task and optimiser (experiments/repro.py MQAR), as JSON
-    if ctx.skip(mixer):
-        recs = read_results(wd, "recall") if os.path.isdir(wd) else []
-        m = _read_marker(wd)
-        return recs[-1] if recs and m.get("status") == "done" and m.get("recipe") == recipe else None
-    src = source_hash()
-    old = _read_marker(wd)
-    if old and old.get("recipe") != recipe and not ctx.keep_stale:
-        _move_aside(wd, old, f"trained with another MQAR recipe ({old.get('recipe')} != {recipe})")
-    rec = _check_reuse(wd, src, ctx.keep_stale)  # no checkpoint to verify: other code means train again
-    if rec.get("status") == "done":
-        recs = read_results(wd, "recall")
-        if recs:
-            return recs[-1]
-    log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
-    _write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training",
-                       "recipe": recipe})
-    t0 = time.time()
-    res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
-                     num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
-                     weight_decay=q.weight_decay, warmup=q.warmup, seed=seed, test_grid=tuple(q.test_grid),
-                     log_every=max(1, q.steps // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
-    res.pop("params")
-    metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": res["acc"]}
-    metrics.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in res["grid"].items()})
-    write_result(wd, "recall", q.steps, metrics, run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": "mqar",
-                                                     "seed": seed},
-                 details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
-                                        "method": "Zoology MQAR, accuracy at query positions"})
-    _write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
-                       "recipe": recipe, "train_s": time.time() - t0})
-    log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
-    return read_results(wd, "recall")[-1]
 
 
-def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
-    """S-NIAH-1 and phonebook accuracy of the `ppl` run (mixer, scaled Δ, seed)."""
-    from idattn.rundir.schema import result_path, write_result
-    tr = ctx.exp.TEXT_RECALL[ctx.size]
-    rec = ensure_lm(ctx, mixer, ctx.exp.PRIMARY_DT, seed)
-    if rec is None:
-        return None
-    wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
-    niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
-    proto = {"corpus": "niah+phonebook", "tokens": int(tr["n"]), "context": niah + [f"pb{n}" for n in
-                                                                                      tr["phonebook_sizes"]],
-             "method": "greedy exact match of the answer (idattn.eval.recall)"}
-    path = result_path(wd, "recall", int(rec["steps"]), proto)
-    if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)["metrics"]
-    if ctx.skip(mixer):
-        return None
-    from idattn.eval.recall import run_text_recall
-    from idattn.eval.scoring import model_score_fn
-    from idattn.models import build_model
-    from idattn.train import load_params
-    t0 = time.time()
-    cfg, params = load_params(wd)
-    tok = ctx.tokenizer(cfg)
-    metrics, details = run_text_recall(model_score_fn(build_model(cfg.model), params), tok, niah_lengths=niah,
-                                       phonebook_sizes=tr["phonebook_sizes"], n=int(tr["n"]), batch_size=4)
-    write_result(wd, "recall", int(rec["steps"]), metrics, run={"workdir": wd, "mixer": mixer,
-                                                               "size": f"repro-{ctx.size}", "seed": seed},
-                 details=details, protocol=proto)
-    rec = _read_marker(wd)
-    rec["recall_s"] = float(rec.get("recall_s", 0.0)) + (time.time() - t0)
-    _write_marker(wd, rec)
-    log(f"text recall {os.path.basename(wd)}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
-    return metrics
 
 
-def verdict_e(soft: list, inter: list, s4d: list) -> tuple[str, str]:
-    """Per seed (MQAR accuracy): Softmax >= Interdomain - 0.02 and Interdomain >= S4D-only + 0.02."""
-    tr = [(a, b, c) for a, b, c in zip(soft, inter, s4d) if None not in (a, b, c)]
-    if not tr:
-        return "inconclusive", "missing runs"
-    why = (f"MQAR accuracy per seed: Softmax {' / '.join(f'{a:.3f}' for a, _, _ in tr)}, Interdomain "
-           f"{' / '.join(f'{b:.3f}' for _, b, _ in tr)}, S4D-only {' / '.join(f'{c:.3f}' for _, _, c in tr)}")
-    ok = [a >= b - 0.02 and b >= c + 0.02 for a, b, c in tr]
-    if all(ok):
-        return "reproduced", why
-    if not any(ok):
-        return "not reproduced", why
-    return "inconclusive", why
 
 
 def table_recall(ctx: Ctx) -> dict[str, Any]:

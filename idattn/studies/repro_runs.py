@@ -1,0 +1,351 @@
+"""The reproduction's runs: train (or resume, or reuse) the small language models and MQAR models, evaluate
+them, and keep a marker per run (`repro.json`: recipe, model-code hash, status) so that a finished run is reused
+and a run trained with other model code is re-verified or moved aside, never silently mixed in.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import time
+from typing import Any
+
+from idattn.configs import packaged_config
+
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
+
+
+REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
+
+
+LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only",
+         "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
+
+
+RUN_NAME = {"dualkv-query-rope": "interdomain", "generic-linear-norope": "s4d_only",
+            "s4d_only+sum": "s4d_only-sum", "generic-linear-norope+sum": "s4d_only-sum"}
+
+
+MARKER = "repro.json"
+
+
+class ReproError(RuntimeError):
+    pass
+
+
+def log(msg: str) -> None:
+    print(f"[repro {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def load_experiment():
+    from idattn.configs import repro
+    return repro
+
+
+def run_name(mixer: str) -> str:
+    return RUN_NAME.get(mixer, mixer)
+
+
+def paper():
+    from idattn.eval import paper_numbers as P
+    return P
+
+
+def read_marker(wd: str) -> dict[str, Any]:
+    try:
+        with open(os.path.join(wd, MARKER)) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
+def write_marker(wd: str, rec: dict[str, Any]) -> None:
+    os.makedirs(wd, exist_ok=True)
+    tmp = os.path.join(wd, MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(rec, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(wd, MARKER))
+
+
+SRC_DIRS = ("ops", "layers", "models")  # inside the package
+
+
+_SRC: list[str] = []
+
+
+def source_hash() -> str:
+    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
+    idattn/models, as a sorted set of per-file hashes, so that moving or renaming a file changes nothing and
+    only a change of code re-verifies a finished run."""
+    if not _SRC:
+        digests = []
+        for d in SRC_DIRS:
+            for root, _, files in os.walk(os.path.join(PACKAGE, d)):
+                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
+                            for n in files if n.endswith(".py")]
+        if not digests:
+            raise ReproError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
+        _SRC.append(hashlib.sha1("".join(sorted(digests)).encode()).hexdigest()[:10])
+    return _SRC[0]
+
+
+def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
+    dst = f"{wd}.stale-{rec.get('src', 'unknown')}"
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(wd, dst)
+    log(f"{wd}: {why}; moved to {dst}, training it again")
+    return {}
+
+
+def check_reuse(wd: str, src: str, keep_stale: bool, verify=None) -> dict[str, Any]:
+    """The run's marker when it may be reused or resumed with the current model code, else {} (moved aside).
+
+    Same source hash: reuse / resume. Other source hash: a finished run whose `verify()` returns True (its
+    trained parameters give the recorded perplexity with the current code) is reused and re-stamped; an
+    unfinished one, or one that fails the check, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
+    kept and marked stale)."""
+    rec = read_marker(wd)
+    if not rec or rec.get("src") == src:
+        return rec
+    if keep_stale:
+        log(f"{wd}: trained with other model code ({rec.get('src')} != {src}); kept (--keep_stale)")
+        return dict(rec, stale=True)
+    if rec.get("status") == "done" and verify is not None:
+        ok, why = verify()
+        if ok:
+            rec["src"] = src
+            rec.setdefault("verified", []).append(why)
+            write_marker(wd, rec)
+            log(f"{wd}: model code changed ({why}); same function, reused")
+            return rec
+        return move_aside(wd, rec, f"model code changed and the run no longer evaluates the same ({why})")
+    return move_aside(wd, rec, f"trained with other model code ({rec.get('src')} != {src})")
+
+
+class Ctx:
+    """One invocation: experiment module, size, root, seeds, flags."""
+
+    def __init__(self, root: str, size: str, seeds, render_only: bool, keep_stale: bool, only=()):
+        self.exp = load_experiment()
+        self.only = {run_name(m) for m in only}
+        self.train_dt = ""
+        self.unverified: set[str] = set()  # runs read (not trained) whose model code differs from the current
+        self.root, self.size = os.path.abspath(root), size
+        self.seeds = tuple(seeds)
+        self.render_only, self.keep_stale = render_only, keep_stale
+        self.tok = None
+
+    def skip(self, mixer: str, dt: str | None = None) -> bool:
+        """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
+        or --train_dt naming another Δ range (softmax has none)."""
+        if self.render_only or bool(self.only and run_name(mixer) not in self.only):
+            return True
+        return bool(self.train_dt and dt is not None and dt != self.train_dt and run_name(mixer) != "softmax")
+
+    def lm_dir(self, mixer: str, dt: str, seed: int) -> str:
+        dt = "scaled" if run_name(mixer) == "softmax" else dt  # no Δ: one softmax run serves both ranges
+        return os.path.join(self.root, "runs", self.size, "lm", f"{run_name(mixer)}-{dt}-s{seed}")
+
+    def mqar_dir(self, mixer: str, seed: int) -> str:
+        return os.path.join(self.root, "runs", self.size, "mqar", f"{run_name(mixer)}-s{seed}")
+
+    def config(self, mixer: str, dt: str, seed: int):
+        dt = "scaled" if run_name(mixer) == "softmax" else dt
+        return self.exp.get_config(f"{mixer},{self.size},{dt},{seed}")
+
+    def tokenizer(self, cfg):
+        if self.tok is None:
+            from idattn.data import tokenizer as tok_lib
+            self.tok = tok_lib.load_tokenizer(cfg.data.tokenizer)
+        return self.tok
+
+    def train_len(self) -> int:
+        return int(self.exp.SIZES[self.size]["seq_len"])
+
+    def lengths(self) -> list[int]:
+        return [int(round(r * self.train_len())) for r in self.exp.LENGTH_RATIOS]
+
+    def table_path(self, table: str, ext: str) -> str:
+        return os.path.join(self.root, f"{table}{'' if self.size == 'small' else '-' + self.size}.{ext}")
+
+
+def verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
+    """(same?, why): the trained run's perplexity at the training length, recomputed with the current code,
+    against its recorded value (relative 1e-4)."""
+    from idattn.rundir.schema import result_path
+    L = ctx.train_len()
+    path = result_path(wd, "extrapolation", int(rec.get("steps", -1)), ppl_protocol(ctx, L))
+    if not os.path.exists(path):
+        return False, "no recorded evaluation to compare with"
+    with open(path) as f:
+        old = float(json.load(f)["metrics"][f"ppl@{L}"])
+    try:
+        from idattn.studies.quickstart import perplexities
+        from idattn.rundir import load_params
+        cfg, params = load_params(wd)
+        new = perplexities(cfg, params, ctx.tokenizer(cfg), [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
+    except Exception as e:  # noqa: BLE001 - a changed parameter tree is the expected way to fail here
+        return False, f"the checkpoint no longer loads: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    return abs(new - old) <= 1e-4 * abs(old), f"ppl@{L} recorded {old:.6g}, now {new:.6g}"
+
+
+def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
+    """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
+    wd = ctx.lm_dir(mixer, dt, seed)
+    if ctx.skip(mixer, dt):
+        rec = read_marker(wd)
+        if rec.get("status") == "done" and rec.get("src") != source_hash():
+            ctx.unverified.add(os.path.basename(wd))
+        return rec if rec.get("status") == "done" else None
+    cfg = ctx.config(mixer, dt, seed)
+    src = source_hash()
+    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_lm(ctx, wd, read_marker(wd)))
+    if rec.get("status") == "done":
+        return rec
+    from idattn.train import run
+    log(f"train {os.path.basename(wd)}: python -m idattn.train --config={REPRO_CONFIG}:{mixer},{ctx.size},{dt},"
+        f"{seed} --workdir={wd}")
+    rec = dict(rec or {}, src=src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
+               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)])
+    write_marker(wd, rec)
+    t0 = time.time()
+    summary = run(cfg, wd)
+    rec["train_s"] = float(rec.get("train_s", 0.0)) + (time.time() - t0)
+    if summary["status"] == "preempted":
+        write_marker(wd, rec)
+        raise ReproError(f"{wd}: stopped by a signal; rerun the same command to resume")
+    rec.update(status="done", params=int(summary["num_params"]), steps=int(cfg.train.num_steps),
+               final_train_loss=summary.get("loss"))
+    write_marker(wd, rec)
+    log(f"trained {os.path.basename(wd)} in {rec['train_s']:.0f} s (loss {summary.get('loss')})")
+    return rec
+
+
+def ppl_protocol(ctx: Ctx, L: int) -> dict[str, Any]:
+    return {"corpus": "kjv.val", "tokens": int(ctx.exp.EVAL_TOKENS[ctx.size]), "context": int(L),
+            "method": "held-out stream prefix cut into rows of `context` tokens, each a fresh context"}
+
+
+def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float] | None:
+    """{L: perplexity} of one run (trains / evaluates what is missing); None when not available."""
+    from idattn.rundir.schema import result_path, write_result
+    rec = ensure_lm(ctx, mixer, dt, seed)
+    if rec is None:
+        return None
+    wd = ctx.lm_dir(mixer, dt, seed)
+    step = int(rec["steps"])
+    out: dict[int, float] = {}
+    todo = []
+    for L in lengths:
+        path = result_path(wd, "extrapolation", step, ppl_protocol(ctx, L))
+        if os.path.exists(path):
+            with open(path) as f:
+                out[L] = float(json.load(f)["metrics"][f"ppl@{L}"])
+        else:
+            todo.append(L)
+    if todo and ctx.skip(mixer, dt):
+        return out or None
+    if todo:
+        from idattn.studies.quickstart import perplexities
+        from idattn.rundir import load_params
+        t0 = time.time()
+        cfg, params = load_params(wd)
+        tok = ctx.tokenizer(cfg)
+        for L in todo:
+            v = perplexities(cfg, params, tok, [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
+            write_result(wd, "extrapolation", step, {f"ppl@{L}": v},
+                         run={"workdir": wd, "mixer": mixer, "params": rec.get("params"), "size": f"repro-{ctx.size}",
+                              "seq_len": int(cfg.data.seq_len), "dt": dt, "seed": seed},
+                         protocol=ppl_protocol(ctx, L))
+            out[L] = v
+        rec = read_marker(wd)
+        rec["eval_s"] = float(rec.get("eval_s", 0.0)) + (time.time() - t0)
+        write_marker(wd, rec)
+        log(f"evaluated {os.path.basename(wd)} at {todo}: " + ", ".join(f"{out[L]:.2f}" for L in todo))
+    return out
+
+
+def run_cost(wd: str) -> float:
+    rec = read_marker(wd)
+    return float(rec.get("train_s", 0.0)) + float(rec.get("eval_s", 0.0)) + float(rec.get("recall_s", 0.0))
+
+
+def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
+    from idattn.eval.recall import train_mqar
+    from idattn.rundir.schema import read_results, write_result
+    wd = ctx.mqar_dir(mixer, seed)
+    c = ctx.exp.get_mqar_config(mixer, ctx.size)
+    q = c.mqar
+    recipe = json.loads(json.dumps(q.to_dict()))  # the task and optimiser (experiments/repro.py MQAR), as JSON
+    if ctx.skip(mixer):
+        recs = read_results(wd, "recall") if os.path.isdir(wd) else []
+        m = read_marker(wd)
+        return recs[-1] if recs and m.get("status") == "done" and m.get("recipe") == recipe else None
+    src = source_hash()
+    old = read_marker(wd)
+    if old and old.get("recipe") != recipe and not ctx.keep_stale:
+        move_aside(wd, old, f"trained with another MQAR recipe ({old.get('recipe')} != {recipe})")
+    rec = check_reuse(wd, src, ctx.keep_stale)  # no checkpoint to verify: other code means train again
+    if rec.get("status") == "done":
+        recs = read_results(wd, "recall")
+        if recs:
+            return recs[-1]
+    log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
+    write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training",
+                       "recipe": recipe})
+    t0 = time.time()
+    res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
+                     num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
+                     weight_decay=q.weight_decay, warmup=q.warmup, seed=seed, test_grid=tuple(q.test_grid),
+                     log_every=max(1, q.steps // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
+    res.pop("params")
+    metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": res["acc"]}
+    metrics.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in res["grid"].items()})
+    write_result(wd, "recall", q.steps, metrics, run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": "mqar",
+                                                     "seed": seed},
+                 details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
+                                        "method": "Zoology MQAR, accuracy at query positions"})
+    write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
+                       "recipe": recipe, "train_s": time.time() - t0})
+    log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
+    return read_results(wd, "recall")[-1]
+
+
+def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
+    """S-NIAH-1 and phonebook accuracy of the `ppl` run (mixer, scaled Δ, seed)."""
+    from idattn.rundir.schema import result_path, write_result
+    tr = ctx.exp.TEXT_RECALL[ctx.size]
+    rec = ensure_lm(ctx, mixer, ctx.exp.PRIMARY_DT, seed)
+    if rec is None:
+        return None
+    wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
+    niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
+    proto = {"corpus": "niah+phonebook", "tokens": int(tr["n"]), "context": niah + [f"pb{n}" for n in
+                                                                                      tr["phonebook_sizes"]],
+             "method": "greedy exact match of the answer (idattn.eval.recall)"}
+    path = result_path(wd, "recall", int(rec["steps"]), proto)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["metrics"]
+    if ctx.skip(mixer):
+        return None
+    from idattn.eval.recall import run_text_recall
+    from idattn.eval.scoring import model_score_fn
+    from idattn.models import build_model
+    from idattn.rundir import load_params
+    t0 = time.time()
+    cfg, params = load_params(wd)
+    tok = ctx.tokenizer(cfg)
+    metrics, details = run_text_recall(model_score_fn(build_model(cfg.model), params), tok, niah_lengths=niah,
+                                       phonebook_sizes=tr["phonebook_sizes"], n=int(tr["n"]), batch_size=4)
+    write_result(wd, "recall", int(rec["steps"]), metrics, run={"workdir": wd, "mixer": mixer,
+                                                               "size": f"repro-{ctx.size}", "seed": seed},
+                 details=details, protocol=proto)
+    rec = read_marker(wd)
+    rec["recall_s"] = float(rec.get("recall_s", 0.0)) + (time.time() - t0)
+    write_marker(wd, rec)
+    log(f"text recall {os.path.basename(wd)}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
+    return metrics
