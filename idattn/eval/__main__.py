@@ -20,8 +20,15 @@ Corpora (`--corpora=a,b=path,...`): a bare name is one of the six long-document 
 .txt / .jsonl / .jsonl.gz / .parquet documents (`--text_field`, `--separator` as in prepare). An unknown bare
 name is refused before anything is loaded or written.
 
+Held-out means held-out: every scored document of `--corpora` and `--val_path` is hashed as prepare hashes it
+(sha1 of its text, first 8 bytes) and looked up among the run's training documents (config.data: the
+embedded KJV split is recomputed; a prepared folder's `train_hashes.npy`). If any is a training document the
+command is refused in one line naming how many of how many, before anything is written; `--allow_train_overlap`
+scores them anyway and marks the protocol (`train_overlap`: k/N). A folder prepared before the hashes were
+recorded (or data.source=tfds) cannot be checked: a warning says so and the result's details record it.
+
 Files never replace the trainer's: the validation and extrapolation files carry their protocol in the name
-(`validation-<corpus>-t<tokens>-c<context>-b<batch>-step<step>.json`, `extrapolation-<corpora>-c<lengths>-...`;
+(`validation-<corpus>-t<tokens scored>-c<context>-b<batch>-step<step>.json`, `extrapolation-<corpora>-c<lengths>-...`;
 see idattn.rundir.schema). Progress goes to stderr with an ETA; at the end a table of every number measured is
 printed (the same values as the JSON files, rounded to 4 decimals) followed by the files written.
 
@@ -72,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--decode_batches", default="1,8")
     ap.add_argument("--decode_steps", type=int, default=32)
     ap.add_argument("--prefill_chunk", type=int, default=2048)
+    ap.add_argument("--allow_train_overlap", action="store_true",
+                    help="score documents that are training documents of the run (refused by default); the result's "
+                         "protocol is marked with the count")
     ap.add_argument("--quiet", action="store_true", help="no progress lines")
     a = ap.parse_args(argv)
     bad = [s for s in a.suite.split(",") if s not in SUITES]

@@ -112,29 +112,34 @@ def _prepared_cfg(data_cfg, path: str):
     return cfg
 
 
-def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) -> list[list[int]]:
-    """Token-id documents of one corpus (held-out split of a prepared folder, documents, or a known corpus)."""
+def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) -> tuple[list[list[int]], Any]:
+    """(token-id documents of one corpus, their document hashes or None) for the held-out split of a prepared
+    folder, documents, or a known corpus. A hash is `idattn.data.prepare.doc_hash` of the document's text (a
+    prepared folder's from its val_hashes.npy; None when it has none), so that scored documents can be checked
+    against a run's training documents."""
+    import numpy as np
+
+    from idattn.data import prepare
     from idattn.eval import perplexity
 
     if path is not None and _is_prepared(path):
-        import numpy as np
-
         from idattn.data import formats
 
         try:
             meta = formats.check_tokenizer_matches(path, tok)
             shards = formats.shard_paths(path, meta, "val")
+            hashes = formats.read_doc_hashes(path, "val")
         except (ValueError, FileNotFoundError) as e:
             raise EvalError(f"corpus {name}={path}: {e}") from e
         import grain
 
         src = grain.sources.ArrayRecordDataSource(shards)
-        docs = [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
-        docs = [d for d in docs if d and len(d) >= min_tokens]
-        return docs[:args.limit] if args.limit else docs
+        every = [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
+        keep = [i for i, d in enumerate(every) if d and len(d) >= min_tokens]
+        keep = keep[:args.limit] if args.limit else keep
+        kept_h = hashes[keep] if hashes is not None and len(hashes) == len(every) else None
+        return [every[i] for i in keep], kept_h
     if path is not None:
-        from idattn.data import prepare
-
         try:
             fs, files = prepare.list_inputs(path)
             texts = prepare.iter_texts(fs, files, field=args.text_field,
@@ -143,23 +148,42 @@ def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) 
             raise EvalError(f"corpus {name}={path}: {e}") from e
     else:
         texts = perplexity.load_corpus(name, data_dir=args.data_dir or None, hub=args.hub, limit=None)
-    kept = []
-    for t in texts:
-        # encode only a prefix long enough for the longest window (>= 16 characters per token is far more than
-        # any tokenizer needs), and stop once `limit` long enough documents are found
-        ids = tok.encode(t[:16 * min_tokens] if min_tokens else t)
-        if len(ids) >= min_tokens and ids:
-            kept.append(ids)
-            if args.limit and len(kept) >= args.limit:
-                break
-    return kept
+    kept, hashes = [], []
+    try:
+        for t in texts:
+            # encode only a prefix long enough for the longest window (>= 16 characters per token is far more than
+            # any tokenizer needs), and stop once `limit` long enough documents are found
+            ids = tok.encode(t[:16 * min_tokens] if min_tokens else t)
+            if len(ids) >= min_tokens and ids:
+                kept.append(ids)
+                hashes.append(prepare.doc_hash(t))
+                if args.limit and len(kept) >= args.limit:
+                    break
+    except prepare.PrepareError as e:
+        raise EvalError(f"corpus {name}={path}: {e}") from e
+    return kept, np.asarray(hashes, np.uint64)
 
 
 # ------------------------------------------------------------------------------------------------ config / run
 
 
-def load_run(args) -> tuple[Any, Any, int]:
-    """(config, params, step)."""
+def load_config_of(args) -> tuple[Any, int]:
+    """(config, step) of the run a command line names, without loading any parameters."""
+    if args.random_init:
+        return apply_overrides(load_config_file(args.config), args.set), -1
+    from idattn.rundir.layout import committed_steps, load_config
+
+    steps = committed_steps(args.workdir)
+    if not steps:
+        raise EvalError(f"--workdir={args.workdir}: no committed checkpoint there; train first (python -m "
+                        "idattn.train ... --workdir=...) or pass --random_init --config=...")
+    if args.step is not None and args.step not in steps:
+        raise EvalError(f"--step={args.step}: no checkpoint of that step in {args.workdir}; available: {steps}.")
+    return apply_overrides(load_config(args.workdir), args.set), int(args.step if args.step is not None else steps[-1])
+
+
+def load_params_of(args, config, step: int):
+    """The parameters of `load_config_of`'s run (a random init of `config` for --random_init)."""
     import jax
     import jax.numpy as jnp
     from flax import linen as nn
@@ -167,20 +191,18 @@ def load_run(args) -> tuple[Any, Any, int]:
     from idattn.models import build_model
 
     if args.random_init:
-        config = apply_overrides(load_config_file(args.config), args.set)
         model = build_model(config.model)
-        params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(config.get("seed", 0)),
-                                             jnp.zeros((1, 8), jnp.int32))["params"])  # jit: 2x faster than eager
-        return config, params, -1
-    from idattn.train import checkpoint
+        return nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(config.get("seed", 0)),
+                                            jnp.zeros((1, 8), jnp.int32))["params"])  # jit: 2x faster than eager
+    from idattn.rundir.loading import load_params
 
-    steps = checkpoint.committed_steps(args.workdir)
-    if not steps:
-        raise EvalError(f"--workdir={args.workdir}: no committed checkpoint there; train first (python -m "
-                        "idattn.train ... --workdir=...) or pass --random_init --config=...")
-    step = args.step if args.step is not None else steps[-1]
-    config, params = checkpoint.load_params(args.workdir, step)
-    return apply_overrides(config, args.set), params, int(step)
+    return load_params(args.workdir, step)[1]
+
+
+def load_run(args) -> tuple[Any, Any, int]:
+    """(config, params, step)."""
+    config, step = load_config_of(args)
+    return config, load_params_of(args, config, step), step
 
 
 def run_info(args, config, params) -> dict[str, Any]:
@@ -231,6 +253,10 @@ def format_number(v: float) -> str:
     return f"{v:.4f}"
 
 
+# what the table's "measured on" column shows of a protocol, in this order
+SHOWN = ("corpus", "tokens", "requested_tokens", "context", "batch", "lengths", "train_overlap")
+
+
 def results_table(records: list[dict[str, Any]]) -> str:
     """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
     from idattn.eval.markdown import markdown_table
@@ -239,18 +265,17 @@ def results_table(records: list[dict[str, Any]]) -> str:
     rows = []
     for rec in records:
         p = protocol_of(rec)
-        on = ", ".join(f"{k} {v}" for k, v in p.items() if k in ("corpus", "tokens", "context", "batch", "lengths")
-                       and v not in (None, "", []))
+        on = ", ".join(f"{k.replace('_', ' ')} {p[k]}" for k in SHOWN if p.get(k) not in (None, "", [], {}))
         rows += [[rec["suite"], on or "-", k, format_number(v)] for k, v in rec["metrics"].items()]
     return markdown_table(["suite", "measured on", "metric", "value"], rows)
 
 
-# ------------------------------------------------------------------------------------------------ main
+# ------------------------------------------------------------------------------------------------ resolve
 
 def _resolve(args) -> dict[str, Any]:
-    """Everything a command line names, checked before the model is loaded or anything is written."""
-    out: dict[str, Any] = {}
-    suites = args.suite.split(",")
+    """Phase 1: everything a command line names, checked before the model is loaded or anything is written."""
+    out: dict[str, Any] = {"suites": args.suite.split(",")}
+    suites = out["suites"]
     if "extrapolation" in suites:
         out["corpora"] = parse_corpora(args.corpora, args.data_dir, args.hub)
     if "validation" in suites and args.val_path:
@@ -270,37 +295,66 @@ def _resolve(args) -> dict[str, Any]:
     return out
 
 
-def evaluate(args) -> int:
-    """Runs the suites of a parsed command line (`python -m idattn.eval`'s flags) and prints the table."""
-    resolved = _resolve(args)
-    import numpy as np
+# ------------------------------------------------------------------------------------------------ load
 
-    from idattn.data.tokenizer import load_tokenizer
-    from idattn.eval import perplexity
-    from idattn.rundir.schema import write_result
-    from idattn.eval.scoring import model_score_fn, prefix_token
-    from idattn.models import build_model
+class Loaded:
+    """Phase 2: the run's config, step and tokenizer (cheap: every input is checked against them before any
+    parameter is loaded), then `load_model()`: params, model, scorer and the run's identity."""
 
-    config, params, step = load_run(args)
-    model = build_model(config.model)
-    run = run_info(args, config, params)
-    seq_len = int(args.max_length or config.data.seq_len)
-    limit = args.limit or None
-    score_fn = model_score_fn(model, params)
-    suites = args.suite.split(",")
-    tok = load_tokenizer(config.data.tokenizer) if set(suites) - {"decode"} else None
-    if tok is not None and tok.vocab_size > int(config.model.vocab_size):
-        raise EvalError(f"tokenizer {config.data.tokenizer!r} has {tok.vocab_size} pieces but the model's "
-                        f"vocab_size is {config.model.vocab_size}: ids would index past the embedding. Evaluate "
-                        "with the tokenizer the run was trained with (config.data.tokenizer).")
-    # documents of every corpus are read (and refused) before the first file is written
-    corpora_docs: dict[str, list[list[int]]] = {}
-    lengths: list[int] = []
+    def __init__(self, args, suites: list[str]):
+        from idattn.data.tokenizer import load_tokenizer
+
+        self.args = args
+        self.config, self.step = load_config_of(args)
+        self.seq_len = int(args.max_length or self.config.data.seq_len)
+        self.limit = args.limit or None
+        self.tok = load_tokenizer(self.config.data.tokenizer) if set(suites) - {"decode"} else None
+        if self.tok is not None and self.tok.vocab_size > int(self.config.model.vocab_size):
+            raise EvalError(f"tokenizer {self.config.data.tokenizer!r} has {self.tok.vocab_size} pieces but the "
+                            f"model's vocab_size is {self.config.model.vocab_size}: ids would index past the "
+                            "embedding. Evaluate with the tokenizer the run was trained with (config.data.tokenizer).")
+
+    def load_model(self) -> None:
+        from idattn.eval.scoring import model_score_fn
+        from idattn.models import build_model
+
+        self.params = load_params_of(self.args, self.config, self.step)
+        self.model = build_model(self.config.model)
+        self.run = run_info(self.args, self.config, self.params)
+        self.score_fn = model_score_fn(self.model, self.params)
+
+
+# ------------------------------------------------------------------------------------------------ inputs
+
+def read_inputs(args, resolved: dict[str, Any], ctx: Loaded) -> dict[str, Any]:
+    """Phase 3: the documents every suite will score, read (and refused) before the first file is written:
+    {"val": (name, path, docs, hashes) for --val_path documents, "corpora": {name: docs}, "hashes": {name:
+    hashes}, "lengths": [...]}."""
+    out: dict[str, Any] = {"val": None, "corpora": {}, "hashes": {}, "lengths": []}
+    suites = resolved["suites"]
+    if "validation" in suites and resolved.get("val"):
+        name, path = resolved["val"]
+        if _is_prepared(path):  # packed like the trainer's validation; its whole held-out split is checked
+            from idattn.data import formats
+
+            try:
+                out["val_split_hashes"] = formats.read_doc_hashes(path, "val")
+            except ValueError as e:
+                raise EvalError(f"--val_path={path}: {e}") from e
+        else:
+            if path.endswith((".npy", ".npz")) or path.endswith(".ids.jsonl"):
+                docs, hashes = read_token_docs(path), None  # token ids: no text to hash
+            else:
+                docs, hashes = corpus_docs(name, path, ctx.tok, args)
+            docs = docs[:ctx.limit] if ctx.limit else docs
+            hashes = hashes[:len(docs)] if hashes is not None else None
+            out["val"] = (name, path, docs, hashes)
     if "extrapolation" in suites:
-        lengths = ints(args.lengths) or [seq_len, 2 * seq_len, int(3.5 * seq_len)]
+        lengths = ints(args.lengths) or [ctx.seq_len, 2 * ctx.seq_len, int(3.5 * ctx.seq_len)]
+        out["lengths"] = lengths
         for name, path in resolved["corpora"].items():
             try:
-                kept = corpus_docs(name, path, tok, args, min_tokens=max(lengths))
+                kept, hashes = corpus_docs(name, path, ctx.tok, args, min_tokens=max(lengths))
             except FileNotFoundError as e:
                 if path is not None:
                     raise EvalError(f"corpus {name}: {e}") from e
@@ -313,110 +367,208 @@ def evaluate(args) -> int:
                     raise EvalError(msg + ".")
                 print(f"extrapolation: skipping {msg}", file=sys.stderr)
                 continue
-            corpora_docs[name] = kept
-        if not corpora_docs:
+            out["corpora"][name] = kept
+            out["hashes"][name] = hashes
+        if not out["corpora"]:
             raise EvalError("extrapolation: no corpus found; pass --corpora=name=path, or --data_dir with "
                             "<corpus>/ folders, or --hub.")
+    return out
+
+
+def check_train_overlap(args, resolved: dict[str, Any], ctx: Loaded, inputs: dict[str, Any]) -> dict[str, Any]:
+    """Phase 4: refuse to score a training document of the run (config.data) as held-out. Every scored document
+    is hashed as prepare hashes it (`doc_hash`) and looked up in the run's training hashes
+    (`idattn.data.prepare.training_hashes`). Returns {"validation": "k/N" or None, "extrapolation": {name:
+    "k/N"}, "unchecked": reason or None}; raises EvalError (one line, naming how many of N) when any overlap is
+    found, unless --allow_train_overlap (then the counts mark the protocols)."""
+    import numpy as np
+
+    from idattn.data import prepare
+
+    sets: list[tuple[str, str, Any]] = []  # (suite, corpus name, hashes of the scored documents)
+    if inputs["val"] is not None:
+        sets.append(("validation", inputs["val"][0], inputs["val"][3]))
+    elif resolved.get("val") and "val_split_hashes" in inputs:
+        sets.append(("validation", resolved["val"][0], inputs["val_split_hashes"]))
+    for name in inputs["corpora"]:
+        sets.append(("extrapolation", name, inputs["hashes"].get(name)))
+    out: dict[str, Any] = {"validation": None, "extrapolation": {}, "unchecked": None}
+    if not sets:
+        return out
+    train, what = prepare.training_hashes(ctx.config.data)
+    if train is None:
+        out["unchecked"] = what
+        print(f"eval: warning: scored documents not checked against the run's training data: {what}",
+              file=sys.stderr)
+        return out
+    found, flags = [], []
+    for suite, name, hashes in sets:
+        if hashes is None:
+            continue
+        k, n = int(np.isin(np.asarray(hashes, np.uint64), train).sum()), int(len(hashes))
+        if k:
+            found.append(f"{name}: {k} of {n} documents")
+            flags.append("--val_path" if suite == "validation" else "--corpora")
+            if suite == "validation":
+                out["validation"] = f"{k}/{n}"
+            else:
+                out["extrapolation"][name] = f"{k}/{n}"
+    if found and not args.allow_train_overlap:
+        flag = "/".join(dict.fromkeys(flags))
+        raise EvalError(f"{flag}: {'; '.join(found)} scored are training documents of this run ({what}), so the "
+                        "numbers would not be held-out; score held-out text (e.g. the prepared folder: its held-out "
+                        "split), or pass --allow_train_overlap to score them anyway (the result is marked).")
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ suites
+
+def run_validation(args, resolved, ctx: Loaded, inputs, overlap, write) -> None:
+    """Validation: --val_path documents with rolling windows, else a held-out split packed as the trainer does
+    (the run's own, or a prepared --val_path folder's); the protocol names the tokens actually scored."""
+    from idattn.eval import perplexity
+    from idattn.eval.scoring import prefix_token
+
+    seq_len, tok = ctx.seq_len, ctx.tok
+    mark = {"train_overlap": overlap["validation"]} if overlap["validation"] else {}
+    extra = {"train_overlap": f"not checked: {overlap['unchecked']}"} if overlap["unchecked"] else {}
+    if inputs["val"] is not None:
+        name, path, docs, _ = inputs["val"]
+        prog = Progress(f"validation {name}", sum(-(-len(d) // seq_len) for d in docs), args.quiet)
+        m = perplexity.validation_perplexity(ctx.score_fn, docs, prefix=prefix_token(tok), max_length=seq_len,
+                                             batch_size=args.batch_size, progress=prog)
+        protocol = {"corpus": name, "tokens": int(m["tokens"]), "context": seq_len, "batch": args.batch_size,
+                    "method": "rolling windows over documents", **mark}
+        write("validation", m, {"source": path, "method": "rolling windows", "docs": len(docs), **extra}, protocol)
+        return
+    from idattn.data.pipeline import make_eval_batches
+
+    name, path = resolved.get("val", (None, None))
+    data_cfg = ctx.config.data if path is None else _prepared_cfg(ctx.config.data, path)
+    label = corpus_label(ctx.config.data) if path is None else name
+    if args.val_tokens:
+        rows = max(args.val_tokens // seq_len, 1)
+    elif args.val_batches:
+        rows = args.val_batches * args.batch_size
+    else:
+        rows = trainer_val_rows(ctx.config)
+    nb = -(-rows // args.batch_size)
+    try:
+        batches = make_eval_batches(data_cfg, tok, batch_size=args.batch_size, seq_len=seq_len, num_batches=nb)
+    except (ValueError, FileNotFoundError) as e:
+        raise EvalError(f"validation on {label}: {e}") from e
+    over = nb * args.batch_size - rows  # rows past the protocol's count in the last batch: masked out
+    if over and batches and len(batches) == nb:
+        batches[-1] = dict(batches[-1])
+        batches[-1]["loss_mask"] = batches[-1]["loss_mask"].copy()
+        batches[-1]["loss_mask"][args.batch_size - over:] = 0.0
+    prog = Progress(f"validation {label}", len(batches), args.quiet)
+    model = ctx.model
+    m = perplexity.packed_perplexity(lambda p, b: model.apply({"params": p}, b["inputs"], segment_ids=b["segment_ids"],
+                                                              positions=b["positions"]), ctx.params, batches,
+                                     progress=prog)
+    scored = int(m["tokens"])
+    short = scored < rows * seq_len  # a split smaller than asked for: name what was scored, keep what was asked
+    protocol = {"corpus": label, "tokens": scored, **({"requested_tokens": rows * seq_len} if short else {}),
+                "context": seq_len, "batch": args.batch_size,
+                "method": "packed held-out split (the trainer's validation)", **mark}
+    if short:
+        protocol["note"] = f"the split holds only {scored} tokens of the {rows * seq_len} requested"
+    write("validation", m, {"source": f"data.source={data_cfg.source}" + (
+        f", data.path={data_cfg.path}" if data_cfg.source == "arrayrecord" else ""),
+        "method": "packed eval batches", "batches": len(batches), "rows": rows, **extra}, protocol)
+
+
+def run_extrapolation(args, ctx: Loaded, inputs, overlap, write) -> None:
+    from idattn.eval import perplexity
+    from idattn.eval.scoring import prefix_token
+
+    corpora_docs, lengths, limit = inputs["corpora"], inputs["lengths"], ctx.limit
+    total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
+    prog = Progress("extrapolation", total, args.quiet)
+    m, details = perplexity.extrapolation(ctx.score_fn, corpora_docs, lengths, bos=prefix_token(ctx.tok),
+                                          max_docs=limit, batch_size=1, progress=prog)
+    details["train_seq_len"] = int(ctx.config.data.seq_len)
+    if overlap["unchecked"]:
+        details["train_overlap"] = f"not checked: {overlap['unchecked']}"
+    protocol = {"corpus": "+".join(corpora_docs), "context": lengths,
+                "docs": {k: details["corpora"][k]["docs"] for k in corpora_docs},
+                "method": "first L tokens of each document"}
+    if overlap["extrapolation"]:
+        protocol["train_overlap"] = dict(overlap["extrapolation"])
+    path = write("extrapolation", m, details, protocol)
+    perplexity.plot_extrapolation(details, path[:-5] + ".png", title=f"{ctx.run['mixer']} {ctx.run['size']}",
+                                  train_len=int(ctx.config.data.seq_len))
+
+
+def run_harness(args, ctx: Loaded, write) -> None:
+    from idattn.eval import harness
+
+    tasks = [t for t in args.tasks.split(",") if t] or list(harness.DEFAULT_TASKS)
+    prog = Progress("harness (tasks)", len(tasks), args.quiet)
+    m, details = harness.run_harness(ctx.score_fn, ctx.tok, tasks=tasks, data_dir=args.data_dir or None,
+                                     hub=args.hub, limit=ctx.limit, max_length=ctx.seq_len,
+                                     batch_size=args.batch_size, add_bos=args.add_bos, progress=prog)
+    write("harness", m, details)
+
+
+def run_recall(args, ctx: Loaded, write) -> None:
+    from idattn.eval.recall import run_text_recall
+
+    m, details = run_text_recall(ctx.score_fn, ctx.tok, niah_lengths=ints(args.niah_lengths),
+                                 phonebook_sizes=ints(args.phonebook_sizes), n=args.recall_n, batch_size=1)
+    write("recall", m, details)
+
+
+def run_decode(args, ctx: Loaded, write) -> None:
+    from idattn.eval.decode_bench import decode_benchmark
+
+    m, details = decode_benchmark(ctx.model, ctx.params, contexts=ints(args.decode_contexts),
+                                  batch_sizes=ints(args.decode_batches), steps=args.decode_steps,
+                                  prefill_chunk=args.prefill_chunk)
+    write("decode", m, details)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+def evaluate(args) -> int:
+    """Runs the suites of a parsed command line (`python -m idattn.eval`'s flags) and prints the table.
+
+    Phases: resolve the command line, load the run's config and tokenizer, read every input and check it against
+    the run's training documents (all refusals happen by then), load the parameters, then one function per suite,
+    each writing one result file."""
+    import json
+
+    from idattn.rundir.schema import write_result
+
+    resolved = _resolve(args)
+    suites = resolved["suites"]
+    ctx = Loaded(args, suites)
+    inputs = read_inputs(args, resolved, ctx)
+    overlap = check_train_overlap(args, resolved, ctx, inputs)
+    ctx.load_model()
     records: list[dict[str, Any]] = []
     written: list[str] = []
 
     def write(suite, metrics, details, protocol=None):
-        path = write_result(args.workdir, suite, step, metrics, run=run, details=details, protocol=protocol)
+        path = write_result(args.workdir, suite, ctx.step, metrics, run=ctx.run, details=details, protocol=protocol)
         written.append(path)
-        import json
-
         with open(path) as f:
             records.append(json.load(f))
         return path
 
     if "validation" in suites:
-        name, path = resolved.get("val", (None, None))
-        if path is not None and not _is_prepared(path):
-            if path.endswith((".npy", ".npz")) or path.endswith(".ids.jsonl"):
-                docs = read_token_docs(path)
-            else:
-                docs = corpus_docs(name, path, tok, args)
-            docs = docs[:limit] if limit else docs
-            prog = Progress(f"validation {name}", sum(-(-len(d) // seq_len) for d in docs), args.quiet)
-            m = perplexity.validation_perplexity(score_fn, docs, prefix=prefix_token(tok), max_length=seq_len,
-                                                 batch_size=args.batch_size, progress=prog)
-            protocol = {"corpus": name, "tokens": int(m["tokens"]), "context": seq_len, "batch": args.batch_size,
-                        "method": "rolling windows over documents"}
-            write("validation", m, {"source": path, "method": "rolling windows", "docs": len(docs)}, protocol)
-        else:
-            from idattn.data.pipeline import make_eval_batches
-
-            data_cfg = config.data if path is None else _prepared_cfg(config.data, path)
-            label = corpus_label(config.data) if path is None else name
-            if args.val_tokens:
-                rows = max(args.val_tokens // seq_len, 1)
-            elif args.val_batches:
-                rows = args.val_batches * args.batch_size
-            else:
-                rows = trainer_val_rows(config)
-            nb = -(-rows // args.batch_size)
-            try:
-                batches = make_eval_batches(data_cfg, tok, batch_size=args.batch_size, seq_len=seq_len,
-                                            num_batches=nb)
-            except (ValueError, FileNotFoundError) as e:
-                raise EvalError(f"validation on {label}: {e}") from e
-            extra = nb * args.batch_size - rows  # rows past the protocol's count in the last batch: masked out
-            if extra and batches and len(batches) == nb:
-                batches[-1] = dict(batches[-1])
-                batches[-1]["loss_mask"] = batches[-1]["loss_mask"].copy()
-                batches[-1]["loss_mask"][args.batch_size - extra:] = 0.0
-            prog = Progress(f"validation {label}", len(batches), args.quiet)
-            m = perplexity.packed_perplexity(lambda p, b: model.apply({"params": p}, b["inputs"],
-                                                                      segment_ids=b["segment_ids"],
-                                                                      positions=b["positions"]), params, batches,
-                                             progress=prog)
-            protocol = {"corpus": label, "tokens": rows * seq_len, "context": seq_len, "batch": args.batch_size,
-                        "method": "packed held-out split (the trainer's validation)"}
-            if int(m["tokens"]) < rows * seq_len:
-                protocol["note"] = f"the split holds only {int(m['tokens'])} tokens"
-            write("validation", m, {"source": f"data.source={data_cfg.source}" + (
-                f", data.path={data_cfg.path}" if data_cfg.source == "arrayrecord" else ""),
-                "method": "packed eval batches", "batches": len(batches), "rows": rows}, protocol)
-
+        run_validation(args, resolved, ctx, inputs, overlap, write)
     if "extrapolation" in suites:
-        total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
-        prog = Progress("extrapolation", total, args.quiet)
-        m, details = perplexity.extrapolation(score_fn, corpora_docs, lengths, bos=prefix_token(tok),
-                                              max_docs=limit, batch_size=1, progress=prog)
-        details["train_seq_len"] = int(config.data.seq_len)
-        protocol = {"corpus": "+".join(corpora_docs), "context": lengths,
-                    "docs": {k: details["corpora"][k]["docs"] for k in corpora_docs},
-                    "method": "first L tokens of each document"}
-        path = write("extrapolation", m, details, protocol)
-        perplexity.plot_extrapolation(details, path[:-5] + ".png", title=f"{run['mixer']} {run['size']}",
-                                      train_len=int(config.data.seq_len))
-
+        run_extrapolation(args, ctx, inputs, overlap, write)
     if "harness" in suites:
-        from idattn.eval import harness
-
-        tasks = [t for t in args.tasks.split(",") if t] or list(harness.DEFAULT_TASKS)
-        prog = Progress("harness (tasks)", len(tasks), args.quiet)
-        m, details = harness.run_harness(score_fn, tok, tasks=tasks, data_dir=args.data_dir or None, hub=args.hub,
-                                         limit=limit, max_length=seq_len, batch_size=args.batch_size,
-                                         add_bos=args.add_bos, progress=prog)
-        write("harness", m, details)
-
+        run_harness(args, ctx, write)
     if "recall" in suites:
-        from idattn.eval.recall import run_text_recall
-
-        m, details = run_text_recall(score_fn, tok, niah_lengths=ints(args.niah_lengths),
-                                     phonebook_sizes=ints(args.phonebook_sizes), n=args.recall_n, batch_size=1)
-        write("recall", m, details)
-
+        run_recall(args, ctx, write)
     if "decode" in suites:
-        from idattn.eval.decode_bench import decode_benchmark
+        run_decode(args, ctx, write)
 
-        m, details = decode_benchmark(model, params, contexts=ints(args.decode_contexts),
-                                      batch_sizes=ints(args.decode_batches), steps=args.decode_steps,
-                                      prefill_chunk=args.prefill_chunk)
-        write("decode", m, details)
-
-    print(f"\n{run['mixer']} ({run['size']}, {run['params']:,} params), step {step}, {args.workdir}:\n")
+    print(f"\n{ctx.run['mixer']} ({ctx.run['size']}, {ctx.run['params']:,} params), step {ctx.step}, {args.workdir}:\n")
     print(results_table(records))
     print()
     for p in written:

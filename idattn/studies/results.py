@@ -182,9 +182,9 @@ P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
 
 
 def protocol_key(p: dict | None) -> tuple:
-    """What makes two numbers comparable: corpus, token count, context."""
+    """What makes two numbers comparable: corpus, token count, context (and any training-document overlap)."""
     p = p or {}
-    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")))
+    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")), str(p.get("train_overlap") or ""))
 
 
 def protocol_text(p: dict | None) -> str:
@@ -195,6 +195,8 @@ def protocol_text(p: dict | None) -> str:
     if p.get("context"):
         c = p["context"]
         parts.append("context " + ("/".join(map(str, c)) if isinstance(c, (list, tuple)) else str(c)))
+    if p.get("train_overlap"):  # scored with --allow_train_overlap: some documents were trained on
+        parts.append(f"train overlap {p['train_overlap']} documents")
     return ", ".join(parts) or "unknown protocol"
 
 
