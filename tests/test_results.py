@@ -184,3 +184,15 @@ def test_competing_runs_choice_is_stated_and_order_independent(tmp_path):
     why = mds[0].split("### Which run fills a cell")[1]
     assert f"`{os.path.join(root, 'long')}` (kjv.val, step 300) chosen over `{os.path.join(root, 'short')}`" in why
     assert "the latest step" in why
+
+
+def test_quickstart_plot_labels_what_it_plots(tmp_path):
+    """The quickstart plot draws the length sweep (the first EVAL_TOKENS held-out tokens in rows of L), not the
+    trainer's validation perplexity (another token count): its y label says so."""
+    from idattn.studies import quickstart
+
+    lengths = (64, 128)
+    rows = [{"name": "Softmax", "ppl": {64: 30.0, 128: 29.0}}]
+    labels = quickstart.plot(str(tmp_path / "q.png"), lengths, rows, {64: 300.0, 128: 300.0}, 64, 64512)
+    assert "first 64,512 held-out KJV tokens" in labels["ylabel"] and "validation" not in labels["ylabel"]
+    assert os.path.getsize(tmp_path / "q.png") > 1000

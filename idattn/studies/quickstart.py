@@ -89,7 +89,9 @@ def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: in
     return out, int(counts.sum())
 
 
-def plot(path: str, lengths, rows, unigram, train_len: int) -> None:
+def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) -> dict[str, str]:
+    """The length sweep (what `perplexities` measured: the first `eval_tokens` held-out tokens in rows of L
+    tokens), not the trainer's validation perplexity; returns the axis labels and title as drawn."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -99,15 +101,18 @@ def plot(path: str, lengths, rows, unigram, train_len: int) -> None:
     ax.plot(lengths, [unigram[L] for L in lengths], ls="--", color="gray", label="Unigram")
     ax.axvline(train_len, color="k", lw=0.8, ls=":")
     ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8)
-    ax.set_xlabel("evaluation context length (tokens)")
-    ax.set_ylabel("validation perplexity")
+    ax.set_xlabel("evaluation context length L (tokens)")
+    ax.set_ylabel(f"perplexity per token, log scale\n(first {eval_tokens:,} held-out KJV tokens, rows of L)",
+                  fontsize=8)
     ax.set_yscale("log")
     ax.set_xticks(list(lengths))
-    ax.set_title("Quickstart: tiny models on the KJV corpus")
+    ax.set_title("Quickstart length sweep: tiny models on the KJV corpus")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    labels = {"xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title()}
     plt.close(fig)
+    return labels
 
 
 def format_table(lengths, rows, unigram, train_len: int) -> str:
@@ -188,7 +193,7 @@ def main(argv=None) -> int:
     train_len = int(config.data.seq_len)
     table = format_table(lengths, rows, unigram, train_len)
     png = os.path.join(args.workdir, "quickstart.png")
-    plot(png, lengths, rows, unigram, train_len)
+    plot(png, lengths, rows, unigram, train_len, exp.EVAL_TOKENS)
     ok = all(math.isfinite(r["ppl"][train_len]) and r["ppl"][train_len] <= (1 - REQUIRED_GAIN) * unigram[train_len]
              for r in rows)
     wall = time.time() - t0
