@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from idattn.studies import scaling as S
+from idattn.studies import scaling as S, scaling_laws as L
 from idattn.configs import base_config
 from idattn.rundir.schema import write_result
 from idattn.configs.sizes import cpu_shape, non_embedding_params
@@ -60,7 +60,7 @@ def law_fit(tmp_path_factory):
                 apply_mixer_name(b.model, mixer)
                 n = non_embedding_params(b.model)
                 d = (int(t) + 511) // 512 * 512
-                loss = float(S.law(p, n, d) * math.exp(rng.normal(0, NOISE)))
+                loss = float(L.law(p, n, d) * math.exp(rng.normal(0, NOISE)))
                 _write_run(root, mixer, w, t, loss)
     os.makedirs(os.path.join(root, "unfinished"), exist_ok=True)  # a folder without a result is skipped
     save_config(os.path.join(root, "unfinished"), base_config())
@@ -107,7 +107,7 @@ def test_outputs_and_difference_test(law_fit):
     d = res["difference"]
     assert d["mixers"] == ["softmax", "interdomain"]
     c = np.array(d["c"])
-    truth_gap = (S.optimal_allocation(TRUTH["softmax"], c)[2] - S.optimal_allocation(TRUTH["interdomain"], c)[2])
+    truth_gap = (L.optimal_allocation(TRUTH["softmax"], c)[2] - L.optimal_allocation(TRUTH["interdomain"], c)[2])
     inside = c <= d["c_data_max"]
     lo, hi = np.array(d["gap_lo"]), np.array(d["gap_hi"])
     # the true gap (> 0.09 nats everywhere) lies in the band within the data range, and the band excludes 0
@@ -126,18 +126,18 @@ def test_difference_test_finds_no_gap_between_equal_laws():
     n, d = [x.ravel() for x in np.meshgrid(np.geomspace(1e4, 5e7, 5), np.geomspace(2e6, 1.25e9, 5))]
     fits = []
     for _ in range(2):
-        loss = S.law(p, n, d) * np.exp(rng.normal(0, NOISE, n.size))
-        pts = [S.Point(name=str(i), mixer="m", n=a, d=b, loss=c, compute=6 * a * b, flops=0.0)
+        loss = L.law(p, n, d) * np.exp(rng.normal(0, NOISE, n.size))
+        pts = [L.Point(name=str(i), mixer="m", n=a, d=b, loss=c, compute=6 * a * b, flops=0.0)
                for i, (a, b, c) in enumerate(zip(n, d, loss))]
-        best = S.fit_law(n, d, loss)
-        fits.append({"params": best, "boot": S.bootstrap_law(n, d, loss, n_boot=30, best=best), "points": pts})
+        best = L.fit_law(n, d, loss)
+        fits.append({"params": best, "boot": L.bootstrap_law(n, d, loss, n_boot=30, best=best), "points": pts})
     c = np.geomspace(1e12, 1e16, 5)
-    r = S.difference_test(fits[0], fits[1], c)
+    r = L.difference_test(fits[0], fits[1], c)
     lo, hi, gap = np.array(r["gap_lo"]), np.array(r["gap_hi"]), np.array(r["gap"])
     # No real gap: the estimated gap stays within 1.5 half-widths of its interval (a 95 % interval that
     # excluded 0 by more than that would be a > 3-sigma event) and below 2 % of the loss.
     assert np.all(np.abs(gap) <= 1.5 * (hi - lo) / 2), r
-    l_star = S.optimal_allocation(p, c)[2]
+    l_star = L.optimal_allocation(p, c)[2]
     assert np.all(np.abs(gap) < 0.02 * l_star)
     assert np.all(hi - lo < 0.2)
 
@@ -148,27 +148,27 @@ def test_isoflop_exponents_recovered():
     rng = np.random.default_rng(2)
     pts = []
     for c in (1e15, 1e16, 1e17, 1e18):
-        n_opt = S.optimal_allocation(p, c)[0]
+        n_opt = L.optimal_allocation(p, c)[0]
         for k in range(-3, 4):
             n = float(n_opt * 2.0 ** (k + 0.3))  # not centred on the optimum
             d = c / (6 * n)
-            loss = float(S.law(p, n, d) * math.exp(rng.normal(0, 0.002)))
-            pts.append(S.Point(name=f"{c}-{k}", mixer="m", n=n, d=d, loss=loss, compute=c, flops=0.0,
+            loss = float(L.law(p, n, d) * math.exp(rng.normal(0, 0.002)))
+            pts.append(L.Point(name=f"{c}-{k}", mixer="m", n=n, d=d, loss=loss, compute=c, flops=0.0,
                                extra={"nominal_compute": c}))
-    r = S.isoflop_fit(pts, n_boot=50)
+    r = L.isoflop_fit(pts, n_boot=50)
     ex = r["exponents"]
     assert all(m["ok"] and m["inside"] for m in r["minima"])
     assert abs(ex["a_N_opt"] - a_true) < 0.03, (ex, a_true)
     assert abs(ex["b_D_opt"] - (1 - a_true)) < 0.03
     assert ex["a_ci"][0] <= a_true <= ex["a_ci"][1] or abs(ex["a_N_opt"] - a_true) < 0.01
     for m in r["minima"]:  # each budget's minimum near the law's own optimum (within a factor 1.5)
-        assert abs(math.log(m["n_opt"] / S.optimal_allocation(p, m["compute"])[0])) < math.log(1.5)
+        assert abs(math.log(m["n_opt"] / L.optimal_allocation(p, m["compute"])[0])) < math.log(1.5)
 
 
 def test_refusals(tmp_path):
     with pytest.raises(FileNotFoundError, match="no run folders"):
         S.collect(str(tmp_path))
     with pytest.raises(ValueError, match="at least 5 runs"):
-        S.fit_law([1e4, 1e5], [1e6, 1e7], [3.0, 2.9])
+        L.fit_law([1e4, 1e5], [1e6, 1e7], [3.0, 2.9])
     with pytest.raises(ValueError, match="val_loss or train_loss"):
         S.collect(str(tmp_path), metric="ppl")

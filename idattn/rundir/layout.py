@@ -29,6 +29,7 @@ CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
 BEST_DIR = "best"  # the best-of-run parameters by validation loss, outside the rotation
 DATA_STATE_FILE = "state.json"  # inside checkpoints/<step>/data/
+METRICS_FILE = "metrics.jsonl"  # one JSON line per logged step (idattn.train.metrics)
 REJECTED_DIR = "checkpoints.rejected"  # checkpoints that failed to read or verify, moved aside (never deleted)
 
 
@@ -114,4 +115,18 @@ def diff_dicts(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, A
         elif a != b:
             out.append((key, a, b))
     return out
+
+
+def last_metrics(workdir: str) -> dict | None:
+    """The last well-formed line of a run's metrics.jsonl (the trainer's per-step log), or None."""
+    last = None
+    path = os.path.join(workdir, METRICS_FILE)
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    last = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a kill mid-write
+                    pass
+    return last
 

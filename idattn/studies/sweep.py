@@ -98,7 +98,7 @@ def run_status(workdir: str) -> dict[str, Any]:
     cfg = _read_json(os.path.join(workdir, "config.json"))
     if cfg is not None:
         out["num_steps"] = _num_steps(cfg)
-    from idattn.studies.scaling import last_metrics  # noqa: WPS433 (one reader of the trainer's metrics log)
+    from idattn.rundir.layout import last_metrics  # the one reader of the trainer's metrics log
 
     last = last_metrics(workdir)
     if last:
