@@ -1,13 +1,14 @@
-"""docs/own-data.md end to end: its commands, run as subprocesses on small corpora this test writes.
+"""docs/own-data.md end to end: its commands, run as subprocesses on a small corpus this test writes.
 
-The `$ python -m idattn...` lines of the doc's console blocks are run as written, from a folder holding
-`my_corpus/` (plain text files) or, for the JSON Lines variant, with the doc's JSONL prepare line; only sizes are
-appended (argparse and absl take the last value of a repeated flag): a 300-piece tokenizer, a 3-step run of
-a smaller model at context 64, lengths 64/160. Checked: every printed table holds the numbers of the JSON
-files; the trainer's validation file is byte-identical after the eval CLI ran, and the eval CLI's validation
-(same protocol) gives the trainer's number; the user's corpus name is in the eval files, the results tables and
-the plot legend. Refusals (unknown format, empty validation split, unknown corpus, config-key typo) are each
-one line with the fix, with nothing written.
+The `$ python -m idattn...` lines of the doc's console blocks are run as written and in the doc's order, from a
+folder holding `my_corpus/` (a mixed folder: plain text files and a JSON Lines file, as in the doc); only sizes
+are appended (argparse and absl take the last value of a repeated flag): a 300-piece tokenizer, a 3-step run of a
+smaller model at context 64, lengths 64/160, 8 generated tokens. Checked: the mixed folder is prepared in one
+run; every printed table holds the numbers of the JSON files; the trainer's validation file is byte-identical
+after the eval CLI ran, and the eval CLI's validation (same protocol) gives the trainer's number; the user's
+corpus name is in the eval files and the results tables; generate and score answer from the trained run. A
+command the doc shows refused (the line below it holds " refused: ") must be refused with that line (numbers
+aside: the doc's corpus is not the test's) and write nothing.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ SMALL = {
                      "--config.model.d_model=64", "--config.model.num_heads=2", "--config.model.head_dim=32",
                      "--config.model.ffn_dim=128", "--config.model.num_modes=8", "--config.model.num_layers=1"],
     "idattn.eval": ["--lengths=64,160", "--batch_size=4"],
+    "idattn.generate": ["--max_new_tokens=8", "--out=gen.json"],
+    "idattn.score": [],
     "idattn.results": [],
 }
 
@@ -66,26 +69,34 @@ def _env():
     return env
 
 
-def _run(cmd, cwd, timeout=300):
+def _run(cmd, cwd, timeout=300, refusal=None):
+    """Run a doc command with the sizes appended; a refusal (the doc's line) must come as that one line, rc 2."""
     module = cmd[2]
     full = [sys.executable] + cmd[1:] + SMALL.get(module, [])
     full = [a.replace("experiments/", os.path.join(REPO, "experiments") + "/") for a in full]
     proc = subprocess.run(full, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (full, proc.stdout[-2000:], proc.stderr[-3000:])
+    if refusal is None:
+        assert proc.returncode == 0, (full, proc.stdout[-2000:], proc.stderr[-3000:])
+    else:
+        err = [re.sub(r"\d+", "N", ln) for ln in proc.stderr.splitlines() if " refused: " in ln]
+        assert proc.returncode == 2 and err == [re.sub(r"\d+", "N", refusal)], (full, proc.stderr[-2000:])
     return proc
 
 
 def _write_corpus(root, rng, n=40):
+    """A mixed folder like the doc's: the first 3/4 of the documents as .txt files, the rest in one JSON Lines
+    file with the text in "body"."""
     docs = []
     for i in range(n):
         k = 700 if i % 4 == 0 else 250  # some long documents for the length sweep
         docs.append(f"# module {i}\n" + "\n".join(" ".join(rng.choice(WORDS, 10)) for _ in range(k // 10)))
     (root / "my_corpus").mkdir()
-    for i, d in enumerate(docs):
+    cut = 3 * n // 4
+    for i, d in enumerate(docs[:cut]):
         (root / "my_corpus" / f"m{i:03d}.txt").write_text(d)
-    with open(root / "my_corpus.jsonl", "w") as f:
-        for i, d in enumerate(docs):
-            f.write(json.dumps({"body": d, "file": f"m{i:03d}.txt"}) + "\n")
+    with open(root / "my_corpus" / "more_modules.jsonl", "w") as f:
+        for i, d in enumerate(docs[cut:], cut):
+            f.write(json.dumps({"body": d, "file": f"m{i:03d}.py"}) + "\n")
     return docs
 
 
@@ -96,42 +107,35 @@ def _table_rows(text, first_cell):
 
 def test_doc_commands_end_to_end(tmp_path):
     all_cmds = doc_commands()
-    cmds = [c for c, refusal in all_cmds if refusal is None]
-    mods = [c[2] for c in cmds]
-    assert mods == ["idattn.data.prepare", "idattn.data.prepare", "idattn.train", "idattn.eval", "idattn.results"], mods
-    prep_text, prep_jsonl, train, evalc, res = cmds
-    assert "--source=my_corpus" in prep_text and any(a.startswith("--text_field") for a in prep_jsonl)
-    _write_corpus(tmp_path, np.random.default_rng(0))
+    mods = [c[2] for c, refusal in all_cmds if refusal is None]
+    assert mods == ["idattn.data.prepare", "idattn.train", "idattn.eval", "idattn.generate", "idattn.score",
+                    "idattn.results"], mods
+    refused = [c[2] for c, refusal in all_cmds if refusal is not None]
+    assert refused == ["idattn.data.prepare", "idattn.eval", "idattn.eval"], refused
+    docs = _write_corpus(tmp_path, np.random.default_rng(0))
     (tmp_path / "notes.csv").write_text("a,b\n")
-    # the doc's refusal examples: exactly the line the doc shows, and nothing written
-    refusals = [(c, r) for c, r in all_cmds if r is not None]
-    assert len(refusals) == 2
-    for cmd, line in refusals:
-        before = sorted(os.listdir(tmp_path))
-        proc = subprocess.run([sys.executable] + cmd[1:], cwd=tmp_path, env=_env(), capture_output=True, text=True,
-                              timeout=300)
-        err = [ln for ln in proc.stderr.splitlines() if " refused: " in ln]
-        assert proc.returncode == 2 and err == [line], (cmd, proc.stderr[-2000:])
-        assert sorted(os.listdir(tmp_path)) == before
+    procs: dict[str, list] = {}
+    for cmd, refusal in all_cmds:
+        module = cmd[2]
+        before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+        p = _run(cmd, tmp_path, timeout=600, refusal=refusal)
+        if refusal is not None:
+            assert sorted(str(x.relative_to(tmp_path)) for x in tmp_path.rglob("*")) == before, cmd  # nothing written
+            continue
+        procs.setdefault(module, []).append((cmd, p))
+        if module == "idattn.data.prepare":  # the mixed folder, in one run: every .txt file and every JSONL line
+            out = re.search(r"--out=(\S+)", " ".join(cmd)).group(1)
+            meta = json.load(open(tmp_path / out / "meta.json"))
+            assert meta["train_docs"] + meta["val_docs"] == len(docs) and meta["val_docs"] >= 2
+            assert meta["source"]["format"] == ["jsonl", "text"] and meta["val_tokens"] >= 300
+        if module == "idattn.train":
+            wd = tmp_path / re.search(r"--workdir=(\S+)", " ".join(cmd)).group(1)
+            trainer_file = wd / "eval" / "validation-step00000003.json"
+            before_bytes = trainer_file.read_bytes()
+            trainer_val = json.loads(before_bytes)["metrics"]
 
-    # JSON Lines variant: the same documents in another folder give the same tokenizer and the same documents
-    p = _run(prep_jsonl, tmp_path)
-    assert "wrote" in p.stdout
-    p = _run(prep_text, tmp_path)
-    out = re.search(r"--out=(\S+)", " ".join(prep_text)).group(1)
-    jout = re.search(r"--out=(\S+)", " ".join(prep_jsonl)).group(1)
-    meta, jmeta = (json.load(open(tmp_path / d / "meta.json")) for d in (out, jout))
-    assert meta["tokenizer"]["sha256"] == jmeta["tokenizer"]["sha256"] and meta["val_docs"] == jmeta["val_docs"] >= 2
-    assert meta["train_tokens"] == jmeta["train_tokens"] and meta["val_tokens"] >= 300
-
-    p = _run(train, tmp_path, timeout=600)
-    wd = tmp_path / re.search(r"--workdir=(\S+)", " ".join(train)).group(1)
-    trainer_file = wd / "eval" / "validation-step00000003.json"
-    before = trainer_file.read_bytes()
-    trainer_val = json.loads(before)["metrics"]
-
-    p = _run(evalc, tmp_path, timeout=600)
-    assert trainer_file.read_bytes() == before  # the eval CLI never replaces the trainer's file
+    (evalc, p), = procs["idattn.eval"]
+    assert trainer_file.read_bytes() == before_bytes  # the eval CLI never replaces the trainer's file
     corpus = re.search(r"--corpora=(\w+)=", " ".join(evalc)).group(1)
     recs = [json.load(open(f)) for f in sorted(glob.glob(str(wd / "eval" / "*.json")))]
     ours = [r for r in recs if r.get("protocol")]
@@ -140,15 +144,24 @@ def test_doc_commands_end_to_end(tmp_path):
         for k, v in r["metrics"].items():
             row = [x for x in _table_rows(p.stdout, r["suite"]) if x[2] == k]
             assert row and row[0][3] == f"{v:.4f}", (k, v, p.stdout[-3000:])
+        assert "train_overlap" not in r["protocol"]  # the prepared folder's held-out split: never trained on
     val = next(r for r in ours if r["suite"] == "validation")
     # same protocol as the trainer's validation (same tokens, context): the same number
-    assert val["metrics"]["tokens"] == json.loads(before)["details"]["tokens"]
+    assert val["metrics"]["tokens"] == json.loads(before_bytes)["details"]["tokens"] == val["protocol"]["tokens"]
     assert val["metrics"]["loss"] == pytest.approx(trainer_val["loss"], rel=1e-5)
     ext = next(r for r in ours if r["suite"] == "extrapolation")
     assert set(ext["metrics"]) == {f"{corpus}/ppl@{L}" for L in (64, 160)}  # named, never averaged
     assert "ETA" in p.stderr
 
-    p = _run(res, tmp_path)
+    (_, p), = procs["idattn.generate"]
+    gen = json.load(open(tmp_path / "gen.json"))  # the continuation: its ids, decoded on stdout
+    assert 1 <= len(gen["generated_ids"]) <= 8 and p.stdout == gen["text"] + "\n"
+    (_, p), = procs["idattn.score"]
+    sc = json.loads(p.stdout)
+    assert sc["num_scored"] == len(sc["token_ids"]) - 1 and sc["logprobs"][0] is None
+    assert sc["mean_nll"] == pytest.approx(-sum(sc["logprobs"][1:]) / sc["num_scored"])
+
+    (res, p), = procs["idattn.results"]
     outdir = tmp_path / re.search(r"--out=(\S+)", " ".join(res)).group(1)
     md = (outdir / "results.md").read_text()
     assert p.stdout.strip().startswith(md.strip()[:200])
@@ -157,7 +170,7 @@ def test_doc_commands_end_to_end(tmp_path):
                                           for L in (64, 160))
     # validation ppl in the results (Fig. 2 table, Interdomain column) = the trainer's number, protocol named
     fig2 = md.split("### Fig. 2")[1]
-    tokens = int(json.loads(before)["details"]["tokens"])
+    tokens = int(json.loads(before_bytes)["details"]["tokens"])
     assert f"{trainer_val['ppl']:.2f}" in fig2 and f"{corpus}.val, {tokens:,} tokens, context 64" in fig2
     for png in ("extrapolation.png", "scaling.png", "recall.png"):
         assert (outdir / png).stat().st_size > 1000
