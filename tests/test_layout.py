@@ -203,6 +203,41 @@ def test_tree_scripts_only_re_export_the_package(folder, package):
         assert len(body) <= 5, f"{path} holds code of its own; it belongs in {package}"
 
 
+def documented_commands() -> tuple[set[str], set[str]]:
+    """(modules of every `python -m idattn...` and files of every `python <folder>/<file>.py` in the README, the
+    docs and the package's docstrings)."""
+    import re
+    texts = [open(p).read() for p in [os.path.join(REPO, "README.md"), *glob.glob(os.path.join(REPO, "docs", "*.md")),
+                                      *_package_files()]]
+    modules, files = set(), set()
+    for text in texts:
+        modules |= {m for m, placeholder in re.findall(r"python -m (idattn(?:\.\w+)*)(\.<)?", text) if not placeholder}
+        files |= set(re.findall(r"python ((?:experiments|launch|scripts)/[\w/]+\.py)", text))
+    modules.discard("idattn")
+    return modules | {f"idattn.launch.{n}" for n in ("local", "slurm", "tpu")}, files  # `idattn.launch.<name>`
+
+
+def test_every_documented_command_exists_and_is_a_command():
+    """Each `python -m idattn.X` the docs name resolves to a module with an entry (a `__main__` guard, or a package
+    with `__main__.py`), and each `python <folder>/<file>.py` exists; the slow wheel test runs their --help."""
+    import importlib.util
+    modules, files = documented_commands()
+    assert {"idattn.train", "idattn.eval", "idattn.quickstart", "idattn.repro", "idattn.bench"} <= modules, modules
+    bad = []
+    for m in sorted(modules):
+        spec = importlib.util.find_spec(m)
+        if spec is None:
+            bad.append(f"{m}: no such module")
+            continue
+        path = spec.origin
+        if spec.submodule_search_locations:  # a package runs its __main__.py
+            path = os.path.join(list(spec.submodule_search_locations)[0], "__main__.py")
+        if not os.path.exists(path) or not any(_is_main_guard(n) for n in ast.parse(open(path).read()).body):
+            bad.append(f"{m}: {path} has no `if __name__ == \"__main__\":` entry")
+    bad += [f"{f}: missing" for f in sorted(files) if not os.path.exists(os.path.join(REPO, f))]
+    assert not bad, bad
+
+
 @pytest.mark.slow
 def test_wheel_install_runs_the_documented_commands_from_anywhere(tmp_path):
     clone, venv, elsewhere = tmp_path / "clone", tmp_path / "venv", tmp_path / "elsewhere"
@@ -241,3 +276,14 @@ def test_wheel_install_runs_the_documented_commands_from_anywhere(tmp_path):
     out = run("idattn.aot", "--config=experiments/scaling.py:interdomain,tiny", "--topology=v5p-8",
               "--config.mesh.fsdp=4", "--config.model.num_layers=1", "--steps=decode")
     assert "fits" in out.strip().splitlines()[-1]
+    # every documented command starts from the wheel (its --help: flags parsed, library imported)
+    modules, _ = documented_commands()
+    failed = []
+    for m in sorted(modules - {"idattn.eval.lm_eval_adapter"}):  # the harness adapter needs the [harness] extra
+        p = subprocess.run([py, "-m", m, "--help"], cwd=str(elsewhere), env=env, capture_output=True, text=True,
+                           timeout=300)
+        text = p.stdout + p.stderr
+        absl_help = p.returncode == 1 and "Try --helpfull" in text  # absl prints its help and exits 1
+        if not (p.returncode == 0 or absl_help) or "Traceback" in text or len(text) < 40:
+            failed.append(f"{m} --help: rc={p.returncode} {(p.stdout + p.stderr)[-500:]}")
+    assert not failed, "\n".join(failed)

@@ -316,6 +316,10 @@ def format_resources(res, card="h200") -> str:
 
 
 if __name__ == "__main__":  # python -m idattn.aot.gpu: kernel resources at the tested shapes, H200
+    import argparse
+    argparse.ArgumentParser(prog="python -m idattn.aot.gpu", description="Compile the fused GPU kernels for an "
+                            "H200 (no GPU needed) and print their registers, spills and shared memory at the "
+                            "tested shapes (docs/kernels.md).").parse_args()
     cases = [(16, 128, 32, "bfloat16", 1, 128, True), (16, 128, 32, "float32", 1, 128, True),
              (32, 64, 64, "bfloat16", 1, 128, True), (32, 64, 64, "float32", 1, 128, True),
              (16, 96, 32, "bfloat16", 1, 128, True)]

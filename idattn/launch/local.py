@@ -65,11 +65,8 @@ def _relay(i: int, stream, sink):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--" not in argv:
-        print("usage: launch/local.py [options] -- <python args of one process>", file=sys.stderr)
-        return 2
-    k = argv.index("--")
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                usage="launch/local.py [options] -- <python args of one process>")
     p.add_argument("--num_processes", type=int, default=2)
     p.add_argument("--port", type=int, default=0, help="coordinator port (0: pick a free one)")
     p.add_argument("--devices_per_process", type=int, default=0, help="fake CPU devices per process (0: leave)")
@@ -80,7 +77,10 @@ def main(argv=None) -> int:
                    help="jax.distributed heartbeat timeout: survivors of a dead process stop within this")
     p.add_argument("--stop_timeout_s", type=float, default=600.0,
                    help="after a forwarded SIGTERM, wait this long for the saves before SIGKILL")
-    args = p.parse_args(argv[:k])
+    k = argv.index("--") if "--" in argv else len(argv)
+    args = p.parse_args(argv[:k])  # --help here prints the options
+    if k == len(argv):
+        p.error("expected `-- <python args of one process>` after the options")
     cmd = argv[k + 1:]
     if args.num_processes < 1:
         p.error(f"--num_processes={args.num_processes}: must be >= 1")
