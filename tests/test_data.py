@@ -492,7 +492,8 @@ def test_raw_text_folder_as_data_path_hint(tmp_path, small_tok):
     msg = str(e.value)
     assert "\n" not in msg and "3 text file(s)" in msg
     assert f"prepare --source={tmp_path / 'my_corpus'} --out=<a new folder>" in msg and "--out " not in msg
-    with pytest.raises(prepare.PrepareError, match="holds no meta.json but text files.*pass them as --source.*new, empty --out") as e:
+    with pytest.raises(prepare.PrepareError,
+                       match="holds no meta.json but text files.*pass them as --source.*new, empty --out") as e:
         prepare.prepare(str(tmp_path / "my_corpus"), str(tmp_path / "my_corpus"), tokenizer=small_tok, num_proc=0,
                         val_fraction=0.0, log=lambda s: None)
     assert "delete" not in str(e.value)

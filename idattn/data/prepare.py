@@ -5,7 +5,8 @@
     python -m idattn.data.prepare --source HuggingFaceFW/fineweb-edu --subset sample-10BT \
         --out /data/fineweb-edu-10BT-mistral --tokenizer mistral --num_proc 16
 
-Sources (`--source`; several may be given comma-separated):
+Sources (`--source`; several may be given comma-separated, and formats may be mixed: each file is read by the
+reader of its own format):
   local files, folders (every file of an accepted format under it, recursively, sorted) or glob patterns
       (`'corpus/**/*.txt'`), in these formats (by file name; `--format` forces one):
         text      .txt .text .md   one document per file, or cut into documents at every `--separator`
@@ -26,7 +27,9 @@ held-out ones never reach it; same settings as the project's own, `idattn.data.t
 write it to `<out>/tokenizer.model` and tokenise with it. Then set `data.tokenizer=<out>/tokenizer.model`.
 
 Output (`--out`, a local folder; see idattn.data.formats for the record format): train-XXXXX.array_record
-shards of `--docs_per_shard` documents, val-XXXXX.array_record, meta.json (and tokenizer.model when trained).
+shards of `--docs_per_shard` documents, val-XXXXX.array_record, train_hashes.npy / val_hashes.npy (each
+document's `doc_hash`, 8 bytes a document: what lets `python -m idattn.eval` tell training documents from held-out
+ones), meta.json (and tokenizer.model when trained).
 
 Held-out split: a document goes to it when the first 8 bytes of sha1(text), read as a fraction of 2^64, fall
 below `--val_fraction`, until `--max_val_docs` are held out: a stable, order-independent choice. When

@@ -1,8 +1,10 @@
 """The library of `python -m idattn.eval`: resolve what a command line names (corpora, validation sources), load
 the run, run each suite, write one result file per suite (idattn.rundir.schema) and print a table.
 
-`evaluate(args)` takes the parsed flags of idattn/eval/__main__.py (their help is the documentation); every
-refusal is an `EvalError` (one line) raised before anything is written.
+`evaluate(args)` takes the parsed flags of idattn/eval/__main__.py (their help is the documentation) and runs
+named phases: `_resolve` (the command line), `Loaded` (config, step, tokenizer), `read_inputs` (every document
+to score), `check_train_overlap` (none of them a training document of the run), `Loaded.load_model`, then one
+`run_<suite>` per suite. Every refusal is an `EvalError` (one line) raised before anything is written.
 """
 from __future__ import annotations
 

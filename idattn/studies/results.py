@@ -29,7 +29,8 @@ its validation was measured on; the mixer is canonicalised (`interdomain` = `dua
 size, corpus, folder): the validation tables (Table 4, Fig. 2) and `scaling.png` have one row / line per
 corpus, labelled with it. For the 1.3B tables each mixer's column takes its largest run (1.3b if present) and
 the header names the size, so small runs still render. When several runs compete for one cell the latest step
-wins, then the folder name, and the section "Which run fills a cell" says which was chosen over which. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
+wins, then the corpus and folder names, and the section "Which run fills a cell" says which was chosen over
+which. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
 every other suite takes the latest step.
 """
 from __future__ import annotations
