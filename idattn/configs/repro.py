@@ -84,7 +84,10 @@ TEXT_RECALL = {
     "toy": dict(niah_ratios=(4.0,), phonebook_sizes=(2,), n=2, seeds=(0,)),
 }
 
-SEEDS = {"small": (0, 1), "toy": (0, 1)}
+# Seeds per cell: at least 3 (issue 20: a verdict needs an interval, and a t interval over per-seed log-ratios needs
+# n >= 3 to be finite enough to exclude anything; the verdict rule refuses to judge on fewer, see
+# idattn/studies/repro_verdicts.py). Seed s varies both the init (42 + s) and the data order (shuffle seed s).
+SEEDS = {"small": (0, 1, 2), "toy": (0, 1, 2)}
 
 # The Δ range of the `ppl` table's verdicts, the cube and the text-recall models (the `ppl` and `length` tables
 # show both). "paper": measured at this size, the context-scaled range leaves Interdomain 1.5x worse than

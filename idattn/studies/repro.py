@@ -1,15 +1,15 @@
 """Reproduce the paper's tables at the scale of this machine: `python -m idattn.repro <table> [--root=DIR] [--toy]`.
 
-    table:  ppl      Table 2 / Fig. 2: validation perplexity of Softmax, Interdomain and S4D-only
+    table:  ppl      Fig. 2 (its 125M point): validation perplexity of Softmax, Interdomain and S4D-only
             cube     Table 4: the eight cells of the mechanism cube and Softmax
-            length   Tables 2 / 8: perplexity at 1x, 2x, 3.5x, 4x the training context, for the context-scaled
+            length   Table 2: perplexity at 1x, 2x, 3.5x, 4x the training context, for the context-scaled
                      and the paper's Δ range side by side
             recall   Table 9 at small size: MQAR per mixer, S-NIAH-1 and phonebook on the `ppl` models
             all      the four, in the order ppl, length, recall, cube
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
-corpus, one recipe for every mixer, seeds 0 and 1 (init seed 42 + s, data order seed s). Run folders:
+corpus, one recipe for every mixer, seeds 0, 1, 2 (init seed 42 + s, data order seed s). Run folders:
 
     <root>/runs/<size>/lm/<mixer>-<dt>-s<seed>/     trainer workdir + eval/*.json + repro.json (below)
     <root>/runs/<size>/mqar/<mixer>-s<seed>/        eval/recall-*.json + repro.json
@@ -29,22 +29,22 @@ Evaluation (`ppl`, `cube`, `length`): token-level perplexity exp(Σ m·nll / Σ 
 `EVAL_TOKENS` held-out KJV tokens at every length L, cut into rows of L tokens (each row a fresh context;
 `idattn.quickstart.perplexities`). The trainer's own end-of-run validation is kept in each run but not used.
 
-Verdicts (in each table's JSON and Markdown; thresholds are fixed here, not tuned to the outcome):
-Comparisons are paired by seed: seed s gives every mixer the same data order and init seed, and at this size
-the data order moves perplexity far more than the mixer (see docs/reproduction.md), so mixers are compared
-within a seed.
-  a  Interdomain beats S4D-only clearly: S4D-only / Interdomain perplexity >= 1.05 in every seed (paper: 1.166).
-     Below 1 in every seed: not reproduced; otherwise inconclusive.
-  b  Interdomain matches or beats Softmax: Interdomain / Softmax <= 1.02 in every seed (paper: 0.990); above
-     1.02 in every seed: not reproduced; otherwise inconclusive.
-  c  Interdomain flat past the training length while Softmax degrades (context-scaled Δ): every Interdomain
-     seed's ppl@4x / ppl@1x <= 1.05 and every Softmax seed's >= 1.20 (paper at 3.5x: 0.99 and 4.37).
-     Interdomain above 1.05 in every seed, or Softmax below 1.05 in every seed: not reproduced.
-  d  Cube ordering: per seed, the main effect of each axis = mean over the four pairs differing only in that
-     axis of ln(ppl) difference; reproduced when in every seed the readout effect favours the query readout
-     and is the largest, and the RoPE effect is under a quarter of it.
-  e  Recall, MQAR accuracy: in every seed Softmax >= Interdomain - 0.02 and Interdomain >= S4D-only + 0.02;
-     neither in any seed: not reproduced; otherwise inconclusive.
+Verdicts (in each table's JSON and Markdown): the rule of idattn/studies/repro_verdicts.py (its docstring states
+it in full, with every line and side; fixed before the runs, not tuned to the outcome). In short: each claim is a
+statistic computed within a seed (seed s gives every mixer the same init and data order), a two-sided 95% paired
+t interval over the seeds (at least 3), and "reproduced" / "not reproduced" only when the interval lies wholly
+on one side of the claim's line, else "inconclusive at this scale" with the interval printed. (c) is "vacuous
+at this size" unless Softmax is shown to use its context. `--toy` prints the numbers and intervals and never a
+verdict word.
+  a  ln(ppl S4D-only / ppl Interdomain) > 0                      (paper 125M: 1.166)
+  b  ln(ppl Interdomain / ppl Softmax) < ln 1.02                 (paper 125M: 0.990)
+  c  precondition: Softmax's ppl falls with position inside the training length; then
+     ln R_Softmax − ln R_Interdomain > 0 and ln R_Interdomain < ln 1.05, R = ppl@4x / ppl@1x
+  d  cube main effects: readout > 0, readout − |input| > 0, readout / 4 − |RoPE| > 0
+  e  MQAR accuracy: Softmax − Interdomain > −0.02 and Interdomain − S4D-only > 0
+
+Tables are named as idattn.results names the paper's (results.py is canonical): `ppl` is Fig. 2 (its 125M
+point), `length` is Table 2 (one corpus, never the five-corpus mean), `cube` Table 4, `recall` Table 9.
 """
 from __future__ import annotations
 
@@ -60,9 +60,19 @@ from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, ensure_mqar, lm_ppl, load_experiment, log,
                                        paper, read_marker, run_cost, run_name, text_recall)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
-                                           verdict_a, verdict_b, verdict_c, verdict_d, verdict_e)
+                                           verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
+                                           verdict_md)
 
 TABLES = ("ppl", "length", "recall", "cube")
+# The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
+# "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
+# recall; tests/test_repro.py checks these against results.py's own headings).
+PAPER_TABLE = {"ppl": "Fig. 2", "length": "Table 2", "cube": "Table 4", "recall": "Table 9"}
+TITLES = {"ppl": "Fig. 2 (its 125M point): validation perplexity at the training context ({L} tokens)",
+          "length": "Table 2: length extrapolation, perplexity against evaluation length (trained at {L} tokens; "
+                    "one corpus, not the paper's five-corpus mean)",
+          "cube": "Table 4: mechanism cube, validation perplexity at the training context ({L} tokens), {dt} Δ range",
+          "recall": "Table 9: recall, at small size"}
 MIXERS3 = ("softmax", "interdomain", "s4d_only")
 # cube cells by their canonical run name (the two aliased corners share the `ppl` runs)
 
@@ -123,6 +133,22 @@ def _setup_line(ctx: Ctx) -> str:
             f"{ctx.exp.EVAL_TOKENS[ctx.size]:,} held-out tokens. Paper: FineWeb-Edu, Llama-2 32K tokenizer, 125M-1.3B "
             f"parameters, context 4096, 2.5B-26B tokens. Different corpus, tokenizer and scale: only orderings and "
             f"ratios compare, never the absolute numbers.")
+
+
+def _rule_line(ctx: Ctx) -> str:
+    if not ctx.judged:
+        return ("Toy size: a smoke test of the code path. Numbers and intervals are printed; no claim is judged "
+                "at this size.")
+    return ("Verdict rule (idattn/studies/repro_verdicts.py, fixed before the runs): per-seed paired statistics, "
+            "two-sided 95% paired t interval over the seeds; a claim is reproduced / not reproduced only when the "
+            "interval lies wholly on one side of its line, else inconclusive at this scale; fewer than 3 paired "
+            "seeds is inconclusive.")
+
+
+def _by_seed(have: list[int], vals: list, seeds) -> list:
+    """Values aligned to `seeds` (None where a seed's run is missing), so pairs are always the same seed."""
+    d = dict(zip(have, vals))
+    return [d.get(s) for s in seeds]
 
 
 def _write(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
@@ -196,30 +222,30 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
                           **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": seed_ratios,
                           "ratio_to_softmax": ratio, "paper_ppl_125m": pp[base],
                           "paper_ratio_to_softmax": pp[base] / pp["softmax"]})
-        va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)])
-        vb = verdict_b(per[("interdomain", dt)], soft)
+        va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)], judged=ctx.judged)
+        vb = verdict_b(per[("interdomain", dt)], soft, judged=ctx.judged)
         sfx = "" if dt == primary else f"_{dt}_dt"
-        verdicts["a" + sfx] = {"verdict": va[0], "why": va[1], "dt": dt}
-        verdicts["b" + sfx] = {"verdict": vb[0], "why": vb[1], "dt": dt}
+        verdicts["a" + sfx] = verdict_json(va, dt=dt, md=verdict_md(va))
+        verdicts["b" + sfx] = verdict_json(vb, dt=dt, md=verdict_md(vb))
     for m in variants:  # (a) against each variant of S4D-only: shown, never the verdict of record
-        va = verdict_a(per[("interdomain", primary)], per[(m, primary)])
-        verdicts[f"a_{m}"] = {"verdict": va[0], "why": va[1], "dt": primary, "variant": m}
+        va = verdict_a(per[("interdomain", primary)], per[(m, primary)], judged=ctx.judged)
+        verdicts[f"a_{m}"] = verdict_json(va, dt=primary, variant=m, md=verdict_md(va))
     wall = time.time() - t0
     lines = []
     for dt in dts:
         sfx = "" if dt == primary else f"_{dt}_dt"
         va, vb = verdicts["a" + sfx], verdicts["b" + sfx]
         tag = f"{dt} Δ" + (" (primary)" if dt == primary else "")
-        lines += [f"- {tag}: (a) Interdomain beats S4D-only clearly: **{va['verdict']}** ({va['why']}; paper "
+        lines += [f"- {tag}: (a) Interdomain beats S4D-only: {va['md']} ({va['why']}; paper "
                   f"{pp['s4d_only'] / pp['interdomain']:.3f})",
-                  f"- {tag}: (b) Interdomain matches or beats Softmax: **{vb['verdict']}** ({vb['why']}; paper "
+                  f"- {tag}: (b) Interdomain matches (within 2%) or beats Softmax: {vb['md']} ({vb['why']}; paper "
                   f"{pp['interdomain'] / pp['softmax']:.3f})"]
     for m in variants:
         va = verdicts[f"a_{m}"]
         lines.append(f"- {primary} Δ, against {LABEL.get(m, m)} (a variant, not the verdict of record): (a) "
-                     f"**{va['verdict']}** ({va['why']}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
+                     f"{va['md']} ({va['why']}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
     md = "\n".join([
-        f"## Table 2 / Fig. 2: validation perplexity at the training context ({L} tokens)", "",
+        "## " + TITLES["ppl"].format(L=L), "",
         _setup_line(ctx), "",
         f"Δ: `paper` = the paper's recipe [0.001, 0.1]; `scaled` = Δ·T_train as in the paper (× 4096 / {L}). "
         f"The primary range ({primary}; experiments/repro.py PRIMARY_DT says why) is the one of the cube table. "
@@ -227,10 +253,10 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["mixer", "Δ", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
                    "ratio of means", "paper 125M ppl †", "paper ratio to Softmax †"], rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
-        *lines, "",
+        _rule_line(ctx), "", *lines, "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
-    data = {"table": "ppl", "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
+    data = {"table": "ppl", "paper_table": PAPER_TABLE["ppl"], "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
             "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
             "compute_s": cost, "wall_s": wall, "missing": missing}
     _write(ctx, "ppl", md, data)
@@ -272,7 +298,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
             cost += run_cost(ctx.lm_dir(mixer, dt, s))
     axes = [cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     seed_pair_axes = [pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
-    vd = verdict_d([axes_for_verdict(a, b) for a, b in zip(axes, seed_pair_axes)])
+    vd = verdict_d([axes_for_verdict(a, b) for a, b in zip(axes, seed_pair_axes)], judged=ctx.judged)
     desc = {c: d for c, d, _, _ in P.TABLE4}
     rows, jrows = [], []
     order = sorted(cells, key=lambda c: (stats(per[c])["mean"] is None, stats(per[c])["mean"] or 0))
@@ -293,8 +319,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
                         " & ".join(f"{d * 100:+.1f}%" for d in pax[name])])
     wall = time.time() - t0
     md = "\n".join([
-        f"## Table 4: the mechanism cube, validation perplexity at the training context ({L} tokens), "
-        f"{dt} Δ range", "", _setup_line(ctx), "",
+        "## " + TITLES["cube"].format(L=L, dt=dt), "", _setup_line(ctx), "",
         markdown_table(["cell", "description", "params", "ppl per seed", "ppl mean", "loss (ln ppl)", "seed spread",
                    "paper loss †", "paper ppl †"], rows), "",
         "Axis effects: ln ppl(b) − ln ppl(a) for a → b = query → linear readout, dual KV → generic input, "
@@ -306,11 +331,12 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
                   ax_rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens); `generic-query-norope` and `dualkv-linear-norope` "
         "are not reported there. Only orderings and ratios compare.", "",
-        f"- (d) the query readout is the dominant axis and RoPE barely matters: **{vd[0]}** ({vd[1]})", "",
+        _rule_line(ctx), "",
+        f"- (d) the query readout is the dominant axis and RoPE barely matters: {verdict_md(vd)} ({vd.why})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
-    data = {"table": "cube", "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
-            "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": {"verdict": vd[0], "why": vd[1]}},
+    data = {"table": "cube", "paper_table": PAPER_TABLE["cube"], "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
+            "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": verdict_json(vd, md=verdict_md(vd))},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     _write(ctx, "cube", md, data)
@@ -332,13 +358,16 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
     rows, jrows = [], []
     ratios: dict[tuple[str, str], list[float]] = {}
     got: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
+    seed_ratios: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
     for s in ctx.seeds:  # seeds outer: an interrupted run has every variant at seed 0 first
         for mixer, dt, _ in variants:
             r = lm_ppl(ctx, mixer, dt, s, lengths)
             if r is None or any(L not in r for L in lengths):
                 missing.append(f"{mixer}-{dt}-s{s}")
+                seed_ratios[(mixer, dt)].append(None)
                 continue
             got[(mixer, dt)].append(r)
+            seed_ratios[(mixer, dt)].append(r[L4] / r[L1])
             cost += run_cost(ctx.lm_dir(mixer, dt, s))
     for mixer, dt, note in variants:
         per_seed = got[(mixer, dt)]
@@ -358,13 +387,16 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
                       "ppl_mean": {str(L): means[L]["mean"] for L in lengths},
                       "ppl_spread": {str(L): means[L]["spread"] for L in lengths},
                       "ratio_4x_per_seed": rat, "paper_table2": list(pt), "paper_ratio_3.5x": pt[-1] / pt[0]})
-    vc = verdict_c(ratios[("interdomain", "scaled")], ratios[("softmax", "scaled")])
-    vc_paper = verdict_c(ratios[("interdomain", "paper")], ratios[("softmax", "scaled")])
+    # ratios are per finished seed; pair them by seed (a missing run leaves a gap, never a shifted pair)
+    vc = verdict_c(seed_ratios[("interdomain", "scaled")], seed_ratios[("softmax", "scaled")], None,
+                   judged=ctx.judged)
+    vc_paper = verdict_c(seed_ratios[("interdomain", "paper")], seed_ratios[("softmax", "scaled")], None,
+                         judged=ctx.judged)
     wall = time.time() - t0
     head = (["mixer", "Δ", "Δ range"] + [f"ppl@{L} ({L / L1:g}x)" for L in lengths]
             + ["ppl@4x / ppl@1x per seed", "paper 4K / 8K / 14K †", "paper 14K / 4K †"])
     md = "\n".join([
-        f"## Tables 2 / 8: perplexity against evaluation length (trained at {L1} tokens)", "",
+        "## " + TITLES["length"].format(L=L1), "",
         _setup_line(ctx), "",
         "Δ: `scaled` keeps the paper's Δ·T_train (Δ range × 4096 / T_train; the S4D layer caps Δ·|Re A| at κ = "
         "0.25), so the slowest mode settles inside the training context as it does in the paper: "
@@ -374,15 +406,16 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         markdown_table(head, rows), "",
         "† The paper's Table 2 (1.3B, trained at 4K, five-corpus average; 14K = 3.5x the training length). Only "
         "the ratios compare.", "",
-        f"- (c) Interdomain flat past the training length while Softmax degrades (scaled Δ): **{vc[0]}** ({vc[1]}; "
-        f"paper 14K/4K: Interdomain {P.TABLE2['interdomain'][2] / P.TABLE2['interdomain'][0]:.3f}, Softmax "
-        f"{P.TABLE2['softmax'][2] / P.TABLE2['softmax'][0]:.3f})",
-        f"- the same criterion with the paper's Δ range: {vc_paper[0]} ({vc_paper[1]})", "",
+        _rule_line(ctx), "",
+        f"- (c) Interdomain flat past the training length while Softmax degrades (scaled Δ): {verdict_md(vc)} "
+        f"({vc.why}; paper 14K/4K: Interdomain {P.TABLE2['interdomain'][2] / P.TABLE2['interdomain'][0]:.3f}, "
+        f"Softmax {P.TABLE2['softmax'][2] / P.TABLE2['softmax'][0]:.3f})",
+        f"- the same criterion with the paper's Δ range: {verdict_md(vc_paper)} ({vc_paper.why})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
-    data = {"table": "length", "size": ctx.size, "lengths": lengths, "setup": _setup_line(ctx), "rows": jrows,
-            "verdicts": {"c": {"verdict": vc[0], "why": vc[1]}, "c_paper_dt": {"verdict": vc_paper[0],
-                                                                              "why": vc_paper[1]}},
+    data = {"table": "length", "paper_table": PAPER_TABLE["length"], "size": ctx.size, "lengths": lengths, "setup": _setup_line(ctx), "rows": jrows,
+            "verdicts": {"c": verdict_json(vc, md=verdict_md(vc)),
+                         "c_paper_dt": verdict_json(vc_paper, md=verdict_md(vc_paper))},
             "paper": {"source": "TABLE2", "ratios": list(P.EXTRAP_RATIOS), "table2": {k: list(v) for k, v in
                                                                                       P.TABLE2.items()}},
             "compute_s": cost, "wall_s": wall, "missing": missing}
@@ -406,6 +439,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     grid_keys = [main_key] + [f"mqar@{T}x{Pp}/acc" for T, Pp in mq["test_grid"]]
     missing, cost = [], 0.0
     mq_acc = {m: {k: [] for k in grid_keys} for m in MIXERS3}
+    mq_seeds: dict[str, list[int]] = {m: [] for m in MIXERS3}
     for s in ctx.seeds:
         for m in MIXERS3:
             r = ensure_mqar(ctx, m, s)
@@ -413,6 +447,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                 missing.append(f"mqar {m}-s{s}")
                 continue
             cost += run_cost(ctx.mqar_dir(m, s))
+            mq_seeds[m].append(s)
             for k in grid_keys:
                 mq_acc[m][k].append(r["metrics"].get(k))
     tr = ctx.exp.TEXT_RECALL[ctx.size]
@@ -427,7 +462,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                 continue
             for k in text_keys:
                 text[m][k].append(r.get(k))
-    ve = verdict_e(mq_acc["softmax"][main_key], mq_acc["interdomain"][main_key], mq_acc["s4d_only"][main_key])
+    ve = verdict_e(*(_by_seed(mq_seeds[m], mq_acc[m][main_key], ctx.seeds) for m in MIXERS3), judged=ctx.judged)
     pct = lambda vs: " / ".join(f"{100 * v:.1f}" for v in vs if v is not None) or "—"  # noqa: E731
     mq_rows = [[LABEL[m]] + [pct(mq_acc[m][k]) for k in grid_keys] for m in MIXERS3]
     tx_rows = [[LABEL[m]] + [pct(text[m][k]) for k in text_keys]
@@ -436,7 +471,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     wall = time.time() - t0
     c = ctx.exp.get_mqar_config("softmax", ctx.size)
     md = "\n".join([
-        "## Table 9 at small size: recall", "",
+        "## " + TITLES["recall"], "",
         f"MQAR (Zoology's task; the paper reports no MQAR): model d_model {c.model.d_model} x {c.model.num_layers} "
         f"layers, vocabulary {c.mqar.vocab_size}, trained at T = {mq['seq_len']} with {mq['num_kv_pairs']} pairs, "
         f"{mq['steps']} steps x {mq['batch_size']}, the paper's Δ range; accuracy (%) at query positions on "
@@ -450,14 +485,15 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["mixer"] + [k.split("/")[0] for k in text_keys] + ["paper S-NIAH-1 †", "paper phonebook †"],
                   tx_rows), "",
         "† The paper's numbers (1.3B, FineWeb-Edu); only orderings compare.", "",
+        _rule_line(ctx), "",
         f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
-        f"pairs): **{ve[0]}** ({ve[1]})", "",
+        f"pairs): {verdict_md(ve)} ({ve.why})", "",
         f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
         f"included: {wall / 60:.1f} min)." + _missing_note(missing, ctx)])
-    data = {"table": "recall", "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3}, "text": text,
+    data = {"table": "recall", "paper_table": PAPER_TABLE["recall"], "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3}, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},
-            "verdicts": {"e": {"verdict": ve[0], "why": ve[1]}},
+            "verdicts": {"e": verdict_json(ve, md=verdict_md(ve))},
             "paper": {"source": "TABLE9_NIAH, TABLE9_PHONEBOOK", "niah": {k: list(v) for k, v in P.TABLE9_NIAH.items()},
                       "phonebook": {k: list(v) for k, v in P.TABLE9_PHONEBOOK.items()}},
             "compute_s": cost, "wall_s": wall, "missing": missing}
@@ -472,7 +508,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", choices=TABLES + ("all",))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
-    p.add_argument("--toy", action="store_true", help="the smoke-test size (seconds; numbers mean nothing)")
+    p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
+                   "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
+                   "6 per seed x 3 seeds; the first run of each mixer compiles for 20-45 s, the others take 3-10 s); "
+                   "`ppl --toy --only=interdomain` 1.4 min (6 runs); `all --toy` trains more (cube, MQAR)")
     p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's, 0,1)")
     p.add_argument("--render_only", action="store_true", help="write the tables from existing results only")
     p.add_argument("--keep_stale", action="store_true", help="reuse runs trained with other model code")

@@ -134,6 +134,7 @@ class Ctx:
         self.train_dt = ""
         self.unverified: set[str] = set()  # runs read (not trained) whose model code differs from the current
         self.root, self.size = os.path.abspath(root), size
+        self.judged = size != "toy"  # toy size: numbers and intervals, never a verdict word
         self.seeds = tuple(seeds)
         self.render_only, self.keep_stale = render_only, keep_stale
         self.tok = None

@@ -1,92 +1,222 @@
-"""The reproduction's verdict rules: each claim of the paper as a fixed rule on per-seed numbers (the rules and
-their thresholds are stated in idattn/studies/repro.py's docstring and docs/reproduction.md, fixed before the
-runs). Pure functions of numbers; `idattn.studies.repro` applies them to its tables.
+"""The reproduction's verdict rule: every claim of the paper judged on per-seed paired statistics with an interval.
+
+The rule (fixed here and in docs/reproduction.md before the >= 3-seed runs; not tuned to any outcome):
+
+1. **Pairing.** Seed s gives every mixer the same init seed (42 + s) and the same data order (shuffle seed s).
+   Each claim is a statistic computed *within* a seed, so the seed's difficulty (which at small sizes moves
+   perplexity more than the mixer does) cancels: a log-ratio of perplexities, ln(ppl_x / ppl_y), for (a), (b),
+   (c); differences of ln-perplexity main effects for (d); differences of accuracies for (e) (accuracies reach
+   0 and 1, where a log-ratio is undefined).
+2. **Interval: a two-sided 95% paired t interval** over the n per-seed statistics, mean ± t(0.975, n−1)·sd/√n.
+   Why t and not a paired bootstrap: with the 3-5 seeds this budget affords, a percentile bootstrap cannot reach
+   beyond the sample's min and max (with n = 3 it has 10 distinct resamples) and covers the true mean far less
+   often than 95%; the t interval is exact for normal per-seed statistics and wide when n is small
+   (t(0.975, 2) = 4.30), which is the honest width for 3 seeds.
+3. **Words.** Each claim part has a line (its no-effect or margin value, below) and the side the paper is on.
+   "reproduced": the whole interval is on the paper's side of the line; "not reproduced": the whole interval
+   is on the other side; otherwise "inconclusive at this scale", with the interval printed. Fewer than
+   MIN_SEEDS = 3 paired seeds is always "inconclusive at this scale" (the interval is still printed when n = 2).
+   A claim with several parts is reproduced when every part is, not reproduced when any part is, else
+   inconclusive. Each claim is its own test at 95%; no correction across the five claims (so across them about
+   one false call in four sets of five is expected by chance; the intervals are printed to be read, not only
+   the words).
+4. **Toy size** (`--toy`) is a smoke test: the numbers and intervals are printed, the verdict is NO_VERDICT,
+   never a verdict word.
+
+The claims (statistic per seed; line; the paper's side):
+
+  a  Interdomain beats S4D-only: ln(ppl_S4D-only / ppl_Interdomain); line 0; above (paper: ln 1.166).
+  b  Interdomain matches or beats Softmax: ln(ppl_Interdomain / ppl_Softmax); line ln 1.02 (within 2% counts as
+     matching); below (paper: ln 0.990).
+  c  Length extrapolation, with R = ppl@longest / ppl@train-length: precondition, Softmax uses its context:
+     ln(ppl of the last in-training-length position bucket / ppl of the first bucket) below 0 (interval); when
+     it is not shown (or not measured) the claim is VACUOUS at this size, whatever the ratios. Parts:
+     Softmax degrades relative to Interdomain: ln R_Softmax − ln R_Interdomain, line 0, above; Interdomain
+     flat: ln R_Interdomain, line ln 1.05, below (paper 14K/4K: 0.993 and 4.372).
+  d  Cube, main effects in ln ppl (mean over the four pairs differing in one axis): the query readout helps:
+     readout effect (ln ppl_linear − ln ppl_query), line 0, above; it dominates the input axis:
+     readout − |input|, line 0, above; RoPE barely matters: readout / 4 − |rope|, line 0, above.
+  e  Recall order (accuracy): Softmax ≥ Interdomain: acc_Softmax − acc_Interdomain, line −0.02 (a 2-point
+     tolerance), above; Interdomain > S4D-only: acc_Interdomain − acc_S4D-only, line 0, above.
+
+Pure functions of numbers; `idattn.studies.repro` applies them to its tables.
 """
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple, Sequence
 
 from idattn.eval import paper_numbers as P
+
+LEVEL = 0.95
+MIN_SEEDS = 3
+REPRODUCED = "reproduced"
+NOT_REPRODUCED = "not reproduced"
+INCONCLUSIVE = "inconclusive at this scale"
+VACUOUS = "vacuous at this size"
+NO_VERDICT = "no verdict (toy size: numbers only)"
+WORDS = (REPRODUCED, NOT_REPRODUCED, INCONCLUSIVE, VACUOUS)
+METHOD = "two-sided 95% paired t interval over seeds (mean ± t(0.975, n−1)·sd/√n)"
+
+# t(0.975, df) for df = 1..30 (standard tables); beyond 30 the Cornish-Fisher expansion is within 1e-3.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+class Verdict(NamedTuple):
+    verdict: str
+    why: str
+    parts: list  # [{"name", "values", "interval", "line", "side", "verdict"}]
+
+
+def t975(df: int) -> float:
+    if df < 1:
+        raise ValueError(f"t975: df={df}; a t interval needs at least 2 values")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def t_interval(values: Sequence[float]) -> dict[str, Any]:
+    """{"n", "mean", "sd", "lo", "hi", "method"}: the 95% t interval of the mean (lo = hi = None when n < 2)."""
+    v = [float(x) for x in values if x is not None and math.isfinite(x)]
+    n = len(v)
+    if n == 0:
+        return {"n": 0, "mean": None, "sd": None, "lo": None, "hi": None, "method": METHOD}
+    mean = sum(v) / n
+    if n < 2:
+        return {"n": 1, "mean": mean, "sd": None, "lo": None, "hi": None, "method": METHOD}
+    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
+    h = t975(n - 1) * sd / math.sqrt(n)
+    return {"n": n, "mean": mean, "sd": sd, "lo": mean - h, "hi": mean + h, "method": METHOD}
+
+
+def judge(values: Sequence[float], line: float, side: str) -> tuple[str, dict[str, Any]]:
+    """(word, interval) for one claim part: the paper's claim is `statistic > line` (side "above") or
+    `statistic < line` (side "below")."""
+    if side not in ("above", "below"):
+        raise ValueError(f"judge: side {side!r}")
+    iv = t_interval(values)
+    if iv["n"] < MIN_SEEDS:
+        return INCONCLUSIVE, iv
+    lo, hi = iv["lo"], iv["hi"]
+    if (side == "above" and lo > line) or (side == "below" and hi < line):
+        return REPRODUCED, iv
+    if (side == "above" and hi < line) or (side == "below" and lo > line):
+        return NOT_REPRODUCED, iv
+    return INCONCLUSIVE, iv
+
+
+def combine(words: Sequence[str]) -> str:
+    if any(w == NOT_REPRODUCED for w in words):
+        return NOT_REPRODUCED
+    if words and all(w == REPRODUCED for w in words):
+        return REPRODUCED
+    return INCONCLUSIVE
+
+
+def _fmt1(x: float | None, kind: str) -> str:
+    """One value in the claim's own unit: `ratio` (exp of a log-ratio), `pct` (a ln difference in %), `pts`
+    (accuracy points)."""
+    if x is None:
+        return "—"
+    if kind == "ratio":
+        return f"{math.exp(x):.3f}"
+    if kind == "pct":
+        return f"{x * 100:+.1f}%"
+    return f"{x * 100:+.1f} pts"
+
+
+def _fmt_iv(iv: dict[str, Any], kind: str) -> str:
+    if iv["n"] == 0:
+        return "no paired seeds"
+    if iv["lo"] is None:
+        return f"{_fmt1(iv['mean'], kind)} (1 seed, no interval)"
+    return (f"{_fmt1(iv['mean'], kind)} [95% t CI {_fmt1(iv['lo'], kind)}, {_fmt1(iv['hi'], kind)}] over "
+            f"{iv['n']} seeds")
+
+
+def _part(name: str, values: list, line: float, side: str, kind: str, line_text: str) -> dict[str, Any]:
+    word, iv = judge(values, line, side)
+    per = " / ".join(_fmt1(v, kind) for v in values)
+    text = (f"{name}: {_fmt_iv(iv, kind)} (per seed {per or '—'}; paper's side: {side} {line_text})")
+    return {"name": name, "values": values, "interval": iv, "line": line, "side": side, "verdict": word,
+            "text": text}
+
+
+def _finish(parts: list[dict[str, Any]], judged: bool, extra: str = "", word: str | None = None) -> Verdict:
+    n = min((p["interval"]["n"] for p in parts), default=0)
+    why = "; ".join(p["text"] for p in parts)
+    if n < MIN_SEEDS:
+        why += f"; {n} paired seed(s), the rule needs {MIN_SEEDS}"
+    if extra:
+        why = extra + "; " + why
+    w = word or combine([p["verdict"] for p in parts])
+    return Verdict(w if judged else NO_VERDICT, why, parts)
 
 
 def paired(x: list, y: list) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
 
 
-def verdict_a(inter: list, s4d: list) -> tuple[str, str]:
-    """Per seed (same data order and init seed for both mixers): S4D-only / Interdomain perplexity."""
-    pr = paired(inter, s4d)
-    if not pr:
-        return "inconclusive", "missing runs"
-    r = [b / a for a, b in pr]
-    why = f"S4D-only / Interdomain per seed {' / '.join(f'{v:.3f}' for v in r)} ({len(r)} seed(s))"
-    if all(v >= 1.05 for v in r):
-        return "reproduced", why
-    if all(v < 1.0 for v in r):
-        return "not reproduced", why + "; Interdomain worse in every seed"
-    return "inconclusive", why + "; under 5% or not in every seed"
+def _logratios(num: list, den: list) -> list[float]:
+    return [math.log(a / b) for a, b in paired(num, den)]
 
 
-def verdict_b(inter: list, soft: list) -> tuple[str, str]:
-    """Per seed: Interdomain / Softmax perplexity; 'matches' = within 2%."""
+def verdict_a(inter: list, s4d: list, judged: bool = True) -> Verdict:
+    """Per seed ln(ppl_S4D-only / ppl_Interdomain), line 0, above."""
+    return _finish([_part("S4D-only / Interdomain ppl", _logratios(s4d, inter), 0.0, "above", "ratio", "1")],
+                   judged)
+
+
+B_MARGIN = math.log(1.02)
+
+
+def verdict_b(inter: list, soft: list, judged: bool = True) -> Verdict:
+    """Per seed ln(ppl_Interdomain / ppl_Softmax), line ln 1.02, below."""
+    return _finish([_part("Interdomain / Softmax ppl", _logratios(inter, soft), B_MARGIN, "below", "ratio",
+                          "1.02")], judged)
+
+
+C_FLAT = math.log(1.05)
+
+
+def verdict_c(inter: list, soft: list, soft_uses_context: list | None = None, judged: bool = True) -> Verdict:
+    """inter, soft: per-seed R = ppl@longest / ppl@train-length (paired by seed); soft_uses_context: per-seed
+    ppl(last in-training-length bucket) / ppl(first bucket) of Softmax, or None when not measured."""
     pr = paired(inter, soft)
-    if not pr:
-        return "inconclusive", "missing runs"
-    r = [a / b for a, b in pr]
-    why = f"Interdomain / Softmax per seed {' / '.join(f'{v:.3f}' for v in r)} ({len(r)} seed(s))"
-    if all(v < 1.0 for v in r):
-        return "reproduced", why + "; Interdomain better in every seed"
-    if all(v <= 1.02 for v in r):
-        return "reproduced", why + "; matches (within 2%) in every seed"
-    if all(v > 1.02 for v in r):
-        return "not reproduced", why + "; Interdomain more than 2% worse in every seed"
-    return "inconclusive", why
+    parts = [_part("Softmax R / Interdomain R", [math.log(s / i) for i, s in pr], 0.0, "above", "ratio", "1"),
+             _part("Interdomain R", [math.log(i) for i, _ in pr], C_FLAT, "below", "ratio", "1.05")]
+    if soft_uses_context is None or not [v for v in soft_uses_context if v is not None]:
+        return _finish(parts, judged, "Softmax's perplexity by position was not measured here, so its use of "
+                                      "its context is not shown", word=VACUOUS)
+    pre = _part("precondition, Softmax last / first position-bucket ppl within the training length",
+                [math.log(v) for v in soft_uses_context if v is not None], 0.0, "below", "ratio", "1")
+    if pre["verdict"] != REPRODUCED:
+        return _finish([pre] + parts, judged, "Softmax is not shown to use its context", word=VACUOUS)
+    return _finish([pre] + parts, judged, word=combine([p["verdict"] for p in parts]))
 
 
-def verdict_c(inter: list[float], soft: list[float]) -> tuple[str, str]:
-    si, ss = stats(inter), stats(soft)
-    if not si["n"] or not ss["n"]:
-        return "inconclusive", "missing runs"
-    why = (f"ppl@4x / ppl@1x: Interdomain {' / '.join(f'{v:.3f}' for v in inter)}, Softmax "
-           f"{' / '.join(f'{v:.3f}' for v in soft)}")
-    if si["max"] <= 1.05 and ss["min"] >= 1.20:
-        return "reproduced", why
-    if si["min"] > 1.05 or ss["max"] < 1.05:
-        return "not reproduced", why
-    return "inconclusive", why
+def verdict_d(per_seed_axes: list[dict[str, Any]], judged: bool = True) -> Verdict:
+    ax = [a for a in per_seed_axes if None not in (a.get("readout"), a.get("input"), a.get("rope"))]
+    basis = sorted({a.get("basis", "all eight cells") for a in ax})
+    parts = [_part("readout effect (query better when > 0)", [a["readout"] for a in ax], 0.0, "above", "pct", "0"),
+             _part("readout − |input|", [a["readout"] - abs(a["input"]) for a in ax], 0.0, "above", "pct", "0"),
+             _part("readout / 4 − |RoPE|", [a["readout"] / 4 - abs(a["rope"]) for a in ax], 0.0, "above", "pct",
+                   "0")]
+    return _finish(parts, judged, f"main effects from {', '.join(basis) or 'no complete seed'}")
 
 
-def verdict_d(per_seed_axes: list[dict[str, Any]]) -> tuple[str, str]:
-    per_seed_axes = [ax for ax in per_seed_axes if None not in (ax["readout"], ax["input"], ax["rope"])]
-    if not per_seed_axes:
-        return "inconclusive", "missing cells"
-    why = "; ".join(f"seed {i} ({ax.get('basis', 'all eight cells')}): readout {ax['readout'] * 100:+.1f}%, input {ax['input'] * 100:+.1f}%, "
-                    f"RoPE {ax['rope'] * 100:+.1f}%" for i, ax in enumerate(per_seed_axes))
-    ok = [ax["readout"] > 0 and ax["readout"] > abs(ax["input"]) and abs(ax["rope"]) < ax["readout"] / 4
-          for ax in per_seed_axes]
-    if all(ok):
-        return "reproduced", why
-    dominant_other = [ax["readout"] <= 0 or abs(ax["input"]) > abs(ax["readout"]) or
-                      abs(ax["rope"]) > abs(ax["readout"]) for ax in per_seed_axes]
-    if all(dominant_other):
-        return "not reproduced", why
-    return "inconclusive", why
+E_TOL = -0.02
 
 
-def verdict_e(soft: list, inter: list, s4d: list) -> tuple[str, str]:
-    """Per seed (MQAR accuracy): Softmax >= Interdomain - 0.02 and Interdomain >= S4D-only + 0.02."""
+def verdict_e(soft: list, inter: list, s4d: list, judged: bool = True) -> Verdict:
+    """Accuracies per seed: acc_S − acc_I (line −0.02, above) and acc_I − acc_S4D (line 0, above)."""
     tr = [(a, b, c) for a, b, c in zip(soft, inter, s4d) if None not in (a, b, c)]
-    if not tr:
-        return "inconclusive", "missing runs"
-    why = (f"MQAR accuracy per seed: Softmax {' / '.join(f'{a:.3f}' for a, _, _ in tr)}, Interdomain "
-           f"{' / '.join(f'{b:.3f}' for _, b, _ in tr)}, S4D-only {' / '.join(f'{c:.3f}' for _, _, c in tr)}")
-    ok = [a >= b - 0.02 and b >= c + 0.02 for a, b, c in tr]
-    if all(ok):
-        return "reproduced", why
-    if not any(ok):
-        return "not reproduced", why
-    return "inconclusive", why
+    parts = [_part("Softmax − Interdomain accuracy", [a - b for a, b, _ in tr], E_TOL, "above", "pts", "−2 pts"),
+             _part("Interdomain − S4D-only accuracy", [b - c for _, b, c in tr], 0.0, "above", "pts", "0")]
+    return _finish(parts, judged)
 
 
 def cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
@@ -136,9 +266,21 @@ def axes_for_verdict(full: dict[str, float | None], pairs: dict[str, list[float]
         return dict({k: sum(v) / len(v) for k, v in pairs.items()}, basis="the paper's six cells")
     return {"readout": None, "input": None, "rope": None, "basis": "missing cells"}
 
+
 def stats(vals: list[float]) -> dict[str, Any]:
     vals = [v for v in vals if v is not None and math.isfinite(v)]
     if not vals:
         return {"mean": None, "min": None, "max": None, "spread": None, "n": 0}
     return {"mean": sum(vals) / len(vals), "min": min(vals), "max": max(vals), "spread": max(vals) - min(vals),
             "n": len(vals)}
+
+
+def verdict_json(v: Verdict, **extra) -> dict[str, Any]:
+    """A verdict as the tables' JSON record."""
+    return dict(extra, verdict=v.verdict, why=v.why, rule=METHOD,
+                parts=[{k: p[k] for k in ("name", "values", "interval", "line", "side", "verdict")} for p in v.parts])
+
+
+def verdict_md(v: Verdict) -> str:
+    """The verdict as the tables print it: the word in bold, or at toy size no word at all."""
+    return v.verdict if v.verdict == NO_VERDICT else f"**{v.verdict}**"
