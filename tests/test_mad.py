@@ -103,3 +103,16 @@ def test_scoring_refuses_mismatched_shapes():
         mad.score(lambda a: np.zeros((a.shape[0], a.shape[1] - 1, 16)), x, y)
     with pytest.raises(ValueError, match="task"):
         mad.generate("copying", 1)
+
+
+@pytest.mark.slow
+def test_train_mad_smoke_runs_the_trainer_step():
+    """A few steps of the trainer's step on a short in-context recall: runs, gives a finite loss and an accuracy
+    in [0, 1] from `score` (no claim about learning at this size)."""
+    from idattn.configs import repro
+    cfg = repro.get_mqar_config("softmax", "toy").model
+    r = mad.train_mad(cfg, "in_context_recall", steps=3, batch_size=4, num_train=16, num_test=8, seq_len=16,
+                      warmup=1)
+    assert r["steps"] == 3 and np.isfinite(r["loss"]) and 0.0 <= r["acc"] <= 1.0 and r["seq_len"] == 15
+    with pytest.raises(NotImplementedError, match="auto-encoder"):
+        mad.train_mad(cfg, "compression")

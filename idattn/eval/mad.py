@@ -355,3 +355,65 @@ def solver(task: str, **overrides) -> Callable[[np.ndarray], np.ndarray]:
     if task not in fns:
         raise ValueError(f"mad: task {task!r}; expected one of {sorted(GENERATORS)}")
     return lambda x: fns[task](x, **kw)
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int = 128, lr: float = 5e-4,
+              weight_decay: float = 0.0, warmup: int = 50, seed: int = 0, num_train: int | None = None,
+              num_test: int | None = None, log_every: int = 0, log: Callable[[str], None] = print,
+              **task_overrides) -> dict[str, Any]:
+    """Trains `idattn.models.build_model(model_cfg)` on one MAD task and returns {"acc": test accuracy through
+    `score`, "loss", "steps", ...}. The step is the trainer's (idattn.train.step.make_train_step, as
+    idattn.eval.recall.train_mqar uses it) with MAD's optimiser: AdamW, cosine to lr/100 after `warmup` (MAD:
+    cosine to 1e-6, no warmup given), global-norm clip 1.0. Training instances: `generate(..., is_training=True)`
+    (next-token targets for the recall tasks, as MAD's datasets). Compression needs MAD's auto-encoder head (a
+    decoder from the last position), which build_model does not have: refused."""
+    if task == "compression":
+        raise NotImplementedError("mad compression: needs an auto-encoder decoder head (mad-lab AutoEncoder); "
+                                  "the decoder LM has none")
+    import time
+
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import linen as nn
+
+    from idattn.models import build_model
+    from idattn.train.step import TrainState, make_train_step
+
+    spec = TASKS[task]
+    V = int(task_overrides.get("vocab_size", spec["vocab_size"]))
+    if V > model_cfg.vocab_size:
+        raise ValueError(f"train_mad: task vocabulary {V} exceeds model.vocab_size={model_cfg.vocab_size}")
+    n_train = int(num_train or spec["num_train"])
+    x_tr, y_tr = generate(task, n_train, seed=seed, is_training=True, **task_overrides)
+    x_te, y_te = generate(task, int(num_test or spec["num_test"]), seed=seed + 100_003, **task_overrides)
+    model = build_model(model_cfg)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
+    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
+    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
+    step = jax.jit(make_train_step(model.apply, opt))
+    T = x_tr.shape[1]
+    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (batch_size, T))
+
+    def batch_of(x, y):
+        mask = y != IGNORE
+        return {"inputs": jnp.asarray(x), "targets": jnp.asarray(np.where(mask, y, 0)),
+                "segment_ids": jnp.ones(x.shape, jnp.int32), "positions": jnp.asarray(positions),
+                "loss_mask": jnp.asarray(mask, jnp.float32)}
+
+    rng = np.random.default_rng(seed + 1)
+    t0, loss = time.time(), float("nan")
+    for i in range(steps):
+        idx = rng.integers(0, n_train, batch_size)
+        state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
+        loss = metrics["loss"]
+        if log_every and (i + 1) % log_every == 0:
+            log(f"mad {task} step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
+    apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
+    p = state.params
+    acc = score(lambda x: apply(p, jnp.asarray(x)), x_te, y_te)
+    return {"task": task, "acc": acc, "loss": float(loss), "steps": steps, "train_seconds": time.time() - t0,
+            "seq_len": int(T), "vocab_size": V, "num_train": n_train, "num_test": int(len(x_te))}
