@@ -3,17 +3,17 @@
 Run (every table, or one of ppl | cube | length | recall; `--toy` for a smoke-test size):
 
     python -m idattn.repro all --root=/tmp/idattn-repro          # writes <root>/<table>.md and <table>.json
-    python -m idattn.repro ppl --root=/tmp/idattn-repro --toy     # seconds: the smoke test's size
+    python -m idattn.repro ppl --root=/tmp/idattn-repro --toy     # ~4 min: the smoke test's size, no verdicts
 
 What it should produce (docs/reproduction.md holds a measured run):
-  ppl     Table 2 / Fig. 2: validation perplexity of Softmax, Interdomain and S4D-only, 2 seeds each, with the
+  ppl     Fig. 2 (125M point): validation perplexity of Softmax, Interdomain and S4D-only, 3 seeds each, with the
           paper's 125M perplexities beside ours; the paper expects Interdomain <= Softmax < S4D-only.
-  cube    Table 4: all eight cells of the mechanism cube and Softmax, 2 seeds each; the paper expects the
+  cube    Table 4: all eight cells of the mechanism cube and Softmax, 3 seeds each; the paper expects the
           readout (query vs linear) to be the dominant axis and RoPE to barely matter.
-  length  Tables 2 / 8: perplexity at 1x, 2x, 3.5x and 4x the training context, for the context-scaled Δ range
+  length  Table 2: perplexity at 1x, 2x, 3.5x and 4x the training context, for the context-scaled Δ range
           (the default of every table) and the paper's Δ range, side by side; the paper expects Interdomain
           and S4D-only flat past the training length and Softmax to degrade.
-  recall  Table 9 at small size: MQAR (Zoology's task, trained per mixer, 2 seeds) and the paper's text suites
+  recall  Table 9 at small size: MQAR (Zoology's task, trained per mixer, 3 seeds) and the paper's text suites
           (S-NIAH-1 and phonebook, at contexts of this scale) scored on the `ppl` models.
 
 Every language model is trained by the real trainer (`idattn.train.run`, the path of `python -m idattn.train`)
@@ -27,7 +27,7 @@ One run alone, with the ordinary trainer entry point:
     get_config("<mixer>,<size>,<dt>,<seed>")
       mixer: softmax | interdomain | s4d_only | a mechanism-cube cell <input>-<readout>-<rope>; a `+sum`
              suffix (e.g. s4d_only+sum) sets model.linear_contraction = "sum" (c_h = 1ᵀ C_h, not the mean)
-      size:  small (the reproduction) | toy (smoke test)
+      size:  small (the reproduction) | toy (smoke test) | ladder128 | ladder192 (the scale ladder, LADDER)
       dt:    scaled (Δ range scaled with the context; the default) | paper (the paper's Δ range)
       seed:  0, 1, ... (model init seed 42 + seed, data order seed `seed`)
 
@@ -61,10 +61,33 @@ SIZES = {
                 seq_len=32, batch_size=4, num_steps=4, warmup_steps=1, chunk_size=16, tokenizer="train:512"),
 }
 
+# The scale ladder (issue 20, item 2): the `ppl` protocol (Softmax, Interdomain, S4D-only, every seed) at three
+# compute points, `small` first. Tokens: 200 x 8 x 256 = 0.41M, 600 x 8 x 256 = 1.23M, 2000 x 8 x 256 = 4.10M
+# (3.1 epochs of the 1.3M-token KJV training split: the top point repeats data; the stdlib corpus, ~3.5M tokens of
+# training files, would not, once the data pipeline can read it). Compute per run ~ 6 x params x tokens. Cost,
+# an *estimate* (nothing above `small` has been run): the `small` runs took 46-114 s of training on 2 idle cores
+# (docs/reproduction.md); scaling that by 6·N·D puts ladder128 near 12x and ladder192 near 100x a `small` run,
+# i.e. far more than ~3 CPU-hours for 3 mixers x 3 seeds at the top point. `ladder_compute` gives the numbers.
+LADDER = ("small", "ladder128", "ladder192")
+SIZES["ladder128"] = dict(model=dict(vocab_size=1024, d_model=128, num_layers=4, num_heads=8, head_dim=16,
+                                     ffn_dim=384, num_modes=16),
+                          seq_len=256, batch_size=8, num_steps=600, warmup_steps=60, chunk_size=64,
+                          tokenizer="train:1024")
+SIZES["ladder192"] = dict(model=dict(vocab_size=1024, d_model=192, num_layers=6, num_heads=12, head_dim=16,
+                                     ffn_dim=576, num_modes=16),
+                          seq_len=256, batch_size=8, num_steps=2000, warmup_steps=200, chunk_size=64,
+                          tokenizer="train:1024")
+
+
+def ladder_tokens(size: str) -> int:
+    z = SIZES[size]
+    return int(z["num_steps"]) * int(z["batch_size"]) * int(z["seq_len"])
+
+
 # Length table: evaluation lengths as multiples of the training context (the paper's 1x / 2x / 3.5x, and 4x).
 LENGTH_RATIOS = (1.0, 2.0, 3.5, 4.0)
 # Held-out tokens scored at every length (the same stream prefix at every length; a multiple of every length).
-EVAL_TOKENS = {"small": 7 * 1024 * 4, "toy": 7 * 128 * 2}
+EVAL_TOKENS = {"small": 7 * 1024 * 4, "toy": 7 * 128 * 2, "ladder128": 7 * 1024 * 4, "ladder192": 7 * 1024 * 4}
 
 # Recall at small size. MQAR: Zoology's task with the `experiments/mqar.py` model and recipe (d 64, 2 layers,
 # 256-token vocabulary, the paper's Δ range; 3000 steps x 64, AdamW at 1e-3, 100 warmup steps, cosine), the same
@@ -87,7 +110,19 @@ TEXT_RECALL = {
 # Seeds per cell: at least 3 (issue 20: a verdict needs an interval, and a t interval over per-seed log-ratios needs
 # n >= 3 to be finite enough to exclude anything; the verdict rule refuses to judge on fewer, see
 # idattn/studies/repro_verdicts.py). Seed s varies both the init (42 + s) and the data order (shuffle seed s).
-SEEDS = {"small": (0, 1, 2), "toy": (0, 1, 2)}
+SEEDS = {"small": (0, 1, 2), "toy": (0, 1, 2), "ladder128": (0, 1, 2), "ladder192": (0, 1, 2)}
+
+# MAD (idattn.eval.mad; Poli et al. 2024): their protocol's width and depth (d_model 128, 4 layers = 2 blocks of
+# mixer + channel mixer), AdamW at 5e-4 (the middle of their LR grid; they sweep {1e-4, 5e-4, 1e-3} x wd {0, 0.1}
+# and keep the best, we run one point), batch 128. MAD trains 200 epochs of 12,800 examples (20,000 steps); STEPS
+# is what a CPU affords and is stated with every number. Recurrent state budget of the fixed-state mixers, per
+# layer: heads x 2·(R + d_h)·M real numbers (docs/model.md, the paper's Table 5 convention), with 8 heads of 16
+# and M = 16; Softmax's KV cache grows by 2·H·d_h = 256 numbers per token per layer instead.
+MAD = dict(model=dict(d_model=128, num_layers=4, num_heads=8, head_dim=16, ffn_dim=384, num_modes=16),
+           steps=2000, batch_size=128, lr=5e-4, weight_decay=0.0, warmup=50,
+           tasks=("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization"))
+# compression is not in `tasks`: MAD scores it through an auto-encoder head (a decoder from the last position)
+# that the decoder LM does not have, and idattn.eval.mad.train_mad refuses it rather than score it differently.
 
 # The Δ range of the `ppl` table's verdicts, the cube and the text-recall models (the `ppl` and `length` tables
 # show both). "paper": measured at this size, the context-scaled range leaves Interdomain 1.5x worse than

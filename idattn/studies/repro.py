@@ -5,7 +5,8 @@
             length   Table 2: perplexity at 1x, 2x, 3.5x, 4x the training context, for the context-scaled
                      and the paper's Δ range side by side
             recall   Table 9 at small size: MQAR per mixer, S-NIAH-1 and phonebook on the `ppl` models
-            all      the four, in the order ppl, length, recall, cube
+            ladder   the Fig. 2 protocol at the compute points of LADDER, ratios and their trend against compute
+            all      the five, in the order ppl, length, recall, cube, ladder
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
@@ -501,12 +502,18 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     return data
 
 
-TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall}
+def table_ladder(ctx: Ctx) -> dict[str, Any]:
+    from idattn.studies.ladder import table_ladder as ladder
+    return ladder(ctx)
+
+
+TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
+             "ladder": table_ladder}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("all",))
+    p.add_argument("table", choices=TABLES + ("ladder", "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -549,7 +556,9 @@ def main(argv=None) -> int:
             # the two seeds of a mixer (and reruns) compile the same programs
             jax.config.update("jax_compilation_cache_dir", os.path.join(ctx.root, ".jax-cache"))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-        tables = TABLES if args.table == "all" else (args.table,)
+        # `all` ends with the ladder, whose top points take hours (experiments/repro.py LADDER); at toy size
+        # there is no ladder
+        tables = (TABLES + (("ladder",) if size != "toy" else ())) if args.table == "all" else (args.table,)
         log(f"{', '.join(tables)} at size {size}, seeds {seeds}, root {ctx.root}")
         for t in tables:
             ts = time.time()

@@ -284,3 +284,30 @@ def verdict_json(v: Verdict, **extra) -> dict[str, Any]:
 def verdict_md(v: Verdict) -> str:
     """The verdict as the tables print it: the word in bold, or at toy size no word at all."""
     return v.verdict if v.verdict == NO_VERDICT else f"**{v.verdict}**"
+
+
+def trend(points: Sequence[tuple[float, Sequence[float]]]) -> dict[str, Any]:
+    """Least-squares line s = a + b·x through every per-seed value s at its compute point x (x = log10 FLOPs),
+    with the 95% t interval of the slope b (df = n − 2, the ordinary OLS standard error). `sign`: "+" / "−" when
+    the interval excludes 0, else "undetermined"; needs 3 distinct compute points (else sign None)."""
+    xs, ys = [], []
+    for x, vals in points:
+        for v in vals:
+            if v is not None and math.isfinite(v):
+                xs.append(float(x))
+                ys.append(float(v))
+    n, k = len(xs), len(set(xs))
+    out: dict[str, Any] = {"n": n, "points": k, "slope": None, "lo": None, "hi": None, "sign": None,
+                           "method": "OLS over per-seed values, 95% t interval of the slope (df n−2)"}
+    if k < 3 or n < 4:
+        return out
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+    a = my - b * mx
+    rss = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
+    se = math.sqrt(rss / (n - 2) / sxx)
+    h = t975(n - 2) * se
+    out.update(slope=b, intercept=a, lo=b - h, hi=b + h,
+               sign="+" if b - h > 0 else ("−" if b + h < 0 else "undetermined"))
+    return out
