@@ -180,8 +180,8 @@ from idattn.train import sharding as shd
 t = tpu_target("v5p-8", num_slices=2)
 mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, t.devices)
 sl = np.vectorize(lambda d: d.slice_index)(mesh.devices)
-assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1}, mesh.shape
-assert all(len(set(sl[i].ravel())) == 1 for i in range(2)) and set(sl[:, 0, 0]) == {0, 1}, sl
+assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "sequence": 1, "tensor": 1}, mesh.shape
+assert all(len(set(sl[i].ravel())) == 1 for i in range(2)) and set(sl[:, 0, 0, 0]) == {0, 1}, sl
 print("OK")
 """
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")

@@ -161,6 +161,7 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
     try:
         mesh = shd.make_mesh(config.mesh, target.devices, num_slices=target.num_slices)
         shd.check_batch_divisible(int(config.train.batch_size), int(config.train.grad_accum), mesh, 1)
+        shd.check_sequence_split(int(config.data.seq_len), mesh)
         setup = build_setup(config, mesh)
     except (ValueError, KeyError) as e:
         raise AotError(str(e)) from e
@@ -249,7 +250,8 @@ def format_step(r: StepReport, target) -> str:
 
 
 def mesh_str(mesh) -> str:
-    return "x".join(str(mesh.shape[a]) for a in ("data", "fsdp", "tensor"))
+    axes = ("data", "fsdp", "sequence", "tensor") if dict(mesh.shape).get("sequence", 1) > 1 else ("data", "fsdp", "tensor")
+    return "x".join(str(mesh.shape[a]) for a in axes)
 
 
 def final_line(config_name: str, topology: str, mesh, reports: list[StepReport], target) -> tuple[str, bool]:

@@ -118,7 +118,7 @@ DEFAULT_LOGICAL_AXIS_RULES = (
     ("mlp", "tensor"),
     ("modes", None),
     ("layers", None),
-    ("length", None),
+    ("length", "sequence"),  # the tokens of a sequence (config.mesh.sequence > 1 splits them; ops/sequence.py)
     ("conv", None),
 )
 
@@ -217,6 +217,6 @@ def base_config() -> ml_collections.ConfigDict:
     t.lease_heartbeat_s = 30.0  # workdir lease: heartbeat period (train/lease.py)
     t.lease_stale_s = 600.0  # workdir lease: a heartbeat older than this is a dead trainer's
 
-    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, tensor=1))
+    c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, sequence=1, tensor=1))
     c.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES
     return c

@@ -156,10 +156,11 @@ class InterdomainMixer(nn.Module):
         if self.readout == "linear":
             return self._output(x, self._linear(zk, zv, lam, b, c, cache, new_cache, segment_ids)), new_cache
         from idattn.ops import interdomain_mix, interdomain_step
+        from idattn.ops.sequence import interdomain_mix_sequence
 
-        if cache is None:
-            o = interdomain_mix(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl, chunk_size=self.chunk_size,
-                                segment_ids=segment_ids, out_dtype=self.dtype)
+        if cache is None:  # a mesh axis that splits the length passes states between shards (ops/sequence.py)
+            o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
+                                         chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype)
         elif t == 1:
             o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam, b, c,
                                              conj=self.conj)
@@ -175,6 +176,7 @@ class InterdomainMixer(nn.Module):
     def _linear(self, zk, zv, lam, b, c, cache, new_cache, segment_ids):
         """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = (1/M) 1ᵀ C_h (module docstring)."""
         from idattn.ops import s4d_linear_mix, s4d_linear_step
+        from idattn.ops.sequence import s4d_linear_mix_sequence
 
         r = zk.shape[-1]
         # [H, M]: mean_m (C_h X)[m, :] = ((1/M) 1ᵀ C_h) X. The mean by default, not the sum: the output scale and
@@ -185,8 +187,8 @@ class InterdomainMixer(nn.Module):
         # The chunked path is a convolution (no kernel needed): every other impl name maps to it.
         impl = "sequential" if self.impl == "sequential" else "chunked"
         if cache is None:
-            y = s4d_linear_mix(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size, segment_ids=segment_ids,
-                               out_dtype=jnp.float32)
+            y = s4d_linear_mix_sequence(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size,
+                                        segment_ids=segment_ids, out_dtype=jnp.float32)
         else:
             x0 = jnp.concatenate([cache["xk"], cache["xv"]], axis=-1)
             if z.shape[1] == 1:
@@ -217,8 +219,12 @@ class InterdomainMixer(nn.Module):
             raise ValueError(f"model.theory=True needs input='dualkv' and readout='query' (got input="
                              f"{self.input!r}, readout={self.readout!r}); the theory mode is the paper's ideal "
                              "derivation of the full layer only")
+        from idattn.ops.sequence import sequence_partition
         from idattn.ops.theory import legs_interdomain
 
+        if sequence_partition(x.shape[0], self.num_heads, x.shape[1]) is not None:
+            raise ValueError("model.theory=True under a sequence-split mesh: the LegS basis is time-varying, so "
+                             "shards cannot pass one state; set config.mesh.sequence=1 for the theory mode")
         q = self._conv("conv_q", self._dense("wq")(x), doc, None, None)
         k = self._conv("conv_k", self._dense("wk")(x), doc, None, None)
         if self.use_rope:

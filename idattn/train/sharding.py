@@ -1,9 +1,12 @@
 """The device mesh and the placement of parameters, optimiser state and batches (docs/training.md).
 
-One `jax.sharding.Mesh` with named axes (data, fsdp, tensor). Sizes come from `config.mesh` (per slice); one axis
-may be -1 and takes the remaining devices. Multi-slice: the data axis also spans the slices (DCN), see make_mesh. Parameters carry logical axis names (flax `with_logical_partitioning`);
+One `jax.sharding.Mesh` with named axes (data, fsdp, sequence, tensor). Sizes come from `config.mesh` (per slice);
+one axis may be -1 and takes the remaining devices; `sequence` (default 1, and 1 for configs saved before it
+existed) splits the length of every sequence: activations carry the logical length axis on it, and the mixers
+pass states between the shards (idattn/ops/sequence.py). Multi-slice: the data axis also spans the slices (DCN), see make_mesh. Parameters carry logical axis names (flax `with_logical_partitioning`);
 `config.logical_axis_rules` maps them to mesh axes (default: FSDP over `embed`, tensor parallelism over
-heads / MLP / vocab). Batches are split over ("data", "fsdp") on their leading axis.
+heads / MLP / vocab). Batches are split over ("data", "fsdp") on their leading axis and over "sequence" on their
+length axis.
 """
 from __future__ import annotations
 
@@ -15,13 +18,16 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
+SEQUENCE_AXIS = "sequence"
+_OPTIONAL_AXES = {"sequence": 1}  # axes a config may omit (saved before the axis existed)
 
 
-def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, int, int]:
+def mesh_shape(mesh_cfg, num_devices: int) -> tuple[int, ...]:
     """Resolves config.mesh (one axis may be -1) against the device count; clear error when impossible."""
     sizes = []
+    mesh_cfg = {**_OPTIONAL_AXES, **dict(mesh_cfg)}
     for ax in MESH_AXES:
         if ax not in mesh_cfg:
             raise KeyError(f"config.mesh.{ax} is missing; config.mesh needs keys {MESH_AXES} (sizes, one may be -1)")
@@ -51,7 +57,7 @@ def count_slices(devices: Sequence[jax.Device]) -> int:
 
 
 def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, num_slices: int | None = None) -> Mesh:
-    """The (data, fsdp, tensor) mesh. `config.mesh` describes one slice (its ICI-connected devices); with several
+    """The (data, fsdp, sequence, tensor) mesh. `config.mesh` describes one slice (its ICI-connected devices); with several
     slices (multi-slice TPU: devices carry `slice_index`; or `num_slices`), the data axis is multiplied by the
     number of slices — data parallelism over the data-centre network (DCN), the slowest link carrying only the
     gradient all-reduce — with `mesh_utils.create_hybrid_device_mesh` (MaxText's dcn_data_parallelism)."""
@@ -63,7 +69,8 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, num_slices:
     from jax.experimental import mesh_utils
     if n_slices > 1:
         try:
-            dev = mesh_utils.create_hybrid_device_mesh(per_slice, (n_slices, 1, 1), devices=devices,
+            dev = mesh_utils.create_hybrid_device_mesh(per_slice, (n_slices,) + (1,) * (len(MESH_AXES) - 1),
+                                                       devices=devices,
                                                        allow_split_physical_axes=True)
         except Exception:  # devices without slice_index (CPU tests): slice k = the k-th block of devices
             dev = np.stack([np.asarray(devices[k * len(devices) // n_slices:(k + 1) * len(devices) // n_slices])
@@ -99,7 +106,10 @@ def batch_size_per_shard(mesh: Mesh) -> int:
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
-    return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+    """[B, T, ...] batch arrays: rows over the batch axes, tokens over the sequence axis."""
+    if ndim < 2:
+        return NamedSharding(mesh, P(BATCH_AXES))
+    return NamedSharding(mesh, P(BATCH_AXES, SEQUENCE_AXIS, *([None] * (ndim - 2))))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -134,9 +144,33 @@ def check_batch_divisible(global_batch: int, grad_accum: int, mesh: Mesh, proces
 
 
 def global_batch_from_local(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
-    """Each process holds its contiguous rows of the global batch; builds global arrays sharded over the batch."""
-    return {k: jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), np.asarray(v))
-            for k, v in local.items()}
+    """Each process holds its contiguous rows of the global batch, every token of them; builds global arrays
+    sharded over the batch (and the sequence axis: the global length equals the local one, so each device picks
+    its tokens out of the process's rows)."""
+    out = {}
+    for k, v in local.items():
+        v = np.asarray(v)
+        shape = (v.shape[0] * jax.process_count(),) + v.shape[1:]
+        out[k] = jax.make_array_from_process_local_data(batch_sharding(mesh, v.ndim), v, shape)
+    return out
+
+
+def check_sequence_split(seq_len: int, mesh: Mesh) -> None:
+    """Refuses a length the sequence axis does not divide, and a sequence axis that crosses processes (each
+    process reads whole rows: the devices of one sequence group must belong to one process)."""
+    n = int(dict(mesh.shape).get(SEQUENCE_AXIS, 1))
+    if n == 1:
+        return
+    if seq_len % n:
+        raise ValueError(f"config.data.seq_len={seq_len} is not divisible by config.mesh.sequence={n}; use a "
+                         f"length that is a multiple of {n}")
+    axis = MESH_AXES.index(SEQUENCE_AXIS)
+    groups = np.moveaxis(np.asarray(mesh.devices), axis, -1).reshape(-1, n)
+    split = [g for g in groups if len({d.process_index for d in g}) > 1]
+    if split:
+        raise ValueError(f"config.mesh.sequence={n}: a sequence group spans processes "
+                         f"{sorted({d.process_index for d in split[0]})}, but each process reads whole rows; keep the "
+                         f"sequence axis within one host (at most {jax.local_device_count()} devices here)")
 
 
 def global_batch_from_full(full: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

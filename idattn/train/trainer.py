@@ -241,7 +241,7 @@ def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     opt = 8 * n_params / param_shards
     grads = 4 * n_params / param_shards
     micro_tokens = int(t.batch_size) // max(1, int(t.grad_accum)) * int(config.data.seq_len)
-    tok_dev = micro_tokens / shd.batch_size_per_shard(mesh)
+    tok_dev = micro_tokens / shd.batch_size_per_shard(mesh) / int(dict(mesh.shape).get("sequence", 1))
     d, ffn, h, dh = int(m.d_model), int(m.ffn_dim), int(m.num_heads), int(m.head_dim)
     remat = str(m.get("remat", "full"))
     per_layer_saved = d if remat == "full" else (10 * d + 3 * ffn + 4 * h * dh)
@@ -454,6 +454,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         pipeline.check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation always runs
         mesh = shd.make_mesh(config.mesh, devices)
         micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
+        shd.check_sequence_split(int(config.data.seq_len), mesh)
         model = models.build_model(config.model)
         # abstract: traces shapes only, allocates nothing
         setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)

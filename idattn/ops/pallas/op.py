@@ -384,7 +384,7 @@ def context_platform() -> str | None:
     return plat
 
 
-def _logical_mesh_axes(names):
+def logical_mesh_axes(names):
     """Mesh axes of logical axis names under flax's logical axis rules, when flax and rules are present (the
     trainer sets them); None otherwise. Imported lazily: idattn.ops imports with jax and numpy only."""
     try:
@@ -423,7 +423,7 @@ def mesh_partition(batch: int, heads: int, batch_axes=None, head_axes=None):
     if mesh is None or getattr(mesh, "empty", True) or mesh.size <= 1:
         return None
     if batch_axes is None or head_axes is None:
-        logical = _logical_mesh_axes(("batch", "heads"))
+        logical = logical_mesh_axes(("batch", "heads"))
         if logical is not None:
             batch_axes = logical[0] if batch_axes is None else batch_axes
             head_axes = logical[1] if head_axes is None else head_axes

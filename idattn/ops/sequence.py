@@ -1,0 +1,196 @@
+r"""Sequence parallelism by state passing: the operators with the length axis split over mesh devices.
+
+Per batch row and head, split T into P contiguous shards of length S (shard p holds tokens [pS, (p+1)S)). Both
+operators carry a state of the one recurrence X_t = lam ⊙ X_{t-1} + b ⊗ z_t (Interdomain: z = [k̃ | ṽ], the Xk and
+Xv halves; the linear readout: z its W channels), and each reads its output from the state exactly given the state
+that enters its first document (the operator's `initial_state`). Because lam is time invariant:
+
+    E_p      = Σ_{t in p, t in p's last document} lam^(end_p − t) ∘ (b ⊗ z_t)     shard p's zero-initialised end state
+    A_p      = lam^S  if shard p holds no document start (none inside, none at its first token), else 0
+    X_out(p) = A_p ∘ X_out(p−1) + E_p,      X_out(−1) = 0                      the state after shard p
+    X_in(p)  = 0 if a document starts at p's first token, else X_out(p−1)     the state entering shard p
+
+so each device computes E_p with one state-only pass (`end_state`: the chunk end-state accumulation, no
+readout, 4·M·W real MACs per token-head), all devices `all_gather` the P end states (2·H·M·W real numbers per
+row: a few hundred KiB per layer, whatever S) and the first/last segment id of every shard, fold the P pairs
+(A_j, E_j) in order (P steps of an elementwise complex multiply-add), and then run the ordinary operator on
+their shard with `initial_state = X_in(p)`. Document starts are detected from segment ids, so a document that
+crosses a boundary is one document and a reset exactly at a boundary resets. Gradients flow through
+`shard_map`'s collectives (the all_gather transposes to a reduce-scatter) and the operators' initial-state
+cotangent; nothing is recomputed across devices.
+
+`sequence_partition` reads the mesh in context and the logical axis rules ("batch", "length", "heads"; the
+trainer sets them), so the layers call `interdomain_mix_sequence` / `s4d_linear_mix_sequence` and fall back to
+the plain operators when no mesh axis splits the length.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from idattn.ops.interdomain import document_index, interdomain_mix, real_dtype
+
+_HI = lax.Precision.HIGHEST
+_DEFAULT_SEQUENCE_AXES = ("sequence",)
+
+
+def end_state(z, lam, b, segment_ids=None, chunk_size: int = 64):
+    """X after the last token of X_t = lam ⊙ X_{t-1} + b ⊗ z_t from X = 0, restarted at every document start:
+    [B, H, M, W] complex (complex128 for float64 inputs). Only the last document contributes.
+
+    z [B, T, H, W] float; lam, b [H, M] complex; segment_ids [B, T] or None. Chunked: per chunk of L tokens
+    X ← lam^L ∘ X + Σ_k b·lam^(L−1−k) ⊗ z_k as one real matmul on stacked planes; zero tokens are prepended to
+    make T a multiple of L (they add nothing and start no document)."""
+    z = jnp.asarray(z)
+    bsz, t, h, w = z.shape
+    rdt = real_dtype(z, lam, b)
+    cdt = jnp.complex128 if rdt == jnp.float64 else jnp.complex64
+    lam, b = jnp.asarray(lam).astype(cdt), jnp.asarray(b).astype(cdt)
+    m = lam.shape[-1]
+    docs = document_index(segment_ids, bsz, t)
+    z = jnp.where((docs == docs[:, -1:])[:, :, None, None], z.astype(rdt), 0)  # the last document only
+    big_l = max(1, min(int(chunk_size), t))
+    pad = (-t) % big_l
+    if pad:
+        z = jnp.concatenate([jnp.zeros((bsz, pad, h, w), rdt), z], axis=1)
+    n = (t + pad) // big_l
+    log_lam = jnp.log(lam)  # principal branch; |lam| < 1 so every power below has magnitude <= 1
+    k = jnp.arange(big_l, dtype=rdt)
+    pe = b[:, None, :] * jnp.exp((big_l - 1 - k)[None, :, None] * log_lam[:, None, :])  # [H, L, M]
+    pe2 = jnp.concatenate([jnp.real(pe), jnp.imag(pe)], axis=-1).astype(rdt)  # [H, L, 2M]
+    lam_l = jnp.exp(big_l * log_lam)  # [H, M]
+    zc = jnp.moveaxis(z.reshape(bsz, n, big_l, h, w), 1, 0)  # [n, B, L, H, W]
+
+    def body(x, zch):
+        x_r, x_i = x
+        add = jnp.einsum("hlm,blhw->bhmw", pe2, zch, precision=_HI)  # [B, H, 2M, W]
+        lr, li = jnp.real(lam_l)[None, :, :, None], jnp.imag(lam_l)[None, :, :, None]
+        return (lr * x_r - li * x_i + add[:, :, :m], lr * x_i + li * x_r + add[:, :, m:]), None
+
+    zero = jnp.zeros((bsz, h, m, w), rdt)
+    (x_r, x_i), _ = lax.scan(body, (zero, zero), zc)
+    return lax.complex(x_r, x_i).astype(cdt)
+
+
+def incoming_state(x_end, segment_ids, lam, shard_len: int, axis):
+    """Inside `shard_map` over the sequence axes `axis`: the state entering this shard (X_in(p) in the module
+    docstring), from every shard's zero-initialised end state `x_end` [B, H, M, W] and this shard's segment ids
+    [B, S]. Collectives: one all_gather of the end states (as real planes) and of the first / last segment ids."""
+    rdt = jnp.float64 if x_end.dtype == jnp.complex128 else jnp.float32
+    planes = lax.all_gather(jnp.stack([jnp.real(x_end), jnp.imag(x_end)]).astype(rdt), axis)  # [P, 2, B, H, M, W]
+    seg = jnp.asarray(segment_ids)
+    firsts, lasts = lax.all_gather(seg[:, 0], axis), lax.all_gather(seg[:, -1], axis)  # [P, B]
+    inside = lax.all_gather(jnp.any(seg[:, 1:] != seg[:, :-1], axis=1), axis)  # [P, B]
+    starts = jnp.concatenate([jnp.zeros_like(firsts[:1], bool), firsts[1:] != lasts[:-1]], axis=0)  # [P, B]
+    passes = ~(starts | inside)
+    decay = jnp.exp(float(shard_len) * jnp.log(lam.astype(x_end.dtype)))  # lam^S [H, M]
+    d_r, d_i = jnp.real(decay)[None, :, :, None].astype(rdt), jnp.imag(decay)[None, :, :, None].astype(rdt)
+
+    def fold(x, xs):  # X_out(j) = A_j ∘ X_out(j−1) + E_j
+        (x_r, x_i), (e, ok) = x, xs
+        keep = ok[:, None, None, None]
+        x_r, x_i = (jnp.where(keep, d_r * x_r - d_i * x_i, 0) + e[0],
+                    jnp.where(keep, d_r * x_i + d_i * x_r, 0) + e[1])
+        return (x_r, x_i), (x_r, x_i)
+
+    zero = jnp.zeros(planes.shape[2:], rdt)
+    _, (outs_r, outs_i) = lax.scan(fold, (zero, zero), (planes, passes))  # [P, B, H, M, W] each
+    p = lax.axis_index(axis)
+    prev = jnp.maximum(p - 1, 0)
+    x_r, x_i = outs_r[prev], outs_i[prev]
+    zeroed = ((p == 0) | starts[p])[:, None, None, None]
+    return lax.complex(jnp.where(zeroed, 0, x_r), jnp.where(zeroed, 0, x_i)).astype(x_end.dtype)
+
+
+def sequence_partition(batch: int, heads: int, length: int, sequence_axes=None):
+    """(mesh, batch_axes, sequence_axes, head_axes) when the mesh in context splits the length axis (the logical
+    name "length", else the mesh axis "sequence"), else None. The batch and head axes are those of
+    `idattn.ops.pallas.op.mesh_partition`. A length the sequence axes do not divide (an init pass, a short
+    prompt) gives None: the plain operator, which XLA computes on the gathered sequence (exact, not split); the
+    trainer refuses a data.seq_len the axis does not divide (idattn.train.sharding.check_sequence_split)."""
+    from idattn.ops.pallas.op import logical_mesh_axes, mesh_partition
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh is None or getattr(mesh, "empty", True) or mesh.size <= 1:
+        return None
+    if sequence_axes is None:
+        logical = logical_mesh_axes(("length",))
+        sequence_axes = logical[0] if logical is not None else _DEFAULT_SEQUENCE_AXES
+    shape = dict(mesh.shape)
+    sx = tuple(ax for ax in sequence_axes if int(shape.get(ax, 1)) > 1)
+    if not sx:
+        return None
+    ns = 1
+    for ax in sx:
+        ns *= int(shape[ax])
+    if length % ns:  # e.g. the 16-token init pass: computed whole (XLA gathers it), still exact
+        return None
+    plan = mesh_partition(batch, heads)
+    _, bx, hx = plan if plan is not None else (mesh, (), ())
+    return mesh, tuple(a for a in bx if a not in sx), sx, tuple(a for a in hx if a not in sx)
+
+
+def _specs(bx, sx, hx):
+    from idattn.ops.pallas.op import partition_spec
+    return (partition_spec(bx, sx, hx, ()), partition_spec(hx, ()), partition_spec(hx, (), ()),
+            partition_spec(bx, sx))
+
+
+def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto",
+                             chunk_size: int = 64, segment_ids=None, out_dtype=None, plan=None):
+    """`interdomain_mix` with the length split over the mesh's sequence axes (module docstring); the plain
+    operator when no axis splits it. Same arguments and result (no initial / returned state: a split sequence
+    starts from zero and its end state lives on the last shard)."""
+    bsz, t, h, r = fq.shape
+    plan = sequence_partition(bsz, h, t) if plan is None else plan
+    kw = dict(conj=conj, impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
+    if plan is None:
+        return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=segment_ids, **kw)
+    mesh, bx, sx, hx = plan
+    tok, per_head, per_head2, rows = _specs(bx, sx, hx)
+    seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
+    has_c = c is not None
+
+    def local(fq, zk, zv, lam, b, c, seg):
+        x_end = end_state(jnp.concatenate([zk, zv], axis=-1), lam, b, seg, chunk_size)
+        x_in = incoming_state(x_end, seg, lam, fq.shape[1], sx)
+        init = (x_in[..., :r], x_in[..., r:])
+        c = c if has_c else None
+        if _resolved(impl, chunk_size) == "pallas":  # already inside shard_map: the kernel call must not nest one
+            from idattn.ops.pallas.op import interdomain_mix_pallas
+            return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
+                                          initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
+        return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
+
+    c_arg = c if has_c else jnp.zeros((h, 1, 1), jnp.complex64)
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, per_head, per_head, per_head2, rows),
+                         out_specs=tok, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg)
+
+
+def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: int = 64, segment_ids=None,
+                            out_dtype=None, plan=None):
+    """`s4d_linear_mix` with the length split over the mesh's sequence axes (module docstring); the plain
+    operator when no axis splits it."""
+    from idattn.ops.s4d_linear import s4d_linear_mix
+
+    bsz, t, h, _ = z.shape
+    plan = sequence_partition(bsz, h, t) if plan is None else plan
+    kw = dict(impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
+    if plan is None:
+        return s4d_linear_mix(z, lam, b, c, segment_ids=segment_ids, **kw)
+    mesh, bx, sx, hx = plan
+    tok, per_head, _, rows = _specs(bx, sx, hx)
+    seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
+
+    def local(z, lam, b, c, seg):
+        x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, z.shape[1], sx)
+        return s4d_linear_mix(z, lam, b, c, segment_ids=seg, initial_state=x_in, **kw)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, per_head, per_head, per_head, rows), out_specs=tok,
+                         check_vma=False)(z, lam, b, c, seg)
+
+
+def _resolved(impl: str, chunk_size: int) -> str:
+    from idattn.ops.interdomain import resolve_impl
+    return resolve_impl(impl, int(chunk_size))

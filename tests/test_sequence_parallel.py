@@ -1,0 +1,189 @@
+"""Sequence parallelism (idattn/ops/sequence.py): the length split over a `sequence` mesh axis, states passed.
+
+One subprocess with 8 fake CPU devices (XLA_FLAGS set before jax starts) per check:
+
+- operator (default): `interdomain_mix_sequence` and `s4d_linear_mix_sequence` under x64 on meshes
+  sequence 8, sequence 4 x data 2 and sequence 2 x data 2 x tensor 2, forward and every gradient against the
+  float64 sequential operator on one device, to 1e-10, with documents crossing shard boundaries, a reset exactly
+  at a boundary and one inside a shard; `end_state` against a NumPy loop; the compiled program holds the
+  all-gather of the states (the split path ran, not a fallback).
+- model (default: Interdomain chunked on sequence 4 x fsdp 2; slow: + Pallas interpret, S4D-only, a cube cell and
+  Softmax, and sequence 8): the loss and every gradient of the full tiny model against one device (float32, 4 x 128
+  tokens: loss rtol 2e-6; each gradient within 2e-5 of the largest gradient element of the model).
+- training (slow): three train steps of the sequence-split trainer step: losses equal one device's (rtol 2e-5)
+  and decrease.
+"""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests import train_helpers as T
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+OPERATOR = r"""
+import json
+import jax
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+from idattn.ops import interdomain_mix, s4d_linear_mix
+from idattn.ops.sequence import end_state, interdomain_mix_sequence, s4d_linear_mix_sequence
+
+rng = np.random.default_rng(0)
+B, T, H, R, D, M = 2, 64, 2, 4, 3, 5
+cplx = lambda *s: rng.normal(size=s) + 1j * rng.normal(size=s)
+lam = np.exp(-np.exp(rng.normal(size=(H, M)) - 2) + 1j * rng.normal(size=(H, M)))
+b, c, cv = cplx(H, M) * 0.5, cplx(H, M, M) * 0.3, cplx(H, M)
+fq, zk, zv = rng.normal(size=(B, T, H, R)), rng.normal(size=(B, T, H, R)), rng.normal(size=(B, T, H, D))
+seg = np.zeros((B, T), np.int32)
+seg[0, 16:] = 1; seg[0, 21:] = 2; seg[0, 40:] = 1   # resets at 16 (a boundary of 8 and of 16), 21, 40 (boundary of 8)
+seg[1, 3:] = 4; seg[1, 8:] = 5                       # inside shard 0, at the boundary 8; then one long document
+x = np.zeros((B, H, M, R), complex)
+for t in range(T):
+    reset = (t > 0) & (seg[:, t] != seg[:, t - 1])
+    x = np.where(reset[:, None, None, None], 0, x)
+    x = lam[None, :, :, None] * x + b[None, :, :, None] * zk[:, t][:, :, None, :]
+out = {"end_state": float(np.max(np.abs(np.asarray(end_state(zk, lam, b, seg, chunk_size=6)) - x)))}
+weight = lambda o: jnp.cos(jnp.arange(o.size).reshape(o.shape))
+
+def rel(a, b):
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) / (1 + float(np.max(np.abs(np.asarray(x)))))
+               for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+
+ref_id = jax.value_and_grad(lambda *a: jnp.sum(weight(o := interdomain_mix(*a, impl="sequential", segment_ids=seg)) * o),
+                            argnums=tuple(range(6)))(fq, zk, zv, lam, b, c)
+z = np.concatenate([zk, zv], -1)
+ref_lin = jax.value_and_grad(lambda *a: jnp.sum(weight(y := s4d_linear_mix(*a, impl="sequential", segment_ids=seg)) * y),
+                             argnums=tuple(range(4)))(z, lam, b, cv)
+for shape in ((8, 1, 1), (4, 2, 1), (2, 2, 2)):
+    mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("sequence", "data", "tensor"))
+    sp = lambda *a: jnp.sum(weight(o := interdomain_mix_sequence(*a, impl="chunked", chunk_size=4, segment_ids=seg)) * o)
+    lin = lambda *a: jnp.sum(weight(y := s4d_linear_mix_sequence(*a, chunk_size=3, segment_ids=seg)) * y)
+    with jax.set_mesh(mesh):
+        f = jax.jit(jax.value_and_grad(sp, argnums=tuple(range(6))))
+        got_id = f(fq, zk, zv, lam, b, c)
+        gathers = f.lower(fq, zk, zv, lam, b, c).compile().as_text().count("all-gather")
+        got_lin = jax.jit(jax.value_and_grad(lin, argnums=tuple(range(4))))(z, lam, b, cv)
+    out[str(shape)] = {"interdomain": rel(ref_id, got_id), "linear": rel(ref_lin, got_lin), "all_gathers": gathers}
+print("RESULT" + json.dumps(out))
+"""
+
+MODEL = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from idattn.layers.common import positions_from_segments
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd
+from idattn.train.step import make_loss_sums
+from idattn.train.trainer import build_setup
+from tests import train_helpers as T
+
+cases, meshes, steps = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+B, S = 4, 128
+rng = np.random.default_rng(0)
+seg = np.ones((B, S), np.int32)
+seg[0, 32:] = 2; seg[0, 41:] = 3   # a reset exactly at a shard boundary (32 = 1 shard of 32, 2 of 16)
+seg[1, 10:] = 2; seg[1, 100:] = 3  # documents crossing boundaries
+seg[2, 64:] = 2
+toks = rng.integers(1, 500, (B, S + 1)).astype(np.int32)
+batch = {"inputs": toks[:, :-1], "targets": toks[:, 1:], "segment_ids": seg,
+         "positions": np.asarray(positions_from_segments(jnp.asarray(seg), B, S)),
+         "loss_mask": np.ones((B, S), np.float32)}
+out = {}
+for mixer, impl in cases:
+    runs = {}
+    for name, shape in [("one", [1, 1, 1, 1])] + [(m, meshes[m]) for m in meshes]:
+        cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": B, "train.num_steps": 3,
+                               "train.warmup_steps": 1})
+        apply_mixer_name(cfg.model, mixer)
+        cfg.model.impl, cfg.model.chunk_size = impl, 16 if impl == "pallas" else 8  # the kernels take 16
+        cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor = shape
+        mesh = shd.make_mesh(cfg.mesh, jax.devices()[:1] if name == "one" else jax.devices())
+        setup = build_setup(cfg, mesh)
+        loss_sums = make_loss_sums(setup.model.apply)
+        with setup.context():
+            state = setup.init(jax.random.PRNGKey(0))
+            gb = shd.global_batch_from_local(batch, mesh)
+            spec = str(gb["inputs"].sharding.spec)
+            loss, grads = jax.jit(jax.value_and_grad(lambda p, b: (lambda s, c: s / c)(*loss_sums(p, b))))(
+                state.params, gb)
+            losses = []
+            for _ in range(steps):
+                state, m = setup.train(state, gb)
+                losses.append(float(m["loss"]))
+        runs[name] = {"loss": float(loss), "spec": spec, "losses": losses,
+                      "grads": {jax.tree_util.keystr(k): np.asarray(v) for k, v in
+                                jax.tree_util.tree_flatten_with_path(jax.device_get(grads))[0]}}
+    one = runs.pop("one")
+    scale = max(float(np.max(np.abs(g))) for g in one["grads"].values())
+    for name, r in runs.items():
+        worst = max((float(np.max(np.abs(r["grads"][k] - g))) / scale, k) for k, g in one["grads"].items())
+        out[f"{mixer}/{impl}/{name}"] = {"loss": r["loss"], "loss_one": one["loss"], "grad_err": worst[0],
+                                         "worst": worst[1], "spec": r["spec"], "losses": r["losses"],
+                                         "losses_one": one["losses"]}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _run(script, *args, timeout=900):
+    env = dict(T.subprocess_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, "-c", script, *args], cwd=T.REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.split("RESULT", 1)[1])
+
+
+def test_operators_split_over_the_sequence_equal_the_sequential_reference():
+    res = _run(OPERATOR)
+    assert res.pop("end_state") < 1e-12
+    for shape, r in res.items():
+        assert r["interdomain"] < 1e-10 and r["linear"] < 1e-10, (shape, r)
+        assert r["all_gathers"] >= 1, (shape, r)  # the states were gathered: the split path ran
+
+
+def _check_model(res, steps):
+    for case, r in res.items():
+        assert "sequence" in r["spec"], (case, r["spec"])  # the batch really is split along the length
+        np.testing.assert_allclose(r["loss"], r["loss_one"], rtol=2e-6, err_msg=case)
+        assert r["grad_err"] < 2e-5, (case, r["grad_err"], r["worst"])
+        if steps:
+            np.testing.assert_allclose(r["losses"], r["losses_one"], rtol=2e-5, err_msg=case)
+            assert r["losses"][-1] < r["losses"][0], (case, r["losses"])
+
+
+def test_interdomain_model_split_over_the_sequence_equals_one_device():
+    res = _run(MODEL, json.dumps([["interdomain", "chunked"]]), json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "0")
+    assert set(res) == {"interdomain/chunked/seq4xfsdp2"}
+    _check_model(res, steps=0)
+
+
+@pytest.mark.slow
+def test_every_mixer_split_over_the_sequence_equals_one_device_and_trains():
+    cases = [["interdomain", "pallas"], ["s4d_only", "chunked"], ["generic-query-rope", "chunked"],
+             ["dualkv-linear-norope", "chunked"], ["softmax", "auto"]]
+    res = _run(MODEL, json.dumps(cases), json.dumps({"seq4xfsdp2": [1, 2, 4, 1], "seq8": [1, 1, 8, 1]}), "3",
+               timeout=1800)
+    assert len(res) == 2 * len(cases)
+    _check_model(res, steps=3)
+
+
+def test_sequence_split_refusals_and_old_configs():
+    import jax
+
+    from idattn.train import sharding as shd
+    assert shd.mesh_shape({"data": 1, "fsdp": -1, "tensor": 1}, 1) == (1, 1, 1, 1)  # saved before the axis existed
+    mesh = shd.make_mesh({"data": 1, "fsdp": 1, "sequence": 1, "tensor": 1}, jax.devices()[:1])
+    shd.check_sequence_split(30, mesh)  # size 1: anything goes
+
+    class FakeMesh:  # two processes, each holding one device of a sequence group of 2
+        shape = {"data": 1, "fsdp": 1, "sequence": 2, "tensor": 1}
+        devices = np.array([type("D", (), {"process_index": i})() for i in range(2)]).reshape(1, 1, 2, 1)
+
+    with pytest.raises(ValueError, match=r"data.seq_len=31 is not divisible by config.mesh.sequence=2"):
+        shd.check_sequence_split(31, FakeMesh)
+    with pytest.raises(ValueError, match=r"sequence group spans processes \[0, 1\]"):
+        shd.check_sequence_split(32, FakeMesh)
