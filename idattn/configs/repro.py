@@ -64,10 +64,11 @@ SIZES = {
 # The scale ladder (issue 20, item 2): the `ppl` protocol (Softmax, Interdomain, S4D-only, every seed) at three
 # compute points, `small` first. Tokens: 200 x 8 x 256 = 0.41M, 600 x 8 x 256 = 1.23M, 2000 x 8 x 256 = 4.10M
 # (3.1 epochs of the 1.3M-token KJV training split: the top point repeats data; the stdlib corpus, ~3.5M tokens of
-# training files, would not, once the data pipeline can read it). Compute per run ~ 6 x params x tokens. Cost,
-# an *estimate* (nothing above `small` has been run): the `small` runs took 46-114 s of training on 2 idle cores
-# (docs/reproduction.md); scaling that by 6·N·D puts ladder128 near 12x and ladder192 near 100x a `small` run,
-# i.e. far more than ~3 CPU-hours for 3 mixers x 3 seeds at the top point. `ladder_compute` gives the numbers.
+# training files, would not, once the data pipeline can read it). Compute per run 6·N·D: 8.8e11, 8.4e12 (9.6x),
+# 8.2e13 (93x) FLOPs for Interdomain (N from idattn.models.counting). Cost, an *estimate* (nothing above `small`
+# has been run): the `small` runs took 46-114 s of training on 2 idle cores (docs/reproduction.md); scaled by
+# compute, 7-18 min per ladder128 run and 1.2-3 h per ladder192 run, so ~3 CPU-hours hold the bottom two points
+# (3 mixers x 3 seeds each), not the top one.
 LADDER = ("small", "ladder128", "ladder192")
 SIZES["ladder128"] = dict(model=dict(vocab_size=1024, d_model=128, num_layers=4, num_heads=8, head_dim=16,
                                      ffn_dim=384, num_modes=16),
@@ -116,8 +117,9 @@ SEEDS = {"small": (0, 1, 2), "toy": (0, 1, 2), "ladder128": (0, 1, 2), "ladder19
 # mixer + channel mixer), AdamW at 5e-4 (the middle of their LR grid; they sweep {1e-4, 5e-4, 1e-3} x wd {0, 0.1}
 # and keep the best, we run one point), batch 128. MAD trains 200 epochs of 12,800 examples (20,000 steps); STEPS
 # is what a CPU affords and is stated with every number. Recurrent state budget of the fixed-state mixers, per
-# layer: heads x 2·(R + d_h)·M real numbers (docs/model.md, the paper's Table 5 convention), with 8 heads of 16
-# and M = 16; Softmax's KV cache grows by 2·H·d_h = 256 numbers per token per layer instead.
+# layer (idattn.models.counting.state_budget, the paper's Table 5 convention): 8 heads x 2·(16 + 16)·16 = 8,192
+# real numbers; Softmax's KV cache grows by 2·H·d_h = 256 numbers per token per layer instead (at MAD's length
+# 128 that is 32,768, 4x the fixed state).
 MAD = dict(model=dict(d_model=128, num_layers=4, num_heads=8, head_dim=16, ffn_dim=384, num_modes=16),
            steps=2000, batch_size=128, lr=5e-4, weight_decay=0.0, warmup=50,
            tasks=("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization"))
