@@ -300,3 +300,19 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     pkg.mkdir()
     with pytest.raises(runs.ReproError, match="no model code"):
         fresh_hash()
+
+
+def test_context_buckets_measure_the_context_each_token_had():
+    """(c)'s precondition: tokens are bucketed by the context they had, which restarts at a document boundary
+    inside a packed row; padding (mask 0) is not counted."""
+    import numpy as np
+    nll = np.array([[3.0, 3.0, 2.0, 1.0], [3.0, 2.0, 3.0, 2.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = np.array([[1, 1, 1, 1], [1, 1, 1, 1], [0, 0, 0, 0]], float)
+    seg = np.array([[1, 1, 1, 1], [1, 1, 2, 2], [0, 0, 0, 0]])
+    out = runs.context_buckets(nll, mask, seg, 4, num_buckets=2)
+    # context lengths: row 0 -> 0 1 2 3, row 1 -> 0 1 0 1 (a new document at column 2)
+    assert out["edges"] == [0, 2, 4]
+    assert out["bucket_ppl"] == pytest.approx([math.exp(16 / 6), math.exp(1.5)])
+    assert out["ratio"] == pytest.approx(math.exp(1.5 - 16 / 6))
+    # the same numbers by column alone (ignoring the boundary) would differ: the test can tell
+    assert out["bucket_ppl"][0] != pytest.approx(math.exp((3 + 3 + 3 + 2) / 4))

@@ -58,8 +58,8 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, ensure_mqar, lm_ppl, load_experiment, log,
-                                       paper, read_marker, run_cost, run_name, text_recall)
+from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, context_use, ensure_mqar, lm_ppl, load_experiment,
+                                       log, paper, read_marker, run_cost, run_name, text_recall)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
                                            verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
                                            verdict_md)
@@ -388,10 +388,16 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
                       "ppl_mean": {str(L): means[L]["mean"] for L in lengths},
                       "ppl_spread": {str(L): means[L]["spread"] for L in lengths},
                       "ratio_4x_per_seed": rat, "paper_table2": list(pt), "paper_ratio_3.5x": pt[-1] / pt[0]})
+    # (c)'s precondition: does Softmax use its context? Per seed, its perplexity by the context each token had,
+    # last bucket of the training length over the first (idattn.studies.repro_runs.context_use)
+    uses = []
+    for s in ctx.seeds:
+        cu = context_use(ctx, "softmax", "scaled", s)
+        uses.append(cu["ratio"] if cu else None)
     # ratios are per finished seed; pair them by seed (a missing run leaves a gap, never a shifted pair)
-    vc = verdict_c(seed_ratios[("interdomain", "scaled")], seed_ratios[("softmax", "scaled")], None,
+    vc = verdict_c(seed_ratios[("interdomain", "scaled")], seed_ratios[("softmax", "scaled")], uses,
                    judged=ctx.judged)
-    vc_paper = verdict_c(seed_ratios[("interdomain", "paper")], seed_ratios[("softmax", "scaled")], None,
+    vc_paper = verdict_c(seed_ratios[("interdomain", "paper")], seed_ratios[("softmax", "scaled")], uses,
                          judged=ctx.judged)
     wall = time.time() - t0
     head = (["mixer", "Δ", "Δ range"] + [f"ppl@{L} ({L / L1:g}x)" for L in lengths]
@@ -407,6 +413,9 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         markdown_table(head, rows), "",
         "† The paper's Table 2 (1.3B, trained at 4K, five-corpus average; 14K = 3.5x the training length). Only "
         "the ratios compare.", "",
+        f"Softmax's use of its context ((c)'s precondition): perplexity of the tokens with the last eighth of "
+        f"the training length as context over that of the first eighth, per seed: "
+        f"{' / '.join(f2(u, 3) for u in uses)} (below 1: it uses its context).", "",
         _rule_line(ctx), "",
         f"- (c) Interdomain flat past the training length while Softmax degrades (scaled Δ): {verdict_md(vc)} "
         f"({vc.why}; paper 14K/4K: Interdomain {P.TABLE2['interdomain'][2] / P.TABLE2['interdomain'][0]:.3f}, "
@@ -415,6 +424,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
     data = {"table": "length", "paper_table": PAPER_TABLE["length"], "size": ctx.size, "lengths": lengths, "setup": _setup_line(ctx), "rows": jrows,
+            "softmax_context_use_per_seed": uses,
             "verdicts": {"c": verdict_json(vc, md=verdict_md(vc)),
                          "c_paper_dt": verdict_json(vc_paper, md=verdict_md(vc_paper))},
             "paper": {"source": "TABLE2", "ratios": list(P.EXTRAP_RATIOS), "table2": {k: list(v) for k, v in

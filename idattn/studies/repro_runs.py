@@ -350,3 +350,73 @@ def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
     write_marker(wd, rec)
     log(f"text recall {os.path.basename(wd)}: " + ", ".join(f"{k} {v:.2f}" for k, v in metrics.items()))
     return metrics
+
+
+CONTEXT_BUCKETS = 8
+
+
+def context_buckets(nll, mask, segment_ids, length: int, num_buckets: int = CONTEXT_BUCKETS) -> dict[str, Any]:
+    """Per-bucket perplexity by the context a token had: its column minus the first column of its segment (a
+    packed row restarts the context at a document boundary). nll, mask, segment_ids: [rows, L] arrays.
+    `ratio` = ppl of the last bucket / ppl of the first (below 1: the model uses its context)."""
+    import numpy as np
+    nll, mask, seg = np.asarray(nll, np.float64), np.asarray(mask, np.float64), np.asarray(segment_ids)
+    cols = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    start = np.zeros(seg.shape, np.int64)
+    for r in range(seg.shape[0]):  # first column of each token's segment
+        new = np.concatenate([[True], seg[r, 1:] != seg[r, :-1]])
+        start[r] = np.maximum.accumulate(np.where(new, cols[r], 0))
+    ctx_len = cols - start
+    width = max(1, -(-length // num_buckets))
+    edges = list(range(0, length, width)) + [length]
+    ppl = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        m = mask * ((ctx_len >= a) & (ctx_len < b))
+        ppl.append(float(np.exp((nll * m).sum() / m.sum())) if m.sum() > 0 else None)
+    ratio = ppl[-1] / ppl[0] if ppl and ppl[0] and ppl[-1] else None
+    return {"edges": edges, "bucket_ppl": ppl, "ratio": ratio}
+
+
+def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
+    """Position-bucket perplexity of one run at its training length on the `ppl` protocol's held-out tokens
+    (`context_buckets`); written to / read from `eval/context-*.json`; None when not available."""
+    from idattn.rundir.schema import result_path, write_result
+    rec = ensure_lm(ctx, mixer, dt, seed)
+    if rec is None:
+        return None
+    wd = ctx.lm_dir(mixer, dt, seed)
+    L = ctx.train_len()
+    proto = dict(ppl_protocol(ctx, L), method="per-token nll bucketed by the context each token had "
+                                              f"({CONTEXT_BUCKETS} buckets of the training length)")
+    path = result_path(wd, "context", int(rec["steps"]), proto)
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)["details"]
+    if ctx.skip(mixer, dt):
+        return None
+    import jax
+    import numpy as np
+
+    from idattn.models import build_model
+    from idattn.rundir import load_params
+    from idattn.studies.quickstart import eval_batches
+    from idattn.train.step import token_nll
+    t0 = time.time()
+    cfg, params = load_params(wd)
+    model = build_model(cfg.model)
+    fn = jax.jit(lambda p, b: token_nll(model.apply({"params": p}, b["inputs"], segment_ids=b["segment_ids"],
+                                                    positions=b["positions"]), b["targets"]))
+    nll, mask, seg = [], [], []
+    for b in eval_batches(cfg, ctx.tokenizer(cfg), L, int(ctx.exp.EVAL_TOKENS[ctx.size])):
+        nll.append(np.asarray(fn(params, b)))
+        mask.append(np.asarray(b["loss_mask"]))
+        seg.append(np.asarray(b["segment_ids"]))
+    out = context_buckets(np.concatenate(nll), np.concatenate(mask), np.concatenate(seg), L)
+    write_result(wd, "context", int(rec["steps"]), {"context/ratio_last_first": out["ratio"] or float("nan")},
+                 run={"workdir": wd, "mixer": mixer, "size": f"repro-{ctx.size}", "dt": dt, "seed": seed},
+                 details=out, protocol=proto)
+    rec = read_marker(wd)
+    rec["eval_s"] = float(rec.get("eval_s", 0.0)) + (time.time() - t0)
+    write_marker(wd, rec)
+    log(f"context use {os.path.basename(wd)}: last / first bucket ppl {out['ratio']}")
+    return out
