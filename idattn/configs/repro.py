@@ -123,6 +123,12 @@ SEEDS = {"small": (0, 1, 2), "toy": (0, 1, 2), "ladder128": (0, 1, 2), "ladder19
 MAD = dict(model=dict(d_model=128, num_layers=4, num_heads=8, head_dim=16, ffn_dim=384, num_modes=16),
            steps=2000, batch_size=128, lr=5e-4, weight_decay=0.0, warmup=50,
            tasks=("in_context_recall", "fuzzy_recall", "noisy_recall", "selective_copying", "memorization"))
+# `toy`: the smoke size of `python -m idattn.repro mad --toy` (short sequences, a few steps; numbers mean nothing)
+MAD_SIZES = {"small": MAD,
+             "toy": dict(model=dict(d_model=32, num_layers=1, num_heads=2, head_dim=16, ffn_dim=64, num_modes=4),
+                         steps=2, batch_size=4, lr=1e-3, weight_decay=0.0, warmup=1, num_train=16, num_test=8,
+                         tasks=("in_context_recall", "memorization"),
+                         task_overrides={"in_context_recall": {"seq_len": 16}, "memorization": {"seq_len": 8}})}
 # compression is not in `tasks`: MAD scores it through an auto-encoder head (a decoder from the last position)
 # that the decoder LM does not have, and idattn.eval.mad.train_mad refuses it rather than score it differently.
 

@@ -5,8 +5,9 @@
             length   Table 2: perplexity at 1x, 2x, 3.5x, 4x the training context, for the context-scaled
                      and the paper's Δ range side by side
             recall   Table 9 at small size: MQAR per mixer, S-NIAH-1 and phonebook on the `ppl` models
+            mad      the MAD synthetic tasks (Poli et al. 2024) for Softmax and every cube cell; (d), (e) per task
             ladder   the Fig. 2 protocol at the compute points of LADDER, ratios and their trend against compute
-            all      the five, in the order ppl, length, recall, cube, ladder
+            all      the six, in the order ppl, length, recall, cube, mad, ladder (no ladder at toy size)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
@@ -512,18 +513,23 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     return data
 
 
+def table_mad(ctx: Ctx) -> dict[str, Any]:
+    from idattn.studies.repro_mad import table_mad as mad
+    return mad(ctx)
+
+
 def table_ladder(ctx: Ctx) -> dict[str, Any]:
     from idattn.studies.ladder import table_ladder as ladder
     return ladder(ctx)
 
 
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
-             "ladder": table_ladder}
+             "ladder": table_ladder, "mad": table_mad}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("ladder", "all"))
+    p.add_argument("table", choices=TABLES + ("mad", "ladder", "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -568,7 +574,8 @@ def main(argv=None) -> int:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         # `all` ends with the ladder, whose top points take hours (experiments/repro.py LADDER); at toy size
         # there is no ladder
-        tables = (TABLES + (("ladder",) if size != "toy" else ())) if args.table == "all" else (args.table,)
+        every = TABLES + ("mad",) + (("ladder",) if size != "toy" else ())
+        tables = every if args.table == "all" else (args.table,)
         log(f"{', '.join(tables)} at size {size}, seeds {seeds}, root {ctx.root}")
         for t in tables:
             ts = time.time()

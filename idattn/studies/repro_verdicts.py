@@ -198,12 +198,13 @@ def verdict_c(inter: list, soft: list, soft_uses_context: list | None = None, ju
     return _finish([pre] + parts, judged, word=combine([p["verdict"] for p in parts]))
 
 
-def verdict_d(per_seed_axes: list[dict[str, Any]], judged: bool = True) -> Verdict:
+def verdict_d(per_seed_axes: list[dict[str, Any]], judged: bool = True, unit: str = "pct") -> Verdict:
+    """unit: "pct" for effects in ln ppl (printed in %), "pts" for effects in accuracy (the MAD table)."""
     ax = [a for a in per_seed_axes if None not in (a.get("readout"), a.get("input"), a.get("rope"))]
     basis = sorted({a.get("basis", "all eight cells") for a in ax})
-    parts = [_part("readout effect (query better when > 0)", [a["readout"] for a in ax], 0.0, "above", "pct", "0"),
-             _part("readout − |input|", [a["readout"] - abs(a["input"]) for a in ax], 0.0, "above", "pct", "0"),
-             _part("readout / 4 − |RoPE|", [a["readout"] / 4 - abs(a["rope"]) for a in ax], 0.0, "above", "pct",
+    parts = [_part("readout effect (query better when > 0)", [a["readout"] for a in ax], 0.0, "above", unit, "0"),
+             _part("readout − |input|", [a["readout"] - abs(a["input"]) for a in ax], 0.0, "above", unit, "0"),
+             _part("readout / 4 − |RoPE|", [a["readout"] / 4 - abs(a["rope"]) for a in ax], 0.0, "above", unit,
                    "0")]
     return _finish(parts, judged, f"main effects from {', '.join(basis) or 'no complete seed'}")
 
