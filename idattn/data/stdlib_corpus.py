@@ -133,14 +133,23 @@ def long_documents(min_chars: int, heldout: bool = True, root: str | None = None
     return [d for d in (held if heldout else train) if len(d[1]) >= min_chars]
 
 
-def train_tokenizer(vocab_size: int = 1024, root: str | None = None, cache_dir: str | os.PathLike | None = None):
-    """A SentencePiece tokenizer trained on the corpus's training files only (cached by content hash and vocab)."""
-    from idattn.data.tokenizer import TRAIN_RECIPE, Tokenizer, default_cache_dir, train_sentencepiece
+def tokenizer_path(vocab_size: int = 1024, root: str | None = None,
+                   cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """Path of the SentencePiece model trained on the corpus's training files only (trained and cached on first
+    use, keyed by the training files' content hash, the vocabulary and the recipe). Usable today as
+    `data.tokenizer=<path>` (idattn.data.tokenizer.load_tokenizer reads any .model path)."""
+    from idattn.data.tokenizer import TRAIN_RECIPE, default_cache_dir, train_sentencepiece
     train, _ = split(root)
     key = hashlib.sha256(f"{content_hash(train)}:{vocab_size}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
     path = cache / f"stdlib-bpe{vocab_size}-{key}.model"
-    if path.is_file():
-        return Tokenizer(path.read_bytes(), name=f"stdlib:{vocab_size}")
-    proto = train_sentencepiece([t for _, t in train], vocab_size, model_prefix=str(path)[: -len(".model")])
-    return Tokenizer(proto, name=f"stdlib:{vocab_size}")
+    if not path.is_file():
+        train_sentencepiece([t for _, t in train], vocab_size, model_prefix=str(path)[: -len(".model")])
+    return path
+
+
+def train_tokenizer(vocab_size: int = 1024, root: str | None = None, cache_dir: str | os.PathLike | None = None):
+    """The Tokenizer of `tokenizer_path` (trained on the training files only)."""
+    from idattn.data.tokenizer import Tokenizer
+    path = tokenizer_path(vocab_size, root, cache_dir)
+    return Tokenizer(path.read_bytes(), name=f"stdlib:{vocab_size}")
