@@ -165,8 +165,27 @@ def test_aot_cli_prints_closing_line(tmp_path):
                      r"95 GiB: fits", last)
     assert m, last
     rec = json.loads(js.read_text())
-    assert rec["fits"] and rec["mesh"] == {"data": 1, "fsdp": 4, "tensor": 1}
+    assert rec["fits"] and rec["mesh"] == {"data": 1, "fsdp": 4, "sequence": 1, "tensor": 1}
     assert rec["steps"][0]["name"] == "decode" and rec["steps"][0]["total"] > 0
+
+
+@pytest.mark.slow
+def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels():
+    """config.mesh.sequence=2 on v5p-8 (fsdp 2): the train step holds the Mosaic kernels inside the state-passing
+    shard_map (idattn/ops/sequence.py) and the all_gather of the end states; it fits."""
+    _need_libtpu()
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    proc = subprocess.run([sys.executable, "-m", "idattn.aot", "--config=experiments/scaling.py:interdomain,tiny",
+                           "--topology=v5p-8", "--config.mesh.sequence=2", "--config.data.seq_len=512",
+                           "--config.model.chunk_size=128", "--config.model.num_layers=1", "--steps=train"],
+                          cwd=T.REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("[train] compiled"))
+    kernels = int(re.search(r"kernels \(custom calls\) (\d+)", line).group(1))
+    gathers = int(re.search(r"all-gather (\d+)", line).group(1))
+    assert kernels >= 4 and gathers >= 1, line
+    assert proc.stdout.strip().splitlines()[-1].endswith("mesh 1x2x2x1: " + line.split("-> total ")[1].split(" GiB")[0]
+                                                         + " GiB per chip of 95 GiB: fits"), proc.stdout[-500:]
 
 
 def test_multislice_mesh_puts_slices_on_the_data_axis():
