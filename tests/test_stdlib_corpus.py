@@ -106,3 +106,37 @@ def test_tokenizer_is_trained_on_the_training_files_only(tmp_path):
     _fresh()
     S.train_tokenizer(512, root=str(root), cache_dir=cache)
     assert len(os.listdir(cache)) == 2
+
+
+def test_stdlib_is_a_data_source_with_its_held_out_files(tmp_path):
+    """data.source='stdlib' feeds the trainer's pipeline: training batches come from the training files only, the
+    validation batches from the held-out files, and the overlap check knows which are which."""
+    import ml_collections
+    import numpy as np
+
+    from idattn.data import pipeline
+    from idattn.data.prepare import doc_hash, training_hashes
+    from idattn.data.tokenizer import ByteTokenizer
+
+    class Tok(ByteTokenizer):  # bytes as ids: nothing to train; 256-258 as the specials the packer writes
+        bos_id, eos_id, pad_id = 256, 257, 258
+
+        def identity(self):
+            return {"sha256": "bytes"}
+
+        def encode_batch(self, texts):
+            return [self.encode(t) for t in texts]
+
+    tok = Tok()
+    cfg = ml_collections.ConfigDict(dict(source="stdlib", seq_len=256, shuffle_seed=0, num_workers=0, prefetch=0,
+                                         packing="concat", path="", tokenizer="bytes"))
+    train, val = S.split()
+    it = pipeline.make_train_iterator(cfg, tok, global_batch_size=2, seq_len=256, seed=0)
+    text = tok.decode(next(it)["inputs"].ravel())
+    assert "def " in text or "import " in text or "class " in text, text[:200]
+    ev = pipeline.make_eval_batches(cfg, tok, batch_size=2, seq_len=256, num_batches=1)
+    first_val = tok.decode(ev[0]["inputs"][0][:64])
+    assert first_val and first_val in val[0][1][:1000], first_val
+    hashes, what = training_hashes(cfg)
+    assert what == "stdlib training files" and len(hashes) == len({doc_hash(t) for _, t in train})
+    assert not np.isin([doc_hash(t) for _, t in val], hashes).any()

@@ -53,7 +53,7 @@ from idattn.data.formats import check_tokenizer_matches  # noqa: F401  (public A
 
 log = logging.getLogger(__name__)
 
-SOURCES = ("kjv", "arrayrecord", "tfds")
+SOURCES = ("kjv", "stdlib", "arrayrecord", "tfds")
 PACKING = ("concat", "pad")
 # Threads reading ArrayRecord records in parallel per host (I/O bound; grain's default is 16).
 ARRAYRECORD_READ_THREADS = 8
@@ -182,6 +182,18 @@ def kjv_token_docs(tokenizer, split: str, val_fraction: float) -> tuple[np.ndarr
     return _KJV_CACHE[key]
 
 
+def stdlib_token_docs(tokenizer, split: str) -> tuple[np.ndarray, ...]:
+    """The running interpreter's standard-library source files as documents (idattn/data/stdlib_corpus.py: a
+    deterministic list, held-out files by a path hash), tokenised; cached per (tokenizer, split)."""
+    key = ("stdlib", tokenizer.identity()["sha256"], split)
+    if key not in _KJV_CACHE:
+        from idattn.data import stdlib_corpus
+        train, val = stdlib_corpus.split()
+        docs = train if split == "train" else val
+        _KJV_CACHE[key] = tuple(np.asarray(ids, np.int32) for ids in tokenizer.encode_batch([t for _, t in docs]))
+    return _KJV_CACHE[key]
+
+
 def _decode_record(record: bytes, dtype: str) -> np.ndarray:
     return np.frombuffer(record, dtype=dtype).astype(np.int32)
 
@@ -199,6 +211,8 @@ def _doc_dataset(data_cfg, tokenizer, split: str) -> tuple[grain.MapDataset, int
     if source == "kjv":
         docs = kjv_token_docs(tokenizer, split, _cfg(data_cfg, "val_fraction", 0.05))
         return grain.MapDataset.source(list(docs)), 0  # in memory: threads would only contend for the GIL
+    if source == "stdlib":
+        return grain.MapDataset.source(list(stdlib_token_docs(tokenizer, split))), 0
     if source == "arrayrecord":
         path = _cfg(data_cfg, "path", "")
         if not path:

@@ -329,6 +329,12 @@ def training_hashes(data_cfg) -> tuple[np.ndarray | None, str]:
 
         train, _ = corpus.kjv_documents(val_fraction=float(get("val_fraction", 0.05)))
         return np.unique(np.fromiter((doc_hash(t) for t in train), np.uint64, len(train))), "kjv training documents"
+    if source == "stdlib":
+        from idattn.data import stdlib_corpus
+
+        train = [t for _, t in stdlib_corpus.split()[0]]
+        return (np.unique(np.fromiter((doc_hash(t) for t in train), np.uint64, len(train))),
+                "stdlib training files")
     if source == "arrayrecord":
         path = str(get("path", ""))
         h = formats.read_doc_hashes(path, "train")

@@ -197,6 +197,10 @@ def describe_data(config, tokenizer) -> str:
             docs = pipeline.kjv_token_docs(tokenizer, "train", float(d.val_fraction))
             tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
                       f"the paper's data)")
+        elif source == "stdlib":
+            from idattn.data import pipeline, stdlib_corpus
+            docs = pipeline.stdlib_token_docs(tokenizer, "train")
+            tokens = f"{sum(len(x) for x in docs):,} train tokens ({stdlib_corpus.corpus_id()})"
     except Exception as e:  # informative only
         tokens = f"n/a ({type(e).__name__}: {e})"
     path = d.path if source == "arrayrecord" else (d.get("tfds_name", "") if source == "tfds" else "(embedded)")
