@@ -10,6 +10,7 @@ from __future__ import annotations
 from absl import app, flags, logging
 
 from idattn.models.export import export
+from idattn.configs.flags import step_flag
 from idattn.rundir.loading import load_model
 
 _CONFIG = None
@@ -30,7 +31,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     if not FLAGS.out:
         raise app.UsageError("--out=<folder> is required")
-    config, _, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)
+    config, _, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed, step_flag(FLAGS.step))
     files = export(params, config.model, FLAGS.out)
     print(f"wrote {', '.join(files)} to {FLAGS.out}")
 

@@ -21,6 +21,7 @@ from absl import app, flags, logging
 
 
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
+from idattn.configs.flags import step_flag
 from idattn.rundir.loading import load_model  # noqa: E402
 
 
@@ -50,7 +51,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     from idattn.models import decoding
 
-    config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)
+    config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed, step_flag(FLAGS.step))
     tok = None if FLAGS.prompt_ids else get_tokenizer(FLAGS.tokenizer, config)
     if FLAGS.prompt_ids:
         ids = [int(x) for x in FLAGS.prompt_ids.split(",") if x.strip()]

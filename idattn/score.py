@@ -15,6 +15,7 @@ from absl import app, flags, logging
 
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
 from idattn.eval.scoring import score_ids
+from idattn.configs.flags import step_flag
 from idattn.rundir.loading import load_model
 
 _CONFIG = None
@@ -38,7 +39,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     if FLAGS.text is None:
         raise app.UsageError("--text is required")
-    config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed)
+    config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed, step_flag(FLAGS.step))
     tok = get_tokenizer(FLAGS.tokenizer, config)
     ids = encode(tok, FLAGS.text, FLAGS.add_bos)
     if len(ids) < 2:

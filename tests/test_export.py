@@ -134,3 +134,11 @@ def test_cli_modules_import_together():
     for name in ("idattn.export", "idattn.score", "idattn.params", "idattn.generate"):
         importlib.import_module(name)
     assert "out" not in flags.FLAGS and "text" not in flags.FLAGS
+
+
+def test_step_flag_of_the_model_commands():
+    """generate / score / export take --step (docs/own-data.md): latest by default, an integer, or 'best'."""
+    from idattn.configs.flags import step_flag
+    assert step_flag(None) is None and step_flag("best") == "best" and step_flag("12") == 12
+    with pytest.raises(SystemExit, match=r"--step='last': expected a checkpoint step \(an integer\) or 'best'"):
+        step_flag("last")

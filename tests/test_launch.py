@@ -78,20 +78,23 @@ def test_tpu_dry_run_commands():
 def test_slurm_dry_run_script(tmp_path):
     out = _run("slurm.py", "--nodes=4", "--gpus_per_node=8", "--partition=gpu", "--dry_run", "--", *TRAIN)
     script = out.split("# submit with")[0]
-    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-task=1",
-                 "#SBATCH --partition=gpu", "#SBATCH --signal=TERM@120"):
+    for line in ("#SBATCH --nodes=4", "#SBATCH --ntasks=32", "#SBATCH --ntasks-per-node=8",
+                 "#SBATCH --gpus-per-task=1", "#SBATCH --partition=gpu", "#SBATCH --signal=TERM@120",
+                 "#SBATCH --open-mode=append",  # a requeued job appends to its log instead of truncating it
+                 "export XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"):  # --setup may set it
         assert line in script, line
     srun = [l for l in script.splitlines() if l.startswith("srun")][0]
     words = shlex.split(srun.split("||")[0])
     assert words[words.index("idattn.train") + 1:] == ["--distributed=on", *TRAIN]
     assert 'scontrol requeue "$SLURM_JOB_ID"' in script
     out_line = [l for l in script.splitlines() if l.startswith("#SBATCH --output=")][0]
-    assert out_line.startswith("#SBATCH --output=/") and "/slurm-logs/" in out_line  # absolute: cwd-independent
+    assert out_line.startswith("#SBATCH --output=\"/") and "/slurm-logs/" in out_line  # absolute: cwd-independent
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     per_node = _run("slurm.py", "--nodes=2", "--mode=per_node", "--dry_run", "--", *TRAIN)
     assert "#SBATCH --ntasks-per-node=1" in per_node and "--gpus-per-task" not in per_node
+    assert "#SBATCH --ntasks=2\n" in per_node
     # the trainer learns the mode (idattn/train/distributed.py): one GPU per task, or all of the node's
     assert "export IDATTN_LOCAL_DEVICES=one\n" in script and "export IDATTN_LOCAL_DEVICES=all\n" in per_node
 

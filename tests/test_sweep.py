@@ -127,12 +127,27 @@ def test_slurm_dry_run_is_a_job_array_with_data_flags(tmp_path, no_subprocess):
     assert "#SBATCH --array=0-23%4" in out and "#SBATCH --nodes=4" in out
     assert 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"' in out
     line = [l for l in out.splitlines() if l.startswith("srun ")][0]
-    assert "--config=experiments/sweeps/paper_sizes.py:${RUN}" in line or \
-           f"--config={PAPER_SWEEP}:${{RUN}}" in line
-    assert f"--workdir={tmp_path}/${{RUN}}" in line
+    assert '--config=experiments/sweeps/paper_sizes.py:"${RUN}"' in line or \
+           f'--config={PAPER_SWEEP}:"${{RUN}}"' in line
+    assert f'--workdir={tmp_path}/"${{RUN}}"' in line
     assert "--config.data.source=arrayrecord --config.data.path=/data/fw" in line
     runs = [l for l in out.splitlines() if l.startswith("RUNS=(")][0]
     assert runs.count("paper-") == 24 and "paper-interdomain-1.3b-D5.2e10" in runs
+
+
+def test_slurm_array_expands_the_run_in_quoted_paths(tmp_path, no_subprocess, monkeypatch):
+    """A root with a space and a ';' is single-quoted in the script; the array task's run still expands there (it
+    used to stay a literal ${RUN} inside the quotes: every task in one folder)."""
+    root = tmp_path / "my runs;x"
+    rc, out = _main([PAPER_SWEEP, f"--root={root}", "--launcher=slurm", "--dry_run", "--data_path=/data/fw", "--",
+                     "--nodes=1", "--gpus_per_node=8", "--partition=gpu"])
+    assert rc == 0
+    line = [l for l in out.splitlines() if l.startswith("srun ")][0].split(" || ")[0]
+    monkeypatch.undo()  # the dry run is over: now let bash parse the line as the job would
+    args = subprocess.run(["bash", "-c", 'RUN=paper-softmax-125m; eval "set -- ${0#srun }"; printf "%s\\n" "$@"',
+                           line], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert f"--workdir={root}/paper-softmax-125m" in args, args
+    assert any(a.endswith(":paper-softmax-125m") and a.startswith("--config=") for a in args), args
 
 
 def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch):
@@ -141,7 +156,7 @@ def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch):
 
     def fake_call(cmd, *a, **k):
         text = open(cmd[1]).read()
-        out = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0].split("=", 1)[1]
+        out = [ln for ln in text.splitlines() if ln.startswith("#SBATCH --output=")][0].split("=", 1)[1].strip("\"")
         calls.append((cmd, os.path.isdir(os.path.dirname(out)), out))
         return 0
 
@@ -241,3 +256,8 @@ def test_wsd_branches_plan_one_trunk_per_size_and_branch_points_it_keeps(tmp_pat
     assert rc == 0 and f"branch_from={os.path.join(root, trunk)}:" in out
     with pytest.raises(SystemExit, match="local launcher"):
         sweep.main([CPU_SWEEP, f"--root={root}", "--wsd_branches", "--launcher=slurm", "--dry_run"])
+
+
+def test_status_of_a_root_without_a_sweep_says_so(tmp_path, capsys):
+    assert sweep.main(["status", f"--root={tmp_path / 'nothing'}"]) == 1
+    assert "no sweep.json and no run folders" in capsys.readouterr().err

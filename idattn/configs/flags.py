@@ -69,8 +69,8 @@ def run_app(main, argv=None) -> None:
 
 
 def define_model_flags():
-    """Define `--config` (an experiment config; a random-init model when no --workdir) and `--workdir` (a run
-    directory with checkpoints): the model source of `idattn.rundir.loading.load_model`, shared by the score,
+    """Define `--config` (an experiment config; a random-init model when no --workdir), `--workdir` (a run
+    directory with checkpoints) and `--step` (which checkpoint; `step_flag` parses it): the model source of `idattn.rundir.loading.load_model`, shared by the score,
     generate and export CLIs. Returns the config flag holder.
 
     Call it when run as a CLI, never at import: two modules defining `--config` in one process (e.g. one pytest
@@ -80,4 +80,16 @@ def define_model_flags():
 
     config = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
     flags.DEFINE_string("workdir", None, "run directory with checkpoints")
+    flags.DEFINE_string("step", None, "with --workdir: the checkpoint step (default: the latest committed; 'best': "
+                        "the best-of-run parameters)")
     return config
+
+
+def step_flag(value: str | None):
+    """--step as load_params takes it: None (latest), "best", or an int; one-line error otherwise."""
+    if value in (None, "", "best"):
+        return value or None
+    try:
+        return int(value)
+    except ValueError:
+        raise SystemExit(f"error: --step={value!r}: expected a checkpoint step (an integer) or 'best'") from None

@@ -750,7 +750,8 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
         f"{st.val.docs} val docs ({st.val.tokens} tokens) to {out_p}")
     if trained_proto is not None:
         log(f"prepare: tokenizer {out_p / TOKENIZER_FILE} ({tok.vocab_size} pieces); train with "
-            f"--config.data.tokenizer={out_p / TOKENIZER_FILE} --config.data.path={out_p}")
+            f"--config.data.source=arrayrecord --config.data.tokenizer={out_p / TOKENIZER_FILE} "
+            f"--config.data.path={out_p}")
     return meta
 
 

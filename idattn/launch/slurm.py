@@ -34,17 +34,19 @@ import tempfile
 TEMPLATE = """#!/bin/bash
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
+#SBATCH --ntasks={ntasks}
 #SBATCH --ntasks-per-node={tasks_per_node}
 #SBATCH --gpus-per-node={gpus_per_node}
 {gpus_per_task}#SBATCH --cpus-per-task={cpus_per_task}
 #SBATCH --time={time}
-#SBATCH --output={log_dir}/%x-%j.out
+#SBATCH --output="{log_dir}/%x-%j.out"
+#SBATCH --open-mode=append
 #SBATCH --signal=TERM@120
 #SBATCH --requeue
 {extra_sbatch}
 set -euo pipefail
 {setup}
-export XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+export XLA_PYTHON_CLIENT_MEM_FRACTION=${{XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}}
 # GPUs per process for idattn/train/distributed.py (jax's SLURM default would be one, numbered by SLURM_LOCALID)
 export IDATTN_LOCAL_DEVICES={local_devices}
 # a dead task: srun --kill-on-bad-exit stops the others; jax.distributed's heartbeat bounds any collective wait
@@ -86,6 +88,7 @@ def render(args, train_args: list[str]) -> str:
         setup += f"\nsource {shlex.quote(os.path.join(args.venv, 'bin', 'activate'))}"
     return TEMPLATE.format(
         job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
+        ntasks=args.nodes * (args.gpus_per_node if per_gpu else 1),  # with --gpus-per-task, newer SLURM wants -n
         gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
         cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
         setup=setup, python=shlex.quote(args.python), train_args=shlex.join(train_args),

@@ -79,10 +79,11 @@ def _restore_params(config, params_dir: str, shardings, digests, where: str):
 
 
 
-def load_model(config=None, workdir: str | None = None, seed: int = 0):
-    """(config, model, params): from a workdir checkpoint, else random init of `config` (seed)."""
+def load_model(config=None, workdir: str | None = None, seed: int = 0, step=None):
+    """(config, model, params): from a workdir checkpoint (`step`: None = latest, an int, or "best"), else random
+    init of `config` (seed)."""
     if workdir:
-        config, params = load_params(workdir)
+        config, params = load_params(workdir, step)
         return config, models.build_model(config.model), params
     if config is None:
         raise ValueError("give --workdir=<run dir> or --config=<experiment config> (random init)")

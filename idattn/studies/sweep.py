@@ -285,7 +285,21 @@ def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max
     pick = (f"RUNS=({names})\nRUN=\"${{RUNS[$SLURM_ARRAY_TASK_ID]}}\"\n"
             f"echo \"array task $SLURM_ARRAY_TASK_ID: run $RUN\"\n")
     script = script.replace("set -euo pipefail\n", "set -euo pipefail\n" + pick, 1)
-    return script.replace("RUN_NAME", "${RUN}")
+    return expand_run_placeholder(script)
+
+
+def expand_run_placeholder(script: str) -> str:
+    """Every RUN_NAME of a shell script becomes the array task's run, "${RUN}": closed out of a single-quoted word
+    (shlex quotes a path with a space as '...'; a variable inside single quotes would stay literal)."""
+    out = []
+    for line in script.splitlines(keepends=True):
+        parts = line.split("RUN_NAME")
+        text = parts[0]
+        for rest in parts[1:]:
+            inside = text.replace("'\"'\"'", "").count("'") % 2 == 1  # shlex writes a quote as '"'"'
+            text += ("'\"${RUN}\"'" if inside else '"${RUN}"') + rest
+        out.append(text)
+    return "".join(out)
 
 
 def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool, max_parallel: int) -> int:
@@ -303,7 +317,7 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
     # rendered this script.
     for line in script.splitlines():
         if line.startswith("#SBATCH --output="):
-            os.makedirs(os.path.dirname(line.split("=", 1)[1].strip()) or ".", exist_ok=True)
+            os.makedirs(os.path.dirname(line.split("=", 1)[1].strip().strip("\"")) or ".", exist_ok=True)
     path = os.path.join(root, "sweep-array.sbatch")
     with open(path, "w") as f:
         f.write(script)
@@ -400,6 +414,10 @@ def main(argv=None) -> int:
         p.add_argument("--json", action="store_true")
         a = p.parse_args(argv[1:])
         rows = status(a.root, a.sweep)
+        if not rows:
+            print(f"sweep status: no {MANIFEST} and no run folders (<run>/config.json) under --root={a.root}; give "
+                  f"the --root the sweep ran with (or --sweep=<sweep file>)", file=sys.stderr)
+            return 1
         if a.json:
             print(json.dumps(rows, indent=1))
         else:
