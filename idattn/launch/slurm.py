@@ -90,7 +90,7 @@ def render(args, train_args: list[str]) -> str:
         job_name=args.job_name, nodes=args.nodes, tasks_per_node=args.gpus_per_node if per_gpu else 1,
         ntasks=args.nodes * (args.gpus_per_node if per_gpu else 1),  # with --gpus-per-task, newer SLURM wants -n
         gpus_per_node=args.gpus_per_node, gpus_per_task="#SBATCH --gpus-per-task=1\n" if per_gpu else "",
-        cpus_per_task=args.cpus_per_task, time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
+        cpus_per_task=args.cpus_per_task or (8 if per_gpu else 8 * args.gpus_per_node), time=args.time, log_dir=log_dir, extra_sbatch="\n".join(extra),
         setup=setup, python=shlex.quote(args.python), train_args=shlex.join(train_args),
         local_devices="one" if per_gpu else "all")
 
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus_per_node", type=int, default=8)
     p.add_argument("--mode", choices=["per_gpu", "per_node"], default="per_gpu")
-    p.add_argument("--cpus_per_task", type=int, default=8)
+    p.add_argument("--cpus_per_task", type=int, default=0,
+                   help="CPUs per task (default: 8 per GPU, i.e. 8 in per_gpu and 8 x gpus_per_node in per_node)")
     p.add_argument("--time", default="24:00:00")
     p.add_argument("--partition", default="")
     p.add_argument("--account", default="")

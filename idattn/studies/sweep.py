@@ -306,7 +306,7 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
     script = slurm_script(sweep_file, configs, root, extra, launcher_args, max_parallel)
     print(f"idattn.sweep: {len(configs)} runs in {root} as one SLURM job array (task i = run i):")
     for i, c in enumerate(configs):
-        print(f"  [{i}] {c.sweep.name}")
+        print(f"  [{i}] {c.sweep.name}  N={c.sweep.n_params:,} D={c.sweep.tokens:,}")
     print(script)
     if dry_run:
         print("# dry run: nothing submitted (without --dry_run: sbatch <this script>)")
