@@ -172,6 +172,7 @@ def test_oversized_kernel_fails_to_compile(h200):
         jax.jit(f).lower(x, x).compile(compiler_options=gpu.compiler_options())
 
 
+@pytest.mark.slow  # ~60 s: the 125M step; the default suite keeps the kernels' own compiles
 def test_interdomain_125m_train_step_compiles_for_8_h200():
     """The 125M interdomain train step (loss, gradients, AdamW) with impl="pallas" under the fsdp mesh
     (data 1 x fsdp 8 x tensor 1) compiles for 8 x H200: Triton kernels in the program, parameters sharded, and

@@ -105,6 +105,7 @@ def _table_rows(text, first_cell):
             if ln.startswith("| " + first_cell)]
 
 
+@pytest.mark.slow  # ~90 s on 2 cores: every command of docs/own-data.md in order (CI's slow pass runs it)
 def test_doc_commands_end_to_end(tmp_path):
     all_cmds = doc_commands()
     mods = [c[2] for c, refusal in all_cmds if refusal is None]
