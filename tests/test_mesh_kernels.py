@@ -1,4 +1,4 @@
-"""The operator's paths on a device mesh: Interdomain and S4D-only (the linear readout) on a 2x2x2
+"""The operator's paths on a device mesh: Interdomain on a 2x2x2
 (data, fsdp, tensor) mesh of 8 fake CPU devices match one device, with impl="chunked" (XLA partitions it) and
 impl="pallas" (the kernels in interpret mode, run inside shard_map over the batch and head axes; Interdomain only:
 the linear readout runs the same convolution for every impl); and (under -m slow) every one
@@ -131,7 +131,7 @@ for mixer, p0, (state, m) in zip(cells, p0s, res):
 print("RESULT" + json.dumps(out))
 """
 
-GRAD_MIXERS = ("interdomain", "s4d_only")  # the other linear cells: the slow cells test (same operator path)
+GRAD_MIXERS = ("interdomain",)  # the linear cells: the slow cells test and tests/test_sequence_parallel.py
 
 
 def _run_script(tmp_path_factory, mixers, cells):
@@ -150,7 +150,7 @@ def mesh_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def mesh_cells(tmp_path_factory):
     from idattn.models.spec import cube_cells
-    cells = [c for c in cube_cells() if c not in ("dualkv-query-rope", "generic-linear-norope")]
+    cells = [c for c in cube_cells() if c != "dualkv-query-rope"]
     return _run_script(tmp_path_factory, [], cells)
 
 
