@@ -21,7 +21,7 @@ from typing import Any
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (Ctx, check_reuse, log, move_aside, read_marker, run_cost, run_name,
                                        source_hash, write_marker)
-from idattn.studies.repro_verdicts import verdict_d, verdict_e, verdict_json, verdict_md
+from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
 
@@ -89,20 +89,7 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
 
 def acc_axes(vals: dict[str, float | None]) -> dict[str, float | None]:
     """Cube main effects in accuracy, acc(a) − acc(b) averaged over the four pairs (None with a cell missing)."""
-    from idattn.models.spec import cube_cells
-    out: dict[str, float | None] = {}
-    axes = {"input": (0, "dualkv", "generic"), "readout": (1, "query", "linear"), "rope": (2, "rope", "norope")}
-    for name, (i, a, b) in axes.items():
-        diffs = []
-        for cell in cube_cells():
-            parts = cell.split("-")
-            if parts[i] != a:
-                continue
-            other = "-".join(b if j == i else p for j, p in enumerate(parts))
-            if vals.get(cell) is not None and vals.get(other) is not None:
-                diffs.append(vals[cell] - vals[other])
-        out[name] = sum(diffs) / len(diffs) if len(diffs) == 4 else None
-    return out
+    return main_effects(vals, lambda at_a, at_b: at_a - at_b)
 
 
 def table_mad(ctx: Ctx) -> dict[str, Any]:

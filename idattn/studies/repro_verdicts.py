@@ -220,9 +220,10 @@ def verdict_e(soft: list, inter: list, s4d: list, judged: bool = True) -> Verdic
     return _finish(parts, judged)
 
 
-def cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
-    """Main effect of each axis: mean over the 4 pairs differing only in that axis of ln ppl(b) − ln ppl(a),
-    a = (dualkv | query | rope), b = (generic | linear | norope). Positive readout effect = query is better."""
+def main_effects(vals: dict[str, float | None], diff) -> dict[str, float | None]:
+    """Main effect of each cube axis: the mean over the 4 pairs of cells differing only in that axis of
+    diff(value at a, value at b), a = (dualkv | query | rope), b = (generic | linear | norope); None with a cell
+    missing."""
     from idattn.models.spec import cube_cells
     out: dict[str, float | None] = {}
     axes = {"input": (0, "dualkv", "generic"), "readout": (1, "query", "linear"), "rope": (2, "rope", "norope")}
@@ -233,11 +234,15 @@ def cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
             if parts[i] != a:
                 continue
             other = "-".join(b if j == i else p for j, p in enumerate(parts))
-            if vals.get(cell) is None or vals.get(other) is None:
-                continue
-            diffs.append(math.log(vals[other]) - math.log(vals[cell]))
+            if vals.get(cell) is not None and vals.get(other) is not None:
+                diffs.append(diff(vals[cell], vals[other]))
         out[name] = sum(diffs) / len(diffs) if len(diffs) == 4 else None
     return out
+
+
+def cube_axes(vals: dict[str, float]) -> dict[str, float | None]:
+    """Main effects in ln ppl: ln ppl(b) − ln ppl(a). Positive readout effect = the query readout is better."""
+    return main_effects(vals, lambda at_a, at_b: math.log(at_b) - math.log(at_a))
 
 
 PAPER_PAIRS = {"input": [("dualkv-query-rope", "generic-query-rope"), ("dualkv-linear-rope", "generic-linear-rope")],
