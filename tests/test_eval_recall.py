@@ -93,6 +93,7 @@ def _mqar_config(arg):
     return mod.get_config(arg)
 
 
+@pytest.mark.slow  # ~25 s of training; the generator and accuracy tests stay in the default suite
 def test_train_mqar_short_run_learns():
     """A very short MQAR run of the 2-layer softmax model (the documented run is experiments/mqar.py)."""
     c = _mqar_config("softmax,32,2")

@@ -107,6 +107,7 @@ def _run(args):
     return out
 
 
+@pytest.mark.slow  # ~45 s: three CLI processes (the wheel test runs each command's --help, the own-data walk both)
 def test_cli_score_generate_export(tmp_path):
     cfg = ["--config=experiments/scaling.py:s4d_only,tiny", "--config.model.impl=sequential"]
     _run(["idattn.score", *cfg, "--tokenizer=bytes", "--text=abcab", f"--out={tmp_path}/s.json"])

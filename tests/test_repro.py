@@ -34,6 +34,7 @@ def _run_ppl(root, extra=()):
     return data, md
 
 
+@pytest.mark.slow  # ~50 s: 6 toy runs trained and evaluated (the verdict rules are tested without training)
 def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     root = str(tmp_path)
     data, md = _run_ppl(root, ["--only=interdomain", "--train_dt=paper"])  # one run: the smoke stays short

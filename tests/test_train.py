@@ -283,6 +283,7 @@ def test_quickstart_smoke(tmp_path, env):
     assert os.path.getsize(tmp_path / "quickstart.png") > 1000
 
 
+@pytest.mark.slow  # ~20 s: a second training subprocess
 def test_init_from_another_run(run_dir, env, tmp_path):
     """train.init_from starts a new run (step 0, fresh optimiser) from another run's latest parameters."""
     src, _ = run_dir
