@@ -92,6 +92,7 @@ def _rolling_ll(ref, bos, toks, L=64):
     return total
 
 
+@pytest.mark.slow  # ~95 s: every suite end to end against NumPy recomputations (CI's slow pass)
 def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     import re
 

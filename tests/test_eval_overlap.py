@@ -76,6 +76,7 @@ def _expected_overlap(root, min_tokens):
     return sum(t not in val for t in scored), len(scored)
 
 
+@pytest.mark.slow  # ~25 s: a prepared corpus and a trained run; the KJV overlap refusal stays in the default suite
 def test_raw_training_text_refused_then_marked(setup, capsys):
     root, cfg = setup
     k, n = _expected_overlap(root, 64)
