@@ -14,14 +14,13 @@ note) and writes DIR/ladder.md, DIR/ladder.json and DIR/ladder.png; `--render_on
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import Ctx, lm_ppl, log, read_marker, run_cost
+from idattn.studies.repro_runs import Ctx, lm_ppl, read_marker, run_cost, write_table
 from idattn.studies.repro_verdicts import B_MARGIN, NO_VERDICT, judge, trend
 
 CLAIMS = {  # claim: (numerator mixer, denominator mixer, line, paper's side, label, paper value)
@@ -160,11 +159,5 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
            + ", ".join(missing) + ".")])
     data = {"table": "ladder", "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
-    os.makedirs(ctx.root, exist_ok=True)
-    for ext, text in (("json", json.dumps(data, indent=1, sort_keys=True, default=float)), ("md", md + "\n")):
-        path = ctx.table_path("ladder", ext)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    log(f"wrote {ctx.table_path('ladder', 'md')} and .json")
+    write_table(ctx, "ladder", md, data)
     return data

@@ -51,7 +51,6 @@ point), `length` is Table 2 (one corpus, never the five-corpus mean), `cube` Tab
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -60,7 +59,7 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, context_use, ensure_mqar, lm_ppl, load_experiment,
-                                       log, paper, read_marker, run_cost, run_name, text_recall)
+                                       log, paper, read_marker, run_cost, run_name, text_recall, write_table)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
                                            verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
                                            verdict_md)
@@ -151,16 +150,6 @@ def _by_seed(have: list[int], vals: list, seeds) -> list:
     """Values aligned to `seeds` (None where a seed's run is missing), so pairs are always the same seed."""
     d = dict(zip(have, vals))
     return [d.get(s) for s in seeds]
-
-
-def _write(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
-    os.makedirs(ctx.root, exist_ok=True)
-    for ext, text in (("json", json.dumps(data, indent=1, sort_keys=True, default=float)), ("md", md + "\n")):
-        path = ctx.table_path(table, ext)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    log(f"wrote {ctx.table_path(table, 'md')} and .json")
 
 
 def _missing_note(missing: list[str], ctx: "Ctx | None" = None) -> str:
@@ -261,7 +250,7 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
     data = {"table": "ppl", "paper_table": PAPER_TABLE["ppl"], "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
             "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
             "compute_s": cost, "wall_s": wall, "missing": missing}
-    _write(ctx, "ppl", md, data)
+    write_table(ctx, "ppl", md, data)
     return data
 
 
@@ -341,7 +330,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
             "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": verdict_json(vd, md=verdict_md(vd))},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
             "missing": missing}
-    _write(ctx, "cube", md, data)
+    write_table(ctx, "cube", md, data)
     return data
 
 
@@ -431,7 +420,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
             "paper": {"source": "TABLE2", "ratios": list(P.EXTRAP_RATIOS), "table2": {k: list(v) for k, v in
                                                                                       P.TABLE2.items()}},
             "compute_s": cost, "wall_s": wall, "missing": missing}
-    _write(ctx, "length", md, data)
+    write_table(ctx, "length", md, data)
     return data
 
 
@@ -509,7 +498,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
             "paper": {"source": "TABLE9_NIAH, TABLE9_PHONEBOOK", "niah": {k: list(v) for k, v in P.TABLE9_NIAH.items()},
                       "phonebook": {k: list(v) for k, v in P.TABLE9_PHONEBOOK.items()}},
             "compute_s": cost, "wall_s": wall, "missing": missing}
-    _write(ctx, "recall", md, data)
+    write_table(ctx, "recall", md, data)
     return data
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (Ctx, check_reuse, log, move_aside, read_marker, run_cost, run_name,
-                                       source_hash, write_marker)
+                                       source_hash, write_marker, write_table)
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
@@ -138,11 +138,5 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
     data = {"table": "mad", "size": ctx.size, "tasks": list(tasks), "accuracy": acc, "verdicts": verdicts,
             "setup": setup, "recipe": mad_recipe(ctx), "compute_s": cost, "wall_s": time.time() - t0,
             "missing": missing}
-    os.makedirs(ctx.root, exist_ok=True)
-    for ext, text in (("json", json.dumps(data, indent=1, sort_keys=True, default=float)), ("md", md + "\n")):
-        path = ctx.table_path("mad", ext)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-    log(f"wrote {ctx.table_path('mad', 'md')} and .json")
+    write_table(ctx, "mad", md, data)
     return data

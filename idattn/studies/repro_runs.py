@@ -420,3 +420,14 @@ def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | No
     write_marker(wd, rec)
     log(f"context use {os.path.basename(wd)}: last / first bucket ppl {out['ratio']}")
     return out
+
+
+def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
+    """<root>/<table>[-<size>].md and .json, each written whole and renamed (a kill leaves the previous one)."""
+    os.makedirs(ctx.root, exist_ok=True)
+    for ext, text in (("json", json.dumps(data, indent=1, sort_keys=True, default=float)), ("md", md + "\n")):
+        path = ctx.table_path(table, ext)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+    log(f"wrote {ctx.table_path(table, 'md')} and .json")
