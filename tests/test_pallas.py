@@ -167,12 +167,12 @@ def test_gpu_family_f32_everything_on(monkeypatch):
     """Segment resets (repeated ids, a reset at a chunk start), carried initial state, c, conj=True,
     T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1.
     The shared-memory limit is lowered to 60 KB so that the plan cuts the features: the backward kernels walk
-    R = D = 128 in sub-blocks of 64 (o_bwd_sub / p_bwd_sub's loop), fwd_o and the scans split into programs of
-    32 features."""
+    R = D = 128 in sub-blocks (o_bwd_sub: 4 of 32, p_bwd_sub: 2 of 64), fwd_o and the scans split into programs
+    of 32 features."""
     from idattn.ops.pallas import gpu, op
     monkeypatch.setattr(gpu, "smem_limit", lambda: 60_000)
     plans = dict(op._gpu_plans(gpu, 2, 16, 128, 128, 16, jnp.float32, True))
-    assert plans["bwd_o"].block == plans["bwd_p"].block == 64 and plans["fwd_o"].block == 32, plans
+    assert (plans["bwd_o"].block, plans["bwd_p"].block, plans["fwd_o"].block) == (32, 64, 32), plans
     assert all(p.smem <= 60_000 for p in plans.values())
     _run_case("gpu", jnp.float32, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4)
