@@ -113,8 +113,9 @@ def test_grid_steps_carry_512_tokens_at_4k(B, H, dh, M):
         hg = H // grid[1]
         tokens_per_step = T // grid[2]
         assert tokens_per_step >= 512, (names, grid)
-        # column blocks lane-aligned: features (padded to 128 by op.py) and the 2·M mode planes of hg heads
-        assert (hg * 2 * M) % 128 == 0 and hg == tpu.head_group(H, -(-dh // 128) * 128, M), grid
+        # heads packed: the column blocks of hg heads' features (d_h = 64: 2 heads, no padding) and of their 2·M
+        # mode planes fill whole 128-lane tiles
+        assert (hg * dh) % 128 == 0 and (hg * 2 * M) % 128 == 0 and hg == tpu.head_group(H, dh, M), grid
         ce = e.params["cost_estimate"]
         assert ce is not None and ce.flops > 0 and ce.bytes_accessed > 0, e.params["name"]
     assert _transposes(jaxpr) == 0

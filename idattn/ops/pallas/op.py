@@ -274,7 +274,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
     if family == "gpu":
         rp, dp_, mp = _next_pow2(max(R, 16)), _next_pow2(max(D, 16)), _next_pow2(max(M, 16))
     else:
-        rp, dp_, mp = _round_up(R, 128), _round_up(D, 128), _round_up(M, 8)
+        fg = getattr(_kernels(family), "FEATURE_GRANULE", 128)  # tpu.py packs heads into 128 lanes itself
+        rp, dp_, mp = _round_up(R, fg), _round_up(D, fg), _round_up(M, 8)
     tp = _round_up(T, L)
     pad_t = tp - T
 

@@ -39,6 +39,7 @@ F32 = jnp.float32
 T_BLOCK = 1024             # tokens per grid step (target; the largest divisor of T/L chunks that fits)
 VMEM_BUDGET = 24 * 2**20   # estimated double-buffered block bytes a step may take (T_BLOCK shrinks to fit)
 VMEM_LIMIT = 48 * 2**20    # Mosaic's scoped VMEM limit for these kernels (v5p has 64 MiB, v6e / v5e 128 MiB)
+FEATURE_GRANULE = 8        # op.py pads R, D to a multiple of this (not of 128: head groups fill the lanes)
 KERNELS = ("fwd_p", "fwd_o", "scan_fwd", "scan_rev", "bwd_o", "bwd_p")
 
 
@@ -131,28 +132,46 @@ def geometry(kernel: str, B: int, T: int, H: int, N: int, M: int, L: int, io_byt
     return Geom(B, T, H, N, M, L, hg, 1)
 
 
-def chunk_flops(kernel: str, L: int, M: int, N: int) -> int:
-    """Matmul FLOPs of one chunk of one head (2·m·n·k per product of _chunk.py's functions)."""
-    carry = 4 * L * M * N
+def chunk_matmuls(kernel: str, L: int, M: int, N: int):
+    """The matmuls of one chunk of one head in _chunk.py, as (m, k, n, count): [m, k] @ [k, n], count times."""
+    carry = [(M, L, N, 2)]                                                   # (em·Pe)ᵀ·Z, re and im
     return {
-        "fwd_p": 2 * L * L * N + 4 * L * L * M + 4 * L * M * N + carry,
-        "fwd_o": 4 * L * L * M + 4 * L * M * N + 2 * L * L * N + carry,
+        "fwd_p": [(L, N, L, 1), (L, L, M, 2), (L, N, M, 2)] + carry,         # G = FQ·ZKᵀ; G·Ps; FQ·Xᵀ
+        "fwd_o": [(L, M, L, 2), (L, M, N, 2), (L, L, N, 1)] + carry,         # A; (w∘pin)·X; A·ZV
         "scan_fwd": carry,
         "scan_rev": carry,
-        "bwd_o": 12 * L * L * M + 4 * L * L * N + 12 * L * M * N,
-        "bwd_p": 6 * L * L * N + 12 * L * L * M + 16 * L * M * N,
+        "bwd_o": [(L, M, L, 2), (L, N, L, 1), (L, L, N, 1), (L, M, N, 2), (L, N, M, 2), (L, L, M, 2),
+                  (L, L, M, 2), (L, N, M, 2)],
+        "bwd_p": [(L, N, L, 1), (L, L, M, 2), (L, N, M, 2), (L, M, L, 2), (L, L, M, 2), (L, L, N, 1),
+                  (L, M, N, 2), (L, L, N, 1), (L, M, N, 2), (L, N, M, 2)],
     }[kernel]
+
+
+def chunk_flops(kernel: str, L: int, M: int, N: int, mxu: int | None = None) -> int:
+    """Matmul FLOPs of one chunk of one head (2·m·k·n per product); with ``mxu`` the FLOPs the MXU spends, k and n
+    rounded up to its width (a [128, 32] result fills a quarter of a 128-wide MXU) and m to 8."""
+    def up(x, w):
+        return -(-x // w) * w
+
+    tot = 0
+    for m, k, n, cnt in chunk_matmuls(kernel, L, M, N):
+        if mxu:
+            m, k, n = up(m, 8), up(k, mxu), up(n, mxu)
+        tot += 2 * m * k * n * cnt
+    return tot
 
 
 def hbm_bytes(kernel: str, g: Geom, io_bytes: int = 2, sdt_bytes: int = 2, seg: bool = True,
               save: bool = False) -> int:
-    """HBM bytes a kernel reads and writes (each block once; the tables once per (row, head group, step))."""
+    """HBM bytes a kernel reads and writes: every block once (a block whose index does not change between
+    consecutive grid steps - tables, initial and final states, the parameter sums - is fetched once per (row,
+    head group))."""
     B, T, H, N, M, L, NC = g.B, g.T, g.H, g.N, g.M, g.L, g.NC
     feat = B * T * H * N * io_bytes
     modes = B * T * H * 2 * M * 4
     cstate = B * H * NC * 2 * M * N * sdt_bytes
     state = B * H * 2 * M * N * 4
-    tabs = g.steps * g.hg * 2 * (L * M + 3 * M + M) * 4
+    tabs = B * H * 2 * (L * M + 4 * M) * 4
     segb = (B * T * 4 + B * NC * 3 * L * 4) * (H // g.hg) if seg else 0
     acc = B * H * 6 * M * 4
     body = {
