@@ -30,10 +30,10 @@ def test_tpu_blocks_and_head_groups_match_float64(monkeypatch):
 
 @pytest.mark.slow
 def test_tpu_paper_layer_dh64_m64_matches_float64(monkeypatch):
-    """The paper's layer (d_h = 64, M = 64: one head per group, 128 lanes of modes), two time blocks, segments,
+    """The paper's layer (d_h = 64, M = 64: two heads per 128-lane feature block), two time blocks, segments,
     c and initial state, the forward's saved states (save_states=True), conj=False."""
     monkeypatch.setattr(tpu, "T_BLOCK", 32)
-    assert tpu.geometry("bwd_p", 1, 64, 2, 128, 64, 16).grid == (1, 2, 2)
+    assert tpu.geometry("bwd_p", 1, 64, 2, 64, 64, 16).grid == (1, 1, 2)  # both heads of 64 in one 128-lane block
     _run_case("tpu", jnp.float32, False, B=1, T=64, H=2, R=64, D=64, M=64, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, seed=12, save_states=True)
 
