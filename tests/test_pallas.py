@@ -163,11 +163,27 @@ def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_se
     return errs
 
 
-def test_gpu_family_f32_everything_on():
+def test_gpu_family_f32_everything_on(monkeypatch):
     """Segment resets (repeated ids, a reset at a chunk start), carried initial state, c, conj=True,
-    T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1."""
+    T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1.
+    The shared-memory limit is lowered to 60 KB so that the plan cuts the features: the backward kernels walk
+    R = D = 128 in sub-blocks of 64 (o_bwd_sub / p_bwd_sub's loop), fwd_o and the scans split into programs of
+    32 features."""
+    from idattn.ops.pallas import gpu, op
+    monkeypatch.setattr(gpu, "smem_limit", lambda: 60_000)
+    plans = dict(op._gpu_plans(gpu, 2, 16, 128, 128, 16, jnp.float32, True))
+    assert plans["bwd_o"].block == plans["bwd_p"].block == 64 and plans["fwd_o"].block == 32, plans
+    assert all(p.smem <= 60_000 for p in plans.values())
     _run_case("gpu", jnp.float32, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4)
+
+
+def test_gpu_plan_refuses_what_cannot_fit():
+    """No block fits: one line naming the kernel, the shape, the bytes and the limit, with the fix."""
+    from idattn.ops.pallas import gpu
+    with pytest.raises(ValueError, match=r"GPU kernel bwd_o: no feature block fits at L=64, M=64.*needs ~\d+ B.*"
+                                         r"allows 1000 B.*chunk_size"):
+        gpu.choose("bwd_o", n=128, bh=1, L=64, M=64, in_bytes=4, mode_bytes=4, state_bytes=4, limit=1000)
 
 
 def test_gpu_family_f32_plain_conj_false():
@@ -274,3 +290,32 @@ def test_dispatcher_impl_pallas_matches_float64_loop():
     o = jax.jit(lambda *a: interdomain_mix(*a, impl="pallas", chunk_size=16))(fq, zk, zv, lam, b, c)
     o_ref, _, _ = ref_numpy(fq, zk, zv, lam, b, c, True, None, None)
     assert _rel(o, o_ref) < 1e-4
+
+
+def test_jax_without_triton_degrades_to_chunked_with_one_warning(monkeypatch):
+    """A jax whose Pallas Triton backend is gone (deprecated from 0.11; Mosaic GPU cannot lower these kernels):
+    lowering impl='pallas' for CUDA takes the XLA chunked operator with one RuntimeWarning (no Triton call, and
+    never an unparameterised kernel handed to Mosaic GPU); the kernels called explicitly are refused with the fix;
+    the CPU (interpret) path is unchanged and equals the float64 loop."""
+    import warnings
+
+    from idattn.ops import interdomain_mix
+    from idattn.ops.pallas import gpu, op
+    monkeypatch.setattr(gpu, "triton_params_class", lambda: None)
+    monkeypatch.setattr(op, "_FALLBACK_WARNED", [])
+    rng = np.random.default_rng(7)
+    fq, zk, zv, lam, b, c, _, seg = _inputs(rng, 1, 32, 2, 8, 8, 4, True, False, True)
+    f = lambda *a: interdomain_mix(*a, impl="pallas", chunk_size=16, segment_ids=seg)  # noqa: E731
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        txt = jax.jit(f).trace(fq, zk, zv, lam, b, c).lower(lowering_platforms=("cuda",)).as_text()
+        jax.jit(lambda *a: f(*a) * 2).trace(fq, zk, zv, lam, b, c).lower(lowering_platforms=("cuda",))
+    msgs = [str(w.message) for w in rec if issubclass(w.category, RuntimeWarning) and "Triton" in str(w.message)]
+    assert len(msgs) == 1 and "chunked" in msgs[0], msgs
+    assert "triton" not in txt.lower()
+    with pytest.raises(gpu.TritonUnavailable, match="impl='chunked'"):
+        jax.jit(lambda *a: interdomain_mix_pallas(*a, conj=True, chunk_size=16, segment_ids=seg, interpret=False,
+                                                  family="gpu")).trace(fq, zk, zv, lam, b, c).lower(
+            lowering_platforms=("cuda",))
+    o_ref, _, _ = ref_numpy(fq, zk, zv, lam, b, c, True, seg, None)
+    assert _rel(jax.jit(f)(fq, zk, zv, lam, b, c), o_ref) <= 1e-4

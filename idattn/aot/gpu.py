@@ -187,6 +187,31 @@ def triton_calls(hlo_text: str) -> list[dict]:
     return calls
 
 
+_HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+ = (.+?) ([a-z][\w\-]*)\(")
+_HLO_SHAPE = re.compile(r"\b(f32|bf16|f16|c64)\[([\d,]*)\]")
+# Instructions that move no bytes (or are the kernels themselves)
+_FREE_OPS = {"custom-call", "parameter", "get-tuple-element", "bitcast", "tuple", "reshape"}
+
+
+def mode_round_trips(hlo_text: str, B: int, T: int, H: int, M: int) -> list[str]:
+    """XLA instructions of a compiled module (outside the kernels) that produce a per-token mode tensor of the
+    fused operator - shape [.., B, T, H, 2, M] (planes) or complex [B, T, H, M] - i.e. a pass of the mode
+    mixing (or of p / dp partial sums) through HBM between the kernels. [] when the mixing runs inside them.
+    Returns the offending lines (opcode and shape)."""
+    planes, cplx = (B, T, H, 2, M), (B, T, H, M)
+    out = []
+    for line in hlo_text.splitlines():
+        m = _HLO_INSTR.match(line)
+        if not m or m.group(2) in _FREE_OPS:
+            continue
+        for dt, dims in _HLO_SHAPE.findall(m.group(1)):
+            d = tuple(int(x) for x in dims.split(",") if x)
+            if d[-5:] == planes or (dt == "c64" and d[-4:] == cplx):
+                out.append(f"{m.group(2)} {dt}{list(d)}: {line.strip()[:160]}")
+                break
+    return out
+
+
 def _records(text: str):
     """absl log records (thread id, source file, message incl. continuation lines)."""
     recs = []

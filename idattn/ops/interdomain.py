@@ -499,10 +499,15 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
         o, state = _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, int(chunk_size))
     else:  # pallas
         pallas_ops = _pallas_module()
-        res = pallas_ops.interdomain_mix_pallas(
-            fq, zk, zv, lam, b, c, conj=conj, chunk_size=int(chunk_size), segment_ids=segment_ids,
-            initial_state=initial_state, return_state=return_state, out_dtype=out_dtype)
-        return res
+        L = int(chunk_size)
+
+        def chunked(fq, zk, zv, lam, b, c, seg, x0):  # a jax without the Triton backend, on GPU
+            o, st = _mix_chunked(fq, zk, zv, lam, b, c, conj, seg, x0, rdt, L)
+            return (o.astype(out_dtype), st) if return_state else o.astype(out_dtype)
+
+        return pallas_ops.interdomain_mix_pallas(
+            fq, zk, zv, lam, b, c, conj=conj, chunk_size=L, segment_ids=segment_ids,
+            initial_state=initial_state, return_state=return_state, out_dtype=out_dtype, gpu_fallback=chunked)
     o = o.astype(out_dtype)
     return (o, state) if return_state else o
 

@@ -267,3 +267,132 @@ def p_bwd(fq, zk, dp, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     d_pe = (_rowmask(dot.nt(zk, Y[0]), mk.em), _rowmask(dot.nt(zk, Y[1]), mk.em))
     acc = _acc_tables(acc, tb, length, d_pin, d_pt, d_ps, d_pe, X, Y, mk.keep)
     return dfq, dzk, acc
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the per-token mode mixing, fused into the O-half kernels (w_t = s_t·K with s = conj(p) or p, K = cᴴc or cᵀc)
+
+
+def mix_fwd(p, k, conj: bool, dot: Dots):
+    """w = s·K for one chunk: p [L, M] planes (the P-half's readout), k [M, M] planes or None (identity),
+    s = conj(p) if conj else p. Returns (w planes [L, M], s planes)."""
+    sr, si = (p[0], -p[1]) if conj else (p[0], p[1])
+    if k is None:
+        return (sr, si), (sr, si)
+    kr, ki = k
+    return (dot(sr, kr) - dot(si, ki), dot(sr, ki) + dot(si, kr)), (sr, si)
+
+
+def mix_bwd(dw, s, k, conj: bool, dot: Dots):
+    """Cotangents of mix_fwd (the convention above: for w = s·K, ds = dw·Kᴴ and dK = sᴴ·dw; s = conj(p) gives
+    dp = conj(ds)). dw, s [L, M] planes; k [M, M] planes or None. Returns (dp planes [L, M], dK planes [M, M]
+    or None)."""
+    dwr, dwi = dw
+    if k is None:
+        dsr, dsi, dk = dwr, dwi, None
+    else:
+        kr, ki = k
+        dsr = dot.nt(dwr, kr) + dot.nt(dwi, ki)
+        dsi = dot.nt(dwi, kr) - dot.nt(dwr, ki)
+        sr, si = s
+        dk = (dot.tn(sr, dwr) + dot.tn(si, dwi), dot.tn(sr, dwi) - dot.tn(si, dwr))
+    return ((dsr, -dsi) if conj else (dsr, dsi)), dk
+
+
+# --------------------------------------------------------------------------------------------------------------
+# backward with the feature axis in sub-blocks (GPU: bounds the tiles a program holds - shared memory and
+# registers - without splitting the program, so nothing is written as partial sums)
+#
+# Everything in o_bwd / p_bwd that contracts over the feature axis (dA = dO·ZVᵀ, dO·Xᵀ, ZV·Yᵀ, G = FQ·ZKᵀ,
+# FQ·Xᵀ, ZK·Yᵀ, Σ_n Y∘conj(X)) is a sum over feature sub-blocks, and every per-feature output (dzv, dfq, dzk)
+# depends on one sub-block and on quantities computed before the loop. One pass over the sub-blocks therefore
+# gives the same result as the whole-width functions above.
+
+
+def _sub_loop(nsub, body, init):
+    if nsub == 1:
+        return body(0, init)
+    return lax.fori_loop(0, nsub, body, init)
+
+
+def o_bwd_sub(w, load, store_dzv, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
+    """o_bwd over nsub feature sub-blocks: load(j) -> (zv [L, n], do [L, n], X planes [M, n], Y planes [M, n]);
+    store_dzv(j, dzv [L, n] float32). Returns dw [L, M] planes and the updated acc."""
+    L = length
+    qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
+    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
+    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+
+    def body(j, carry):
+        da, tr, ti, yr, yi, cr, ci = carry
+        zv, do, X, Y = load(j)
+        store_dzv(j, dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1]))
+        xr, xi = X[0].astype(F32), X[1].astype(F32)
+        c_r, c_i = cmul_conj(Y[0], Y[1], xr, xi)
+        return (da + dot.nt(do, zv), tr + dot.nt(do, X[0]), ti - dot.nt(do, X[1]),
+                yr + dot.nt(zv, Y[0]), yi + dot.nt(zv, Y[1]),
+                cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
+
+    zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
+    da, tr, ti, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
+    da = jnp.where(mk.mk, da, 0.0)
+    tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
+    dwr, dwi = cmul_conj(tr, ti, tb.pin[0], tb.pin[1])
+    d_pin = cmul_conj(tr, ti, w[0], w[1])
+    dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])
+    xr, xi = cmul_conj(dqr, dqi, tb.pt[0], tb.pt[1])
+    dwr, dwi = dwr + xr, dwi + xi
+    d_pt = cmul_conj(dqr, dqi, w[0], w[1])
+    d_ps = (dot.tn(da, qr), -dot.tn(da, qi))
+    d_pe = (_rowmask(yr, mk.em), _rowmask(yi, mk.em))
+    acc = _acc_tables_sums(acc, tb, length, d_pin, d_pt, d_ps, d_pe, (cr, ci), mk.keep)
+    return (dwr, dwi), acc
+
+
+def p_bwd_sub(dp, load, store, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
+    """p_bwd over nsub feature sub-blocks: load(j) -> (fq [L, n], zk [L, n], X planes, Y planes);
+    store(j, dfq [L, n], dzk [L, n]) float32. Returns the updated acc."""
+    L = length
+    der, dei = cmul_conj(dp[0], dp[1], tb.pt[0], tb.pt[1])
+    dpr, dpi = _rowmask(dp[0], mk.cm), _rowmask(dp[1], mk.cm)
+    dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
+    dg = jnp.where(mk.mk, dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]), 0.0)
+    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+
+    def body(j, carry):
+        g, fr, fi, yr, yi, cr, ci = carry
+        fq, zk, X, Y = load(j)
+        store(j, dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1]), dot.tn(dg, fq) + dot(per, Y[0]) + dot(pei, Y[1]))
+        xr, xi = X[0].astype(F32), X[1].astype(F32)
+        c_r, c_i = cmul_conj(Y[0], Y[1], xr, xi)
+        return (g + dot.nt(fq, zk), fr + dot.nt(fq, X[0]), fi + dot.nt(fq, X[1]),
+                yr + dot.nt(zk, Y[0]), yi + dot.nt(zk, Y[1]),
+                cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
+
+    zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
+    g, fr, fi, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
+    g = jnp.where(mk.mk, g, 0.0)
+    er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
+    d_pt = cmul_conj(dp[0], dp[1], er, ei)
+    d_pin = cmul_conj(dpr, dpi, fr, fi)
+    d_ps = (dot.tn(g, der), dot.tn(g, dei))
+    d_pe = (_rowmask(yr, mk.em), _rowmask(yi, mk.em))
+    return _acc_tables_sums(acc, tb, length, d_pin, d_pt, d_ps, d_pe, (cr, ci), mk.keep)
+
+
+def _acc_tables_sums(acc, tb: Tabs, length, d_pin, d_pt, d_ps, d_pe, yx, keep):
+    """_acc_tables with Σ_n Y∘conj(X) already summed (the [M, 1] columns yx)."""
+    e_in, e_t, e_s, e_e = exponents(length)
+    lr, li, br_, bi_, ar, ai = acc
+    for e, tab, d in ((e_in, tb.pin, d_pin), (e_t, tb.pt, d_pt), (e_s, tb.ps, d_ps), (e_e, tb.pe, d_pe)):
+        cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
+        lr = lr + jnp.sum(e * cr, axis=0, keepdims=True)
+        li = li + jnp.sum(e * ci, axis=0, keepdims=True)
+    for free, d in ((tb.sp, d_ps), (tb.ep, d_pe)):
+        cr, ci = cmul_conj(d[0], d[1], free[0], free[1])
+        br_ = br_ + jnp.sum(cr, axis=0, keepdims=True)
+        bi_ = bi_ + jnp.sum(ci, axis=0, keepdims=True)
+    cr, ci = yx
+    if keep is not None:
+        cr, ci = cr * keep, ci * keep
+    return (lr, li, br_, bi_, ar + cr, ai + ci)

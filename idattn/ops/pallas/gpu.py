@@ -6,13 +6,28 @@ be a strided slice of the natural ``[B, T, H, N]`` layout (no transposes in HBM)
 time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
 
     fq, zk [B, T, H, R]; zv, do [B, T, H, D]         inputs (bf16 or f32), T a multiple of L
-    p, w, dp, dw [B, T, H, 2, M] float32              complex per-token mode vectors as (re, im) planes
+    p, dp [B, T, H, 2, M]  (mdt)                      per-token mode vectors as (re, im) planes; their producers
+                                                      (fwd_p, bwd_o) write [n, B, T, H, 2, M], n partial sums over
+                                                      feature blocks (n = 1 unless shared memory forces a split)
+    kmix [H, 2, M, M] float32                         the mode mixing K = cᴴc (conj) or cᵀc, (re, im) planes
     tables: sp [H, 2, L, M]; lam^(mu+1), lam^mu, b [H, 2, 1, M]; laml [H, 2, M, 1]
     states [B, H, 2, M, N] float32; per-chunk states [B, H, NC, 2, M, N] (``sdt``: the compute dtype)
     doc [B, T] int32; cm, em [B, T, 1] float32; keep [B, NC] float32       (only with segment ids)
+
+The mode mixing w_t = s_t·K (s = conj(p) or p) runs inside the O-half kernels (``fwd_o``, its ``scan_rev`` and
+``bwd_o``, which also returns dp = ∂/∂p directly and the K cotangent): between the two halves only p (forward)
+and dp (backward) cross HBM, in the compute dtype, written by one kernel and read by the next.
+
+Feature blocks: every kernel may split its feature axis (R or D) into blocks, one program each. fwd_o and the
+scans split for free (feature columns are independent); fwd_p, bwd_o and bwd_p then write partial sums (p, dp,
+the parameter sums), so they keep whole features unless shared memory forces a split (then op.py adds the p /
+dp partials: one XLA pass, the float32 M = 64 backward only). ``choose`` picks the blocks and the Triton tuning
+from the shapes and the card's shared memory per block (``smem_estimate``).
 """
 from __future__ import annotations
 
+import dataclasses
+import os
 
 import jax
 import jax.numpy as jnp
@@ -22,34 +37,136 @@ from jax.experimental import pallas as pl
 from idattn.ops.pallas import _chunk as C
 
 F32 = jnp.float32
+FUSED_MIX = True  # op.py: this family takes p / kmix and fuses the mode mixing (see the module docstring)
 
 
-def _compiler_params(num_warps, num_stages):
+class TritonUnavailable(RuntimeError):
+    """This jax has no Pallas Triton backend (removed after its deprecation; Mosaic GPU cannot lower these
+    kernels). ``idattn.ops`` catches it on the dispatch path and runs the XLA chunked operator instead."""
+
+
+def triton_params_class():
+    """jax.experimental.pallas.triton.CompilerParams, or None when this jax has no Triton backend."""
     try:
         from jax.experimental.pallas import triton as pltr
-        return pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
-    except Exception:  # pragma: no cover - Triton backend removed from this jax
+        return pltr.CompilerParams
+    except Exception:  # Triton backend removed from this jax
         return None
 
 
-# (num_warps, num_stages) per kernel kind. The fused forward and the scans carry a small state tile per program
-# (4 warps); the chunk-parallel backward kernels hold several L×L and L×D fp32 tiles at once (8 warps, fewer
-# registers per thread). num_stages > 1 lets Triton prefetch the next chunk's loads inside the fori_loop.
-# "fwd_big": the forward kernels when the padded mode count M >= 64 (bigger [L, M] tiles per program).
-# "bwd_f32": the backward kernels with float32 operands: with 2 stages their tiles need 242 KiB (M = 32, D = 128)
-# and 259 KiB (M = 64, D = 64) of shared memory, over sm_90's 227 KiB (found by the deviceless H200 compile,
-# tests/test_aot_gpu.py); one stage fits (208 and 224 KiB).
-TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2), "bwd_f32": (8, 1)}
+def _compiler_params(num_warps, num_stages):
+    cls = triton_params_class()
+    if cls is None:
+        # Without explicit Triton parameters Pallas would hand the kernel to Mosaic GPU (jax >= 0.10 defaults
+        # jax_pallas_use_mosaic_gpu on), which cannot lower these kernels: refuse here, never silently.
+        raise TritonUnavailable(
+            f"jax {jax.__version__} has no Pallas Triton backend (jax.experimental.pallas.triton); the GPU kernels "
+            f"need it (docs/kernels.md, 'JAX versions'): use impl='chunked', or jax <= 0.10.x")
+    return cls(num_warps=num_warps, num_stages=num_stages)
 
 
-def _call(kernel, out_shape, grid, interpret, kind="fwd"):
+# (num_warps, num_stages) per kernel kind, the defaults ``plan`` starts from. The forward kernels and the scans
+# carry a small state tile per program (4 warps; 8 when M >= 64); the chunk-parallel backward kernels hold several
+# L×L and L×N fp32 tiles at once (8 warps, fewer registers per thread). num_stages > 1 lets Triton prefetch the
+# next chunk's loads inside the fori_loop; ``plan`` lowers it to 1, then halves the feature block, until the
+# kernel's shared-memory estimate fits the card.
+TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2)}
+
+# Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
+SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
+              "10.0": 227 * 1024, "12.0": 99 * 1024}
+SMEM_DEFAULT = 227 * 1024  # H100 / H200 (the deviceless targets); IDATTN_GPU_SMEM_BYTES overrides
+
+
+def smem_limit() -> int:
+    """Shared memory per block the kernels may plan for: IDATTN_GPU_SMEM_BYTES, else the local GPU's compute
+    capability (SMEM_BY_CC), else 227 KiB (sm_90: the H100 / H200 that deviceless compiles target)."""
+    env = os.environ.get("IDATTN_GPU_SMEM_BYTES")
+    if env:
+        return int(env)
+    try:
+        for d in jax.local_devices():
+            cc = getattr(d, "compute_capability", None)
+            if d.platform == "gpu" and cc:
+                return SMEM_BY_CC.get(str(cc), SMEM_DEFAULT)
+    except Exception:  # pragma: no cover
+        pass
+    return SMEM_DEFAULT
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the plan: blocks and tuning from the shapes and the shared-memory limit
+
+
+def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, has_k=False):
+    """Shared memory (bytes) for one program of a kernel kind, as a bound: every tile a chunk iteration loads
+    (N = the feature block or sub-block), times the pipeline's stages, plus the wide float32 dot operands once
+    more (Triton's IEEE fp32 dots stage their operands through shared memory for the FMA layout).
+    Checked against the deviceless sm_90a compile (Triton's own allocation, logged by XLA): above it at every
+    measured kernel (actual / bound 0.5-0.8 in bf16; docs/kernels.md, 'Shared memory'), and the kernels it admits
+    compile at every paper head shape (tests/test_aot_gpu.py)."""
+    tab = 2 * L * M * 4                                   # sp planes (float32)
+    kmat = (2 * M * M * 4) if has_k else 0                # the mixing matrix planes (float32)
+    modes = 2 * L * M * mode_bytes                        # p / dp of one chunk
+    tok = L * N * in_bytes                                # one [L, N] input tile
+    state = 2 * M * N * state_bytes                       # one [2, M, N] per-chunk state
+    loads = {"fwd_p": 2 * tok + tab, "fwd_o": tok + modes + tab + kmat, "scan_fwd": tok + tab,
+             "scan_rev": tok + modes + tab + kmat, "bwd_p": 2 * tok + modes + 2 * state + tab,
+             "bwd_o": 2 * tok + modes + 2 * state + tab + kmat}
+    if kind not in loads:
+        raise ValueError(f"unknown kernel kind {kind!r}; one of {sorted(loads)}")
+    wide = {"fwd_p": 2 * tok, "fwd_o": tok, "scan_fwd": tok, "scan_rev": tok, "bwd_p": 2 * tok + 2 * state,
+            "bwd_o": 2 * tok + 2 * state}  # the [L, N] / [M, N] dot operands
+    return loads[kind] * stages + (wide[kind] if in_bytes >= 4 else 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+    block: int          # feature block
+    num_warps: int
+    num_stages: int
+    smem: int           # smem_estimate at that choice
+
+
+def _tuning_kind(kind, M):
+    if kind in ("fwd_p", "fwd_o"):
+        return "fwd" if M < 64 else "fwd_big"
+    return "scan" if kind.startswith("scan") else "bwd"
+
+
+def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, target_programs=256, min_block=32,
+           has_k=False) -> KernelPlan:
+    """The kernel's feature block and tuning: the widest power-of-two block that still gives about
+    ``target_programs`` programs (as before), then, while the shared-memory estimate exceeds ``limit``, one
+    pipeline stage instead of two, then half the block (down to 16). Refuses, naming the shape, the bytes and
+    the limit, when nothing fits."""
+    nb = 1
+    while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
+        nb *= 2
+    block = n // nb
+    warps, stages = TUNING[_tuning_kind(kind, M)]
+    kw = dict(L=L, M=M, in_bytes=in_bytes, mode_bytes=mode_bytes, state_bytes=state_bytes, has_k=has_k)
+    while True:
+        est = smem_estimate(kind, N=block, stages=stages, **kw)
+        if est <= limit:
+            return KernelPlan(block, warps, stages, est)
+        if stages > 1:
+            stages = 1
+        elif block > 16 and block % 2 == 0:
+            block //= 2
+        else:
+            raise ValueError(
+                f"GPU kernel {kind}: no feature block fits at L={L}, M={M}, feature width {n}: the smallest "
+                f"(block {block}, 1 stage) needs ~{est} B of shared memory, the card allows {limit} B per block; "
+                f"use a smaller chunk_size (e.g. {max(16, L // 2)}) or impl='chunked'")
+
+
+def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
     kw = {}
-    if not interpret:
-        num_warps, num_stages = TUNING[kind]
-        cp = _compiler_params(num_warps, num_stages)
-        if cp is not None:
-            kw["compiler_params"] = cp
-    return pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, **kw)
+    if not interpret and plan is not None:
+        kw["compiler_params"] = _compiler_params(plan.num_warps, plan.num_stages)
+    return pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, name=f"idattn_{name}",
+                          **kw)
 
 
 def _tabs(tab_refs, h):
@@ -73,15 +190,25 @@ def _split(refs, n_in, seg):
     return ins, None, outs
 
 
+def _modes(ref, bi, ts, h):
+    """A mode tensor [B, T, H, 2, M] at (row, chunk, head): float32 planes [L, M]."""
+    return ref[bi, ts, h, 0, :].astype(F32), ref[bi, ts, h, 1, :].astype(F32)
+
+
+def _kmat(k_ref, h):
+    return None if k_ref is None else (k_ref[h, 0], k_ref[h, 1])
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # forward: fused readout + carry
 
 
-def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
-    """p [nRB, B, T, H, 2, M] (partial sums over feature blocks) and Xk_T [B, H, 2, M, R]; with ``save_sdt``
-    also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward."""
+def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None):
+    """p [nRB, B, T, H, 2, M] (mdt; partial sums over feature blocks) and Xk_T [B, H, 2, M, R]; with
+    ``save_sdt`` also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward."""
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
+    block_r = plan.block
     NC, nrb = T // L, R // block_r
     dot, seg = C.Dots(cdt), segs is not None
 
@@ -100,8 +227,8 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
             q = fq_r[bi, pl.ds(t0, L), h, rs]
             k = zk_r[bi, pl.ds(t0, L), h, rs]
             pr, pi = C.p_fwd(q, k, X, tb, mk, dot)
-            p_r[rb, bi, pl.ds(t0, L), h, 0, :] = pr
-            p_r[rb, bi, pl.ds(t0, L), h, 1, :] = pi
+            p_r[rb, bi, pl.ds(t0, L), h, 0, :] = pr.astype(p_r.dtype)
+            p_r[rb, bi, pl.ds(t0, L), h, 1, :] = pi.astype(p_r.dtype)
             return C.carry_fwd(k, X, tb, mk, dot)
 
         X = (x0_r[bi, h, 0, :, rs], x0_r[bi, h, 1, :, rs])
@@ -109,36 +236,42 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, block_r, cdt, interpret, save_sdt=None):
         xt_r[bi, h, 0, :, rs] = X[0]
         xt_r[bi, h, 1, :, rs] = X[1]
 
-    out = (jax.ShapeDtypeStruct((nrb, B, T, H, 2, M), F32), jax.ShapeDtypeStruct((B, H, 2, M, R), F32))
+    out = (jax.ShapeDtypeStruct((nrb, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct((B, H, 2, M, R), F32))
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, R), save_sdt),)
     args = (fq, zk, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nrb), interpret, "fwd" if M < 64 else "fwd_big")(*args)
+    return _call(kernel, out, (B, H, nrb), interpret, plan, "fwd_p")(*args)
 
 
-def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_sdt=None):
-    """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``)."""
+def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
+    """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``); the mode vector
+    of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M])."""
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
+    block_d = plan.block
     NC, ndb = T // L, D // block_d
-    dot, seg = C.Dots(cdt), segs is not None
+    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
+    n_in = 8 + int(has_k)
 
     def kernel(*refs):
-        (w_r, zv_r, *tab_r, x0_r), seg_r, outs = _split(refs, 8 + (4 if seg else 0), seg)
+        ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
+        p_r, k_r = ins[0], (ins[1] if has_k else None)
+        zv_r, *tab_r, x0_r = ins[1 + int(has_k):]
         o_r, xt_r = outs[0], outs[1]
         bi, h, db = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ds_ = pl.ds(db * block_d, block_d)
 
         def body(c, X):
             t0 = c * L
+            ts = pl.ds(t0, L)
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             if save_sdt is not None:
                 outs[2][bi, h, c, 0, :, ds_] = X[0].astype(outs[2].dtype)
                 outs[2][bi, h, c, 1, :, ds_] = X[1].astype(outs[2].dtype)
-            wc = (w_r[bi, pl.ds(t0, L), h, 0, :], w_r[bi, pl.ds(t0, L), h, 1, :])
-            v = zv_r[bi, pl.ds(t0, L), h, ds_]
+            wc, _ = C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)
+            v = zv_r[bi, ts, h, ds_]
             o = C.o_fwd(wc, v, X, tb, mk, dot)
-            o_r[bi, pl.ds(t0, L), h, ds_] = o.astype(o_r.dtype)
+            o_r[bi, ts, h, ds_] = o.astype(o_r.dtype)
             return C.carry_fwd(v, X, tb, mk, dot)
 
         X = (x0_r[bi, h, 0, :, ds_], x0_r[bi, h, 1, :, ds_])
@@ -149,18 +282,19 @@ def fwd_o(w, zv, tabs, x0, segs, *, L, block_d, cdt, out_dtype, interpret, save_
     out = (jax.ShapeDtypeStruct((B, T, H, D), out_dtype), jax.ShapeDtypeStruct((B, H, 2, M, D), F32))
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
-    args = (w, zv, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, ndb), interpret, "fwd" if M < 64 else "fwd_big")(*args)
+    args = (p,) + ((kmix,) if has_k else ()) + (zv, *tabs, x0) + (tuple(segs) if seg else ())
+    return _call(kernel, out, (B, H, ndb), interpret, plan, "fwd_o")(*args)
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # backward building blocks
 
 
-def scan_fwd(z, tabs, x0, segs, *, L, block_n, cdt, sdt, interpret):
+def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"):
     """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt)."""
     B, T, H, N = z.shape
     M = tabs[0].shape[-1]
+    block_n = plan.block
     NC, nnb = T // L, N // block_n
     dot, seg = C.Dots(cdt), segs is not None
 
@@ -180,38 +314,47 @@ def scan_fwd(z, tabs, x0, segs, *, L, block_n, cdt, sdt, interpret):
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt),)
     args = (z, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nnb), interpret, "scan")(*args)[0]
+    return _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)[0]
 
 
-def scan_rev(x, g, tabs, yT, segs, *, L, block_n, cdt, sdt, conj_g, interpret):
+def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
+             name="scan_rev"):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
-    y0 [B, H, 2, M, N] float32."""
+    y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector is g (mix_conj None: the P-half's dp)
+    or mix(g) (the O-half's w from p, mixed in the kernel), conjugated when conj_g."""
     B, T, H, N = x.shape
     M = tabs[0].shape[-1]
+    block_n = plan.block
     NC, nnb = T // L, N // block_n
-    dot, seg = C.Dots(cdt), segs is not None
+    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
+    n_in = 8 + int(has_k)
 
     def kernel(*refs):
-        (x_r, g_r, *tab_r, yt_r), seg_r, (ys_r, y0_r) = _split(refs, 8 + (4 if seg else 0), seg)
+        ins, seg_r, (ys_r, y0_r) = _split(refs, n_in + (4 if seg else 0), seg)
+        x_r, g_r, k_r = ins[0], ins[1], (ins[2] if has_k else None)
+        *tab_r, yt_r = ins[2 + int(has_k):]
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
         def body(k, Y):
             c = NC - 1 - k
             t0 = c * L
+            ts = pl.ds(t0, L)
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ys_r[bi, h, c, 0, :, ns] = Y[0].astype(ys_r.dtype)
             ys_r[bi, h, c, 1, :, ns] = Y[1].astype(ys_r.dtype)
-            gc = (g_r[bi, pl.ds(t0, L), h, 0, :], g_r[bi, pl.ds(t0, L), h, 1, :])
-            return C.carry_rev(x_r[bi, pl.ds(t0, L), h, ns], gc, Y, tb, mk, dot, conj_g)
+            gc = _modes(g_r, bi, ts, h)
+            if mix_conj is not None:
+                gc, _ = C.mix_fwd(gc, _kmat(k_r, h), mix_conj, dot)
+            return C.carry_rev(x_r[bi, ts, h, ns], gc, Y, tb, mk, dot, conj_g)
 
         Y = lax.fori_loop(0, NC, body, (yt_r[bi, h, 0, :, ns], yt_r[bi, h, 1, :, ns]))
         y0_r[bi, h, 0, :, ns] = Y[0]
         y0_r[bi, h, 1, :, ns] = Y[1]
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt), jax.ShapeDtypeStruct((B, H, 2, M, N), F32))
-    args = (x, g, *tabs, yT) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nnb), interpret, "scan")(*args)
+    args = (x, g) + ((kmix,) if has_k else ()) + (*tabs, yT) + (tuple(segs) if seg else ())
+    return _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)
 
 
 def _acc_out(B, H, NG, M):
@@ -226,7 +369,8 @@ def _store_acc(row_r, col_r, bi, h, gi, acc):
 
 
 # The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
-# registers across the group); groups are sized so that B·H·groups reaches about this many programs.
+# registers across the group) and one feature block; groups are sized so that B·H·blocks·groups reaches about
+# this many programs.
 BWD_TARGET_PROGRAMS = 512
 
 
@@ -237,45 +381,72 @@ def _groups(B, H, NC, target_programs=None):
     return per, ng
 
 
-def bwd_o(w, zv, do, xs, ys, tabs, segs, *, L, cdt, interpret):
-    """dw [B, T, H, 2, M] f32, dzv [B, T, H, D] (zv's dtype), acc rows [B, H, NG, 4, 1, M], cols [.., 2, M, 1]."""
+def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
+    """O-half backward with the mixing: dp [1, B, T, H, 2, M] (mdt), dzv [B, T, H, D] (zv's dtype), acc rows
+    [B, H, NG, 4, 1, M], cols [.., 2, M, 1], and the K cotangent planes dk [B, H, NG, 2, M, M] float32 (None
+    without kmix). Each program walks the whole feature width in sub-blocks of ``plan.block`` (o_bwd_sub)."""
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
-    NC = T // L
+    sub = plan.block
+    NC, nsub = T // L, D // sub
     per, NG = _groups(B, H, NC)
-    dot, seg = C.Dots(cdt), segs is not None
+    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
+    n_in = 10 + int(has_k)
 
     def kernel(*refs):
-        (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, (dw_r, dzv_r, row_r, col_r) = _split(
-            refs, 10 + (4 if seg else 0), seg)
+        ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
+        p_r, k_r = ins[0], (ins[1] if has_k else None)
+        zv_r, do_r, xs_r, ys_r, *tab_r = ins[1 + int(has_k):]
+        dp_r, dzv_r, row_r, col_r = outs[:4]
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-        def body(c, acc):
+        def body(c, carry):
+            acc, dk = carry
+            kk = _kmat(k_r, h)  # loaded per chunk (pipelined), not held in registers across the loop
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-            wc = (w_r[bi, ts, h, 0, :], w_r[bi, ts, h, 1, :])
-            X = (xs_r[bi, h, c, 0], xs_r[bi, h, c, 1])
-            Y = (ys_r[bi, h, c, 0].astype(F32), ys_r[bi, h, c, 1].astype(F32))
-            dw, dzv, acc = C.o_bwd(wc, zv_r[bi, ts, h, :], do_r[bi, ts, h, :], X, Y, tb, mk, dot, acc, L)
-            dw_r[bi, ts, h, 0, :] = dw[0]
-            dw_r[bi, ts, h, 1, :] = dw[1]
-            dzv_r[bi, ts, h, :] = dzv.astype(dzv_r.dtype)
-            return acc
+            wc, s = C.mix_fwd(_modes(p_r, bi, ts, h), kk, conj, dot)
 
-        acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
+            def load(j):
+                ns = pl.ds(j * sub, sub)
+                return (zv_r[bi, ts, h, ns], do_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
+                        (ys_r[bi, h, c, 0, :, ns].astype(F32), ys_r[bi, h, c, 1, :, ns].astype(F32)))
+
+            def store(j, dzv):
+                dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
+
+            dw, acc = C.o_bwd_sub(wc, load, store, nsub, tb, mk, dot, acc, L, M)
+            dpc, dkc = C.mix_bwd(dw, s, kk, conj, dot)
+            dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
+            dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
+            if dkc is not None:
+                dk = (dk[0] + dkc[0], dk[1] + dkc[1])
+            return acc, dk
+
+        dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32)) if has_k else ()
+        acc, dk = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, (C.Acc.zeros(M), dk0))
         _store_acc(row_r, col_r, bi, h, gi, acc)
+        if has_k:
+            outs[4][bi, h, gi, 0, :, :] = dk[0]
+            outs[4][bi, h, gi, 1, :, :] = dk[1]
 
-    out = (jax.ShapeDtypeStruct((B, T, H, 2, M), F32), jax.ShapeDtypeStruct(zv.shape, zv.dtype)) + _acc_out(B, H, NG, M)
-    args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret, "bwd" if jnp.dtype(cdt) == jnp.bfloat16 else "bwd_f32")(*args)
+    out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
+           + _acc_out(B, H, NG, M))
+    if has_k:
+        out = out + (jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32),)
+    args = (p,) + ((kmix,) if has_k else ()) + (zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
+    res = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
+    return tuple(res[:4]) + ((res[4] if has_k else None),)
 
 
-def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
-    """dfq, dzk [B, T, H, R] (input dtypes), acc rows / cols as in bwd_o."""
+def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
+    """dfq, dzk [B, T, H, R] (input dtypes), acc rows / cols as in bwd_o; dp [B, T, H, 2, M]. Each program walks
+    the whole feature width in sub-blocks of ``plan.block`` (p_bwd_sub)."""
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
-    NC = T // L
+    sub = plan.block
+    NC, nsub = T // L, R // sub
     per, NG = _groups(B, H, NC)
     dot, seg = C.Dots(cdt), segs is not None
 
@@ -288,17 +459,23 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, cdt, interpret):
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-            dpc = (dp_r[bi, ts, h, 0, :], dp_r[bi, ts, h, 1, :])
-            X = (xs_r[bi, h, c, 0], xs_r[bi, h, c, 1])
-            Y = (ys_r[bi, h, c, 0].astype(F32), ys_r[bi, h, c, 1].astype(F32))
-            dfq, dzk, acc = C.p_bwd(fq_r[bi, ts, h, :], zk_r[bi, ts, h, :], dpc, X, Y, tb, mk, dot, acc, L)
-            dfq_r[bi, ts, h, :] = dfq.astype(dfq_r.dtype)
-            dzk_r[bi, ts, h, :] = dzk.astype(dzk_r.dtype)
-            return acc
+
+            def load(j):
+                ns = pl.ds(j * sub, sub)
+                return (fq_r[bi, ts, h, ns], zk_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
+                        (ys_r[bi, h, c, 0, :, ns].astype(F32), ys_r[bi, h, c, 1, :, ns].astype(F32)))
+
+            def store(j, dfq, dzk):
+                ns = pl.ds(j * sub, sub)
+                dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
+                dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
+
+            return C.p_bwd_sub(_modes(dp_r, bi, ts, h), load, store, nsub, tb, mk, dot, acc, L, M)
 
         acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
         _store_acc(row_r, col_r, bi, h, gi, acc)
 
-    out = (jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype)) + _acc_out(B, H, NG, M)
+    out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
+           + _acc_out(B, H, NG, M))
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret, "bwd" if jnp.dtype(cdt) == jnp.bfloat16 else "bwd_f32")(*args)
+    return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)

@@ -226,6 +226,102 @@ _half_o.defvjp(_half_o_fwd, _half_o_bwd)
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# the fused operator (kernel families with FUSED_MIX: the GPU kernels): one custom_vjp over both halves, the mode
+# mixing inside the O-half kernels, so that only p (forward) and dp (backward) cross HBM between the halves
+
+
+@dataclasses.dataclass(frozen=True)
+class _FusedCfg:
+    L: int
+    cdt: str             # matmul operand dtype
+    mdt: str             # dtype of p / dp between the kernels (the compute dtype)
+    sdt: str             # dtype of the per-chunk states stored for the backward
+    interpret: bool
+    conj: bool
+    has_k: bool          # a mixing matrix K (else identity: w = conj(p) or p)
+    save_states: bool
+    out_dtype: str
+    plans: tuple         # ((kernel name, gpu.KernelPlan), ...)
+
+
+def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
+    """Feature blocks and Triton tuning of the eight kernels from the shapes and the card's shared memory
+    (``gpu.choose``)."""
+    e = jnp.dtype(cdt).itemsize
+    lim = K.smem_limit()
+    kw = dict(bh=bh, L=L, M=mp, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
+    # fwd_p / bwd_o / bwd_p write partial sums when they split features: whole features unless shared memory
+    # forces a split (target_programs=0); fwd_o and the scans split freely for parallelism
+    plans = dict(fwd_p=K.choose("fwd_p", n=rp, target_programs=0, **kw),
+                 fwd_o=K.choose("fwd_o", n=dp_, has_k=has_k, **kw),
+                 scan_fwd_k=K.choose("scan_fwd", n=rp, **kw),
+                 scan_fwd_v=K.choose("scan_fwd", n=dp_, **kw),
+                 scan_rev_k=K.choose("scan_rev", n=rp, **kw),
+                 scan_rev_v=K.choose("scan_rev", n=dp_, has_k=has_k, **kw),
+                 bwd_o=K.choose("bwd_o", n=dp_, target_programs=0, has_k=has_k, **kw),
+                 bwd_p=K.choose("bwd_p", n=rp, target_programs=0, **kw))
+    return tuple(sorted(plans.items()))
+
+
+def _add_partials(x):
+    """[n, B, T, H, 2, M] partial sums over feature blocks -> [B, T, H, 2, M] (a free reshape when n = 1)."""
+    return x[0] if x.shape[0] == 1 else jnp.sum(x.astype(F32), axis=0).astype(x.dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
+    return _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs)[0]
+
+
+def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
+    from idattn.ops.pallas import gpu as K
+    P = dict(cfg.plans)
+    tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
+    sg, km = _segs(segs), (kmix if cfg.has_k else None)
+    save = jnp.dtype(cfg.sdt) if cfg.save_states else None
+    rp = K.fwd_p(fq, zk, tabs, xk0, sg, L=cfg.L, plan=P["fwd_p"], cdt=cfg.cdt, mdt=jnp.dtype(cfg.mdt),
+                 interpret=cfg.interpret, save_sdt=save)
+    p, xkt = _add_partials(rp[0]), rp[1]
+    ro = K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, L=cfg.L, plan=P["fwd_o"], cdt=cfg.cdt,
+                 out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret, save_sdt=save)
+    o, xvt = ro[0], ro[1]
+    xsk, xsv = (rp[2], ro[2]) if cfg.save_states else (None, None)
+    return (o, xkt, xvt), (fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv)
+
+
+def _fused_bwd(cfg, res, cts):
+    from idattn.ops.pallas import gpu as K
+    fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv = res
+    do, dxkt, dxvt = cts
+    P = dict(cfg.plans)
+    tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
+    sg, km = _segs(segs), (kmix if cfg.has_k else None)
+    kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
+    do = do.astype(zv.dtype)
+    # O-half: w = mix(p) is recomputed per chunk inside each kernel
+    if xsv is None:
+        xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
+    ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
+                          kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
+    dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
+                                        mdt=jnp.dtype(cfg.mdt), **kw)
+    dp = _add_partials(dp)
+    if xsk is None:
+        xsk = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], sdt=cfg.sdt, name="scan_fwd_k", **kw)
+    ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, conj_g=False,
+                          name="scan_rev_k", **kw)
+    dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"], **kw)
+    dlr, dli, dbr, dbi = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
+                                      jnp.concatenate([col_o, col_p], axis=2), lr, li, cfg.L)
+    dkmix = jnp.sum(dk, axis=(0, 2)) if cfg.has_k else jnp.zeros_like(kmix)
+    return (dfq, dzk, dzv, dkmix, dlr, dli, dbr, dbi, y0k, y0v,
+            None if segs is None else jax.tree.map(jnp.zeros_like, segs))
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # public entry
 
 
@@ -301,25 +397,38 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
                       ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, dp_ - D)))
     segs = None if segment_ids is None else _segment_arrays(segment_ids, B, T, tp, L)
 
-    bh = B * H
-    min_blk = 32 if family == "gpu" else 128
-    cfg_common = dict(family=family, L=L, cdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
-                      interpret=bool(interpret), seg=segs is not None,
-                      save_states=bool(_SAVE_STATES if save_states is None else save_states))
-    cfg_p = _Cfg(block_r=_blocks(rp, bh, min_blk), block_d=dp_, block_sk=_blocks(rp, bh, min_blk),
-                 block_sv=_blocks(dp_, bh, min_blk), out_dtype=jnp.dtype(out_dtype).name, **cfg_common)
-    cfg_o = dataclasses.replace(cfg_p, block_d=_blocks(dp_, bh, min_blk))
-
-    p, xkt = _half_p(cfg_p, fq_, zk_, lr, li, br, bi, xk0, segs)       # p [B, tp, H, 2, mp]
-    pc = lax.complex(p[:, :, :, 0, :M], p[:, :, :, 1, :M])               # [B, tp, H, M]
-    src = jnp.conj(pc) if conj else pc
+    save = bool(_SAVE_STATES if save_states is None else save_states)
+    kmat = None
     if c is not None:
         c = jnp.asarray(c).astype(jnp.complex64)
         kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c), c) if conj else jnp.einsum("hkm,hkn->hmn", c, c)
-        src = jnp.einsum("bthm,hmn->bthn", src, kmat, precision=lax.Precision.HIGHEST)
-    w = jnp.stack([src.real, src.imag], axis=3)
-    w = jnp.pad(w, ((0, 0), (0, 0), (0, 0), (0, 0), (0, mp - M)))
-    o, xvt = _half_o(cfg_o, w, zv_, lr, li, br, bi, xv0, segs)
+    K = _kernels(family)
+    if getattr(K, "FUSED_MIX", False):
+        kmix = None if kmat is None else jnp.pad(jnp.stack([kmat.real, kmat.imag], axis=1).astype(F32),
+                                                 ((0, 0), (0, 0), (0, mp - M), (0, mp - M)))
+        cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
+                        interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
+                        out_dtype=jnp.dtype(out_dtype).name,
+                        plans=_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None))
+        o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
+                             lr, li, br, bi, xk0, xv0, segs)
+    else:
+        bh = B * H
+        min_blk = 32 if family == "gpu" else 128
+        cfg_common = dict(family=family, L=L, cdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
+                          interpret=bool(interpret), seg=segs is not None, save_states=save)
+        cfg_p = _Cfg(block_r=_blocks(rp, bh, min_blk), block_d=dp_, block_sk=_blocks(rp, bh, min_blk),
+                     block_sv=_blocks(dp_, bh, min_blk), out_dtype=jnp.dtype(out_dtype).name, **cfg_common)
+        cfg_o = dataclasses.replace(cfg_p, block_d=_blocks(dp_, bh, min_blk))
+
+        p, xkt = _half_p(cfg_p, fq_, zk_, lr, li, br, bi, xk0, segs)       # p [B, tp, H, 2, mp]
+        pc = lax.complex(p[:, :, :, 0, :M], p[:, :, :, 1, :M])               # [B, tp, H, M]
+        src = jnp.conj(pc) if conj else pc
+        if kmat is not None:
+            src = jnp.einsum("bthm,hmn->bthn", src, kmat, precision=lax.Precision.HIGHEST)
+        w = jnp.stack([src.real, src.imag], axis=3)
+        w = jnp.pad(w, ((0, 0), (0, 0), (0, 0), (0, 0), (0, mp - M)))
+        o, xvt = _half_o(cfg_o, w, zv_, lr, li, br, bi, xv0, segs)
     o = o[:, :T, :, :D].astype(out_dtype)
     if not return_state:
         return o
@@ -337,7 +446,34 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
 _NATIVE = {"tpu": ("tpu",), "gpu": ("cuda", "rocm")}
 
 
-def _platform_dispatch(fn, args, family, interpret, chunk_size):
+_FALLBACK_WARNED = []
+
+
+def triton_backend_available() -> bool:
+    """Whether this jax still has the Pallas Triton backend the GPU kernels are written for (deprecated from
+    jax 0.11 in favour of Mosaic GPU; docs/kernels.md, 'JAX versions')."""
+    from idattn.ops.pallas import gpu
+    return gpu.triton_params_class() is not None
+
+
+def _gpu_branch(fn, gpu_fallback):
+    """The native GPU branch: the Triton kernels, or - on a jax without the Triton backend - ``gpu_fallback``
+    (the XLA chunked operator) with one warning; without a fallback, gpu.TritonUnavailable at trace time."""
+    if triton_backend_available() or gpu_fallback is None:
+        return functools.partial(fn, family="gpu", interpret=False)
+
+    def fallback(*args):
+        if not _FALLBACK_WARNED:
+            _FALLBACK_WARNED.append(True)
+            import warnings
+            warnings.warn(f"idattn: jax {jax.__version__} has no Pallas Triton backend, so impl='pallas' runs the XLA "
+                          f"chunked operator on GPU (same results, slower); see docs/kernels.md, 'JAX versions'",
+                          RuntimeWarning, stacklevel=2)
+        return gpu_fallback(*args)
+    return fallback
+
+
+def _platform_dispatch(fn, args, family, interpret, chunk_size, gpu_fallback=None):
     """Calls fn(*args, family=..., interpret=...) with the kernels of the platform the program is *lowered for*
     (``jax.lax.platform_dependent``), not the host's default backend: a CPU host compiling for a TPU topology gets
     Mosaic kernels, for CUDA the Triton kernels, and a CPU run the kernels in interpret mode. `family` / `interpret`
@@ -356,12 +492,15 @@ def _platform_dispatch(fn, args, family, interpret, chunk_size):
     if plat is not None:  # the mesh in context fixes the platform: trace one family only (a third of the work)
         native = [f for f in fams if plat in _NATIVE[f]]
         if native:
+            if native[0] == "gpu":
+                return _gpu_branch(fn, gpu_fallback)(*args)
             return fn(*args, family=native[0], interpret=False)
         return fn(*args, family="gpu" if "gpu" in fams else fams[0], interpret=True)
     branches = {}
     for fam in fams:
         for plat in _NATIVE[fam]:
-            branches[plat] = functools.partial(fn, family=fam, interpret=False)
+            branches[plat] = (_gpu_branch(fn, gpu_fallback) if fam == "gpu"
+                              else functools.partial(fn, family=fam, interpret=False))
     # Everything else (CPU) runs the kernels in interpret mode: the GPU family where it takes the chunk size.
     default = functools.partial(fn, family="gpu" if "gpu" in fams else fams[0], interpret=True)
     return lax.platform_dependent(*args, default=default, **branches)
@@ -458,7 +597,7 @@ def partition_spec(*dims):
 
 def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,
                            initial_state=None, return_state=False, out_dtype=None, interpret=None, family=None,
-                           save_states=None, batch_axes=None, head_axes=None):
+                           save_states=None, batch_axes=None, head_axes=None, gpu_fallback=None):
     """Fused-kernel ``interdomain_mix`` (inputs already validated by ``idattn.ops.interdomain_mix``).
 
     Args as ``interdomain_mix``; extra:
@@ -471,6 +610,9 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
         residuals instead of recomputing them in the backward (two fewer sequential passes, more memory held
         between forward and backward). Default False (``set_save_states``).
       batch_axes, head_axes: mesh axes that carry the batch rows and the heads (default: see mesh_partition).
+      gpu_fallback: fn(fq, zk, zv, lam, b, c, segment_ids, initial_state) -> the same outputs, run on GPU
+        instead of the kernels when this jax has no Pallas Triton backend (``idattn.ops.interdomain_mix`` passes
+        its XLA chunked path; one warning). None: such a jax raises ``gpu.TritonUnavailable`` when lowering.
     Partitioning: Pallas kernels cannot be partitioned by XLA, so under a device mesh in context the whole
     operator runs inside ``jax.shard_map``, each device on its rows (batch axes) and heads (head axes): the
     recurrence is independent per row and per head, so this is exact. Λ, b, c [H, ...] are split over the head
@@ -493,8 +635,13 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
         return _mix_local(fq, zk, zv, lam, b, c if has_c else None, segment_ids=seg if has_seg else None,
                           initial_state=x0 if has_x0 else None, family=family, interpret=interpret, **kw)
 
+    def fallback(fq, zk, zv, lam, b, c, seg, x0):
+        return gpu_fallback(fq, zk, zv, lam, b, c if has_c else None, seg if has_seg else None,
+                            x0 if has_x0 else None)
+
     def run(fq, zk, zv, lam, b, c, seg, x0):
-        return _platform_dispatch(local, (fq, zk, zv, lam, b, c, seg, x0), family, interpret, L)
+        return _platform_dispatch(local, (fq, zk, zv, lam, b, c, seg, x0), family, interpret, L,
+                                  None if gpu_fallback is None else fallback)
 
     empty = jnp.zeros((0,), F32)
     args = (fq, zk, zv, jnp.asarray(lam), jnp.asarray(b), jnp.asarray(c) if has_c else empty,
