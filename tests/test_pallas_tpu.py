@@ -105,8 +105,8 @@ def test_grid_steps_carry_512_tokens_at_4k(B, H, dh, M):
     jaxpr = _trace(B, T, H, dh, M)
     eqns = _pallas_eqns(jaxpr)
     names = sorted(str(e.params["name"]) for e in eqns)
-    assert names == sorted("idattn_tpu_" + k for k in
-                           ("fwd_p", "fwd_o", "scan_fwd", "scan_fwd", "scan_rev", "scan_rev", "bwd_o", "bwd_p")), names
+    assert names == sorted("idattn_tpu_" + k for k in ("fwd_p", "fwd_o", "scan_fwd_k", "scan_fwd_v", "scan_rev_k",
+                                                       "scan_rev_v", "bwd_o", "bwd_p")), names
     for e in eqns:
         grid = tuple(e.params["grid_mapping"].grid)
         assert len(grid) == 3 and grid[0] == B, grid

@@ -242,6 +242,7 @@ class _FusedCfg:
     save_states: bool
     out_dtype: str
     plans: tuple         # ((kernel name, gpu.KernelPlan), ...)
+    family: str = "gpu"  # the kernel module (tpu.py plans its own grid: its plans are None)
 
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
@@ -274,7 +275,7 @@ def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
 
 
 def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
-    from idattn.ops.pallas import gpu as K
+    K = _kernels(cfg.family)
     P = dict(cfg.plans)
     tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
@@ -290,7 +291,7 @@ def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
 
 
 def _fused_bwd(cfg, res, cts):
-    from idattn.ops.pallas import gpu as K
+    K = _kernels(cfg.family)
     fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv = res
     do, dxkt, dxvt = cts
     P = dict(cfg.plans)
@@ -409,7 +410,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
         cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
                         interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
                         out_dtype=jnp.dtype(out_dtype).name,
-                        plans=_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None))
+                        plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
+                               else K.plans()), family=family)
         o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
                              lr, li, br, bi, xk0, xv0, segs)
     else:
