@@ -131,3 +131,18 @@ def test_cost_model_counts():
     assert c["bytes"] >= tok * (2 * 128 * 2 + 2 * 32 * 4)
     assert c["flops"] == 16 * 16 * 32 * tpu.chunk_flops("fwd_p", 128, 32, 128)
     np.testing.assert_equal(tpu.chunk_flops("scan_fwd", 128, 32, 128), 4 * 128 * 32 * 128)
+
+
+def test_bench_tpu_prints_the_static_model(capsys):
+    """`python -m idattn.bench tpu` prints before / after rows from the same model as the CostEstimates."""
+    from idattn.bench.__main__ import main
+    from idattn.bench import tpu_model
+    main(["tpu", "--seqs", "4096", "--per-kernel", "4096"])
+    out = capsys.readouterr().out
+    before = next(ln for ln in out.splitlines() if " 4096 " in ln and "before" in ln).split()
+    after = next(ln for ln in out.splitlines() if " 4096 " in ln and " after " in ln).split()
+    assert before[6] == str(8 * 16 * 16 * 32) and after[6] == str(8 * 512)  # grid steps of the 8 calls
+    assert float(after[9]) < float(before[9]) / 3  # v5p ms
+    c = tpu_model.after("bwd_p", 16, 4096, 16, 128, 32, 128)
+    assert c["steps"] == 512 and c["tokens_per_step"] == 1024
+    assert f"{c['bytes'] / 2**20:.0f}" in out

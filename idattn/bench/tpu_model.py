@@ -43,17 +43,18 @@ def _pad(n, k):
     return -(-int(n) // k) * k
 
 
-def after(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True):
-    """Today's kernels: tpu.geometry / tpu.kernel_cost at op.py's padding (features to 8, modes to 8)."""
+def after(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True, has_k=False):
+    """Today's kernels: tpu.geometry / tpu.kernel_cost at op.py's padding (features to 8, modes to 8), p / dp in
+    the compute dtype, the mode mixing inside fwd_o / scan_rev / bwd_o (``has_k``: with a mixing matrix c)."""
     N, mp, tp = _pad(dh, K.FEATURE_GRANULE), _pad(M, 8), _pad(T, L)
     g = K.geometry(kernel, B, tp, H, N, mp, L, io_bytes=io_bytes, sdt_bytes=io_bytes, seg=seg)
-    c = K.kernel_cost(kernel, g, io_bytes=io_bytes, sdt_bytes=io_bytes, seg=seg)
-    c["mxu_flops"] = {w: B * H * g.NC * K.chunk_flops(kernel, L, mp, N, mxu=w) for w in (128, 256)}
-    c["xla_bytes"] = 0   # no transpose or pad around the call
+    c = K.kernel_cost(kernel, g, io_bytes=io_bytes, sdt_bytes=io_bytes, seg=seg, mode_bytes=io_bytes, has_k=has_k)
+    c["mxu_flops"] = {w: B * H * g.NC * K.chunk_flops(kernel, L, mp, N, mxu=w, has_k=has_k) for w in (128, 256)}
+    c["xla_bytes"] = 0   # no transpose, pad or mixing pass around the calls
     return c
 
 
-def before(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True):
+def before(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True, has_k=False):
     """main at 70ff683: grid (B, H, NC); features padded to 128 in HBM (op.py), [B,T,H,N] <-> [B,H,T,N] and
     [B,T,H,2,M] <-> [B,H,2,T,M] transposed in HBM around the call (each a read and a write); per-step blocks
     (L, N) and (2, L, M), VMEM double-buffered."""
@@ -78,6 +79,8 @@ def before(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True):
     # each transpose reads and writes the array; the padding to 128 (d_h < 128) is one more read + write of
     # the unpadded inputs (op.py's jnp.pad; fused with the transpose at best - counted once, in the transpose)
     xla = 2 * (nf + nfo) * feat + 2 * (nm + nmo) * modes
+    # the XLA mixing between the halves (float32 planes): forward reads p, writes w; backward reads dw, writes dp
+    xla += {"fwd_p": 2 * modes, "bwd_o": 2 * modes}.get(kernel, 0)
     steps = B * H * NC
 
     def vm(rows, cols, isz):
@@ -144,7 +147,8 @@ def compare_table(cases, L=128, io_bytes=2, seg=True):
                        f"{r5['xla_bytes'] / 2**20:>8.0f} {r5['ms']:>7.2f} {r6['ms']:>7.2f} "
                        f"{'' if s5 is None else f'{s5:.2f}':>10} {'' if s6 is None else f'{s6:.2f}':>10}")
     out.append("fwd+bwd of the operator (8 kernels: fwd_p, fwd_o; per half scan_fwd, scan_rev, bwd), bf16, segment ids;"
-               " ms = roofline incl. XLA transposes; XLA MiB = HBM traffic of the transposes around the calls")
+               " ms = roofline incl. the XLA passes around the calls; XLA MiB = their HBM traffic (before: the transposes"
+               " and the float32 mixing between the halves; after: none, the mixing is inside the O-half kernels)")
     return out
 
 

@@ -21,6 +21,10 @@ Inside a step each head reads its own column slice (static lane offsets; the mod
 lane offsets 0, 32, 64, 96). Heads are *not* packed into the MXU's lanes: each head's matmuls keep their
 [L, M] / [M, N] shapes (see docs/kernels.md, "TPU kernels", for what that costs and what is left).
 
+The mode mixing w = s·K (s = conj(p) or p, K = cᴴc or cᵀc; ``FUSED_MIX``, op.py's fused operator) runs per chunk
+inside fwd_o, the O-half's scan_rev and bwd_o (which also applies mix_bwd and sums the K cotangent on chip), so
+only p (forward) and dp (backward), in the compute dtype, cross HBM between the halves.
+
 Every ``pallas_call`` carries a ``pl.CostEstimate`` from ``kernel_cost`` (the same model ``python -m
 idattn.bench tpu`` prints), so XLA schedules the surrounding ops around the kernels' real cost.
 """
