@@ -5,17 +5,18 @@ run XLA's GPU compiler, Triton and ptxas on them (docs/kernels.md, "Deviceless c
 
 1. target names: the forms h200x8 / h100x8 / 2xh200x8, refusals of bad names (no plugin needed);
 2. the operator's Pallas (Triton) kernels, forward and backward in one program (value and gradients w.r.t. fq, zk,
-   zv, lam, b), with segment ids, chunk 64, at (H, d_h, M) = (16, 128, 32) and (32, 64, 64) in bf16 and float32
-   and at d_h = 96: the compiled module holds exactly the expected Triton custom calls (a fallback to the XLA
-   chunked path would hold none) - a kernel over the card's shared memory fails to compile, so it fails here;
+   zv, lam, b, c), with segment ids, chunk 64, at every paper head shape and (16, 128, 32), in bf16 and float32:
+   the compiled module holds exactly the 8 named Triton kernels (a fallback to the XLA chunked path would hold
+   none) and no XLA pass over a per-token mode tensor between them (the mixing is inside) - a kernel over the
+   card's shared memory fails to compile, so it fails here;
 3. a deliberately oversized Triton kernel is refused with XLA's shared-memory error (the check in 2 can fail);
 4. the 125M interdomain train step compiles for 8 x H200 with impl="pallas" under the fsdp mesh.
 
 Needs the `cuda12` extra (jax-cuda12-plugin, jax-cuda12-pjrt, nvidia-cuda-nvcc-cu12). Without it the tests that
 compile are skipped with the reason - except under CI=true, where a missing plugin is a failure. Shapes are
 minimal (T = 128: two chunks, which exercises the carried state) to keep compile time low; compile time
-is dominated by ptxas on the kernels. The float32 kernel cases are marked slow (`pytest -m slow
-tests/test_aot_gpu.py`): ~100 CPU-seconds each.
+is dominated by ptxas on the kernels. Two kernel cases run by default (bf16 (16, 128, 32), float32 (16, 96, 64));
+the other eight are `-m slow` (`pytest -m slow tests/test_aot_gpu.py`).
 """
 import os
 
@@ -106,47 +107,112 @@ def test_gpu_targets_devices():
     assert sorted({d.process_index for d in t2.devices}) == [0, 1]  # two hosts
 
 
-# (H, d_h, M, dtype): the issue's two benchmark head shapes in both dtypes, and d_h = 96 (padded to 128 inside).
-# float32 is marked slow: ~100 CPU-seconds of ptxas each (its kernels spill tens of KB), against ~21 for bf16
-# (measured with the whole file: 302 CPU-s in all, of which 201 for the two float32 cases).
-# d_h = 96 pads to the same 128-wide feature blocks as d_h = 128 (same kernels): slow, to keep the suite's budget.
-# (32, 64, 64) bf16 is slow too: the 125M train step below compiles the same d_h = 64, M = 64 bf16 kernels.
-KERNEL_CASES = [(16, 128, 32, "bfloat16"), pytest.param(32, 64, 64, "bfloat16", marks=pytest.mark.slow),
-                pytest.param(16, 96, 32, "bfloat16", marks=pytest.mark.slow),
-                pytest.param(16, 128, 32, "float32", marks=pytest.mark.slow),
-                pytest.param(32, 64, 64, "float32", marks=pytest.mark.slow)]
-_IDS = ["16-128-32-bfloat16", "32-64-64-bfloat16", "16-96-32-bfloat16", "16-128-32-float32", "32-64-64-float32"]
+# (H, d_h, M, dtype): the paper's head shapes - 125M (12, 64, 64), 350M (16, 64, 64), 760M (16, 96, 64), 1.3B
+# (32, 64, 64) - and the benchmark's (16, 128, 32), in bf16 and float32, forward and backward in one program
+# with c and segment ids. H only sets the grid, so the kernels are three sets per dtype: d_h = 64 with M = 64,
+# d_h = 96 (padded to 128) with M = 64, d_h = 128 with M = 32. The default suite compiles the benchmark shape in
+# bf16 (below) and the float32 M = 64 backward (test_float32_m64_backward_kernels_compile); the rest are
+# `-m slow` (ptxas time: docs/kernels.md, "Deviceless compilation"), covering each kernel set in both dtypes.
+PAPER_HEADS = [(12, 64, 64), (16, 64, 64), (16, 96, 64), (32, 64, 64), (16, 128, 32)]
+_SLOW = [(12, 64, 64, "bfloat16"), (16, 96, 64, "bfloat16"), (32, 64, 64, "bfloat16"),
+         (16, 128, 32, "float32"), (16, 96, 64, "float32"), (32, 64, 64, "float32")]
+KERNEL_CASES = ([pytest.param(16, 128, 32, "bfloat16", id="16-128-32-bfloat16")]
+                + [pytest.param(*c, marks=pytest.mark.slow, id="-".join(map(str, c))) for c in _SLOW])
 # Forward: fwd_p, fwd_o; backward per half: scan_fwd, scan_rev, bwd -> 2 + 2 * 3 Triton kernels.
 N_TRITON_FWD_BWD = 8
+KERNEL_NAMES = {"idattn_fwd_p", "idattn_fwd_o", "idattn_scan_fwd_k", "idattn_scan_fwd_v", "idattn_scan_rev_k",
+                "idattn_scan_rev_v", "idattn_bwd_o", "idattn_bwd_p"}
 
 
-@pytest.mark.parametrize("H, dh, M, dtype", KERNEL_CASES, ids=_IDS)
+def test_head_shapes_share_kernel_sets():
+    """The compile matrix's premise: at B·H = 256 the plan (feature blocks, warps, stages) of every kernel depends
+    on (d_h padded, M, dtype) only, so (12 | 16 | 32, 64, 64) compile the same eight kernels on different grids."""
+    import jax.numpy as jnp
+
+    from idattn.ops.pallas import gpu as G, op
+    for dt in (jnp.bfloat16, jnp.float32):
+        plans = {H: op._gpu_plans(G, 256, 64, 64, 64, 64, dt, True) for H, dh, M in PAPER_HEADS if dh == 64}
+        assert len(set(plans.values())) == 1, plans
+
+
+@pytest.mark.parametrize("H, dh, M, dtype", KERNEL_CASES)
 def test_kernels_compile_for_h200(h200, H, dh, M, dtype):
+    """Value and gradients (fq, zk, zv, lam, b, c) compile for an H200: exactly the 8 named Triton kernels (a
+    fallback to the XLA chunked path holds none), one program column per head, and the mode mixing inside them:
+    no XLA instruction between the kernels produces a per-token mode tensor ([B, T, H, 2, M] planes or complex
+    [B, T, H, M]: the float32 mixing pass the unfused operator made)."""
     import jax
     import jax.numpy as jnp
 
     from idattn.ops import interdomain_mix
 
     _, s = h200
-    # bf16 (the training / benchmark dtype): B·H = 256 rows x heads, so the kernels take whole feature blocks - the
-    # largest tiles, as in the benchmark at T <= 4K. float32 (the correctness path): B = 1, feature blocks split to
-    # 32 wide (what its checks run); its compile is slow (ptxas on spilling kernels).
+    # bf16 (the training / benchmark dtype): B·H = 256 rows x heads, the benchmark's tiles at T <= 4K. float32
+    # (the correctness path): B = 1, as its checks run. T = 128: two chunks, which exercises the carried state.
     B, T = (256 // H if dtype == "bfloat16" else 1), 128
     dt = jnp.dtype(dtype)
 
-    def loss(fq, zk, zv, lam, b, seg):
-        o = interdomain_mix(fq, zk, zv, lam, b, impl="pallas", chunk_size=64, segment_ids=seg)
+    def loss(fq, zk, zv, lam, b, c, seg):
+        o = interdomain_mix(fq, zk, zv, lam, b, c, impl="pallas", chunk_size=64, segment_ids=seg)
         return jnp.sum(o.astype(jnp.float32) ** 2)
 
     sd = lambda shape, d: jax.ShapeDtypeStruct(shape, d, sharding=s)  # noqa: E731
-    args = (sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((B, T), jnp.int32),)
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).compile(
+    args = ((sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((H, M, M), jnp.complex64),)
+            + (sd((B, T), jnp.int32),))
+    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(*args).compile(
         compiler_options=gpu.compiler_options())
     text = compiled.as_text()
     calls = gpu.triton_calls(text)
     assert len(calls) == N_TRITON_FWD_BWD, f"expected {N_TRITON_FWD_BWD} Triton kernels, found {len(calls)}"
+    assert {c["name"] for c in calls} == KERNEL_NAMES
     assert all(c["grid"][1] == H for c in calls)  # one program column per head: the kernels, not a fallback
+    assert gpu.mode_round_trips(text, B, T, H, M) == []
     assert compiled.memory_analysis().temp_size_in_bytes > 0
+
+
+def test_float32_m64_backward_kernels_compile(h200):
+    """The float32 backward of the 760M layer's heads (d_h = 96 padded to 128, M = 64, chunk 64, with c and
+    segments) - which overflowed shared memory before the plan (294-328 KiB requested of 227) - compiles for
+    an H200 with the blocks ``gpu.choose`` picks: bwd_o walks its 128 features in sub-blocks, bwd_p too, both
+    within the estimate. The two kernels only (the rest of the float32 program is in the slow matrix)."""
+    import jax
+    import jax.numpy as jnp
+
+    from idattn.ops.pallas import gpu as G, op
+
+    _, s = h200
+    B, T, H, N, M, L = 1, 128, 16, 128, 64, 64
+    f32 = jnp.float32
+    plans = dict(op._gpu_plans(G, B * H, L, N, N, M, f32, True))
+    assert plans["bwd_o"].block < N and plans["bwd_p"].block < N  # shared memory forced sub-blocks
+    assert max(plans[k].smem for k in ("bwd_o", "bwd_p")) <= G.smem_limit()
+    sd = lambda shape, d=f32: jax.ShapeDtypeStruct(shape, d, sharding=s)  # noqa: E731
+    tok, modes, st = sd((B, T, H, N)), sd((B, T, H, 2, M)), sd((B, H, T // L, 2, M, N))
+    tabs = (sd((H, 2, L, M)), sd((H, 2, 1, M)), sd((H, 2, 1, M)), sd((H, 2, M, 1)), sd((H, 2, 1, M)))
+    segs = (sd((B, T), jnp.int32), sd((B, T, 1)), sd((B, T, 1)), sd((B, T // L)))
+
+    def both(p, kmix, zv, do, xs, ys, fq, zk, tabs, segs):
+        o = G.bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, conj=True, L=L, plan=plans["bwd_o"], cdt=f32, mdt=f32,
+                    interpret=False)
+        q = G.bwd_p(fq, zk, o[0][0], xs, ys, tabs, segs, L=L, plan=plans["bwd_p"], cdt=f32, interpret=False)
+        return o, q
+
+    compiled = jax.jit(both).lower(modes, sd((H, 2, M, M)), tok, tok, st, st, tok, tok, tabs, segs).compile(
+        compiler_options=gpu.compiler_options())
+    assert {c["name"] for c in gpu.triton_calls(compiled.as_text())} == {"idattn_bwd_o", "idattn_bwd_p"}
+
+
+def test_mode_round_trip_check_can_fail():
+    """The round-trip check names an XLA fusion that writes [B, T, H, 2, M] planes (the unfused operator's
+    mixing) and a complex [B, T, H, M] one, and ignores the kernels' own custom calls and free reshapes."""
+    hlo = "\n".join([
+        "  %custom-call.1 = (f32[1,4,128,16,2,32]{5,4,3,2,1,0}) custom-call(%p), custom_call_target=\"x\"",
+        "  %bitcast.2 = f32[4,128,16,2,32]{4,3,2,1,0} bitcast(%get-tuple-element.1)",
+        "  %fusion.3 = f32[4,128,16,2,32]{4,3,2,1,0} fusion(%bitcast.2, %q), kind=kLoop, calls=%fused",
+        "  ROOT %multiply.4 = c64[4,128,16,32]{3,2,1,0} multiply(%a, %b)",
+        "  %fusion.5 = f32[4,128,16,64]{3,2,1,0} fusion(%x), kind=kLoop"])
+    trips = gpu.mode_round_trips(hlo, 4, 128, 16, 32)
+    assert [t.split()[0] for t in trips] == ["fusion", "multiply"], trips
 
 
 def test_oversized_kernel_fails_to_compile(h200):

@@ -268,23 +268,29 @@ from idattn.aot import gpu
 from idattn.ops import interdomain_mix
 from idattn.ops.pallas import gpu as G
 G.TUNING.update({tuning!r})
+G.MAX_TILE.update({max_tile!r})
 topo = topologies.get_topology_desc(platform="cuda", target_config=gpu.target_config({card!r}), topology="1x1x1")
 s = NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), P())
 sd = lambda shp, d: jax.ShapeDtypeStruct(shp, d, sharding=s)
 for (H, dh, M, dt, B, T, seg) in {cases!r}:
     dt = jnp.dtype(dt)
-    def loss(fq, zk, zv, lam, b, sg):
-        o = interdomain_mix(fq, zk, zv, lam, b, impl="pallas", chunk_size=64, segment_ids=sg if seg else None)
+    def loss(fq, zk, zv, lam, b, c, sg):
+        o = interdomain_mix(fq, zk, zv, lam, b, c, impl="pallas", chunk_size=64,
+                            segment_ids=sg if seg else None)
         return jnp.sum(o.astype(jnp.float32))
-    args = (sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((B, T), jnp.int32),)
+    args = ((sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((H, M, M), jnp.complex64),)
+            + (sd((B, T), jnp.int32),))
     mark = json.dumps([H, dh, M, str(dt), B, T, seg])
     sys.stderr.write("I0000 00:00:00.000000 0 case_marker.py:0] @@CASE " + mark + "\n")
     sys.stderr.flush()
     t0 = time.time()
     try:
-        c = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))).lower(*args).compile(
+        c = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(*args).compile(
             compiler_options=gpu.compiler_options())
-        print("@@HLO", json.dumps(dict(calls=gpu.triton_calls(c.as_text()), error=None, s=time.time() - t0)),
+        txt = c.as_text()
+        print("@@HLO", json.dumps(dict(calls=gpu.triton_calls(txt), error=None, s=time.time() - t0,
+                                       round_trips=gpu.mode_round_trips(txt, B, T, H, max(16, 1 << (M - 1).bit_length())),
+                                       bytes=c.cost_analysis().get("bytes accessed") if c.cost_analysis() else None)),
               flush=True)
     except Exception as e:
         print("@@HLO", json.dumps(dict(calls=[], error=f"{{type(e).__name__}}: {{str(e).splitlines()[0][:300]}}",
@@ -292,18 +298,21 @@ for (H, dh, M, dt, B, T, seg) in {cases!r}:
 """
 
 
-def kernel_resources(cases, card="h200", timeout=900, tuning=None) -> list[dict]:
+def kernel_resources(cases, card="h200", timeout=900, tuning=None, max_tile=None) -> list[dict]:
     """Compile the fused operator's forward + backward (impl="pallas", chunk 64) for one ``card`` in a fresh
-    process with XLA's kernel logging on. cases: [(H, d_h, M, dtype name, B, T, with segment ids)]; tuning:
-    entries to override in ``idattn.ops.pallas.gpu.TUNING`` ({kind: (num_warps, num_stages)}) for this run.
+    process with XLA's kernel logging on, with the mode mixing c [H, M, M] as the layer has it. cases:
+    [(H, d_h, M, dtype name, B, T, with segment ids)]; tuning: entries to override in
+    ``idattn.ops.pallas.gpu.TUNING`` ({kind: (num_warps, num_stages)}) and ``MAX_TILE`` for this run.
     Returns per case {"case", "triton": [calls from triton_calls], "kernels": [parse_kernel_log entries],
-    "error": the compile error's first line or None, "seconds": compile time}."""
+    "error": the compile error's first line or None, "seconds": compile time, "round_trips": mode_round_trips
+    of the compiled module, "hbm_bytes": XLA's cost analysis "bytes accessed" (XLA ops only)}."""
     import json
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="subprocess_compilation=3,xtile_compiler=2")
     p = subprocess.run([sys.executable, "-c", _RESOURCE_SCRIPT.format(root=root, cases=list(cases), card=card,
-                                                                           tuning=dict(tuning or {}))],
+                                                                           tuning=dict(tuning or {}),
+                                                                           max_tile=dict(max_tile or {}))],
                        env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
         raise RuntimeError(f"kernel_resources: compile failed:\n{p.stderr[-3000:]}")
@@ -313,7 +322,8 @@ def kernel_resources(cases, card="h200", timeout=900, tuning=None) -> list[dict]
     for part, hlo in zip(parts, hlos):
         case = json.loads(part.splitlines()[0])
         out.append(dict(case=tuple(case), triton=hlo["calls"], error=hlo["error"], seconds=hlo["s"],
-                        kernels=parse_kernel_log(part)))
+                        kernels=parse_kernel_log(part), round_trips=hlo.get("round_trips", []),
+                        hbm_bytes=hlo.get("bytes")))
     return out
 
 
@@ -333,6 +343,10 @@ def format_resources(res, card="h200") -> str:
             calls = ", ".join(f"{tuple(c['grid'])}/w{c['num_warps']}/s{c['num_stages']}" for c in r["triton"])
             lines.append(f"{head}: compiled in {r['seconds']:.0f} s; {len(r['triton'])} Triton calls "
                          f"(grid/warps/stages): {calls}")
+            trips = r.get("round_trips") or []
+            lines.append(f"    mode tensors through XLA between the kernels: {len(trips) or 'none'}"
+                         + (f" ({trips[0]})" if trips else "")
+                         + (f"; XLA ops' bytes accessed {r['hbm_bytes'] / 2**20:.1f} MiB" if r.get("hbm_bytes") else ""))
         for k in r["kernels"]:
             lines.append(f"    {k['name']:>10}  smem {k['smem']:>7} B ({k['smem'] / 1024:5.1f} KiB)  "
                          f"regs {k['registers']:>3}  spill {k['spill_stores']:>6} B stores / "
@@ -345,7 +359,9 @@ if __name__ == "__main__":  # python -m idattn.aot.gpu: kernel resources at the 
     argparse.ArgumentParser(prog="python -m idattn.aot.gpu", description="Compile the fused GPU kernels for an "
                             "H200 (no GPU needed) and print their registers, spills and shared memory at the "
                             "tested shapes (docs/kernels.md).").parse_args()
-    cases = [(16, 128, 32, "bfloat16", 1, 128, True), (16, 128, 32, "float32", 1, 128, True),
-             (32, 64, 64, "bfloat16", 1, 128, True), (32, 64, 64, "float32", 1, 128, True),
-             (16, 96, 32, "bfloat16", 1, 128, True)]
+    # the three kernel sets of the paper's head shapes and the benchmark's (H only sets the grid), both dtypes:
+    # bf16 at B·H = 256 (the benchmark's tiles at T <= 4K), float32 at B = 1 (as its checks run)
+    cases = [(16, 128, 32, "bfloat16", 16, 128, True), (32, 64, 64, "bfloat16", 8, 128, True),
+             (16, 96, 64, "bfloat16", 16, 128, True), (16, 128, 32, "float32", 1, 128, True),
+             (32, 64, 64, "float32", 1, 128, True), (16, 96, 64, "float32", 1, 128, True)]
     print(format_resources(kernel_resources(cases)))

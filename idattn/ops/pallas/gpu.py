@@ -65,12 +65,18 @@ def _compiler_params(num_warps, num_stages):
     return cls(num_warps=num_warps, num_stages=num_stages)
 
 
-# (num_warps, num_stages) per kernel kind, the defaults ``plan`` starts from. The forward kernels and the scans
-# carry a small state tile per program (4 warps; 8 when M >= 64); the chunk-parallel backward kernels hold several
-# L×L and L×N fp32 tiles at once (8 warps, fewer registers per thread). num_stages > 1 lets Triton prefetch the
-# next chunk's loads inside the fori_loop; ``plan`` lowers it to 1, then halves the feature block, until the
-# kernel's shared-memory estimate fits the card.
-TUNING = {"fwd": (4, 2), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 2)}
+# (num_warps, num_stages) per kernel kind, the defaults ``choose`` starts from. 8 warps everywhere: a program's
+# live tiles (the [2, M, N] state, the [L, M] tables, [L, L] and [L, N] products) then spread over 256 threads,
+# which the deviceless sm_90a compile measured as fewer spills than 4 warps for every forward and scan kernel
+# (docs/kernels.md, "What the compiled kernels use"). num_stages > 1 lets Triton prefetch the next chunk's loads
+# inside the fori_loop; ``choose`` lowers it to 1, then halves the feature block, until the kernel's
+# shared-memory estimate fits the card.
+TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 2)}
+# The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
+# registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
+# kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
+# trips: at (16, 128, 32) bf16 it cut bwd_p's spills from 1006 to 612 B and bwd_o's from 2334 to 1540 B.
+MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 64}
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
@@ -102,9 +108,10 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
     """Shared memory (bytes) for one program of a kernel kind, as a bound: every tile a chunk iteration loads
     (N = the feature block or sub-block), times the pipeline's stages, plus the wide float32 dot operands once
     more (Triton's IEEE fp32 dots stage their operands through shared memory for the FMA layout).
-    Checked against the deviceless sm_90a compile (Triton's own allocation, logged by XLA): above it at every
-    measured kernel (actual / bound 0.5-0.8 in bf16; docs/kernels.md, 'Shared memory'), and the kernels it admits
-    compile at every paper head shape (tests/test_aot_gpu.py)."""
+    Fitted as a bound on the deviceless sm_90a compile (Triton's own allocation, logged by XLA) at the paper's
+    head shapes in both dtypes: at or above every measured kernel (docs/kernels.md, "Blocks from the shapes"),
+    and the kernels it admits compile (tests/test_aot_gpu.py). A newer Triton may allocate differently:
+    ``scripts/gpu_check.py``'s probe checks on the device."""
     tab = 2 * L * M * 4                                   # sp planes (float32)
     kmat = (2 * M * M * 4) if has_k else 0                # the mixing matrix planes (float32)
     modes = 2 * L * M * mode_bytes                        # p / dp of one chunk
@@ -117,7 +124,12 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
         raise ValueError(f"unknown kernel kind {kind!r}; one of {sorted(loads)}")
     wide = {"fwd_p": 2 * tok, "fwd_o": tok, "scan_fwd": tok, "scan_rev": tok, "bwd_p": 2 * tok + 2 * state,
             "bwd_o": 2 * tok + 2 * state}  # the [L, N] / [M, N] dot operands
-    return loads[kind] * stages + (wide[kind] if in_bytes >= 4 else 0)
+    est = loads[kind] * stages
+    if in_bytes >= 4:  # float32: the wide operands and, in the backward, the [L, L] and [L, M] products again
+        est += wide[kind] + ((L * L + 2 * L * M) * 4 if kind.startswith("bwd") else 0)
+    if kind == "bwd_o":  # K is an operand of two more dots there (mix_bwd)
+        est += kmat
+    return est
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +156,11 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
     while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
         nb *= 2
     block = n // nb
-    warps, stages = TUNING[_tuning_kind(kind, M)]
+    tk = _tuning_kind(kind, M)
+    warps, stages = TUNING[tk]
+    cap = MAX_TILE.get(tk)
+    while cap is not None and L * block > cap and block > 16 and block % 2 == 0:
+        block //= 2
     kw = dict(L=L, M=M, in_bytes=in_bytes, mode_bytes=mode_bytes, state_bytes=state_bytes, has_k=has_k)
     while True:
         est = smem_estimate(kind, N=block, stages=stages, **kw)

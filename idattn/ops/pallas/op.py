@@ -1,14 +1,18 @@
-"""The fused operator: padding, tables, segment masks and the two ``custom_vjp`` halves around the kernels.
+"""The fused operator: padding, tables, segment masks and the ``custom_vjp`` around the kernels.
 
 The operator factors into two linear-recurrence readouts joined by a tiny per-token mode mixing (c):
 
     P-half   p_t = Xk_t · fq_t ∈ C^M,         Xk_t = lam∘Xk_{t-1} + b ⊗ zk_t      (kernel: fq, zk -> p)
-    mixing   w_t = conj(p_t)·(c^H c)  (conj)   or   p_t·(cᵀ c)                     (XLA, [B, T, H, M])
-    O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: w, zv -> o)
+    mixing   w_t = conj(p_t)·K, K = cᴴc (conj)   or   p_t·K, K = cᵀc                [B, T, H, M]
+    O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: p, K, zv -> o)
 
-Each half is a ``jax.custom_vjp`` over real planes (fq/zk/zv, Re/Im of lam and b, the initial state); the
-mixing, the complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff
-handles c, the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
+Kernel modules with ``FUSED_MIX`` (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing
+runs inside the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and
+the K cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. A
+module without it: each half is its own ``custom_vjp`` and the mixing is an XLA einsum between them.
+Either way the inputs are real planes (fq/zk/zv, Re/Im of lam and b, the initial state, K); K = f(c), the
+complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff handles c,
+the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
 
 Backward of a half (per batch row and head; never a per-step state):
   1. ``scan_fwd``: recompute the forward state before every chunk (one pass, chunk-boundary states only);
