@@ -208,3 +208,57 @@ print("OK")
     proc = subprocess.run([sys.executable, "-c", code], cwd=T.REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+OP_SCRIPT = r"""
+import json, re, sys
+import jax, jax.numpy as jnp
+from jax.sharding import SingleDeviceSharding
+from idattn.aot.tpu import tpu_target
+from idattn.ops.pallas import interdomain_mix_pallas
+
+B, T, H, dh, M = json.loads(sys.argv[1])
+sh = SingleDeviceSharding(tpu_target("v5p:1x1x1").devices[0])
+sd = lambda s, d: jax.ShapeDtypeStruct(s, d, sharding=sh)
+flat = sd((B, T, H * dh), jnp.bfloat16)
+
+def loss(fq, zk, zv, lam, b, c, seg, g):
+    r = lambda a: a.reshape(B, T, H, dh)  # the layer's [B, T, H*d_h] projections viewed per head
+    o = interdomain_mix_pallas(r(fq), r(zk), r(zv), lam, b, c, conj=True, chunk_size=128, segment_ids=seg,
+                               initial_state=None, return_state=False, out_dtype=None, interpret=False, family="tpu")
+    return jnp.sum(o.reshape(B, T, H * dh).astype(jnp.float32) * g)
+
+cplx = sd((H, M), jnp.complex64)
+txt = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(
+    flat, flat, flat, cplx, cplx, sd((H, M, M), jnp.complex64), sd((B, T), jnp.int32), sd((B, T, H * dh), jnp.float32)
+).compile().as_text()
+moves = []  # transposes / copies of a feature-sized array anywhere, fused computations included
+for line in txt.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* (transpose|copy|copy-start)\(", line)
+    if m:
+        n = 1
+        for d in (int(v) for v in m.group(1).split(",") if v):
+            n *= d
+        if n == B * T * H * dh:
+            moves.append(line.strip()[:160])
+print("RESULT" + json.dumps({"mosaic": txt.count('custom_call_target="tpu_custom_call"'),
+                             "names": sorted(set(re.findall(r"idattn_tpu_([a-z]+_[a-z]+)", txt))), "moves": moves}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", [(2, 1024, 32, 64, 64), (2, 1024, 16, 128, 32)])
+def test_compiled_kernels_read_features_in_place(shape):
+    """Forward + backward of the operator compiled for one v5p chip, from [B, T, H*d_h] activations (the layer's
+    projections): the 8 Mosaic kernels, and no transpose or copy of a [B, T, H, d_h]-sized array anywhere in the
+    program (main's kernels transposed every feature operand to [B, H, T, N] and padded d_h = 64 to 128). The
+    mode tensors [B, T, H*2*M] are still relaid out by XLA for op.py's mixing einsum (not checked here)."""
+    _need_libtpu()
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    proc = subprocess.run([sys.executable, "-c", OP_SCRIPT, json.dumps(list(shape))], cwd=T.REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    r = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert r["mosaic"] == 8, r
+    assert r["names"] == ["bwd_o", "bwd_p", "fwd_o", "fwd_p", "scan_fwd", "scan_rev"], r["names"]
+    assert r["moves"] == [], r["moves"]

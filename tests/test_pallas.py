@@ -203,8 +203,12 @@ def test_gpu_family_bf16(monkeypatch):
               with_c=True, with_x0=True, with_seg=True, tol_fwd=2e-2, tol_grad=2e-2, seed=2)
 
 
-def test_tpu_family_f32():
-    """The Mosaic-style kernels (chunk = sequential grid axis, scratch state) compute the same function."""
+@pytest.mark.slow
+def test_tpu_family_f32(monkeypatch):
+    """The Mosaic kernels compute the same function: conj=False, two rows, T = 40 (3 chunks of 16) in time blocks
+    of one chunk each (the state crosses every grid step). tests/test_pallas_tpu.py has the default-suite case."""
+    from idattn.ops.pallas import tpu
+    monkeypatch.setattr(tpu, "T_BLOCK", 32)
     _run_case("tpu", jnp.float32, False, B=2, T=40, H=1, R=8, D=8, M=4, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, seed=3)
 

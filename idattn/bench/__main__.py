@@ -7,8 +7,11 @@ COMMANDS = {
     "op": "interdomain_mix implementations vs causal softmax attention (ms, tok/s, temp memory)",
     "theory": "LegS convergence table (idattn.ops.theory)",
     "model": "training tok/s and MFU per mixer (the trainer's step), decode tok/s vs context (needs flax)",
+    "tpu": "static model of the TPU kernels: grid steps, VMEM, HBM bytes, FLOPs, v5p / v6e roofline vs splash",
     "checksum": "cost of the checkpoint checksums vs one read of the state (idattn.rundir.integrity)",
 }
+
+MODULES = {"tpu": "tpu_model"}
 
 
 def main(argv=None) -> int:
@@ -18,7 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("command", choices=tuple(COMMANDS))
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the subcommand's flags (python -m idattn.bench op -h)")
     a = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
-    importlib.import_module(f"idattn.bench.{a.command}").main(a.args)
+    importlib.import_module(f"idattn.bench.{MODULES.get(a.command, a.command)}").main(a.args)
     return 0
 
 

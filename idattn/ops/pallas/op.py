@@ -6,10 +6,10 @@ The operator factors into two linear-recurrence readouts joined by a tiny per-to
     mixing   w_t = conj(p_t)·K, K = cᴴc (conj)   or   p_t·K, K = cᵀc                [B, T, H, M]
     O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: p, K, zv -> o)
 
-GPU (kernel modules with ``FUSED_MIX``): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing runs
-inside the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and the K
-cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. TPU
-(today's Mosaic kernels): each half is its own ``custom_vjp`` and the mixing is an XLA einsum between them.
+Kernel modules with ``FUSED_MIX`` (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing
+runs inside the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and
+the K cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. A
+module without it: each half is its own ``custom_vjp`` and the mixing is an XLA einsum between them.
 Either way the inputs are real planes (fq/zk/zv, Re/Im of lam and b, the initial state, K); K = f(c), the
 complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff handles c,
 the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
@@ -246,6 +246,7 @@ class _FusedCfg:
     save_states: bool
     out_dtype: str
     plans: tuple         # ((kernel name, gpu.KernelPlan), ...)
+    family: str = "gpu"  # the kernel module (tpu.py plans its own grid: its plans are None)
 
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
@@ -278,7 +279,7 @@ def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
 
 
 def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
-    from idattn.ops.pallas import gpu as K
+    K = _kernels(cfg.family)
     P = dict(cfg.plans)
     tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
@@ -294,7 +295,7 @@ def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
 
 
 def _fused_bwd(cfg, res, cts):
-    from idattn.ops.pallas import gpu as K
+    K = _kernels(cfg.family)
     fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv = res
     do, dxkt, dxvt = cts
     P = dict(cfg.plans)
@@ -374,7 +375,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
     if family == "gpu":
         rp, dp_, mp = _next_pow2(max(R, 16)), _next_pow2(max(D, 16)), _next_pow2(max(M, 16))
     else:
-        rp, dp_, mp = _round_up(R, 128), _round_up(D, 128), _round_up(M, 8)
+        fg = getattr(_kernels(family), "FEATURE_GRANULE", 128)  # tpu.py packs heads into 128 lanes itself
+        rp, dp_, mp = _round_up(R, fg), _round_up(D, fg), _round_up(M, 8)
     tp = _round_up(T, L)
     pad_t = tp - T
 
@@ -412,7 +414,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
         cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
                         interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
                         out_dtype=jnp.dtype(out_dtype).name,
-                        plans=_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None))
+                        plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
+                               else K.plans()), family=family)
         o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
                              lr, li, br, bi, xk0, xv0, segs)
     else:
