@@ -37,7 +37,6 @@ from jax.experimental import pallas as pl
 from idattn.ops.pallas import _chunk as C
 
 F32 = jnp.float32
-FUSED_MIX = True  # op.py: this family takes p / kmix and fuses the mode mixing (see the module docstring)
 
 
 class TritonUnavailable(RuntimeError):

@@ -6,15 +6,14 @@ The operator factors into two linear-recurrence readouts joined by a tiny per-to
     mixing   w_t = conj(p_t)·K, K = cᴴc (conj)   or   p_t·K, K = cᵀc                [B, T, H, M]
     O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: p, K, zv -> o)
 
-Kernel modules with ``FUSED_MIX`` (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing
-runs inside the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and
-the K cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. A
-module without it: each half is its own ``custom_vjp`` and the mixing is an XLA einsum between them.
-Either way the inputs are real planes (fq/zk/zv, Re/Im of lam and b, the initial state, K); K = f(c), the
+Both kernel families (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing runs inside
+the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and the K
+cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. The
+inputs are real planes (fq/zk/zv, Re/Im of lam and b, the initial state, K); K = f(c), the
 complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff handles c,
 the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
 
-Backward of a half (per batch row and head; never a per-step state):
+Backward of each half (per batch row and head; never a per-step state):
   1. ``scan_fwd``: recompute the forward state before every chunk (one pass, chunk-boundary states only);
   2. ``scan_rev``: the adjoint recurrence in reverse time, Y_c = keep·conj(lamL)∘Y_{c+1} + (cm·conj(pin)∘g)ᵀ·x;
   3. a chunk-parallel kernel (groups of chunks per program) that recomputes the intra-chunk matrices and
@@ -22,7 +21,7 @@ Backward of a half (per batch row and head; never a per-step state):
 
 Padding (all zero, sliced off afterwards): T up to a multiple of L at the *end* (outputs are causal, so only
 the returned state sees the pad: it is corrected by lam^(-pad), exact per mode); features R, D and modes M up
-to the backend's granule (GPU/Triton: a power of two >= 16; TPU: a multiple of 128 for features, 8 for modes).
+to the backend's granule (GPU/Triton: a power of two >= 16; TPU: the kernel module's FEATURE_GRANULE, 8 for modes).
 Padded modes get all-zero tables and b = 0, so they contribute nothing.
 """
 from __future__ import annotations
@@ -63,22 +62,6 @@ def _next_pow2(n: int) -> int:
 
 def _round_up(n: int, k: int) -> int:
     return -(-int(n) // k) * k
-
-
-@dataclasses.dataclass(frozen=True)
-class _Cfg:
-    family: str          # "gpu" | "tpu"
-    L: int               # chunk length
-    cdt: str             # matmul operand dtype
-    sdt: str             # dtype of the per-chunk states stored for the backward
-    interpret: bool
-    block_r: int         # feature block of the forward P kernel (partial p sums)
-    block_d: int         # feature block of the forward O kernel
-    block_sk: int        # feature blocks of the scans (k, v)
-    block_sv: int
-    out_dtype: str
-    seg: bool
-    save_states: bool    # keep the forward's chunk-boundary states for the backward (else recompute them)
 
 
 def _kernels(family):
@@ -161,76 +144,10 @@ def _segs(segs):
     return None if segs is None or len(segs) == 0 else segs
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _half_p(cfg: _Cfg, fq, zk, lr, li, br, bi, x0, segs):
-    return _half_p_fwd(cfg, fq, zk, lr, li, br, bi, x0, segs)[0]
-
-
-def _half_p_fwd(cfg, fq, zk, lr, li, br, bi, x0, segs):
-    K = _kernels(cfg.family)
-    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    res = K.fwd_p(fq, zk, tabs, x0, _segs(segs), L=cfg.L, block_r=cfg.block_r, cdt=cfg.cdt,
-                  interpret=cfg.interpret, save_sdt=jnp.dtype(cfg.sdt) if cfg.save_states else None)
-    xs = res[2] if cfg.save_states else None
-    return (jnp.sum(res[0], axis=0), res[1]), (fq, zk, lr, li, br, bi, x0, segs, xs)
-
-
-def _half_p_bwd(cfg, res, cts):
-    fq, zk, lr, li, br, bi, x0, segs, xs = res
-    dp, dxt = cts
-    K = _kernels(cfg.family)
-    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    sg = _segs(segs)
-    if xs is None:
-        xs = K.scan_fwd(zk, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt, sdt=cfg.sdt,
-                        interpret=cfg.interpret)
-    ys, y0 = K.scan_rev(fq, dp.astype(F32), tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sk, cdt=cfg.cdt,
-                        sdt=cfg.sdt, conj_g=False, interpret=cfg.interpret)
-    dfq, dzk, row, col = K.bwd_p(fq, zk, dp.astype(F32), xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt,
-                                 interpret=cfg.interpret)
-    dlr, dli, dbr, dbi = _param_grads(row, col, lr, li, cfg.L)
-    return dfq, dzk, dlr, dli, dbr, dbi, y0, None if segs is None else jax.tree.map(jnp.zeros_like, segs)
-
-
-_half_p.defvjp(_half_p_fwd, _half_p_bwd)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _half_o(cfg: _Cfg, w, zv, lr, li, br, bi, x0, segs):
-    return _half_o_fwd(cfg, w, zv, lr, li, br, bi, x0, segs)[0]
-
-
-def _half_o_fwd(cfg, w, zv, lr, li, br, bi, x0, segs):
-    K = _kernels(cfg.family)
-    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    res = K.fwd_o(w, zv, tabs, x0, _segs(segs), L=cfg.L, block_d=cfg.block_d, cdt=cfg.cdt,
-                  out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret,
-                  save_sdt=jnp.dtype(cfg.sdt) if cfg.save_states else None)
-    xs = res[2] if cfg.save_states else None
-    return (res[0], res[1]), (w, zv, lr, li, br, bi, x0, segs, xs)
-
-
-def _half_o_bwd(cfg, res, cts):
-    w, zv, lr, li, br, bi, x0, segs, xs = res
-    do, dxt = cts
-    K = _kernels(cfg.family)
-    tabs = _tables(lr, li, br, bi, cfg.L, x0.shape[-2])
-    sg = _segs(segs)
-    if xs is None:
-        xs = K.scan_fwd(zv, tabs, x0, sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
-                        interpret=cfg.interpret)
-    ys, y0 = K.scan_rev(do, w, tabs, dxt.astype(F32), sg, L=cfg.L, block_n=cfg.block_sv, cdt=cfg.cdt, sdt=cfg.sdt,
-                        conj_g=True, interpret=cfg.interpret)
-    dw, dzv, row, col = K.bwd_o(w, zv, do, xs, ys, tabs, sg, L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
-    dlr, dli, dbr, dbi = _param_grads(row, col, lr, li, cfg.L)
-    return dw, dzv, dlr, dli, dbr, dbi, y0, None if segs is None else jax.tree.map(jnp.zeros_like, segs)
-
-
-_half_o.defvjp(_half_o_fwd, _half_o_bwd)
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# the fused operator (kernel families with FUSED_MIX: the GPU kernels): one custom_vjp over both halves, the mode
+# the fused operator (both kernel families): one custom_vjp over both halves, the mode
 # mixing inside the O-half kernels, so that only p (forward) and dp (backward) cross HBM between the halves
 
 
@@ -330,15 +247,6 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 # public entry
 
 
-def _blocks(n: int, bh: int, min_block: int, target_programs: int = 256) -> int:
-    """Split a feature axis into power-of-two blocks until B·H·blocks reaches the target (more programs for
-    the SMs when B·H is small, i.e. at long T with a fixed token budget)."""
-    nb = 1
-    while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
-        nb *= 2
-    return n // nb
-
-
 def _planes(z):
     return jnp.stack([jnp.real(z), jnp.imag(z)], axis=2)  # [B, H, M, N] -> [B, H, 2, M, N]
 
@@ -408,33 +316,15 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
         c = jnp.asarray(c).astype(jnp.complex64)
         kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c), c) if conj else jnp.einsum("hkm,hkn->hmn", c, c)
     K = _kernels(family)
-    if getattr(K, "FUSED_MIX", False):
-        kmix = None if kmat is None else jnp.pad(jnp.stack([kmat.real, kmat.imag], axis=1).astype(F32),
-                                                 ((0, 0), (0, 0), (0, mp - M), (0, mp - M)))
-        cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
-                        interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
-                        out_dtype=jnp.dtype(out_dtype).name,
-                        plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
-                               else K.plans()), family=family)
-        o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
-                             lr, li, br, bi, xk0, xv0, segs)
-    else:
-        bh = B * H
-        min_blk = 32 if family == "gpu" else 128
-        cfg_common = dict(family=family, L=L, cdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
-                          interpret=bool(interpret), seg=segs is not None, save_states=save)
-        cfg_p = _Cfg(block_r=_blocks(rp, bh, min_blk), block_d=dp_, block_sk=_blocks(rp, bh, min_blk),
-                     block_sv=_blocks(dp_, bh, min_blk), out_dtype=jnp.dtype(out_dtype).name, **cfg_common)
-        cfg_o = dataclasses.replace(cfg_p, block_d=_blocks(dp_, bh, min_blk))
-
-        p, xkt = _half_p(cfg_p, fq_, zk_, lr, li, br, bi, xk0, segs)       # p [B, tp, H, 2, mp]
-        pc = lax.complex(p[:, :, :, 0, :M], p[:, :, :, 1, :M])               # [B, tp, H, M]
-        src = jnp.conj(pc) if conj else pc
-        if kmat is not None:
-            src = jnp.einsum("bthm,hmn->bthn", src, kmat, precision=lax.Precision.HIGHEST)
-        w = jnp.stack([src.real, src.imag], axis=3)
-        w = jnp.pad(w, ((0, 0), (0, 0), (0, 0), (0, 0), (0, mp - M)))
-        o, xvt = _half_o(cfg_o, w, zv_, lr, li, br, bi, xv0, segs)
+    kmix = None if kmat is None else jnp.pad(jnp.stack([kmat.real, kmat.imag], axis=1).astype(F32),
+                                             ((0, 0), (0, 0), (0, mp - M), (0, mp - M)))
+    cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
+                    interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
+                    out_dtype=jnp.dtype(out_dtype).name,
+                    plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
+                           else K.plans()), family=family)
+    o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
+                         lr, li, br, bi, xk0, xv0, segs)
     o = o[:, :T, :, :D].astype(out_dtype)
     if not return_state:
         return o

@@ -21,7 +21,7 @@ Inside a step each head reads its own column slice (static lane offsets; the mod
 lane offsets 0, 32, 64, 96). Heads are *not* packed into the MXU's lanes: each head's matmuls keep their
 [L, M] / [M, N] shapes (see docs/kernels.md, "TPU kernels", for what that costs and what is left).
 
-The mode mixing w = s·K (s = conj(p) or p, K = cᴴc or cᵀc; ``FUSED_MIX``, op.py's fused operator) runs per chunk
+The mode mixing w = s·K (s = conj(p) or p, K = cᴴc or cᵀc; op.py's fused operator) runs per chunk
 inside fwd_o, the O-half's scan_rev and bwd_o (which also applies mix_bwd and sums the K cotangent on chip), so
 only p (forward) and dp (backward), in the compute dtype, cross HBM between the halves.
 
@@ -43,7 +43,6 @@ F32 = jnp.float32
 T_BLOCK = 1024             # tokens per grid step (target; the largest divisor of T/L chunks that fits)
 VMEM_BUDGET = 24 * 2**20   # estimated double-buffered block bytes a step may take (T_BLOCK shrinks to fit)
 VMEM_LIMIT = 48 * 2**20    # Mosaic's scoped VMEM limit for these kernels (v5p has 64 MiB, v6e / v5e 128 MiB)
-FUSED_MIX = True           # op.py's fused operator: the mode mixing runs inside fwd_o / scan_rev / bwd_o
 FEATURE_GRANULE = 8        # op.py pads R, D to a multiple of this (not of 128: head groups fill the lanes)
 KERNELS = ("fwd_p", "fwd_o", "scan_fwd", "scan_rev", "bwd_o", "bwd_p")
 
