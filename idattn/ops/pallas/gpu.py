@@ -148,9 +148,9 @@ def _tuning_kind(kind, M):
 def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, target_programs=256, min_block=32,
            has_k=False) -> KernelPlan:
     """The kernel's feature block and tuning: the widest power-of-two block that still gives about
-    ``target_programs`` programs (as before), then, while the shared-memory estimate exceeds ``limit``, one
-    pipeline stage instead of two, then half the block (down to 16). Refuses, naming the shape, the bytes and
-    the limit, when nothing fits."""
+    ``target_programs`` programs, capped at ``MAX_TILE``; then, while the shared-memory estimate exceeds
+    ``limit``, one pipeline stage instead of two, then half the block (down to 16). Refuses, naming the shape,
+    the bytes and the limit, when nothing fits."""
     nb = 1
     while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
         nb *= 2
