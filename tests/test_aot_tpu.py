@@ -191,10 +191,14 @@ def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels():
 
 def test_multislice_mesh_puts_slices_on_the_data_axis():
     """Two v5p-8 slices: config.mesh describes one slice (fsdp -1 -> 4); the data axis spans the slices (DCN), so
-    fsdp / tensor groups never cross a slice boundary."""
+    fsdp / tensor groups never cross a slice boundary. And the sequence axis stays on one host of a v5p-128 (16
+    hosts of 4 chips): the torus layout of create_device_mesh puts a sequence axis of 4 across hosts; make_mesh
+    regroups host-major so that every sequence (x tensor) block is on one host, as check_sequence_split requires
+    (each process reads whole rows); without a sequence axis the layout is create_device_mesh's."""
     _need_libtpu()
     code = r"""
 import jax, numpy as np
+from jax.experimental import mesh_utils
 from idattn.aot.tpu import tpu_target
 from idattn.train import sharding as shd
 t = tpu_target("v5p-8", num_slices=2)
@@ -202,6 +206,16 @@ mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, t.devices)
 sl = np.vectorize(lambda d: d.slice_index)(mesh.devices)
 assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "sequence": 1, "tensor": 1}, mesh.shape
 assert all(len(set(sl[i].ravel())) == 1 for i in range(2)) and set(sl[:, 0, 0, 0]) == {0, 1}, sl
+devs = tpu_target("v5p-128").devices
+for seq, ten in ((4, 1), (2, 2), (2, 1)):
+    mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": seq, "tensor": ten}, devs)
+    shd.check_sequence_split(1 << 20, mesh)
+    proc = np.vectorize(lambda d: d.process_index)(mesh.devices)
+    assert all(len(set(proc[0, f].ravel())) == 1 for f in range(proc.shape[1])), (seq, ten, proc)
+    assert sorted(d.id for d in mesh.devices.ravel()) == sorted(d.id for d in devs)
+mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 1, "tensor": 1}, devs)
+assert (mesh.devices == mesh_utils.create_device_mesh((1, 64, 1, 1), devices=devs,
+                                                      allow_split_physical_axes=True)).all()
 print("OK")
 """
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
