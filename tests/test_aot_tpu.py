@@ -189,6 +189,45 @@ def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels():
                                                          + " GiB per chip of 95 GiB: fits"), proc.stdout[-500:]
 
 
+SOFTMAX_SEQUENCE = r"""
+import json, re
+import jax, jax.numpy as jnp
+from idattn.aot.tpu import tpu_target
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd
+from idattn.train.step import BATCH_KEYS
+from idattn.train.trainer import build_setup
+from tests import train_helpers as T
+B, S = 4, 512
+cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": B, "train.loss_chunk": 64})
+apply_mixer_name(cfg.model, "softmax")
+cfg.model.num_layers, cfg.model.attn_impl = 1, "pallas_tpu"
+cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor = 1, 2, 2, 1
+mesh = shd.make_mesh(cfg.mesh, tpu_target("v5p-8").devices)
+setup = build_setup(cfg, mesh)
+batch = {k: jax.ShapeDtypeStruct((B, S), jnp.float32 if k == "loss_mask" else jnp.int32,
+                                 sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
+with setup.context():
+    txt = setup.train.lower(setup.abstract_state, batch).compile().as_text()
+print("RESULT" + json.dumps({"mosaic": txt.count("tpu_custom_call"), "splash": len(re.findall(r"splash", txt)),
+                             "full_scores": sorted(set(re.findall(r"\w+\[[\d,]*%d,%d\]" % (S, S), txt)))}))
+"""
+
+
+@pytest.mark.slow  # ~30 s
+def test_softmax_sequence_split_compiles_for_v5p_with_splash_kernels():
+    """Softmax with config.mesh.sequence=2 on v5p-8: the train step holds the splash-attention Mosaic kernels
+    (forward, dq, dkv) inside the all_gather shard_map (idattn.layers.attention.sequence_splash), and no [T, T]
+    array (the XLA fallback's scores, or a replicated flash attention over the whole sequence)."""
+    _need_libtpu()
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SOFTMAX_SEQUENCE], cwd=T.REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["mosaic"] >= 3 and res["splash"] >= 3 and res["full_scores"] == [], res
+
+
 def test_multislice_mesh_puts_slices_on_the_data_axis():
     """Two v5p-8 slices: config.mesh describes one slice (fsdp -1 -> 4); the data axis spans the slices (DCN), so
     fsdp / tensor groups never cross a slice boundary. And the sequence axis stays on one host of a v5p-128 (16
