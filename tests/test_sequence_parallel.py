@@ -179,6 +179,84 @@ def test_softmax_split_over_the_sequence_gathers_kv_and_equals_one_device(kind, 
     assert res["kv_gathers"] >= 2 and res["full_scores"] == [], res
 
 
+EVAL = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax.linen import partitioning as nn_partitioning
+from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
+from idattn.eval.scoring import model_score_fn, sequence_mesh
+from idattn.layers.common import positions_from_segments
+from idattn.models import build_model
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd
+from idattn.train.trainer import build_setup
+from tests import train_helpers as T
+
+mixers, trainer = json.loads(sys.argv[1]), sys.argv[2] == "trainer"
+B, S = 2, 256
+rng = np.random.default_rng(0)
+toks = rng.integers(1, 500, (B, S + 1)).astype(np.int32)
+out = {}
+for mixer in mixers:
+    cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": 4})
+    apply_mixer_name(cfg.model, mixer)
+    cfg.model.chunk_size = 16
+    if not trainer:  # long-context scoring (python -m idattn.eval --sequence=8): score_fn on a sequence mesh
+        model = build_model(cfg.model)
+        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))["params"]
+        one = model_score_fn(model, params)(toks[:, :-1], toks[:, 1:])
+        split_fn = model_score_fn(model, params, mesh=sequence_mesh(8))
+        split = split_fn(toks[:, :-1], toks[:, 1:])
+        mesh = sequence_mesh(8)
+        placed = jax.device_put(toks[:, :-1], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "sequence")))
+        with jax.set_mesh(mesh), nn_partitioning.axis_rules(DEFAULT_LOGICAL_AXIS_RULES):
+            txt = jax.jit(lambda p, t: model.apply({"params": p}, t)).lower(
+                jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())), placed
+            ).compile().as_text()
+        out[mixer] = {"logp_err": float(np.max(np.abs(one[0] - split[0]))), "greedy_same": bool((one[1] == split[1]).all()),
+                      "logp_mean": float(one[0].mean()), "all_gathers": txt.count("all-gather")}
+        continue
+    seg = np.ones((4, S), np.int32); seg[0, 64:] = 2; seg[1, 100:] = 3  # a reset at a boundary of 4, one across
+    batch = {"inputs": np.tile(toks[:, :-1], (2, 1)), "targets": np.tile(toks[:, 1:], (2, 1)), "segment_ids": seg,
+             "positions": np.asarray(positions_from_segments(jnp.asarray(seg), 4, S)),
+             "loss_mask": np.ones((4, S), np.float32)}
+    sums = {}
+    for name, shape in (("one", (1, 1, 1, 1)), ("split", (1, 2, 4, 1))):  # the trainer's eval step, seq 4 x fsdp 2
+        cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor = shape
+        mesh = shd.make_mesh(cfg.mesh, jax.devices()[:1] if name == "one" else jax.devices())
+        setup = build_setup(cfg, mesh)
+        with setup.context():
+            state = setup.init(jax.random.PRNGKey(0))
+            gb = shd.global_batch_from_full(batch, mesh)
+            s_, c_ = setup.eval(state.params, gb)
+        sums[name] = (float(s_), float(c_), str(gb["inputs"].sharding.spec))
+    out[mixer] = {"one": sums["one"], "split": sums["split"]}
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # ~25 s on idle cores: four tiny-model forward programs on 1 and 8 devices
+def test_long_context_scoring_split_over_the_sequence_equals_one_device():
+    """`python -m idattn.eval --sequence=8` (scoring.make_score_fn(mesh=sequence_mesh(8))): the per-token log-probs
+    of the tiny Interdomain and Softmax models with the length split over 8 devices equal the unsplit scorer's
+    (float32, 2e-5), and the program gathers over the sequence axis (states / K and V: the split path ran)."""
+    res = _run(EVAL, json.dumps(["interdomain", "softmax"]), "score")
+    for mixer, r in res.items():
+        assert r["logp_err"] < 2e-5 and r["greedy_same"], (mixer, r)
+        assert r["all_gathers"] >= 1, (mixer, r)
+        assert r["logp_mean"] < -1, (mixer, r)  # real scores (a random model: about -ln 512)
+
+
+@pytest.mark.slow  # ~40 s: two trainer setups per mixer
+def test_trainer_eval_split_over_the_sequence_equals_one_device():
+    """The trainer's eval step (validation loss sums) on sequence 4 x fsdp 2 equals one device's, with a reset at a
+    shard boundary and documents across boundaries."""
+    res = _run(EVAL, json.dumps(["interdomain", "softmax"]), "trainer")
+    for mixer, r in res.items():
+        assert "sequence" in r["split"][2], (mixer, r)
+        np.testing.assert_allclose(r["split"][:2], r["one"][:2], rtol=2e-6, err_msg=mixer)
+
+
 def _run(script, *args, timeout=900):
     env = dict(T.subprocess_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", script, *args], cwd=T.REPO, env=env, capture_output=True,
