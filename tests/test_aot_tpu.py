@@ -261,3 +261,28 @@ print("OK")
     proc = subprocess.run([sys.executable, "-c", code], cwd=T.REPO, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_long_context_table_cost_model_and_rows(tmp_path, capsys):
+    """idattn/aot/long_context.py: the cost model's closed forms (125M: H=12, M=64, R=d_h=64; 1.3B: H=32, 24
+    layers), a row from an idattn.aot JSON record, and the --kind=long_context table of `python -m idattn.aot.table`."""
+    from idattn.aot import long_context as L
+    from idattn.aot import table
+
+    c = L.cost_model("125m", "interdomain", 131072)
+    assert c["layer_bytes"] == 4 * 2 * 12 * 64 * 128 * 4  # 4 shards x 768 KiB of float32 state planes
+    assert c["step_bytes"] == 3 * 12 * 3 * 2 * 12 * 64 * 128 * 4  # 3 transfers x 12 layers x 3 shards received
+    assert L.cost_model("125m", "interdomain", 1048576)["step_bytes"] == c["step_bytes"]  # independent of T
+    s = L.cost_model("1.3b", "softmax", 1048576)
+    assert s["layer_bytes"] == 2 * 1048576 * 32 * 64 * 2 and s["step_bytes"] == 3 * 24 * s["layer_bytes"] * 3 // 4
+    assert s["tokens_per_chip"] == 262144 and 0 < s["ratio"] < 1
+    with pytest.raises(ValueError, match=r"--grid: got '1.3b:mamba:8'; expected <size>:<mixer>:<T>"):
+        L.parse_grid("1.3b:mamba:8")
+    rec = {"mesh": {"data": 1, "fsdp": 16, "sequence": 4, "tensor": 1}, "hbm_bytes": 95 * 1024 ** 3,
+           "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2}]}
+    (tmp_path / "long-interdomain-1.3b-1048576.json").write_text(json.dumps(rec))
+    assert table.main(["--kind=long_context", f"--dir={tmp_path}", "--grid=1.3b:interdomain:1048576,125m:softmax:131072"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | 488 |")
+    assert out[3].startswith("| 125m | softmax | 131,072 | 32,768 | not compiled |")
+    assert "--config.mesh.sequence=4 --config.train.batch_size=16" in L.command("1.3b", "softmax", 1048576)
