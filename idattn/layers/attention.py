@@ -28,6 +28,7 @@ cache and attends to cache positions ≤ its own (one document per row while dec
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import flax.linen as nn
@@ -168,7 +169,6 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
     blocks above the diagonal; K, V and document ids all_gathered over the sequence axes inside `shard_map`."""
     import numpy as np
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.sharding import NamedSharding, PartitionSpec as P
 
     from idattn.ops.pallas.op import partition_spec
@@ -181,10 +181,7 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
     blk = min(block, s_len)
     if s_len % blk or s_len % 128:
         raise ValueError(f"sequence length {t} over {ns} shards: {s_len} tokens per shard is not a multiple of 128")
-    sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
-                          block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
-    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(h // nh)])
-    kernel = sk.make_splash_mha(mask, head_shards=1, q_seq_shards=ns, block_sizes=sizes, interpret=interpret)
+    kernel = _splash_kernel(t, h // nh, ns, blk, bool(interpret))
     kspec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, sx if len(sx) > 1 else sx[0])))
     qs, rows = partition_spec(bx, sx, hx, ()), partition_spec(bx, sx)
     doc = jnp.zeros((b, t), jnp.int32) if doc is None else doc.astype(jnp.int32)
@@ -201,6 +198,20 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
 
     return jax.shard_map(shard, mesh=mesh, in_specs=(kspec, qs, qs, qs, rows), out_specs=qs,
                          check_vma=False)(kernel, q, k, v, doc)
+
+
+@functools.lru_cache(maxsize=16)
+def _splash_kernel(t: int, heads: int, shards: int, blk: int, interpret: bool):
+    """The splash kernel for a global causal [t, t] mask, its block tables split into `shards` row ranges; cached
+    per shape: building the tables evaluates the mask on the host, about T² element tests (measured on this
+    repository's CPU host: 28 s at T = 32K, 78 s at 64K), once per process instead of once per trace."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                          block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+    mask = sm.MultiHeadMask([sm.CausalMask((t, t)) for _ in range(heads)])
+    return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=shards, block_sizes=sizes, interpret=interpret)
 
 
 def _sequence_local_xla(q, k, v, doc_q, doc_kv, offset):
