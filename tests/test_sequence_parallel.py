@@ -174,9 +174,22 @@ with jax.set_mesh(mesh):
     got = compiled(q, k, v)
 txt = compiled.as_text()
 bl = B // shape[1]
+tables_equal = None
+if splash:  # the O(1)-per-block causal mask builds the same block tables as splash's own CausalMask
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from idattn.layers.attention import causal_block_mask
+    tables_equal = True
+    for t, blk, shards in ((2048, 128, 4), (1024, 256, 2)):
+        sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                              block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+        a, b = (jax.tree.leaves(sk.make_splash_mha(sm.MultiHeadMask([m] * 2), head_shards=1, q_seq_shards=shards,
+                                                   block_sizes=sizes))
+                for m in (sm.CausalMask((t, t)), causal_block_mask(t)))
+        tables_equal &= len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
 err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
 print("RESULT" + json.dumps({
-    "err": err, "plan": [list(a) for a in plan[1:]],
+    "err": err, "plan": [list(a) for a in plan[1:]], "tables_equal": tables_equal,
     # K and V gathered over the sequence: [rows, T, local heads, D] results of all-gathers
     "kv_gathers": len(re.findall(r"f32\[%d,%d,%d,%d\][^=]*all-gather" % (bl, T, H // shape[3], D), txt)),
     "full_scores": sorted(set(re.findall(r"\w+\[[\d,]*%d,%d\]" % (T, T), txt)))}))
@@ -195,6 +208,7 @@ def test_softmax_split_over_the_sequence_gathers_kv_and_equals_one_device(kind, 
     assert res["plan"][1] == ["sequence"], res  # the split path ran, not a fallback
     assert res["err"] < 2e-5, res
     assert res["kv_gathers"] >= 2 and res["full_scores"] == [], res
+    assert res["tables_equal"] is (True if kind == "splash" else None), res  # causal_block_mask = CausalMask
 
 
 EVAL = r"""
