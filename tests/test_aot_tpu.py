@@ -279,10 +279,12 @@ def test_long_context_table_cost_model_and_rows(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"--grid: got '1.3b:mamba:8'; expected <size>:<mixer>:<T>"):
         L.parse_grid("1.3b:mamba:8")
     rec = {"mesh": {"data": 1, "fsdp": 16, "sequence": 4, "tensor": 1}, "hbm_bytes": 95 * 1024 ** 3,
-           "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2}]}
+           "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2,
+                      "mosaic": 10}]}
     (tmp_path / "long-interdomain-1.3b-1048576.json").write_text(json.dumps(rec))
     assert table.main(["--kind=long_context", f"--dir={tmp_path}", "--grid=1.3b:interdomain:1048576,125m:softmax:131072"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | 488 |")
+    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | "
+                             "488 (10) |")
     assert out[3].startswith("| 125m | softmax | 131,072 | 32,768 | not compiled |")
     assert "--config.mesh.sequence=4 --config.train.batch_size=16" in L.command("1.3b", "softmax", 1048576)

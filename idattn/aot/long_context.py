@@ -114,11 +114,11 @@ def row(size: str, mixer: str, seq_len: int, rec: dict | None) -> str:
     mesh = f"{m['data']}x{m['fsdp']}x{m['sequence']}x{m['tensor']}"
     fits = "fits" if tr["total"] <= rec["hbm_bytes"] else "does not fit"
     return (f"{head} {tr['total'] / GiB:.1f} ({tr['temp'] / GiB:.1f} temp): {fits} | {mesh} | "
-            f"{tr['compile_s']:.0f} | {model} |")
+            f"{tr['compile_s']:.0f} ({tr.get('mosaic', 0)}) | {model} |")
 
 
 HEADER = ("| size | mixer | T tokens per sequence | tokens per chip | train step GiB per chip of 95 | mesh d x f x s x t "
-          "| compile s | gathered per layer and row | received per chip and step | gather time per step at 600 GB/s "
+          "| compile s (Mosaic kernels) | gathered per layer and row | received per chip and step | gather time per step at 600 GB/s "
           "| step compute at peak | gather / compute |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 

@@ -133,7 +133,7 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto"):
             try:
                 return sequence_splash(q, k, v, doc, plan)
             except Exception as e:  # shapes the kernel does not take (a shard not a multiple of 128 positions)
-                _log.debug("splash attention refused (%s); using XLA", e)
+                _log.warning("splash attention refused (%s); using XLA attention on the [S, T] scores", e)
         return sequence_attention(q, k, v, doc, plan)
     return branches.get(plat, _xla_attention)(q, k, v, doc)
 
