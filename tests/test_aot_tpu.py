@@ -9,7 +9,9 @@ no array of the full global batch's logits [B, T, V] appears in any compiled pro
 prints its closing line and exits 0. Without libtpu these are skipped (said why) — except under CI=true,
 where a missing libtpu is a failure.
 
-Always: topology names -> shapes, the collective counter and the closing line's format.
+Also with libtpu: the sequence axis stays on one host of a v5p-128 (make_mesh), and (slow) Softmax under the
+sequence axis compiles with the splash kernels. Always: topology names -> shapes, the collective counter, the
+closing line's format and the long-context table's cost model and rows (idattn/aot/long_context.py).
 """
 import importlib.util
 import json
