@@ -177,10 +177,17 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
     ns = int(np.prod([dict(mesh.shape)[a] for a in sx]))
     nh = int(np.prod([dict(mesh.shape)[a] for a in hx])) if hx else 1
     s_len = t // ns
-    blk = min(block, s_len)
-    if s_len % blk or s_len % 128:
+    if s_len % min(block, s_len) or s_len % 128:
         raise ValueError(f"sequence length {t} over {ns} shards: {s_len} tokens per shard is not a multiple of 128")
-    kernel = _splash_kernel(t, h // nh, ns, blk, bool(interpret))
+    bq = bkv = min(block, s_len)
+    # The block tables live in SMEM (1 MiB on TPU; ~4 B per (q block, kv block) entry): grow the blocks until a
+    # shard's table has at most 2^17 entries (at 1M tokens over 4 shards: 2048 x 1024 blocks).
+    while (s_len // bq) * (t // bkv) > 1 << 17 and (2 * bq <= s_len or 2 * bkv <= t):
+        if bq <= bkv and 2 * bq <= s_len:
+            bq *= 2
+        else:
+            bkv *= 2
+    kernel = _splash_kernel(t, h // nh, ns, bq, bkv, min(bkv, block), bool(interpret))
     kspec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, sx if len(sx) > 1 else sx[0])))
     qs, rows = partition_spec(bx, sx, hx, ()), partition_spec(bx, sx)
     doc = jnp.zeros((b, t), jnp.int32) if doc is None else doc.astype(jnp.int32)
@@ -199,7 +206,7 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
                          check_vma=False)(kernel, q, k, v, doc)
 
 
-def _splash_kernel(t: int, heads: int, shards: int, blk: int, interpret: bool):
+def _splash_kernel(t: int, heads: int, shards: int, bq: int, bkv: int, bc: int, interpret: bool):
     """The splash kernel for a global causal [t, t] mask, its block tables split into `shards` row ranges. Built
     per trace (its tables become constants of that trace; a kernel kept across traces leaks their tracers), from
     `causal_block_mask`, whose tables cost O((T/block)²) constant-time block tests on the host instead of
@@ -208,9 +215,10 @@ def _splash_kernel(t: int, heads: int, shards: int, blk: int, interpret: bool):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
-    sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
-                          block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
-    mask = sm.MultiHeadMask([causal_block_mask(t) for _ in range(heads)])
+    sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bc, block_q_dkv=bq, block_kv_dkv=bkv,
+                          block_kv_dkv_compute=bc, block_q_dq=bq, block_kv_dq=bkv)
+    one = causal_block_mask(t)  # one object for every head: splash keeps one table for identical heads
+    mask = sm.MultiHeadMask([one] * heads)
     return sk.make_splash_mha(mask, head_shards=1, q_seq_shards=shards, block_sizes=sizes, interpret=interpret)
 
 
