@@ -284,8 +284,14 @@ def test_long_context_table_cost_model_and_rows(tmp_path, capsys):
            "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2,
                       "mosaic": 10}]}
     (tmp_path / "long-interdomain-1.3b-1048576.json").write_text(json.dumps(rec))
-    assert table.main(["--kind=long_context", f"--dir={tmp_path}", "--grid=1.3b:interdomain:1048576,125m:softmax:131072"]) == 0
+    (tmp_path / "long-softmax-1.3b-131072.err").write_text(
+        "train step did not compile: JaxRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out "
+        "of memory in memory space hbm. Used 120.5G of 95.0G hbm. Exceeded hbm capacity by 25.5G.\n")
+    assert table.main(["--kind=long_context", f"--dir={tmp_path}",
+                       "--grid=1.3b:interdomain:1048576,125m:softmax:131072,1.3b:softmax:131072"]) == 0
     out = capsys.readouterr().out.splitlines()
+    assert out[4].startswith("| 1.3b | softmax | 131,072 | 32,768 | did not compile: Ran out of memory in memory space "
+                             "hbm. Used 120.5G of 95.0G hbm. | v5p-128 |"), out[4]
     assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | "
                              "488 (10) |")
     assert out[3].startswith("| 125m | softmax | 131,072 | 32,768 | not compiled |")

@@ -109,6 +109,11 @@ def row(size: str, mixer: str, seq_len: int, rec: dict | None) -> str:
     head = f"| {size} | {mixer} | {seq_len:,} | {int(c['tokens_per_chip']):,} |"
     if rec is None:
         return f"{head} not compiled | | | {model} |"
+    if "error" in rec:  # the compiler's reason, shortened to its first clause
+        why = rec["error"].split("JaxRuntimeError: ")[-1].replace("RESOURCE_EXHAUSTED: ", "")
+        why = why.replace("XLA:TPU compile permanent error. ", "")
+        why = ". ".join(why.split(". ")[:2])[:160].replace("|", "/")
+        return f"{head} did not compile: {why} | {TOPOLOGY} | | {model} |"
     tr = next(st for st in rec["steps"] if st["name"] == "train")
     m = rec["mesh"]
     mesh = f"{m['data']}x{m['fsdp']}x{m['sequence']}x{m['tensor']}"
@@ -145,7 +150,13 @@ def main(out_dir: str, run: bool, grid_text: str | None = None, log=print) -> in
         if run and not os.path.exists(path):
             argv = aot_argv(size, mixer, t, out_dir)
             print("running: " + " ".join(argv), file=sys.stderr, flush=True)
-            subprocess.run(argv, check=False)
+            proc = subprocess.run(argv, check=False, capture_output=True, text=True)
+            print(proc.stdout, end="", file=sys.stderr, flush=True)
+            if not os.path.exists(path):  # did not compile: keep the compiler's reason for the table
+                errors = [x for x in proc.stdout.splitlines() if x.startswith("error: ")] or ["error: exit status "
+                                                                                           f"{proc.returncode}"]
+                with open(path[:-len(".json")] + ".err", "w") as f:
+                    f.write(errors[-1][len("error: "):] + "\n")
     log(HEADER)
     for size, mixer, t in grid:
         path = os.path.join(out_dir, name(size, mixer, t) + ".json")
@@ -153,5 +164,8 @@ def main(out_dir: str, run: bool, grid_text: str | None = None, log=print) -> in
         if os.path.exists(path):
             with open(path) as f:
                 rec = json.load(f)
+        elif os.path.exists(path[:-len(".json")] + ".err"):
+            with open(path[:-len(".json")] + ".err") as f:
+                rec = {"error": f.read().strip()}
         log(row(size, mixer, t, rec))
     return 0
