@@ -9,7 +9,9 @@ no array of the full global batch's logits [B, T, V] appears in any compiled pro
 prints its closing line and exits 0. Without libtpu these are skipped (said why) — except under CI=true,
 where a missing libtpu is a failure.
 
-Always: topology names -> shapes, the collective counter and the closing line's format.
+Also with libtpu: the sequence axis stays on one host of a v5p-128 (make_mesh), and (slow) Softmax under the
+sequence axis compiles with the splash kernels. Always: topology names -> shapes, the collective counter, the
+closing line's format and the long-context table's cost model and rows (idattn/aot/long_context.py).
 """
 import importlib.util
 import json
@@ -189,12 +191,55 @@ def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels():
                                                          + " GiB per chip of 95 GiB: fits"), proc.stdout[-500:]
 
 
+SOFTMAX_SEQUENCE = r"""
+import json, re
+import jax, jax.numpy as jnp
+from idattn.aot.tpu import tpu_target
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd
+from idattn.train.step import BATCH_KEYS
+from idattn.train.trainer import build_setup
+from tests import train_helpers as T
+B, S = 4, 512
+cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": B, "train.loss_chunk": 64})
+apply_mixer_name(cfg.model, "softmax")
+cfg.model.num_layers, cfg.model.attn_impl = 1, "pallas_tpu"
+cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor = 1, 2, 2, 1
+mesh = shd.make_mesh(cfg.mesh, tpu_target("v5p-8").devices)
+setup = build_setup(cfg, mesh)
+batch = {k: jax.ShapeDtypeStruct((B, S), jnp.float32 if k == "loss_mask" else jnp.int32,
+                                 sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
+with setup.context():
+    txt = setup.train.lower(setup.abstract_state, batch).compile().as_text()
+print("RESULT" + json.dumps({"mosaic": txt.count("tpu_custom_call"), "splash": len(re.findall(r"splash", txt)),
+                             "full_scores": sorted(set(re.findall(r"\w+\[[\d,]*%d,%d\]" % (S, S), txt)))}))
+"""
+
+
+@pytest.mark.slow  # ~30 s
+def test_softmax_sequence_split_compiles_for_v5p_with_splash_kernels():
+    """Softmax with config.mesh.sequence=2 on v5p-8: the train step holds the splash-attention Mosaic kernels
+    (forward, dq, dkv) inside the all_gather shard_map (idattn.layers.attention.sequence_splash), and no [T, T]
+    array (the XLA fallback's scores, or a replicated flash attention over the whole sequence)."""
+    _need_libtpu()
+    env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1", JAX_PLATFORMS="cpu")
+    proc = subprocess.run([sys.executable, "-c", SOFTMAX_SEQUENCE], cwd=T.REPO, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads(proc.stdout.split("RESULT", 1)[1])
+    assert res["mosaic"] >= 3 and res["splash"] >= 3 and res["full_scores"] == [], res
+
+
 def test_multislice_mesh_puts_slices_on_the_data_axis():
     """Two v5p-8 slices: config.mesh describes one slice (fsdp -1 -> 4); the data axis spans the slices (DCN), so
-    fsdp / tensor groups never cross a slice boundary."""
+    fsdp / tensor groups never cross a slice boundary. And the sequence axis stays on one host of a v5p-128 (16
+    hosts of 4 chips): the torus layout of create_device_mesh puts a sequence axis of 4 across hosts; make_mesh
+    regroups host-major so that every sequence (x tensor) block is on one host, as check_sequence_split requires
+    (each process reads whole rows); without a sequence axis the layout is create_device_mesh's."""
     _need_libtpu()
     code = r"""
 import jax, numpy as np
+from jax.experimental import mesh_utils
 from idattn.aot.tpu import tpu_target
 from idattn.train import sharding as shd
 t = tpu_target("v5p-8", num_slices=2)
@@ -202,6 +247,16 @@ mesh = shd.make_mesh({"data": 1, "fsdp": -1, "tensor": 1}, t.devices)
 sl = np.vectorize(lambda d: d.slice_index)(mesh.devices)
 assert dict(mesh.shape) == {"data": 2, "fsdp": 4, "sequence": 1, "tensor": 1}, mesh.shape
 assert all(len(set(sl[i].ravel())) == 1 for i in range(2)) and set(sl[:, 0, 0, 0]) == {0, 1}, sl
+devs = tpu_target("v5p-128").devices
+for seq, ten in ((4, 1), (2, 2), (2, 1)):
+    mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": seq, "tensor": ten}, devs)
+    shd.check_sequence_split(1 << 20, mesh)
+    proc = np.vectorize(lambda d: d.process_index)(mesh.devices)
+    assert all(len(set(proc[0, f].ravel())) == 1 for f in range(proc.shape[1])), (seq, ten, proc)
+    assert sorted(d.id for d in mesh.devices.ravel()) == sorted(d.id for d in devs)
+mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 1, "tensor": 1}, devs)
+assert (mesh.devices == mesh_utils.create_device_mesh((1, 64, 1, 1), devices=devs,
+                                                      allow_split_physical_axes=True)).all()
 print("OK")
 """
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
@@ -262,3 +317,36 @@ def test_compiled_kernels_read_features_in_place(shape):
     assert r["mosaic"] == 8, r
     assert r["names"] == ["bwd_o", "bwd_p", "fwd_o", "fwd_p", "scan_fwd", "scan_rev"], r["names"]
     assert r["moves"] == [], r["moves"]
+
+
+def test_long_context_table_cost_model_and_rows(tmp_path, capsys):
+    """idattn/aot/long_context.py: the cost model's closed forms (125M: H=12, M=64, R=d_h=64; 1.3B: H=32, 24
+    layers), a row from an idattn.aot JSON record, and the --kind=long_context table of `python -m idattn.aot.table`."""
+    from idattn.aot import long_context as L
+    from idattn.aot import table
+
+    c = L.cost_model("125m", "interdomain", 131072)
+    assert c["layer_bytes"] == 4 * 2 * 12 * 64 * 128 * 4  # 4 shards x 768 KiB of float32 state planes
+    assert c["step_bytes"] == 3 * 12 * 3 * 2 * 12 * 64 * 128 * 4  # 3 transfers x 12 layers x 3 shards received
+    assert L.cost_model("125m", "interdomain", 1048576)["step_bytes"] == c["step_bytes"]  # independent of T
+    s = L.cost_model("1.3b", "softmax", 1048576)
+    assert s["layer_bytes"] == 2 * 1048576 * 32 * 64 * 2 and s["step_bytes"] == 3 * 24 * s["layer_bytes"] * 3 // 4
+    assert s["tokens_per_chip"] == 262144 and 0 < s["ratio"] < 1
+    with pytest.raises(ValueError, match=r"--grid: got '1.3b:mamba:8'; expected <size>:<mixer>:<T>"):
+        L.parse_grid("1.3b:mamba:8")
+    rec = {"mesh": {"data": 1, "fsdp": 16, "sequence": 4, "tensor": 1}, "hbm_bytes": 95 * 1024 ** 3,
+           "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2,
+                      "mosaic": 10}]}
+    (tmp_path / "long-interdomain-1.3b-1048576.json").write_text(json.dumps(rec))
+    (tmp_path / "long-softmax-1.3b-131072.err").write_text(
+        "train step did not compile: JaxRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out "
+        "of memory in memory space hbm. Used 120.5G of 95.0G hbm. Exceeded hbm capacity by 25.5G.\n")
+    assert table.main(["--kind=long_context", f"--dir={tmp_path}",
+                       "--grid=1.3b:interdomain:1048576,125m:softmax:131072,1.3b:softmax:131072"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[4].startswith("| 1.3b | softmax | 131,072 | 32,768 | did not compile: Ran out of memory in memory space "
+                             "hbm. Used 120.5G of 95.0G hbm | v5p-128 |"), out[4]
+    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | "
+                             "488 (10) |")
+    assert out[3].startswith("| 125m | softmax | 131,072 | 32,768 | not compiled |")
+    assert "--config.mesh.sequence=4 --config.train.batch_size=16" in L.command("1.3b", "softmax", 1048576)

@@ -6,7 +6,11 @@ One subprocess with 8 fake CPU devices (XLA_FLAGS set before jax starts) per che
   (default) and on sequence 8, 2 x data 2 x tensor 2, 4 x data 2 (slow), forward and every gradient against the
   float64 sequential operator on one device, to 1e-10, with documents crossing shard boundaries, a reset exactly
   at a boundary and one inside a shard; `end_state` against a NumPy loop; the compiled program holds the
-  all-gather of the states (the split path ran, not a fallback).
+  all-gather of the states (the split path ran, not a fallback). In the same program on the first mesh, Softmax
+  (the model's `causal_attention` call): value and gradients equal the unsplit call, K and V all-gathered, no
+  [T, T] scores. Slow: the same on sequence 4 x fsdp 2 in float32 and with the splash kernel interpreted.
+- evaluation (slow): long-context scoring (`make_score_fn(mesh=...)`) on sequence 8 and the trainer's eval
+  step on sequence 4 x fsdp 2 equal one device.
 - model (slow: Interdomain chunked on sequence 4 x fsdp 2; Pallas interpret, S4D-only, a linear cube
   cell and Softmax on the same mesh, a query cube cell on sequence 8): the loss and every gradient of the full tiny model against one device (float32, 4 x 128
   tokens: loss rtol 2e-6; each gradient within 2e-5 of the largest gradient element of the model).
@@ -25,7 +29,7 @@ from tests import train_helpers as T
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 OPERATOR = r"""
-import json, sys
+import json, re, sys
 import jax
 jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp, numpy as np
@@ -70,6 +74,19 @@ for shape in json.loads(sys.argv[1]):  # (sequence, data, tensor)
         got_id, got_lin = f((fq, zk, zv, lam, b, c), (z, lam, b, cv))
     out[str(shape)] = {"interdomain": rel(ref_id, got_id), "linear": rel(ref_lin, got_lin),
                        "all_gathers": f.as_text().count("all-gather")}
+# Softmax under the first mesh (the model's causal_attention call; XLA on CPU): K, V gathered, global offsets
+from idattn.layers.attention import causal_attention
+q, k, v = (rng.normal(size=(B, T, H, 4)) for _ in range(3))
+att = lambda *a: jnp.sum(weight(o := causal_attention(*a, seg)) * o)
+ref_att = jax.value_and_grad(lambda *a: jnp.sum(weight(o := causal_attention(*a, seg, impl="xla")) * o),
+                             argnums=(0, 1, 2))(q, k, v)
+shape = json.loads(sys.argv[1])[0]
+with jax.set_mesh(Mesh(np.asarray(jax.devices()).reshape(shape), ("sequence", "data", "tensor"))):
+    f = jax.jit(jax.value_and_grad(att, argnums=(0, 1, 2))).lower(q, k, v).compile()
+    got_att = f(q, k, v)
+txt = f.as_text()
+out["softmax"] = {"err": rel(ref_att, got_att), "kv_gathers": len(re.findall(r"f64\[%d,%d,%d,4\][^=]*all-gather" % (B, T, H // shape[2]), txt)),
+                  "full_scores": sorted(set(re.findall(r"\w+\[[\d,]*%d,%d\]" % (T, T), txt)))}
 print("RESULT" + json.dumps(out))
 """
 
@@ -130,6 +147,148 @@ print("RESULT" + json.dumps(out))
 """
 
 
+ATTENTION = r"""
+import json, re, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh
+from idattn.layers.attention import causal_attention, sequence_splash
+from idattn.ops.sequence import sequence_partition
+
+shape, splash = json.loads(sys.argv[1]), sys.argv[2] == "splash"
+rng = np.random.default_rng(0)
+B, T, H, D = 2, 256, 4, 16
+q, k, v = (rng.normal(size=(B, T, H, D)).astype(np.float32) for _ in range(3))
+doc = np.zeros((B, T), np.int32)
+doc[0, 64:] = 1; doc[0, 100:] = 2; doc[0, 128:] = 3  # resets exactly at shard boundaries (64 of 4, 128 of 2) and inside
+doc[1, 30:] = 1; doc[1, 200:] = 2                   # documents crossing boundaries
+w = jnp.cos(jnp.arange(q.size).reshape(q.shape))
+loss = lambda f: (lambda q, k, v: jnp.sum(w * f(q, k, v)))
+vg = lambda f: jax.value_and_grad(loss(f), argnums=(0, 1, 2))
+ref = vg(lambda q, k, v: causal_attention(q, k, v, doc, impl="xla"))(q, k, v)  # one device, no mesh
+mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "sequence", "tensor"))
+with jax.set_mesh(mesh):
+    plan = sequence_partition(B, H, T)
+    fn = ((lambda q, k, v: sequence_splash(q, k, v, doc, plan, interpret=True, block=128)) if splash else
+          (lambda q, k, v: causal_attention(q, k, v, doc)))  # the model's call: impl auto, XLA on CPU
+    compiled = jax.jit(vg(fn)).lower(q, k, v).compile()
+    got = compiled(q, k, v)
+txt = compiled.as_text()
+bl = B // shape[1]
+tables_equal = None
+if splash:  # the O(1)-per-block causal mask builds the same block tables as splash's own CausalMask
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from idattn.layers.attention import causal_block_mask
+    tables_equal = True
+    for t, blk, shards in ((2048, 128, 4), (1024, 256, 2)):
+        sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk, block_q_dkv=blk, block_kv_dkv=blk,
+                              block_kv_dkv_compute=blk, block_q_dq=blk, block_kv_dq=blk)
+        a, b = (jax.tree.leaves(sk.make_splash_mha(sm.MultiHeadMask([m] * 2), head_shards=1, q_seq_shards=shards,
+                                                   block_sizes=sizes))
+                for m in (sm.CausalMask((t, t)), causal_block_mask(t)))
+        tables_equal &= len(a) == len(b) and all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
+err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
+print("RESULT" + json.dumps({
+    "err": err, "plan": [list(a) for a in plan[1:]], "tables_equal": tables_equal,
+    # K and V gathered over the sequence: [rows, T, local heads, D] results of all-gathers
+    "kv_gathers": len(re.findall(r"f32\[%d,%d,%d,%d\][^=]*all-gather" % (bl, T, H // shape[3], D), txt)),
+    "full_scores": sorted(set(re.findall(r"\w+\[[\d,]*%d,%d\]" % (T, T), txt)))}))
+"""
+
+
+@pytest.mark.parametrize("kind,shape", [
+    # sequence 4 x fsdp 2: the CPU / GPU path (the model's call); the default suite checks it in the operator test
+    pytest.param("xla", [1, 2, 4, 1], marks=pytest.mark.slow),
+    pytest.param("splash", [1, 2, 2, 2], marks=pytest.mark.slow)])  # the TPU kernel, interpreted (~90 s)
+def test_softmax_split_over_the_sequence_gathers_kv_and_equals_one_device(kind, shape):
+    """Softmax under the sequence axis: explicit all_gather of K and V inside shard_map, causal on global offsets,
+    documents by id (resets at and across boundaries); value and every gradient equal the unsplit call (float32,
+    atol 2e-5); no [T, T] score array in the compiled program (each device scores only its own queries)."""
+    res = _run(ATTENTION, json.dumps(shape), kind)
+    assert res["plan"][1] == ["sequence"], res  # the split path ran, not a fallback
+    assert res["err"] < 2e-5, res
+    assert res["kv_gathers"] >= 2 and res["full_scores"] == [], res
+    assert res["tables_equal"] is (True if kind == "splash" else None), res  # causal_block_mask = CausalMask
+
+
+EVAL = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+from flax.linen import partitioning as nn_partitioning
+from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
+from idattn.eval.scoring import model_score_fn, sequence_mesh
+from idattn.layers.common import positions_from_segments
+from idattn.models import build_model
+from idattn.models.spec import apply_mixer_name
+from idattn.train import sharding as shd
+from idattn.train.trainer import build_setup
+from tests import train_helpers as T
+
+mixers, trainer = json.loads(sys.argv[1]), sys.argv[2] == "trainer"
+B, S = 2, 256
+rng = np.random.default_rng(0)
+toks = rng.integers(1, 500, (B, S + 1)).astype(np.int32)
+out = {}
+for mixer in mixers:
+    cfg = T.tiny_config(**{"data.seq_len": S, "train.batch_size": 4})
+    apply_mixer_name(cfg.model, mixer)
+    cfg.model.chunk_size = 16
+    if not trainer:  # long-context scoring (python -m idattn.eval --sequence=8): score_fn on a sequence mesh
+        model = build_model(cfg.model)
+        params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, 16), jnp.int32))["params"]
+        one = model_score_fn(model, params)(toks[:, :-1], toks[:, 1:])
+        split_fn = model_score_fn(model, params, mesh=sequence_mesh(8))
+        split = split_fn(toks[:, :-1], toks[:, 1:])
+        mesh = sequence_mesh(8)
+        placed = jax.device_put(toks[:, :-1], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, "sequence")))
+        with jax.set_mesh(mesh), nn_partitioning.axis_rules(DEFAULT_LOGICAL_AXIS_RULES):
+            txt = jax.jit(lambda p, t: model.apply({"params": p}, t)).lower(
+                jax.device_put(params, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())), placed
+            ).compile().as_text()
+        out[mixer] = {"logp_err": float(np.max(np.abs(one[0] - split[0]))), "greedy_same": bool((one[1] == split[1]).all()),
+                      "logp_mean": float(one[0].mean()), "all_gathers": txt.count("all-gather")}
+        continue
+    seg = np.ones((4, S), np.int32); seg[0, 64:] = 2; seg[1, 100:] = 3  # a reset at a boundary of 4, one across
+    batch = {"inputs": np.tile(toks[:, :-1], (2, 1)), "targets": np.tile(toks[:, 1:], (2, 1)), "segment_ids": seg,
+             "positions": np.asarray(positions_from_segments(jnp.asarray(seg), 4, S)),
+             "loss_mask": np.ones((4, S), np.float32)}
+    sums = {}
+    for name, shape in (("one", (1, 1, 1, 1)), ("split", (1, 2, 4, 1))):  # the trainer's eval step, seq 4 x fsdp 2
+        cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.sequence, cfg.mesh.tensor = shape
+        mesh = shd.make_mesh(cfg.mesh, jax.devices()[:1] if name == "one" else jax.devices())
+        setup = build_setup(cfg, mesh)
+        with setup.context():
+            state = setup.init(jax.random.PRNGKey(0))
+            gb = shd.global_batch_from_full(batch, mesh)
+            s_, c_ = setup.eval(state.params, gb)
+        sums[name] = (float(s_), float(c_), str(gb["inputs"].sharding.spec))
+    out[mixer] = {"one": sums["one"], "split": sums["split"]}
+print("RESULT" + json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # ~25 s on idle cores: four tiny-model forward programs on 1 and 8 devices
+def test_long_context_scoring_split_over_the_sequence_equals_one_device():
+    """`python -m idattn.eval --sequence=8` (scoring.make_score_fn(mesh=sequence_mesh(8))): the per-token log-probs
+    of the tiny Interdomain and Softmax models with the length split over 8 devices equal the unsplit scorer's
+    (float32, 2e-5), and the program gathers over the sequence axis (states / K and V: the split path ran)."""
+    res = _run(EVAL, json.dumps(["interdomain", "softmax"]), "score")
+    for mixer, r in res.items():
+        assert r["logp_err"] < 2e-5 and r["greedy_same"], (mixer, r)
+        assert r["all_gathers"] >= 1, (mixer, r)
+        assert r["logp_mean"] < -1, (mixer, r)  # real scores (a random model: about -ln 512)
+
+
+@pytest.mark.slow  # ~40 s: two trainer setups per mixer
+def test_trainer_eval_split_over_the_sequence_equals_one_device():
+    """The trainer's eval step (validation loss sums) on sequence 4 x fsdp 2 equals one device's, with a reset at a
+    shard boundary and documents across boundaries."""
+    res = _run(EVAL, json.dumps(["interdomain", "softmax"]), "trainer")
+    for mixer, r in res.items():
+        assert "sequence" in r["split"][2], (mixer, r)
+        np.testing.assert_allclose(r["split"][:2], r["one"][:2], rtol=2e-6, err_msg=mixer)
+
+
 def _run(script, *args, timeout=900):
     env = dict(T.subprocess_env(), XLA_FLAGS="--xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", script, *args], cwd=T.REPO, env=env, capture_output=True,
@@ -144,6 +303,9 @@ def _run(script, *args, timeout=900):
 def test_operators_split_over_the_sequence_equal_the_sequential_reference(meshes):
     res = _run(OPERATOR, json.dumps(meshes))
     assert res.pop("end_state") < 1e-12
+    att = res.pop("softmax")  # Softmax on the first mesh: explicit K / V gathers, no [T, T] scores, exact
+    # (to 1e-6: jax's XLA attention takes its softmax in float32 even under x64)
+    assert att["err"] < 1e-6 and att["kv_gathers"] >= 2 and att["full_scores"] == [], att
     for shape, r in res.items():
         assert r["interdomain"] < 1e-10 and r["linear"] < 1e-10, (shape, r)
         assert r["all_gathers"] >= 1, (shape, r)  # the states were gathered: the split path ran

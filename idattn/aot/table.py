@@ -2,6 +2,7 @@
 topology a lab would rent for it, at the paper's global batch (128 x 4096 tokens).
 
     python -m idattn.aot.table --dir=aot-results [--run] [--steps=train,eval,decode]
+    python -m idattn.aot.table --kind=long_context --dir=aot-long [--run] [--grid=...]   (idattn/aot/long_context.py)
 
 --run compiles what is missing, one `python -m idattn.aot ... --json=<dir>/<mixer>-<size>.json` at a time (each
 a subprocess: a fresh compiler per config); without it the table is printed from the JSON files already in
@@ -62,7 +63,18 @@ def main(argv=None) -> int:
     p.add_argument("--run", action="store_true", help="compile the missing configs first")
     p.add_argument("--steps", default="train,eval,decode")
     p.add_argument("--sizes", default=",".join(TOPOLOGY))
+    p.add_argument("--kind", default="paper", choices=("paper", "long_context"),
+                   help="paper: the paper batch table; long_context: docs/pods.md's Long context table "
+                        "(idattn/aot/long_context.py)")
+    p.add_argument("--grid", default="", help="long_context: <size>:<mixer>:<T>,... (default: 125m and 1.3b x "
+                                              "interdomain and softmax x 131072, 524288, 1048576)")
     args = p.parse_args(argv)
+    if args.kind == "long_context":
+        from idattn.aot import long_context
+        try:
+            return long_context.main(args.dir, args.run, args.grid or None)
+        except ValueError as e:
+            p.error(str(e))
     os.makedirs(args.dir, exist_ok=True)
     sizes = [s for s in args.sizes.split(",") if s]
     for size in sizes:

@@ -56,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="override a config key, e.g. --set=model.impl=chunked (repeatable)")
     ap.add_argument("--batch_size", type=int, default=8, help="rows per forward pass (speed only: same numbers)")
     ap.add_argument("--max_length", type=int, default=0, help="scoring context (default: config.data.seq_len)")
+    ap.add_argument("--sequence", type=int, default=1, help="split the length of every scored sequence over this "
+                                                            "many local devices (long-context scoring; docs/pods.md)")
     ap.add_argument("--data_dir", default="", help="folder of <task>/ and <corpus>/ dataset files")
     ap.add_argument("--hub", action="store_true", help="download missing datasets with `datasets`")
     ap.add_argument("--limit", type=int, default=0, help="documents per task/corpus (0: all)")

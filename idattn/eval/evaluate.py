@@ -323,7 +323,16 @@ class Loaded:
         self.params = load_params_of(self.args, self.config, self.step)
         self.model = build_model(self.config.model)
         self.run = run_info(self.args, self.config, self.params)
-        self.score_fn = model_score_fn(self.model, self.params)
+        n = int(getattr(self.args, "sequence", 1) or 1)
+        mesh = None
+        if n > 1:  # the length split over n local devices, as the trainer's sequence axis (scoring.make_score_fn)
+            from idattn.eval.scoring import sequence_mesh
+            try:
+                mesh = sequence_mesh(n)
+            except ValueError as e:
+                raise EvalError(f"--sequence: {e}") from e
+        self.score_fn = model_score_fn(self.model, self.params, mesh=mesh,
+                                       rules=self.config.get("logical_axis_rules") if mesh is not None else None)
 
 
 # ------------------------------------------------------------------------------------------------ inputs

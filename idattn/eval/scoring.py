@@ -51,11 +51,31 @@ class TextTokenizer(Protocol):
     def eos_id(self) -> int: ...
 
 
-def make_score_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any = None) -> ScoreFn:
+def make_score_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any = None, mesh=None,
+                  rules=None) -> ScoreFn:
     """Jitted `score_fn(tokens, targets) -> (logp, greedy)` (module docstring) for `apply_fn(params, tokens)`.
 
     `params` is passed as a jit argument (not closed over) so that large weights are not baked into the HLO.
+    `mesh` (a `jax.sharding.Mesh` with a "sequence" axis, e.g. `sequence_mesh(N)`): long-context scoring with
+    the length split over that axis, as the trainer splits it (docs/pods.md, "Long context"): parameters
+    replicated on the mesh, tokens and targets placed with their length on "sequence" (rows on the other axes
+    when they divide the batch), and the call traced under the mesh and the logical axis `rules` (default: the
+    trainer's), so every mixer passes states (Interdomain, the linear readout) or gathers K and V (Softmax)
+    between the shards; a length the axis does not divide is scored unsplit on the mesh. Exact either way.
     """
+    place = None
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        rows_axes = tuple(a for a in mesh.axis_names if a != "sequence" and int(mesh.shape[a]) > 1)
+        n_rows = int(np.prod([mesh.shape[a] for a in rows_axes])) if rows_axes else 1
+        seq = int(dict(mesh.shape).get("sequence", 1))
+        params = jax.device_put(params, NamedSharding(mesh, P()))
+
+        def place(a):
+            b, t = a.shape
+            spec = P(rows_axes if rows_axes and b % n_rows == 0 else None, "sequence" if t % seq == 0 else None)
+            return jax.device_put(a, NamedSharding(mesh, spec))
 
     @jax.jit
     def _score(p, tokens, targets):
@@ -71,15 +91,55 @@ def make_score_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any =
         if tokens.ndim != 2 or tokens.shape != targets.shape:
             raise ValueError(f"score_fn: tokens and targets must both be [B, T] int; got {tokens.shape} and "
                              f"{targets.shape}.")
-        lp, g = _score(params, tokens, targets)
+        if place is None:
+            lp, g = _score(params, tokens, targets)
+        else:
+            with _mesh_context(mesh, rules):
+                lp, g = _score(params, place(tokens), place(targets))
         return np.asarray(lp), np.asarray(g)
 
     return score_fn
 
 
-def model_score_fn(model, params) -> ScoreFn:
-    """`score_fn` for a flax linen model with `model.apply({"params": p}, tokens) -> logits [B, T, V]`."""
-    return make_score_fn(lambda p, t: model.apply({"params": p}, t), params)
+class _mesh_context:
+    """`jax.set_mesh(mesh)` and flax's logical axis rules (the trainer's by default) together."""
+
+    def __init__(self, mesh, rules):
+        self.mesh, self.rules, self.stack = mesh, rules, []
+
+    def __enter__(self):
+        from flax.linen import partitioning as nn_partitioning
+
+        from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
+        rules = tuple((str(n), tuple(a) if isinstance(a, list) else a) for n, a in
+                      (DEFAULT_LOGICAL_AXIS_RULES if self.rules is None else self.rules))
+        self.stack = [jax.set_mesh(self.mesh), nn_partitioning.axis_rules(rules)]
+        for c in self.stack:
+            c.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for c in reversed(self.stack):
+            c.__exit__(*exc)
+        return False
+
+
+def sequence_mesh(sequence: int, devices=None):
+    """A (data, fsdp, sequence, tensor) = (1, 1, N, 1) mesh of the first N devices, for `make_score_fn(mesh=)`."""
+    from jax.sharding import Mesh
+
+    devices = list(jax.devices() if devices is None else devices)
+    if int(sequence) < 1 or int(sequence) > len(devices):
+        raise ValueError(f"sequence={sequence}: expected 1 to {len(devices)} (the devices here); the length of every "
+                         f"scored sequence is split over that many devices")
+    return Mesh(np.asarray(devices[:int(sequence)]).reshape(1, 1, int(sequence), 1),
+                ("data", "fsdp", "sequence", "tensor"))
+
+
+def model_score_fn(model, params, mesh=None, rules=None) -> ScoreFn:
+    """`score_fn` for a flax linen model with `model.apply({"params": p}, tokens) -> logits [B, T, V]` (`mesh`,
+    `rules`: see make_score_fn)."""
+    return make_score_fn(lambda p, t: model.apply({"params": p}, t), params, mesh=mesh, rules=rules)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -81,7 +81,32 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, num_slices:
         dev = mesh_utils.create_device_mesh(per_slice, devices=devices, allow_split_physical_axes=True)
     except Exception:  # CPU / unusual topologies: plain order is fine
         dev = np.asarray(devices).reshape(per_slice)
-    return Mesh(dev, MESH_AXES)
+    return Mesh(host_local_sequence(dev, per_slice), MESH_AXES)
+
+
+def host_local_sequence(dev: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """`dev` unchanged unless a sequence group (the devices along the sequence axis) spans processes while a
+    host-major order keeps every (sequence x tensor) block on one host (when sequence x tensor divides every
+    process's device count); then that order (devices sorted by
+    process, then id). The torus layout of `create_device_mesh` puts the trailing axes across hosts on a v5p
+    slice (its 4x4x4 torus has 4 chips per host in 2x2x1 blocks), which `check_sequence_split` refuses: each
+    process reads whole rows."""
+    n = int(shape[MESH_AXES.index(SEQUENCE_AXIS)])
+    if n == 1 or not _sequence_spans_processes(dev, n):
+        return dev
+    flat = sorted(dev.reshape(-1), key=lambda d: (d.process_index, d.id))
+    per_proc: dict[int, int] = {}
+    for d in flat:
+        per_proc[d.process_index] = per_proc.get(d.process_index, 0) + 1
+    inner = n * int(shape[MESH_AXES.index("tensor")])  # the trailing (sequence, tensor) block of the mesh
+    if any(c % inner for c in per_proc.values()):
+        return dev  # cannot be made host-local; check_sequence_split says so
+    return np.asarray(flat, dtype=object).reshape(shape)
+
+
+def _sequence_spans_processes(dev: np.ndarray, n: int) -> bool:
+    groups = np.moveaxis(np.asarray(dev), MESH_AXES.index(SEQUENCE_AXIS), -1).reshape(-1, n)
+    return any(len({d.process_index for d in g}) > 1 for g in groups)
 
 
 def batch_axes(mesh: Mesh) -> tuple[str, ...]:
@@ -164,8 +189,7 @@ def check_sequence_split(seq_len: int, mesh: Mesh) -> None:
     if seq_len % n:
         raise ValueError(f"config.data.seq_len={seq_len} is not divisible by config.mesh.sequence={n}; use a "
                          f"length that is a multiple of {n}")
-    axis = MESH_AXES.index(SEQUENCE_AXIS)
-    groups = np.moveaxis(np.asarray(mesh.devices), axis, -1).reshape(-1, n)
+    groups = np.moveaxis(np.asarray(mesh.devices), MESH_AXES.index(SEQUENCE_AXIS), -1).reshape(-1, n)
     split = [g for g in groups if len({d.process_index for d in g}) > 1]
     if split:
         raise ValueError(f"config.mesh.sequence={n}: a sequence group spans processes "
