@@ -257,13 +257,15 @@ def test_failed_save_stops_at_once_naming_the_last_committed_step(tmp_path, in_p
             return real(self, *a, **k)
 
         monkeypatch.setattr(atomicity.AtomicRenameTemporaryPath, "finalize", no_space)
-        monkeypatch.setenv("IDATTN_DEBUG_STEP_SLEEP", "0.2")  # steps slower than the background commit
+        monkeypatch.setenv("IDATTN_DEBUG_STEP_SLEEP", "0.5")  # steps slower than the background commit
     wd = str(tmp_path / "full")
-    with pytest.raises(in_process.TrainingError, match=r"checkpoint save failed at step 1[012]: .*No space left") as e:
+    # seen within a few steps of the failure, always before the next save (step 15): how many steps the
+    # background commit takes depends on the machine's load (CI at load 8 saw step 13 with 0.2 s steps)
+    with pytest.raises(in_process.TrainingError, match=r"checkpoint save failed at step 1[0-4]: .*No space left") as e:
         in_process.run(T.tiny_config(), wd)
     assert f"last committed checkpoint: {os.path.join(wd, 'checkpoints', '5')}" in str(e.value)
     assert committed_steps(wd) == [5]
-    assert T.read_metrics(wd)[-1]["step"] <= 12  # stopped at once, not at the next save (step 15)
+    assert T.read_metrics(wd)[-1]["step"] <= 14  # stopped at once, not at the next save (step 15)
 
 
 def test_free_space_check_refuses_a_save_that_cannot_fit(tmp_path, in_process, monkeypatch):

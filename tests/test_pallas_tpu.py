@@ -4,7 +4,7 @@ Values: interpret mode against the float64 references of tests/test_pallas.py (n
 float64 lax.scan for every gradient), with ``tpu.T_BLOCK`` lowered so that a tiny T still runs several time
 blocks (the state crosses grid steps) of several chunks each (the in-kernel loop), and head groups of 2 (the
 mode planes of M = 32 at lane offsets 0, 32, 64, 96 of one block); op.py's fused operator runs them (the mode
-mixing inside fwd_o / scan_rev / bwd_o, tpu.FUSED_MIX), so the gradient of c checks the on-chip K cotangent. Shape: the pallas_calls that forward +
+mixing inside fwd_o / scan_rev / bwd_o), so the gradient of c checks the on-chip K cotangent. Shape: the pallas_calls that forward +
 backward trace at the benchmark shape and the 1.3B layer (T = 4096) each take >= 512 tokens per grid step and
 read their activations through free reshapes only (no transpose in the traced program).
 """
