@@ -205,24 +205,10 @@ class Acc:
 
 def _acc_tables(acc, tb: Tabs, length, d_pin, d_pt, d_ps, d_pe, X, Y, keep):
     """Fold one chunk's table cotangents into (s_log, s_b) rows and dlamL columns."""
-    e_in, e_t, e_s, e_e = exponents(length)
-    lr, li, br_, bi_, ar, ai = acc
-    for e, tab, d in ((e_in, tb.pin, d_pin), (e_t, tb.pt, d_pt), (e_s, tb.ps, d_ps), (e_e, tb.pe, d_pe)):
-        if d is None:
-            continue
-        cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])  # dT·conj(T)
-        lr = lr + jnp.sum(e * cr, axis=0, keepdims=True)
-        li = li + jnp.sum(e * ci, axis=0, keepdims=True)
-    for free, d in ((tb.sp, d_ps), (tb.ep, d_pe)):
-        cr, ci = cmul_conj(d[0], d[1], free[0], free[1])
-        br_ = br_ + jnp.sum(cr, axis=0, keepdims=True)
-        bi_ = bi_ + jnp.sum(ci, axis=0, keepdims=True)
     # dlamL = keep·Σ_n Y∘conj(X)  ([M, 1] columns; the wrapper adds L·conj(lamL)·dlamL to s_log)
     cr, ci = cmul_conj(Y[0], Y[1], X[0].astype(F32), X[1].astype(F32))
-    cr, ci = jnp.sum(cr, axis=1, keepdims=True), jnp.sum(ci, axis=1, keepdims=True)
-    if keep is not None:
-        cr, ci = cr * keep, ci * keep
-    return (lr, li, br_, bi_, ar + cr, ai + ci)
+    yx = (jnp.sum(cr, axis=1, keepdims=True), jnp.sum(ci, axis=1, keepdims=True))
+    return _acc_tables_sums(acc, tb, length, d_pin, d_pt, d_ps, d_pe, yx, keep)
 
 
 def o_bwd(w, zv, do, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
@@ -385,6 +371,8 @@ def _acc_tables_sums(acc, tb: Tabs, length, d_pin, d_pt, d_ps, d_pe, yx, keep):
     e_in, e_t, e_s, e_e = exponents(length)
     lr, li, br_, bi_, ar, ai = acc
     for e, tab, d in ((e_in, tb.pin, d_pin), (e_t, tb.pt, d_pt), (e_s, tb.ps, d_ps), (e_e, tb.pe, d_pe)):
+        if d is None:
+            continue
         cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
         lr = lr + jnp.sum(e * cr, axis=0, keepdims=True)
         li = li + jnp.sum(e * ci, axis=0, keepdims=True)
