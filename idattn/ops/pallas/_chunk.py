@@ -273,16 +273,27 @@ def mix_bwd(dw, s, k, conj: bool, dot: Dots):
     """Cotangents of mix_fwd (the convention above: for w = s·K, ds = dw·Kᴴ and dK = sᴴ·dw; s = conj(p) gives
     dp = conj(ds)). dw, s [L, M] planes; k [M, M] planes or None. Returns (dp planes [L, M], dK planes [M, M]
     or None)."""
+    if k is None:
+        return mix_bwd_dp(dw, None, conj, dot), None
+    return mix_bwd_dp(dw, k, conj, dot), mix_bwd_dk(dw, s, dot)
+
+
+def mix_bwd_dp(dw, k, conj: bool, dot: Dots):
+    """dp from dw (mix_bwd's first output): ds = dw·Kᴴ, dp = conj(ds) when conj."""
     dwr, dwi = dw
     if k is None:
-        dsr, dsi, dk = dwr, dwi, None
+        dsr, dsi = dwr, dwi
     else:
         kr, ki = k
         dsr = dot.nt(dwr, kr) + dot.nt(dwi, ki)
         dsi = dot.nt(dwi, kr) - dot.nt(dwr, ki)
-        sr, si = s
-        dk = (dot.tn(sr, dwr) + dot.tn(si, dwi), dot.tn(sr, dwi) - dot.tn(si, dwr))
-    return ((dsr, -dsi) if conj else (dsr, dsi)), dk
+    return (dsr, -dsi) if conj else (dsr, dsi)
+
+
+def mix_bwd_dk(dw, s, dot: Dots):
+    """dK = sᴴ·dw of one chunk (mix_bwd's second output), [M, M] planes."""
+    (dwr, dwi), (sr, si) = dw, s
+    return (dot.tn(sr, dwr) + dot.tn(si, dwi), dot.tn(sr, dwi) - dot.tn(si, dwr))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -301,86 +312,160 @@ def _sub_loop(nsub, body, init):
     return lax.fori_loop(0, nsub, body, init)
 
 
+def _value(x):
+    """A per-chunk operand given as planes or as a function that loads (or rebuilds) them: the GPU kernels
+    pass loaders, so that an operand used before and after the sub-block loop is not held across it."""
+    return x() if callable(x) else x
+
+
 def o_bwd_sub(w, load, store_dzv, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
-    """o_bwd over nsub feature sub-blocks: load(j) -> (zv [L, n], do [L, n], X planes [M, n], Y planes [M, n]);
-    store_dzv(j, dzv [L, n] float32). Returns dw [L, M] planes and the updated acc."""
+    """o_bwd over nsub feature sub-blocks: w [L, M] planes (or a function giving them, see _value); load(j) ->
+    (zv [L, n], do [L, n], X planes [M, n], Y planes [M, n]); store_dzv(j, dzv [L, n] float32). Returns dw
+    [L, M] planes and the updated acc.
+
+    Ordered for registers (the GPU kernels): every table cotangent is folded into acc as soon as it is formed
+    (``_fold``), and w and Q = w∘pt are formed again after the loop rather than kept across it."""
     L = length
-    qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
+    e_in, e_t, e_s, e_e = exponents(L)
+    wv = _value(w)
+    qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
     a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
-    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    del wv, qr, qi
 
     def body(j, carry):
         da, tr, ti, yr, yi, cr, ci = carry
         zv, do, X, Y = load(j)
+        per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
         store_dzv(j, dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1]))
-        xr, xi = X[0].astype(F32), X[1].astype(F32)
-        c_r, c_i = cmul_conj(Y[0], Y[1], xr, xi)
+        c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
         return (da + dot.nt(do, zv), tr + dot.nt(do, X[0]), ti - dot.nt(do, X[1]),
                 yr + dot.nt(zv, Y[0]), yi + dot.nt(zv, Y[1]),
                 cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
 
     zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
     da, tr, ti, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
-    da = jnp.where(mk.mk, da, 0.0)
+    acc = _fold_yx(acc, (cr, ci), mk.keep)
+    pe_rows = _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e)            # dPe
     tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
-    dwr, dwi = cmul_conj(tr, ti, tb.pin[0], tb.pin[1])
-    d_pin = cmul_conj(tr, ti, w[0], w[1])
-    dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])
-    xr, xi = cmul_conj(dqr, dqi, tb.pt[0], tb.pt[1])
-    dwr, dwi = dwr + xr, dwi + xi
-    d_pt = cmul_conj(dqr, dqi, w[0], w[1])
-    d_ps = (dot.tn(da, qr), -dot.tn(da, qi))
-    d_pe = (_rowmask(yr, mk.em), _rowmask(yi, mk.em))
-    acc = _acc_tables_sums(acc, tb, length, d_pin, d_pt, d_ps, d_pe, (cr, ci), mk.keep)
+    da = jnp.where(mk.mk, da, 0.0)
+    dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
+    zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # dPin = t·conj(lam^(mu+1))·(...)
+    u = tb.pt
+    dwr, dwi = cmul_conj(zr + dqr, zi + dqi, u[0], u[1])
+    wv = _value(w)
+    # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
+    hr, hi = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
+    hr, hi = cmul_conj(hr, hi, u[0], u[1])
+    qr, qi = cmul(wv[0], wv[1], u[0], u[1])
+    ps_rows = _ps_rows(tb, (dot.tn(da, qr), -dot.tn(da, qi)), e_s)                      # dPs = dAᵀ·conj(Q)
+    acc = _fold_rows(acc, tb, (jnp.sum(hr, axis=0, keepdims=True), jnp.sum(hi, axis=0, keepdims=True)),
+                     ps_rows, pe_rows)
     return (dwr, dwi), acc
 
 
 def p_bwd_sub(dp, load, store, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
-    """p_bwd over nsub feature sub-blocks: load(j) -> (fq [L, n], zk [L, n], X planes, Y planes);
-    store(j, dfq [L, n], dzk [L, n]) float32. Returns the updated acc."""
+    """p_bwd over nsub feature sub-blocks: dp [L, M] planes (or a function giving them, see _value);
+    load(j) -> (fq [L, n], zk [L, n], X planes, Y planes); store(j, dfq [L, n], dzk [L, n]) float32. Returns
+    the updated acc (folded as o_bwd_sub does; dp and the quantities built from it are formed again after the
+    loop)."""
     L = length
-    der, dei = cmul_conj(dp[0], dp[1], tb.pt[0], tb.pt[1])
-    dpr, dpi = _rowmask(dp[0], mk.cm), _rowmask(dp[1], mk.cm)
-    dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
+    e_in, e_t, e_s, e_e = exponents(L)
+    dv = _value(dp)
+    der, dei = cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])
     dg = jnp.where(mk.mk, dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]), 0.0)
-    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
+    dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
+    del dv, der, dei, dpr, dpi
 
     def body(j, carry):
         g, fr, fi, yr, yi, cr, ci = carry
         fq, zk, X, Y = load(j)
+        per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
         store(j, dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1]), dot.tn(dg, fq) + dot(per, Y[0]) + dot(pei, Y[1]))
-        xr, xi = X[0].astype(F32), X[1].astype(F32)
-        c_r, c_i = cmul_conj(Y[0], Y[1], xr, xi)
+        c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
         return (g + dot.nt(fq, zk), fr + dot.nt(fq, X[0]), fi + dot.nt(fq, X[1]),
                 yr + dot.nt(zk, Y[0]), yi + dot.nt(zk, Y[1]),
                 cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
 
     zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
     g, fr, fi, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
+    acc = _fold_yx(acc, (cr, ci), mk.keep)
+    pe_rows = _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e)            # dPe = (ZK·Yᵀ)∘em
+    dv = _value(dp)
+    dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
+    zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
     g = jnp.where(mk.mk, g, 0.0)
     er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
-    d_pt = cmul_conj(dp[0], dp[1], er, ei)
-    d_pin = cmul_conj(dpr, dpi, fr, fi)
-    d_ps = (dot.tn(g, der), dot.tn(g, dei))
-    d_pe = (_rowmask(yr, mk.em), _rowmask(yi, mk.em))
-    return _acc_tables_sums(acc, tb, length, d_pin, d_pt, d_ps, d_pe, (cr, ci), mk.keep)
+    tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
+    u = tb.pt
+    hr, hi = cmul_conj(e_t * tr + e_in * zr, e_t * ti + e_in * zi, u[0], u[1])
+    der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])
+    ps_rows = _ps_rows(tb, (dot.tn(g, der), dot.tn(g, dei)), e_s)                       # dPs = Gᵀ·(dp∘conj(pt))
+    return _fold_rows(acc, tb, (jnp.sum(hr, axis=0, keepdims=True), jnp.sum(hi, axis=0, keepdims=True)),
+                      ps_rows, pe_rows)
+
+
+# The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam
+# times b, pin = pt·lam^(mu+1), ps = b·sp, ep = sp·lam^mu, pe = b·ep, so
+#     Σ e·conj(pin)·d  = conj(lam^(mu+1))·Σ e·conj(pt)·d,     Σ e·conj(ps)·d = conj(b)·Σ e·conj(sp)·d,
+#     Σ e·conj(pe)·d   = conj(b·lam^mu)·Σ e·conj(sp)·d,       and the b-free sums likewise,
+# with the per-mode factors applied to [1, M] rows. Fewer [L, M] tables live in the epilogue (registers).
+
+
+def _row_sums(d, tab, e):
+    """(Σ_i e_i·d_i·conj(T_i), Σ_i d_i·conj(T_i)) as [1, M] planes."""
+    cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
+    return ((jnp.sum(e * cr, axis=0, keepdims=True), jnp.sum(e * ci, axis=0, keepdims=True)),
+            (jnp.sum(cr, axis=0, keepdims=True), jnp.sum(ci, axis=0, keepdims=True)))
+
+
+def _pe_rows(tb, d_pe, e_e):
+    return _row_sums(d_pe, tb.sp, e_e)
+
+
+def _ps_rows(tb, d_ps, e_s):
+    return _row_sums(d_ps, tb.sp, e_s)
+
+
+def _fold_rows(acc, tb, a_rows, ps_rows, pe_rows):
+    """acc += the pt/pin part (a_rows, already weighted) and the sp-based rows of dPs and dPe:
+    s_log += a + conj(b)·(R_s + conj(lam^mu)·R_e),  s_b += S_s + conj(lam^mu)·S_e."""
+    (rs, ss), (re_, se) = ps_rows, pe_rows
+    lmu, b = tb.lmu, tb.b
+    rer, rei = cmul_conj(re_[0], re_[1], lmu[0], lmu[1])
+    ser, sei = cmul_conj(se[0], se[1], lmu[0], lmu[1])
+    lr, li = cmul_conj(rs[0] + rer, rs[1] + rei, b[0], b[1])
+    l0, l1, b0, b1, c0, c1 = acc
+    return (l0 + a_rows[0] + lr, l1 + a_rows[1] + li, b0 + ss[0] + ser, b1 + ss[1] + sei, c0, c1)
+
+
+def _fold(acc, e, tab, d, free=None):
+    """Fold one table's cotangent d [L, M] planes into acc: s_log += Σ_i e_i·conj(T_i)·d_i, and with the
+    b-free power ``free`` (ps and pe carry b) s_b += Σ_i conj(T̂_i)·d_i."""
+    lr, li, br_, bi_, ar, ai = acc
+    cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
+    lr = lr + jnp.sum(e * cr, axis=0, keepdims=True)
+    li = li + jnp.sum(e * ci, axis=0, keepdims=True)
+    if free is not None:
+        cr, ci = cmul_conj(d[0], d[1], free[0], free[1])
+        br_ = br_ + jnp.sum(cr, axis=0, keepdims=True)
+        bi_ = bi_ + jnp.sum(ci, axis=0, keepdims=True)
+    return (lr, li, br_, bi_, ar, ai)
+
+
+def _fold_yx(acc, yx, keep):
+    """acc's dlamL columns += keep·Σ_n Y∘conj(X) (yx: the [M, 1] sums)."""
+    cr, ci = yx
+    if keep is not None:
+        cr, ci = cr * keep, ci * keep
+    return acc[:4] + (acc[4] + cr, acc[5] + ci)
 
 
 def _acc_tables_sums(acc, tb: Tabs, length, d_pin, d_pt, d_ps, d_pe, yx, keep):
     """_acc_tables with Σ_n Y∘conj(X) already summed (the [M, 1] columns yx)."""
     e_in, e_t, e_s, e_e = exponents(length)
-    lr, li, br_, bi_, ar, ai = acc
-    for e, tab, d in ((e_in, tb.pin, d_pin), (e_t, tb.pt, d_pt), (e_s, tb.ps, d_ps), (e_e, tb.pe, d_pe)):
-        if d is None:
-            continue
-        cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
-        lr = lr + jnp.sum(e * cr, axis=0, keepdims=True)
-        li = li + jnp.sum(e * ci, axis=0, keepdims=True)
-    for free, d in ((tb.sp, d_ps), (tb.ep, d_pe)):
-        cr, ci = cmul_conj(d[0], d[1], free[0], free[1])
-        br_ = br_ + jnp.sum(cr, axis=0, keepdims=True)
-        bi_ = bi_ + jnp.sum(ci, axis=0, keepdims=True)
-    cr, ci = yx
-    if keep is not None:
-        cr, ci = cr * keep, ci * keep
-    return (lr, li, br_, bi_, ar + cr, ai + ci)
+    for e, tab, d, free in ((e_in, tb.pin, d_pin, None), (e_t, tb.pt, d_pt, None), (e_s, tb.ps, d_ps, tb.sp),
+                            (e_e, tb.pe, d_pe, tb.ep)):
+        if d is not None:
+            acc = _fold(acc, e, tab, d, free)
+    return _fold_yx(acc, yx, keep)

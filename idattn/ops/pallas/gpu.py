@@ -69,8 +69,9 @@ def _compiler_params(num_warps, num_stages):
 # which the deviceless sm_90a compile measured as fewer spills than 4 warps for every forward and scan kernel
 # (docs/kernels.md, "What the compiled kernels use"). num_stages > 1 lets Triton prefetch the next chunk's loads
 # inside the fori_loop; ``choose`` lowers it to 1, then halves the feature block, until the kernel's
-# shared-memory estimate fits the card.
-TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 2)}
+# shared-memory estimate fits the card. The backward kernels start at 1 stage: they read each table at every use (LoadTabs), and pipelining
+# those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for 266 KiB at 2 stages).
+TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
@@ -124,11 +125,18 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
     wide = {"fwd_p": 2 * tok, "fwd_o": tok, "scan_fwd": tok, "scan_rev": tok, "bwd_p": 2 * tok + 2 * state,
             "bwd_o": 2 * tok + 2 * state}  # the [L, N] / [M, N] dot operands
     est = loads[kind] * stages
+    if stages > 1:  # the pipeline also buffers every table the kernel loads per chunk (LoadTabs: one load per use)
+        est += (TABLE_LOADS[kind] - 1) * tab * stages
     if in_bytes >= 4:  # float32: the wide operands and, in the backward, the [L, L] and [L, M] products again
         est += wide[kind] + ((L * L + 2 * L * M) * 4 if kind.startswith("bwd") else 0)
     if kind == "bwd_o":  # K is an operand of two more dots there (mix_bwd)
         est += kmat
     return est
+
+
+# [L, M] table pairs a chunk iteration of each kernel loads (LoadTabs; counted from _chunk.py's uses): with
+# num_stages > 1 Triton's pipeliner gives each its own shared-memory buffers.
+TABLE_LOADS = {"fwd_p": 4, "fwd_o": 4, "scan_fwd": 1, "scan_rev": 1, "bwd_p": 7, "bwd_o": 8}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,7 +165,7 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
     block = n // nb
     tk = _tuning_kind(kind, M)
     warps, stages = TUNING[tk]
-    cap = MAX_TILE.get(tk)
+    cap = MAX_TILE.get(kind, MAX_TILE.get(tk))
     while cap is not None and L * block > cap and block > 16 and block % 2 == 0:
         block //= 2
     kw = dict(L=L, M=M, in_bytes=in_bytes, mode_bytes=mode_bytes, state_bytes=state_bytes, has_k=has_k)
@@ -184,9 +192,42 @@ def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
                           **kw)
 
 
+NTAB = 10  # table refs per kernel: sp, pt, pin, ep, ps, pe [H, 2, L, M], lamL [H, 2, M, 1], lam^(mu+1), lam^mu, b [H, 2, 1, M]
+
+
+def expand_tables(tabs):
+    """op.py's (sp, lam^(mu+1), lam^mu, lamL, b) -> the ten tables the GPU kernels read (sp, pt, pin, ep, ps,
+    pe [H, 2, L, M], lamL [H, 2, M, 1] and the rows lam^(mu+1), lam^mu, b [H, 2, 1, M]), built once per program
+    in XLA (a few KB per head)."""
+    if len(tabs) == NTAB:
+        return tabs
+    sp, lmu1, lmu, laml, b = tabs
+    two = lambda t: (t[:, 0], t[:, 1])  # noqa: E731
+    tb = C.Tabs(two(sp), two(lmu1), two(lmu), two(laml), two(b))
+    st = lambda t: jnp.stack(t, axis=1)  # noqa: E731
+    return (sp, st(tb.pt), st(tb.pin), st(tb.ep), st(tb.ps), st(tb.pe), laml, lmu1, lmu, b)
+
+
+class LoadTabs:
+    """A head's tables read from their refs at every use (each property access is a fresh load): a table is
+    then live only around the ops that use it, instead of for the whole chunk (registers: six [L, M] pairs of
+    float32 planes would take most of a program's register file at L = M = 64)."""
+
+    _IDX = {"sp": 0, "pt": 1, "pin": 2, "ep": 3, "ps": 4, "pe": 5, "laml": 6, "lmu1": 7, "lmu": 8, "b": 9}
+
+    def __init__(self, refs, h):
+        self._refs, self._h = refs, h
+
+    def __getattr__(self, name):
+        i = LoadTabs._IDX.get(name)
+        if i is None:
+            raise AttributeError(name)
+        r = self._refs[i]
+        return (r[self._h, 0], r[self._h, 1])
+
+
 def _tabs(tab_refs, h):
-    two = lambda r: (r[h, 0], r[h, 1])  # noqa: E731
-    return C.Tabs(*(two(r) for r in tab_refs))
+    return LoadTabs(tab_refs, h)
 
 
 def _masks(seg_refs, bi, c, t0, L):
@@ -221,6 +262,7 @@ def _kmat(k_ref, h):
 def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None):
     """p [nRB, B, T, H, 2, M] (mdt; partial sums over feature blocks) and Xk_T [B, H, 2, M, R]; with
     ``save_sdt`` also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward."""
+    tabs = expand_tables(tabs)
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
     block_r = plan.block
@@ -228,7 +270,7 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (fq_r, zk_r, *tab_r, x0_r), seg_r, outs = _split(refs, 8 + (4 if seg else 0), seg)
+        (fq_r, zk_r, *tab_r, x0_r), seg_r, outs = _split(refs, 13 + (4 if seg else 0), seg)
         p_r, xt_r = outs[0], outs[1]
         bi, h, rb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         rs = pl.ds(rb * block_r, block_r)
@@ -261,12 +303,13 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None
 def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
     """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``); the mode vector
     of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M])."""
+    tabs = expand_tables(tabs)
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     block_d = plan.block
     NC, ndb = T // L, D // block_d
     dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    n_in = 8 + int(has_k)
+    n_in = 13 + int(has_k)
 
     def kernel(*refs):
         ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
@@ -307,6 +350,7 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
 
 def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"):
     """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt)."""
+    tabs = expand_tables(tabs)
     B, T, H, N = z.shape
     M = tabs[0].shape[-1]
     block_n = plan.block
@@ -314,7 +358,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (z_r, *tab_r, x0_r), seg_r, (xs_r,) = _split(refs, 7 + (4 if seg else 0), seg)
+        (z_r, *tab_r, x0_r), seg_r, (xs_r,) = _split(refs, 12 + (4 if seg else 0), seg)
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
@@ -337,12 +381,13 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
     y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector is g (mix_conj None: the P-half's dp)
     or mix(g) (the O-half's w from p, mixed in the kernel), conjugated when conj_g."""
+    tabs = expand_tables(tabs)
     B, T, H, N = x.shape
     M = tabs[0].shape[-1]
     block_n = plan.block
     NC, nnb = T // L, N // block_n
     dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    n_in = 8 + int(has_k)
+    n_in = 13 + int(has_k)
 
     def kernel(*refs):
         ins, seg_r, (ys_r, y0_r) = _split(refs, n_in + (4 if seg else 0), seg)
@@ -400,13 +445,15 @@ def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     """O-half backward with the mixing: dp [1, B, T, H, 2, M] (mdt), dzv [B, T, H, D] (zv's dtype), acc rows
     [B, H, NG, 4, 1, M], cols [.., 2, M, 1], and the K cotangent planes dk [B, H, NG, 2, M, M] float32 (None
     without kmix). Each program walks the whole feature width in sub-blocks of ``plan.block`` (o_bwd_sub)."""
+    tabs = expand_tables(tabs)
+    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     sub = plan.block
     NC, nsub = T // L, D // sub
     per, NG = _groups(B, H, NC)
     dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    n_in = 10 + int(has_k)
+    n_in = 15 + int(has_k)
 
     def kernel(*refs):
         ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
@@ -417,26 +464,29 @@ def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
         def body(c, carry):
             acc, dk = carry
-            kk = _kmat(k_r, h)  # loaded per chunk (pipelined), not held in registers across the loop
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-            wc, s = C.mix_fwd(_modes(p_r, bi, ts, h), kk, conj, dot)
+            # K and p are loaded again where they are used (mix_fwd here, mix_bwd after the sub-blocks) rather
+            # than held across o_bwd_sub: two [M, M] and two [L, M] float32 pairs fewer live (registers)
+            w_fn = lambda: C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)[0]  # noqa: E731
 
             def load(j):
                 ns = pl.ds(j * sub, sub)
                 return (zv_r[bi, ts, h, ns], do_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
-                        (ys_r[bi, h, c, 0, :, ns].astype(F32), ys_r[bi, h, c, 1, :, ns].astype(F32)))
+                        (ys_r[bi, h, c, 0, :, ns], ys_r[bi, h, c, 1, :, ns]))
 
             def store(j, dzv):
                 dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
 
-            dw, acc = C.o_bwd_sub(wc, load, store, nsub, tb, mk, dot, acc, L, M)
-            dpc, dkc = C.mix_bwd(dw, s, kk, conj, dot)
+            dw, acc = C.o_bwd_sub(w_fn, load, store, nsub, tb, mk, dot, acc, L, M)
+            if has_k:  # dK first, so that s is dead before K is loaded for dp (registers)
+                _, s = C.mix_fwd(_modes(p_r, bi, ts, h), None, conj, dot)
+                dkc = C.mix_bwd_dk(dw, s, dot)
+                dk = (dk[0] + dkc[0], dk[1] + dkc[1])
+            dpc = C.mix_bwd_dp(dw, _kmat(k_r, h), conj, dot)
             dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
             dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
-            if dkc is not None:
-                dk = (dk[0] + dkc[0], dk[1] + dkc[1])
             return acc, dk
 
         dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32)) if has_k else ()
@@ -458,6 +508,7 @@ def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
     """dfq, dzk [B, T, H, R] (input dtypes), acc rows / cols as in bwd_o; dp [B, T, H, 2, M]. Each program walks
     the whole feature width in sub-blocks of ``plan.block`` (p_bwd_sub)."""
+    tabs = expand_tables(tabs)
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
     sub = plan.block
@@ -467,7 +518,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
 
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
-            refs, 10 + (4 if seg else 0), seg)
+            refs, 15 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         def body(c, acc):
@@ -478,14 +529,14 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
             def load(j):
                 ns = pl.ds(j * sub, sub)
                 return (fq_r[bi, ts, h, ns], zk_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
-                        (ys_r[bi, h, c, 0, :, ns].astype(F32), ys_r[bi, h, c, 1, :, ns].astype(F32)))
+                        (ys_r[bi, h, c, 0, :, ns], ys_r[bi, h, c, 1, :, ns]))
 
             def store(j, dfq, dzk):
                 ns = pl.ds(j * sub, sub)
                 dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
                 dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
 
-            return C.p_bwd_sub(_modes(dp_r, bi, ts, h), load, store, nsub, tb, mk, dot, acc, L, M)
+            return C.p_bwd_sub(lambda: _modes(dp_r, bi, ts, h), load, store, nsub, tb, mk, dot, acc, L, M)
 
         acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
         _store_acc(row_r, col_r, bi, h, gi, acc)
