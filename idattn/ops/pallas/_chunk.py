@@ -171,10 +171,11 @@ def p_fwd(fq, zk, X, tb: Tabs, mk: Masks, dot: Dots):
 def o_fwd(w, zv, X, tb: Tabs, mk: Masks, dot: Dots):
     """O-half readout of one chunk: o [L, D] float32 from w [L, M] planes and the carried Xv."""
     qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
-    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
-    ur, ui = cmul(w[0], w[1], tb.pin[0], tb.pin[1])
+    ur, ui = cmul(qr, qi, tb.lmu1[0], tb.lmu1[1])  # w∘pin = (w∘pt)·lam^(mu+1): w is dead after Q
     ur, ui = _rowmask(ur, mk.cm), _rowmask(ui, mk.cm)
-    return dot(ur, X[0]) - dot(ui, X[1]) + dot(a, zv)
+    o = dot(ur, X[0]) - dot(ui, X[1])
+    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
+    return o + dot(a, zv)
 
 
 # --------------------------------------------------------------------------------------------------------------

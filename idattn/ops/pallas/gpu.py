@@ -76,7 +76,7 @@ TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
 # trips: at (16, 128, 32) bf16 it cut bwd_p's spills from 1006 to 612 B and bwd_o's from 2334 to 1540 B.
-MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 64}
+MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 64, "fwd_o": 64 * 64, "scan_rev": 64 * 64}
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
@@ -304,6 +304,7 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
     """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``); the mode vector
     of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M])."""
     tabs = expand_tables(tabs)
+    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     block_d = plan.block
@@ -382,6 +383,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
     y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector is g (mix_conj None: the P-half's dp)
     or mix(g) (the O-half's w from p, mixed in the kernel), conjugated when conj_g."""
     tabs = expand_tables(tabs)
+    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, N = x.shape
     M = tabs[0].shape[-1]
     block_n = plan.block
