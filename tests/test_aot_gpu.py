@@ -116,12 +116,14 @@ def test_gpu_targets_devices():
 PAPER_HEADS = [(12, 64, 64), (16, 64, 64), (16, 96, 64), (32, 64, 64), (16, 128, 32)]
 _SLOW = [(12, 64, 64, "bfloat16"), (16, 96, 64, "bfloat16"), (32, 64, 64, "bfloat16"),
          (16, 128, 32, "float32"), (16, 96, 64, "float32"), (32, 64, 64, "float32")]
+# The GPU default saves the chunk states in the forward (op.SAVE_STATES_DEFAULT); one case compiles the
+# recompute path (save_states=False), which adds the two scan_fwd kernels.
 KERNEL_CASES = [pytest.param(*c, marks=pytest.mark.slow, id="-".join(map(str, c)))
-                for c in [(16, 128, 32, "bfloat16")] + _SLOW]
-# Forward: fwd_p, fwd_o; backward per half: scan_fwd, scan_rev, bwd -> 2 + 2 * 3 Triton kernels.
-N_TRITON_FWD_BWD = 8
-KERNEL_NAMES = {"idattn_fwd_p", "idattn_fwd_o", "idattn_scan_fwd_k", "idattn_scan_fwd_v", "idattn_scan_rev_k",
-                "idattn_scan_rev_v", "idattn_bwd_o", "idattn_bwd_p"}
+                for c in [(16, 128, 32, "bfloat16", False)] + [x + (None,) for x in _SLOW]]
+# Forward: fwd_p, fwd_o; backward per half: [scan_fwd,] scan_rev, bwd -> 2 + 2 * 2 (+ 2) Triton kernels.
+KERNEL_NAMES = {"idattn_fwd_p", "idattn_fwd_o", "idattn_scan_rev_k", "idattn_scan_rev_v", "idattn_bwd_o",
+                "idattn_bwd_p"}
+RECOMPUTE_NAMES = {"idattn_scan_fwd_k", "idattn_scan_fwd_v"}
 
 
 def test_head_shapes_share_kernel_sets():
@@ -135,10 +137,11 @@ def test_head_shapes_share_kernel_sets():
         assert len(set(plans.values())) == 1, plans
 
 
-@pytest.mark.parametrize("H, dh, M, dtype", KERNEL_CASES)
-def test_kernels_compile_for_h200(h200, H, dh, M, dtype):
-    """Value and gradients (fq, zk, zv, lam, b, c) compile for an H200: exactly the 8 named Triton kernels (a
-    fallback to the XLA chunked path holds none), one program column per head, and the mode mixing inside them:
+@pytest.mark.parametrize("H, dh, M, dtype, save_states", KERNEL_CASES)
+def test_kernels_compile_for_h200(h200, H, dh, M, dtype, save_states):
+    """Value and gradients (fq, zk, zv, lam, b, c) compile for an H200: exactly the named Triton kernels (6 with
+    the forward's saved states, the default; 8 when the backward recomputes them; a fallback to the XLA chunked
+    path holds none), one program column per head, and the mode mixing inside them:
     no XLA instruction between the kernels produces a per-token mode tensor ([B, T, H, 2, M] planes or complex
     [B, T, H, M]: the float32 mixing pass the unfused operator made)."""
     import jax
@@ -156,15 +159,23 @@ def test_kernels_compile_for_h200(h200, H, dh, M, dtype):
         o = interdomain_mix(fq, zk, zv, lam, b, c, impl="pallas", chunk_size=64, segment_ids=seg)
         return jnp.sum(o.astype(jnp.float32) ** 2)
 
+    from idattn.ops.pallas import op
+    names = KERNEL_NAMES | (set() if (op.SAVE_STATES_DEFAULT["gpu"] if save_states is None else save_states)
+                            else RECOMPUTE_NAMES)
+    prev = op.set_save_states(save_states)
+
     sd = lambda shape, d: jax.ShapeDtypeStruct(shape, d, sharding=s)  # noqa: E731
     args = ((sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((H, M, M), jnp.complex64),)
             + (sd((B, T), jnp.int32),))
-    compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(*args).compile(
-        compiler_options=gpu.compiler_options())
+    try:
+        compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(*args).compile(
+            compiler_options=gpu.compiler_options())
+    finally:
+        op.set_save_states(prev)
     text = compiled.as_text()
     calls = gpu.triton_calls(text)
-    assert len(calls) == N_TRITON_FWD_BWD, f"expected {N_TRITON_FWD_BWD} Triton kernels, found {len(calls)}"
-    assert {c["name"] for c in calls} == KERNEL_NAMES
+    assert len(calls) == len(names), f"expected {len(names)} Triton kernels, found {len(calls)}"
+    assert {c["name"] for c in calls} == names
     assert all(c["grid"][1] == H for c in calls)  # one program column per head: the kernels, not a fallback
     assert gpu.mode_round_trips(text, B, T, H, M) == []
     assert compiled.memory_analysis().temp_size_in_bytes > 0
@@ -266,8 +277,9 @@ def test_interdomain_125m_train_step_compiles_for_8_h200():
     with setup.context():
         compiled = setup.train.lower(setup.abstract_state, batch).compile(compiler_options=gpu.compiler_options())
     text = compiled.as_text()
-    # the mixer's forward (2 kernels) and backward (6); the layers may be one scanned body, so >= 8 in all
-    assert len(gpu.triton_calls(text)) >= N_TRITON_FWD_BWD
+    # the mixer's forward (2 kernels) and backward (4, with the saved states); the layers may be one scanned
+    # body (and remat may compile the forward twice), so at least the six names
+    assert {c["name"] for c in gpu.triton_calls(text)} >= KERNEL_NAMES
     assert "all-gather" in text or "all-reduce" in text or "reduce-scatter" in text  # fsdp collectives
     emb = setup.abstract_state.params["embedding"]
     assert "fsdp" in str(emb.sharding.spec)

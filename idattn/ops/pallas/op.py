@@ -251,13 +251,24 @@ def _planes(z):
     return jnp.stack([jnp.real(z), jnp.imag(z)], axis=2)  # [B, H, M, N] -> [B, H, 2, M, N]
 
 
-_SAVE_STATES = os.environ.get("IDATTN_PALLAS_SAVE_STATES", "0").lower() in ("1", "true", "yes")
+def _env_save_states():
+    v = os.environ.get("IDATTN_PALLAS_SAVE_STATES", "").strip().lower()
+    return None if v == "" else v in ("1", "true", "yes")
 
 
-def set_save_states(flag: bool) -> bool:
-    """Default for ``save_states`` (also env IDATTN_PALLAS_SAVE_STATES=1). Returns the previous value."""
+_SAVE_STATES = _env_save_states()
+# Per family when neither the call, set_save_states nor the environment says: the GPU kernels save the chunk
+# states in the forward (the backward then skips its two serial scan_fwd passes; under the models' remat the
+# states live only within a layer's backward: B·H·T/L·2·M·(R + D) elements in the compute dtype). The TPU
+# kernels recompute them (docs/pods.md's fit table was measured so).
+SAVE_STATES_DEFAULT = {"gpu": True, "tpu": False}
+
+
+def set_save_states(flag: bool | None) -> bool | None:
+    """Default for ``save_states`` for every family (also env IDATTN_PALLAS_SAVE_STATES=0/1); None restores the
+    per-family default (SAVE_STATES_DEFAULT). Returns the previous value."""
     global _SAVE_STATES
-    prev, _SAVE_STATES = _SAVE_STATES, bool(flag)
+    prev, _SAVE_STATES = _SAVE_STATES, (None if flag is None else bool(flag))
     return prev
 
 
@@ -310,7 +321,9 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
                       ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, dp_ - D)))
     segs = None if segment_ids is None else _segment_arrays(segment_ids, B, T, tp, L)
 
-    save = bool(_SAVE_STATES if save_states is None else save_states)
+    if save_states is None:
+        save_states = SAVE_STATES_DEFAULT[family] if _SAVE_STATES is None else _SAVE_STATES
+    save = bool(save_states)
     kmat = None
     if c is not None:
         c = jnp.asarray(c).astype(jnp.complex64)
@@ -504,7 +517,8 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
         CPU host compiling for a TPU topology gets Mosaic kernels.
       save_states: keep the forward's chunk-boundary states [B, H, T/L, 2, M, R+D] (compute dtype) as
         residuals instead of recomputing them in the backward (two fewer sequential passes, more memory held
-        between forward and backward). Default False (``set_save_states``).
+        between forward and backward). Default: ``SAVE_STATES_DEFAULT`` per family (GPU True, TPU False), or
+        ``set_save_states`` / env IDATTN_PALLAS_SAVE_STATES.
       batch_axes, head_axes: mesh axes that carry the batch rows and the heads (default: see mesh_partition).
       gpu_fallback: fn(fq, zk, zv, lam, b, c, segment_ids, initial_state) -> the same outputs, run on GPU
         instead of the kernels when this jax has no Pallas Triton backend (``idattn.ops.interdomain_mix`` passes
