@@ -251,10 +251,16 @@ def parse_kernel_log(text: str) -> list[dict]:
         if m:
             pending.setdefault(tid, []).append(int(m.group(1)))
             continue
-        if src.startswith("subprocess_compilation") and pending.get(tid):
+        if src.startswith("subprocess_compilation"):
             info = parse_ptxas(msg)
-            if info is not None:
+            if info is None:
+                continue
+            if pending.get(tid):
                 out.append(dict(smem=pending[tid].pop(0), **info))
+            elif info["name"].startswith("idattn_"):
+                # our kernels are named: keep the ptxas report even when its shared-memory record was logged on
+                # another thread (its smem is then unknown, None)
+                out.append(dict(smem=None, **info))
     return out
 
 
@@ -348,7 +354,9 @@ def format_resources(res, card="h200") -> str:
                          + (f" ({trips[0]})" if trips else "")
                          + (f"; XLA ops' bytes accessed {r['hbm_bytes'] / 2**20:.1f} MiB" if r.get("hbm_bytes") else ""))
         for k in r["kernels"]:
-            lines.append(f"    {k['name']:>10}  smem {k['smem']:>7} B ({k['smem'] / 1024:5.1f} KiB)  "
+            smem = ("   ?    B (  ?   KiB)" if k["smem"] is None
+                    else f"{k['smem']:>7} B ({k['smem'] / 1024:5.1f} KiB)")
+            lines.append(f"    {k['name']:>10}  smem {smem}  "
                          f"regs {k['registers']:>3}  spill {k['spill_stores']:>6} B stores / "
                          f"{k['spill_loads']:>6} B loads")
     return "\n".join(lines)
