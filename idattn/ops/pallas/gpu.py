@@ -449,7 +449,12 @@ def _groups(B, H, NC, target_programs=None):
 def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
     """O-half backward with the mixing: dp [1, B, T, H, 2, M] (mdt), dzv [B, T, H, D] (zv's dtype), acc rows
     [B, H, NG, 4, 1, M], cols [.., 2, M, 1], and the K cotangent planes dk [B, H, NG, 2, M, M] float32 (None
-    without kmix). Each program walks the whole feature width in sub-blocks of ``plan.block`` (o_bwd_sub)."""
+    without kmix). Each program walks the whole feature width in sub-blocks of ``plan.block`` (o_bwd_sub).
+
+    Two kernels when there is a mixing matrix: ``bwd_o`` writes dw (the cotangent of w = s·K, in mdt) and
+    ``bwd_mix`` maps it to dp = conj(dw·Kᴴ) and dK = Σ sᴴ·dw. In one kernel the mixing's backward (eight
+    [L, M] x [M, M] products per chunk and the K cotangent carried across the chunk loop) was 2/3 of bwd_o's
+    register spills (docs/kernels.md); dw crosses HBM once, in the compute dtype the dots cast it to anyway."""
     tabs = expand_tables(tabs)
     kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
@@ -464,16 +469,14 @@ def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
         ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
         p_r, k_r = ins[0], (ins[1] if has_k else None)
         zv_r, do_r, xs_r, ys_r, *tab_r = ins[1 + int(has_k):]
-        dp_r, dzv_r, row_r, col_r = outs[:4]
+        dw_r, dzv_r, row_r, col_r = outs
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-        def body(c, carry):
-            acc, dk = carry
+        def body(c, acc):
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-            # K and p are loaded again where they are used (mix_fwd here, mix_bwd after the sub-blocks) rather
-            # than held across o_bwd_sub: two [M, M] and two [L, M] float32 pairs fewer live (registers)
+            # w is formed again where o_bwd_sub needs it (before and after the sub-blocks), not held across
             w_fn = lambda: C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)[0]  # noqa: E731
 
             def load(j):
@@ -485,29 +488,61 @@ def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
                 dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
 
             dw, acc = C.o_bwd_sub(w_fn, load, store, nsub, tb, mk, dot, acc, L, M)
-            if has_k:  # dK first, so that s is dead before K is loaded for dp (registers)
-                _, s = C.mix_fwd(_modes(p_r, bi, ts, h), None, conj, dot)
-                dkc = C.mix_bwd_dk(dw, s, dot)
-                dk = (dk[0] + dkc[0], dk[1] + dkc[1])
-            dpc = C.mix_bwd_dp(dw, _kmat(k_r, h), conj, dot)
-            dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
-            dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
-            return acc, dk
+            if not has_k:  # w = s: dp follows from dw by a conjugation, no second kernel
+                dw = C.mix_bwd_dp(dw, None, conj, dot)
+            dw_r[0, bi, ts, h, 0, :] = dw[0].astype(dw_r.dtype)
+            dw_r[0, bi, ts, h, 1, :] = dw[1].astype(dw_r.dtype)
+            return acc
 
-        dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32)) if has_k else ()
-        acc, dk = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, (C.Acc.zeros(M), dk0))
+        acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
         _store_acc(row_r, col_r, bi, h, gi, acc)
-        if has_k:
-            outs[4][bi, h, gi, 0, :, :] = dk[0]
-            outs[4][bi, h, gi, 1, :, :] = dk[1]
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
            + _acc_out(B, H, NG, M))
-    if has_k:
-        out = out + (jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32),)
     args = (p,) + ((kmix,) if has_k else ()) + (zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    res = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
-    return tuple(res[:4]) + ((res[4] if has_k else None),)
+    dw, dzv, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
+    if not has_k:
+        return dw, dzv, row, col, None
+    dp, dk = bwd_mix(p, kmix, dw, conj=conj, L=L, cdt=cdt, mdt=mdt, interpret=interpret)
+    return dp, dzv, row, col, dk
+
+
+# bwd_mix's (num_warps, num_stages): its tiles are [L, M] and [M, M] only; 8 warps keep s, dw, dK and K (about
+# five 64 x 64 float32 pairs at M = 64) under the register cap, 2 stages prefetch the next chunk's p and dw
+MIX_TUNING = (8, 2)
+
+
+def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
+    """The mixing's backward for the O-half: dp [1, B, T, H, 2, M] (mdt) = conj(dw·Kᴴ) (conj) or dw·Kᴴ, and
+    dK [B, H, NG, 2, M, M] float32 = Σ_t sᴴ·dw per chunk group (s = conj(p) or p); p, dw [.., B, T, H, 2, M],
+    kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o."""
+    B, T, H = p.shape[:3]
+    M = p.shape[-1]
+    NC = T // L
+    per, NG = _groups(B, H, NC)
+    dot = C.Dots(cdt)
+
+    def kernel(p_r, k_r, dw_r, dp_r, dk_r):
+        bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
+        def body(c, dk):
+            ts = pl.ds(c * L, L)
+            _, s = C.mix_fwd(_modes(p_r, bi, ts, h), None, conj, dot)
+            dwc = (dw_r[0, bi, ts, h, 0, :].astype(F32), dw_r[0, bi, ts, h, 1, :].astype(F32))
+            dkc = C.mix_bwd_dk(dwc, s, dot)
+            dpc = C.mix_bwd_dp(dwc, _kmat(k_r, h), conj, dot)
+            dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
+            dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
+            return dk[0] + dkc[0], dk[1] + dkc[1]
+
+        dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32))
+        dk = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, dk0)
+        dk_r[bi, h, gi, 0, :, :] = dk[0]
+        dk_r[bi, h, gi, 1, :, :] = dk[1]
+
+    out = (jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32))
+    plan = KernelPlan(M, *MIX_TUNING, 0)
+    return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(p, kmix, dw)
 
 
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
