@@ -168,14 +168,15 @@ def test_gpu_family_f32_everything_on(monkeypatch):
     T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1.
     The shared-memory limit is lowered to 60 KB so that the plan cuts the features: the backward kernels walk
     R = D = 128 in sub-blocks (o_bwd_sub: 4 of 32, p_bwd_sub: 2 of 64), fwd_o and the scans split into programs
-    of 32 features."""
+    of 32 features. The GPU default path: the forward saves the chunk states and w (every one of fwd_o's
+    feature-block programs writes it), the O-half's backward reads w and bwd_mix maps dw to dp and dK."""
     from idattn.ops.pallas import gpu, op
     monkeypatch.setattr(gpu, "smem_limit", lambda: 60_000)
     plans = dict(op._gpu_plans(gpu, 2, 16, 128, 128, 16, jnp.float32, True))
     assert (plans["bwd_o"].block, plans["bwd_p"].block, plans["fwd_o"].block) == (32, 64, 32), plans
     assert all(p.smem <= 60_000 for p in plans.values())
     _run_case("gpu", jnp.float32, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16,
-              with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4)
+              with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, save_states=True)
 
 
 def test_gpu_plan_refuses_what_cannot_fit():
@@ -193,14 +194,17 @@ def test_gpu_family_f32_plain_conj_false():
               with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1, save_states=True)
 
 
-def test_gpu_family_bf16(monkeypatch):
-    """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation). The backward's chunk
-    groups are forced to 2 chunks per program (3 chunks: groups [0, 2) and a partial [2, 3))."""
+@pytest.mark.parametrize("save_states", [False, True])
+def test_gpu_family_bf16(monkeypatch, save_states):
+    """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation), with c: the backward either
+    recomputes the chunk states (bwd_o mixes p itself) or reads the saved states and w (in bf16). The backward's
+    chunk groups are forced to 2 chunks per program (3 chunks: groups [0, 2) and a partial [2, 3))."""
     from idattn.ops.pallas import gpu
     monkeypatch.setattr(gpu, "BWD_TARGET_PROGRAMS", 3)
     assert gpu._groups(2, 1, 3) == (2, 2)
     _run_case("gpu", jnp.bfloat16, True, B=2, T=40, H=1, R=16, D=16, M=4, L=16,
-              with_c=True, with_x0=True, with_seg=True, tol_fwd=2e-2, tol_grad=2e-2, seed=2)
+              with_c=True, with_x0=True, with_seg=True, tol_fwd=2e-2, tol_grad=2e-2, seed=2,
+              save_states=save_states)
 
 
 @pytest.mark.slow

@@ -305,7 +305,11 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None
 
 def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
     """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``); the mode vector
-    of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M])."""
+    of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M]). With ``save_sdt`` and
+    a mixing matrix, also w [B, T, H, 2, M] (p's dtype): the O-half's backward then reads w instead of mixing
+    p again (fewer registers in scan_rev and bwd_o). Every feature-block program writes the same w (D / block
+    writes of it): letting only the first write it (``pl.when``) cost fwd_o 476 instead of 244 B of register
+    spills per thread at (32, 64, 64) bf16."""
     tabs = expand_tables(tabs)
     kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
@@ -313,6 +317,7 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
     block_d = plan.block
     NC, ndb = T // L, D // block_d
     dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
+    save_w = save_sdt is not None and has_k
     n_in = 13 + int(has_k)
 
     def kernel(*refs):
@@ -331,6 +336,10 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
                 outs[2][bi, h, c, 0, :, ds_] = X[0].astype(outs[2].dtype)
                 outs[2][bi, h, c, 1, :, ds_] = X[1].astype(outs[2].dtype)
             wc, _ = C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)
+            if save_w:  # every feature-block program writes the same w (no branch: fewer registers)
+                outs[3][bi, ts, h, 0, :] = wc[0].astype(outs[3].dtype)
+                outs[3][bi, ts, h, 1, :] = wc[1].astype(outs[3].dtype)
+
             v = zv_r[bi, ts, h, ds_]
             o = C.o_fwd(wc, v, X, tb, mk, dot)
             o_r[bi, ts, h, ds_] = o.astype(o_r.dtype)
@@ -344,6 +353,8 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
     out = (jax.ShapeDtypeStruct((B, T, H, D), out_dtype), jax.ShapeDtypeStruct((B, H, 2, M, D), F32))
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
+    if save_w:
+        out = out + (jax.ShapeDtypeStruct(p.shape, p.dtype),)
     args = (p,) + ((kmix,) if has_k else ()) + (zv, *tabs, x0) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, ndb), interpret, plan, "fwd_o")(*args)
 
@@ -516,6 +527,7 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
     """The mixing's backward for the O-half: dp [1, B, T, H, 2, M] (mdt) = conj(dw·Kᴴ) (conj) or dw·Kᴴ, and
     dK [B, H, NG, 2, M, M] float32 = Σ_t sᴴ·dw per chunk group (s = conj(p) or p); p, dw [.., B, T, H, 2, M],
     kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o."""
+    kmix = kmix.astype(cdt)  # only a dot operand
     B, T, H = p.shape[:3]
     M = p.shape[-1]
     NC = T // L

@@ -192,6 +192,8 @@ def _add_partials(x):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
+    # not differentiated (inference, prefill): nothing to save for a backward
+    cfg = dataclasses.replace(cfg, save_states=False)
     return _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs)[0]
 
 
@@ -208,12 +210,13 @@ def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
                  out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret, save_sdt=save)
     o, xvt = ro[0], ro[1]
     xsk, xsv = (rp[2], ro[2]) if cfg.save_states else (None, None)
-    return (o, xkt, xvt), (fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv)
+    w = ro[3] if len(ro) > 3 else None  # the GPU fwd_o also saves w = mix(p) with the states
+    return (o, xkt, xvt), (fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv, w)
 
 
 def _fused_bwd(cfg, res, cts):
     K = _kernels(cfg.family)
-    fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv = res
+    fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv, w = res
     do, dxkt, dxvt = cts
     P = dict(cfg.plans)
     tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
@@ -223,10 +226,17 @@ def _fused_bwd(cfg, res, cts):
     # O-half: w = mix(p) is recomputed per chunk inside each kernel
     if xsv is None:
         xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
-    ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
-                          kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
-    dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
-                                        mdt=jnp.dtype(cfg.mdt), **kw)
+    if w is None:
+        ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
+                              kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
+        dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
+                                            mdt=jnp.dtype(cfg.mdt), **kw)
+    else:  # the forward saved w: the O-half reads it (identity mixing), bwd_mix maps dw to dp and dK
+        ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
+                              name="scan_rev_v", **kw)
+        dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
+                                           mdt=jnp.dtype(cfg.mdt), **kw)
+        dp, dk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), **kw)
     dp = _add_partials(dp)
     if xsk is None:
         xsk = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], sdt=cfg.sdt, name="scan_fwd_k", **kw)
