@@ -21,7 +21,8 @@ skip (c) / (d) with the reason; they never stop (a) / (b).
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
-(e) while the budget lasts: pallas variants (save_states, chunk 128), the XLA chunked path, the decode step.
+(e) while the budget lasts: pallas variants (save_states=False: the backward recomputes the chunk states, the
+    GPU default saves them; chunk 128), the XLA chunked path, the decode step.
 Sections have deadlines inside --budget-s (the table first); every case catches and prints its own error;
 progress is flushed as it goes and mirrored to $OUT/gpu_check.log when $OUT is set; a SUMMARY closes the run.
 """
@@ -468,13 +469,13 @@ def main():
             SUMMARY.append("(d) bench model:\n" + "\n".join(out))
 
     if "extra" not in skip and time.time() < deadline - 15:
-        log("=== (e) while the budget lasts: pallas variants (save_states, chunk 128), XLA chunked, decode step ===")
+        log("=== (e) while the budget lasts: pallas variants (recompute, chunk 128), XLA chunked, decode step ===")
         rows2 = []
         T_var = [t for t in (4096, 16384) if t in seqs] or seqs[-1:]
         for T in T_var:
             rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, repeats=5,
-                                    attention=False, deadline=deadline - 10, pallas_kwargs={"save_states": True},
-                                    label="pallas+save")
+                                    attention=False, deadline=deadline - 10, pallas_kwargs={"save_states": False},
+                                    label="pallas recompute")
             rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, chunk=128,
                                     repeats=5, attention=False, deadline=deadline - 10, label="pallas L128")
         for shape in shapes:
