@@ -167,7 +167,7 @@ class _FusedCfg:
 
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
-    """Feature blocks and Triton tuning of the eight kernels from the shapes and the card's shared memory
+    """Feature blocks and Triton tuning of the GPU kernels (bwd_mix has a fixed tuning, gpu.MIX_TUNING) from the shapes and the card's shared memory
     (``gpu.choose``)."""
     e = jnp.dtype(cdt).itemsize
     lim = K.smem_limit()
