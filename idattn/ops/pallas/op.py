@@ -167,8 +167,8 @@ class _FusedCfg:
 
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
-    """Feature blocks and Triton tuning of the GPU kernels (bwd_mix has a fixed tuning, gpu.MIX_TUNING) from the shapes and the card's shared memory
-    (``gpu.choose``)."""
+    """Feature blocks and Triton tuning of the GPU kernels from the shapes and the card's shared memory
+    (``gpu.choose``; bwd_mix has a fixed tuning, ``gpu.MIX_TUNING``)."""
     e = jnp.dtype(cdt).itemsize
     lim = K.smem_limit()
     kw = dict(bh=bh, L=L, M=mp, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
