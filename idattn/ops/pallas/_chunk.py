@@ -350,7 +350,7 @@ def o_bwd_sub(w, load, store_dzv, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, len
     tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
     da = jnp.where(mk.mk, da, 0.0)
     dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
-    zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # dPin = t·conj(lam^(mu+1))·(...)
+    zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
     u = tb.pt
     dwr, dwi = cmul_conj(zr + dqr, zi + dqi, u[0], u[1])
     wv = _value(w)

@@ -69,8 +69,9 @@ def _compiler_params(num_warps, num_stages):
 # which the deviceless sm_90a compile measured as fewer spills than 4 warps for every forward and scan kernel
 # (docs/kernels.md, "What the compiled kernels use"). num_stages > 1 lets Triton prefetch the next chunk's loads
 # inside the fori_loop; ``choose`` lowers it to 1, then halves the feature block, until the kernel's
-# shared-memory estimate fits the card. The backward kernels start at 1 stage: they read each table at every use (LoadTabs), and pipelining
-# those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for 266 KiB at 2 stages).
+# shared-memory estimate fits the card. The backward kernels start at 1 stage: they read each table at every
+# use (LoadTabs), and pipelining those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for
+# 266 KiB at 2 stages).
 TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
@@ -195,7 +196,8 @@ def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
                           **kw)
 
 
-NTAB = 10  # table refs per kernel: sp, pt, pin, ep, ps, pe [H, 2, L, M], lamL [H, 2, M, 1], lam^(mu+1), lam^mu, b [H, 2, 1, M]
+# table refs per kernel: sp, pt, pin, ep, ps, pe [H, 2, L, M], lamL [H, 2, M, 1], lam^(mu+1), lam^mu, b [H, 2, 1, M]
+NTAB = 10
 
 
 def expand_tables(tabs):
