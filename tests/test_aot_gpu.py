@@ -295,8 +295,8 @@ def test_bf16_forward_and_scan_kernels_do_not_spill_at_the_paper_layer():
     """ptxas's report for the (32, 64, 64) bf16 kernels (the 125M / 350M / 1.3B layer's set, B·H = 256, segment
     ids, c) through ``kernel_resources``: fwd_p, the adjoint scan of the P-half and the mixing's backward hold no
     spill (fwd_p spilled 544 B per thread before the tables were read per use), no kernel of the set fails to
-    compile or is left unreported, and no mode tensor crosses XLA. The backward kernels still spill (docs/kernels.md): their
-    bytes are printed, not bounded here."""
+    compile or is left unreported, and no mode tensor crosses XLA. The backward kernels still spill
+    (docs/kernels.md): their bytes are printed, not bounded here."""
     _need_plugin()
     (r,) = gpu.kernel_resources([(32, 64, 64, "bfloat16", 8, 128, True)])
     assert r["error"] is None, r["error"]
