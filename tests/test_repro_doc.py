@@ -36,6 +36,9 @@ def test_doc_part_is_regenerated_from_the_tables(tmp_path):
     # the tables without runs are written from nothing, their runs listed as not available, and nothing is
     # trained (--render_only)
     assert "Not available yet" in gen
+    # a claim of a table without a single paired seed is "not run yet" in the summary, not a verdict word
+    row_d = next(line for line in gen.splitlines() if line.startswith("| (d)") and "Table 4" in line)
+    assert f"| {repro_doc.NOT_RUN} |" in row_d and "inconclusive" not in row_d.split("|")[3]
     assert not os.path.exists(os.path.join(root, "runs", "small", "lm", "softmax-scaled-s0", "checkpoints"))
 
 
