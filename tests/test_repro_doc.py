@@ -33,6 +33,8 @@ def test_doc_part_is_regenerated_from_the_tables(tmp_path):
     assert "### Table 2" in gen and md.splitlines()[2] in gen
     row = next(line for line in gen.splitlines() if line.startswith("| (c)") and "stdlib" in line)
     assert data["verdicts"]["c"]["md"] in row and data["verdicts"]["c"]["why"] in row
+    # the status line of the length table: its runs' recorded compute (9 fake runs of 30 s), none missing
+    assert f"| `length` | {9 * 30 / 60:.1f} | 0 |" in gen
     # the tables without runs are written from nothing, their runs listed as not available, and nothing is
     # trained (--render_only)
     assert "Not available yet" in gen
@@ -48,6 +50,7 @@ def test_doc_part_names_tables_not_run_and_refuses_a_doc_without_markers(tmp_pat
     ctx = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
     gen = repro_doc.render(root, ("ppl", "mad"), ctx.table_path, str(tmp_path))
     assert "### `ppl`: not run yet" in gen and "### `mad`: not run yet" in gen
+    assert "| `ppl` | — | table not written |" in gen
     assert "No verdict yet" in gen
     bad = tmp_path / "bad.md"
     bad.write_text("no markers here\n")

@@ -107,12 +107,19 @@ def render(root: str, order, table_path, doc_dir: str) -> str:
             md = md.replace(f"Figure: {os.path.basename(tables[t]['figure'])}", f"Figure:\n\n![scale ladder]({png})")
         parts.append(md)
     rows = summary_rows(tables)
+    status = markdown_table(
+        ["table", "compute of its runs (min, from their `repro.json`)", "runs not available yet"],
+        [[f"`{t}`", "—" if d is None else f"{float(d.get('compute_s', 0.0)) / 60:.1f}",
+          "table not written" if d is None else str(len(d.get("missing") or []))] for t, d in tables.items()])
     head = ("### Verdicts, per claim and scale point\n\nRead from the tables below (their JSON), by the rule of "
             "idattn/studies/repro_verdicts.py. Tables not run yet: "
             + (", ".join(f"`{t}`" for t, d in tables.items() if d is None) or "none") + ".")
     summary = markdown_table(["claim", "where", "verdict", "ours: interval (paired seeds)"], rows) if rows else \
         "No verdict yet: no table has been written."
-    return "\n\n".join([head, summary] + parts)
+    status_head = ("### Study status\n\nCompute is training + evaluation time as each run recorded it (tables share "
+                   "runs: the `small` Softmax, Interdomain and S4D-only runs are counted by `ppl`, `cube` and "
+                   "`ladder` alike).")
+    return "\n\n".join([status_head, status, head, summary] + parts)
 
 
 def update_doc(path: str, generated: str) -> None:
