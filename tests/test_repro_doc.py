@@ -35,6 +35,9 @@ def test_doc_part_is_regenerated_from_the_tables(tmp_path):
     assert data["verdicts"]["c"]["md"] in row and data["verdicts"]["c"]["why"] in row
     # the status line of the length table: its runs' recorded compute (9 fake runs of 30 s), none missing
     assert f"| `length` | {9 * 30 / 60:.1f} | 0 |" in gen
+    # the run folders' totals: the same 9 runs, each once
+    size = top.exp.LENGTH_SIZE["small"]
+    assert f"| `{size}/lm` | 9 | {9 * 30 / 60:.1f} |" in gen and f"| **all** | 9 | {9 * 30 / 60:.1f} (" in gen
     # the tables without runs are written from nothing, their runs listed as not available, and nothing is
     # trained (--render_only)
     assert "Not available yet" in gen

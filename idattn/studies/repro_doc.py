@@ -86,6 +86,25 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
     return [r for _, r in sorted(rows, key=lambda x: x[0])]
 
 
+def run_totals(root: str) -> list[list[str]]:
+    """Per `<root>/runs/<size>/<kind>/` folder: finished runs and their recorded compute (each run once), and the
+    total: what the study has cost so far, against the budget of idattn/configs/repro.py."""
+    from idattn.studies.repro_runs import MARKER, read_marker, run_cost
+    base = os.path.join(root, "runs")
+    rows, total, n_all = [], 0.0, 0
+    for size in sorted(os.listdir(base)) if os.path.isdir(base) else []:
+        for kind in sorted(os.listdir(os.path.join(base, size))):
+            d = os.path.join(base, size, kind)
+            wds = [os.path.join(d, r) for r in sorted(os.listdir(d))
+                   if ".stale-" not in r and os.path.exists(os.path.join(d, r, MARKER))]
+            done = [w for w in wds if read_marker(w).get("status") == "done"]
+            cost = sum(run_cost(w) for w in done)
+            total, n_all = total + cost, n_all + len(done)
+            rows.append([f"`{size}/{kind}`", str(len(done)), f"{cost / 60:.1f}"])
+    rows.append(["**all**", str(n_all), f"{total / 60:.1f} ({total / 3600:.2f} h)"])
+    return rows
+
+
 def render(root: str, order, table_path, doc_dir: str) -> str:
     """The generated part: summary, then each table's Markdown (its headings one level down)."""
     tables: dict[str, dict[str, Any] | None] = {}
@@ -118,8 +137,10 @@ def render(root: str, order, table_path, doc_dir: str) -> str:
         "No verdict yet: no table has been written."
     status_head = ("### Study status\n\nCompute is training + evaluation time as each run recorded it (tables share "
                    "runs: the `small` Softmax, Interdomain and S4D-only runs are counted by `ppl`, `cube` and "
-                   "`ladder` alike).")
-    return "\n\n".join([status_head, status, head, summary] + parts)
+                   "`ladder` alike). Per run folder, each finished run counted once (runs moved aside as stale "
+                   "are not):")
+    totals = markdown_table(["runs", "finished", "compute (min)"], run_totals(root))
+    return "\n\n".join([status_head, totals, status, head, summary] + parts)
 
 
 def update_doc(path: str, generated: str) -> None:
