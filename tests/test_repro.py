@@ -43,8 +43,9 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     rows = {(r["mixer"], r["dt"]): r for r in data["rows"]}
     md_rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
                if line.startswith("| ") and not line.startswith("| mixer")]
-    # 3 mixers x 2 Δ ranges + the primary range's variants (experiments/repro.py PPL_VARIANTS: S4D-only, mode sum)
-    assert len(md_rows) == len(data["rows"]) == 6 + len(exp.PPL_VARIANTS)
+    # 3 mixers x the Δ ranges of PPL_DTS + the primary range's variants (PPL_VARIANTS: S4D-only, mode sum)
+    assert len(md_rows) == len(data["rows"]) == 3 * len(exp.PPL_DTS) + len(exp.PPL_VARIANTS)
+    assert {r["dt"] for r in data["rows"]} == set(exp.PPL_DTS)
     marker = {}
     for dt in ("paper",):
         # the trained runs: the table value is the value in the run's own result file, written by the evaluation
@@ -68,8 +69,8 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
         assert os.path.isdir(os.path.join(wd, "checkpoints", "4"))
     # the runs not trained in this invocation are reported missing, not invented
     assert rows[("softmax", "paper")]["ppl_per_seed"] == [None] and "softmax-scaled-s0" in data["missing"]
-    assert rows[("interdomain", "scaled")]["ppl_per_seed"] == [None] and "interdomain-scaled-s0" in data["missing"]
-    assert not os.path.exists(os.path.join(root, "runs", "toy", "lm", "interdomain-scaled-s0"))
+    assert rows[("s4d_only", "paper")]["ppl_per_seed"] == [None] and "s4d_only-paper-s0" in data["missing"]
+    assert not os.path.exists(os.path.join(root, "runs", "toy", "lm", "s4d_only-paper-s0"))
     assert "Not available yet" in md
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
     for line in md_rows:

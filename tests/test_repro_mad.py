@@ -56,3 +56,23 @@ def test_mad_table_at_toy_size_prints_no_verdict(tmp_path, monkeypatch):
     md = open(os.path.join(str(tmp_path), "mad-toy.md")).read()
     assert not re.search(r"\breproduced\b|inconclusive|vacuous", md)
     assert {v["verdict"] for v in data["verdicts"].values()} == {"no verdict (toy size: numbers only)"}
+
+
+def test_mad_recipe_trains_on_at_most_mads_training_set_per_task(tmp_path, monkeypatch):
+    """The recipe's training-set size is capped by MAD's per task: memorization keeps MAD's 256 sequences (its map
+    is learnt from them), the others get the recipe's; every task at one sequence length, MAD's vocabularies."""
+    from idattn.eval import mad
+    seen = {}
+
+    def train(model_cfg, task, *, seed, num_train, **kw):
+        seen[task] = (num_train, kw.get("seq_len"))
+        return {"acc": 0.5, "loss": 0.1, "steps": kw["steps"], "seq_len": 8, "num_test": 8}
+
+    monkeypatch.setattr(mad, "train_mad", train)
+    ctx = runs.Ctx(str(tmp_path), "small", (0,), render_only=False, keep_stale=False, only=("softmax",))
+    repro_mad.table_mad(ctx)
+    r = ctx.exp.MAD
+    assert seen["memorization"][0] == mad.TASKS["memorization"]["num_train"] == 256
+    assert all(n == min(r["num_train"], mad.TASKS[t]["num_train"]) for t, (n, _) in seen.items())
+    assert seen["in_context_recall"][0] == r["num_train"] < mad.TASKS["in_context_recall"]["num_train"]
+    assert {L for _, L in seen.values()} == {64} and set(seen) == set(r["tasks"])

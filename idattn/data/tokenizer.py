@@ -9,7 +9,9 @@ embedded corpus.
   "<path>.model"     any serialized SentencePiece model (e.g. the Llama-2 `tokenizer.model`);
   "train:<vocab>"    a BPE model with `vocab` pieces trained on the embedded King James corpus's *training*
                      documents (never the held-out ones), cached under `cache_dir` keyed by the corpus hash
-                     and the vocabulary size, so it is trained once per machine.
+                     and the vocabulary size, so it is trained once per machine;
+  "stdlib:<vocab>"   the same recipe trained on the training files of the Python standard-library corpus
+                     (idattn/data/stdlib_corpus.py `train_tokenizer`), cached under its content hash.
 
 Train one on your own text (the same settings; documents prepare would hold out are left out):
 
@@ -192,7 +194,8 @@ def default_cache_dir() -> pathlib.Path:
 
 
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tokenizer:
-    """Load a tokenizer from `spec` ("mistral" | path to a .model | "train:<vocab>"); see module docstring."""
+    """Load a tokenizer from `spec` ("mistral" | path to a .model | "train:<vocab>" | "stdlib:<vocab>"); see the
+    module docstring."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"data.tokenizer={spec!r}; expected 'mistral', a path to a SentencePiece .model file, "
                          "or 'train:<vocab>' (e.g. 'train:4096').")
@@ -214,6 +217,16 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
             return Tokenizer(path.read_bytes(), name=spec)
         proto = train_sentencepiece(train_docs, vocab, model_prefix=str(path)[: -len(".model")])
         return Tokenizer(proto, name=spec)
+    if spec.startswith("stdlib:"):
+        try:
+            vocab = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"data.tokenizer={spec!r}: the part after 'stdlib:' must be an integer vocabulary "
+                             "size, e.g. 'stdlib:1024'.") from None
+        from idattn.data import stdlib_corpus
+        tok = stdlib_corpus.train_tokenizer(vocab, cache_dir=cache_dir)
+        tok.name = spec
+        return tok
     path = pathlib.Path(spec).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"data.tokenizer={spec!r}: no such file. Expected 'mistral', an existing "

@@ -359,6 +359,20 @@ def solver(task: str, **overrides) -> Callable[[np.ndarray], np.ndarray]:
 
 # ------------------------------------------------------------------------------------------------ training
 
+_GENERATED: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _generated(task: str, n: int, seed: int, is_training: bool, overrides: dict[str, Any]):
+    """`generate(...)`, kept for the next call with the same arguments (the cells of a MAD table train on the same
+    data per task and seed, and the Python recall generators take seconds); the last 4 data sets are kept."""
+    key = (task, int(n), int(seed), bool(is_training), tuple(sorted(overrides.items())))
+    if key not in _GENERATED:
+        while len(_GENERATED) >= 4:
+            _GENERATED.pop(next(iter(_GENERATED)))
+        _GENERATED[key] = generate(task, n, seed=seed, is_training=is_training, **overrides)
+    return _GENERATED[key]
+
+
 def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int = 128, lr: float = 5e-4,
               weight_decay: float = 0.0, warmup: int = 50, seed: int = 0, num_train: int | None = None,
               num_test: int | None = None, log_every: int = 0, log: Callable[[str], None] = print,
@@ -387,8 +401,8 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
     if V > model_cfg.vocab_size:
         raise ValueError(f"train_mad: task vocabulary {V} exceeds model.vocab_size={model_cfg.vocab_size}")
     n_train = int(num_train or spec["num_train"])
-    x_tr, y_tr = generate(task, n_train, seed=seed, is_training=True, **task_overrides)
-    x_te, y_te = generate(task, int(num_test or spec["num_test"]), seed=seed + 100_003, **task_overrides)
+    x_tr, y_tr = _generated(task, n_train, seed, True, task_overrides)
+    x_te, y_te = _generated(task, int(num_test or spec["num_test"]), seed + 100_003, False, task_overrides)
     model = build_model(model_cfg)
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)

@@ -117,10 +117,7 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
     t0 = time.time()
     sizes = tuple(getattr(ctx.exp, "LADDER", ())) if ctx.size != "toy" else ()
     if ctx_of is None:
-        def ctx_of(size):
-            c = Ctx(ctx.root, size, ctx.seeds, ctx.render_only, ctx.keep_stale, ())
-            c.only, c.train_dt = ctx.only, ctx.train_dt
-            return c
+        ctx_of = ctx.for_size
     points = ladder_points(ctx_of, sizes, ctx.seeds)
     stats = claim_stats(points)
     rows = []

@@ -2,19 +2,22 @@
 
     table:  ppl      Fig. 2 (its 125M point): validation perplexity of Softmax, Interdomain and S4D-only
             cube     Table 4: the eight cells of the mechanism cube and Softmax
-            length   Table 2: perplexity at 1x, 2x, 3.5x, 4x the training context, for the context-scaled
-                     and the paper's Δ range side by side
+            length   Table 2 on the stdlib corpus (experiments/repro.py LENGTH_SIZE): perplexity at 1x, 2x,
+                     3.5x, 4x the training context, for the context-scaled and the paper's Δ range side by side,
+                     and Softmax's perplexity by position bucket ((c)'s precondition)
             recall   Table 9 at small size: MQAR per mixer, S-NIAH-1 and phonebook on the `ppl` models
             mad      the MAD synthetic tasks (Poli et al. 2024) for Softmax and every cube cell; (d), (e) per task
             ladder   the Fig. 2 protocol at the compute points of LADDER, ratios and their trend against compute
-            all      the six, in the order ppl, length, recall, cube, mad, ladder (no ladder at toy size)
+            all      the six, in the order ppl, cube, length, ladder, mad, recall (no ladder at toy size)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
-corpus, one recipe for every mixer, seeds 0, 1, 2 (init seed 42 + s, data order seed s). Run folders:
+corpus (the `length` table: the stdlib corpus), one recipe for every mixer, seeds 0, 1, 2 (init seed 42 + s,
+data order seed s). Run folders (`<size>`: small, stdlib, ladder32, ladder48, toy):
 
     <root>/runs/<size>/lm/<mixer>-<dt>-s<seed>/     trainer workdir + eval/*.json + repro.json (below)
     <root>/runs/<size>/mqar/<mixer>-s<seed>/        eval/recall-*.json + repro.json
+    <root>/runs/<size>/mad/<cell>-<task>-s<seed>/   eval/mad-*.json + repro.json
     <root>/<table>[-toy].md, <root>/<table>[-toy].json
 
 Reuse and resumption: a run whose `repro.json` says `done` is reused; an interrupted one resumes from its last
@@ -28,7 +31,8 @@ trained again. An MQAR run also records its recipe (experiments/repro.py MQAR) a
 `--render_only` writes the tables from whatever results exist, training and evaluating nothing.
 
 Evaluation (`ppl`, `cube`, `length`): token-level perplexity exp(Σ m·nll / Σ m) over the same first
-`EVAL_TOKENS` held-out KJV tokens at every length L, cut into rows of L tokens (each row a fresh context;
+`EVAL_TOKENS` held-out tokens (KJV; stdlib for `length`: its held-out files packed in list order, the context
+restarting at each file boundary) at every length L, cut into rows of L tokens (each row a fresh context;
 `idattn.quickstart.perplexities`). The trainer's own end-of-run validation is kept in each run but not used.
 
 Verdicts (in each table's JSON and Markdown): the rule of idattn/studies/repro_verdicts.py (its docstring states
@@ -65,6 +69,10 @@ from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axe
                                            verdict_md)
 
 TABLES = ("ppl", "length", "recall", "cube")
+# The order of `all`: the budgeted study (experiments/repro.py "Budget") by evidence per CPU-minute, (a) and (b)
+# first, then (d), (c), the ladder's trend (16 min for two more points), MAD (80 min), and last the MQAR recall
+# table, whose 9 runs of 3,000 steps are outside the budget.
+ALL_ORDER = ("ppl", "cube", "length", "ladder", "mad", "recall")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
 # "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
 # recall; tests/test_repro.py checks these against results.py's own headings).
@@ -127,7 +135,15 @@ def f2(v, digits: int = 2) -> str:
 def _setup_line(ctx: Ctx) -> str:
     z = ctx.exp.SIZES[ctx.size]
     m = z["model"]
-    return (f"Ours: embedded KJV corpus, SentencePiece {z['tokenizer'].split(':')[1]}-piece vocabulary, "
+    if z.get("source", "kjv") == "stdlib":
+        from idattn.data import stdlib_corpus
+        info = stdlib_corpus.corpus_info()
+        corpus = (f"the Python {info['python']} standard-library source ({stdlib_corpus.corpus_id()}: "
+                  f"{info['split']['train_files']} training files, {info['split']['heldout_files']} held out by "
+                  f"path hash; one file = one document)")
+    else:
+        corpus = "embedded KJV corpus"
+    return (f"Ours: {corpus}, SentencePiece {z['tokenizer'].split(':')[1]}-piece vocabulary, "
             f"d_model {m['d_model']} x {m['num_layers']} layers ({m['num_heads']} heads x {m['head_dim']}, "
             f"M = {m['num_modes']}), context {z['seq_len']}, {z['num_steps']} steps x {z['batch_size']} x "
             f"{z['seq_len']} tokens, float32 on CPU, seeds {list(ctx.seeds)}; perplexity on the first "
@@ -177,7 +193,10 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
     P = paper()
     L = ctx.train_len()
     primary = ctx.exp.PRIMARY_DT
-    dts = (primary, "scaled" if primary == "paper" else "paper")
+    # experiments/repro.py PPL_DTS (the primary range first); without it, both ranges
+    dts = tuple(getattr(ctx.exp, "PPL_DTS", (primary, "scaled" if primary == "paper" else "paper")))
+    if dts[0] != primary:
+        raise ReproError(f"experiments/repro.py PPL_DTS={dts!r}: the primary range {primary!r} must come first")
     variants = tuple(getattr(ctx.exp, "PPL_VARIANTS", ()))
     per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in MIXERS3 + variants}
     params, missing, cost = {}, [], 0.0
@@ -339,12 +358,20 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
 
 
 def table_length(ctx: Ctx) -> dict[str, Any]:
+    """Trained and judged at experiments/repro.py LENGTH_SIZE[ctx.size] (the stdlib corpus for the reproduction)
+    with the mixers of LENGTH_MIXERS, each recurrent one at both Δ ranges."""
     t0 = time.time()
     P = paper()
+    size = getattr(ctx.exp, "LENGTH_SIZE", {}).get(ctx.size, ctx.size)
+    if size != ctx.size:
+        ctx = ctx.for_size(size)
     lengths = ctx.lengths()
     L1, L4 = lengths[0], lengths[-1]
+    mixers = tuple(getattr(ctx.exp, "LENGTH_MIXERS", ("softmax", "interdomain", "s4d_only")))
+    if "softmax" not in mixers or "interdomain" not in mixers:
+        raise ReproError(f"experiments/repro.py LENGTH_MIXERS={mixers!r}: claim (c) needs softmax and interdomain")
     variants = [("softmax", "scaled", "no Δ")] + [(m, dt, None) for dt in ("scaled", "paper")
-                                                  for m in ("interdomain", "s4d_only")]
+                                                  for m in mixers if m != "softmax"]
     missing, cost = [], 0.0
     rows, jrows = [], []
     ratios: dict[tuple[str, str], list[float]] = {}
@@ -524,13 +551,16 @@ def main(argv=None) -> int:
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
                    "6 per seed x 3 seeds; the first run of each mixer compiles for 20-45 s, the others take 3-10 s); "
                    "`ppl --toy --only=interdomain` 1.4 min (6 runs); `all --toy` trains more (cube, MQAR)")
-    p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's, 0,1)")
+    p.add_argument("--seeds", default="", help="comma-separated seeds (default: the config's, 0,1,2)")
     p.add_argument("--render_only", action="store_true", help="write the tables from existing results only")
     p.add_argument("--keep_stale", action="store_true", help="reuse runs trained with other model code")
     p.add_argument("--no_compile_cache", action="store_true", help="do not set JAX's persistent compilation "
                    "cache (default: <root>/.jax-cache, so that seeds and reruns reuse compiled programs)")
     p.add_argument("--train_dt", default="", choices=("", "paper", "scaled"),
                    help="train / evaluate only runs of this Δ range (and softmax); the tables read the others")
+    p.add_argument("--doc", default="", help="also rewrite the generated part of this Markdown file (between the "
+                   "markers of idattn/studies/repro_doc.py, e.g. docs/reproduction.md): the verdict summary and every "
+                   "table of the root, in the order of `all`, from what the tables say after this invocation")
     p.add_argument("--only", default="", help="comma-separated mixers to train / evaluate; the tables read the "
                    "others' existing results (e.g. to run part of the grid first)")
     args = p.parse_args(argv)
@@ -561,9 +591,9 @@ def main(argv=None) -> int:
             # the two seeds of a mixer (and reruns) compile the same programs
             jax.config.update("jax_compilation_cache_dir", os.path.join(ctx.root, ".jax-cache"))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-        # `all` ends with the ladder, whose top points take hours (experiments/repro.py LADDER); at toy size
-        # there is no ladder
-        every = TABLES + ("mad",) + (("ladder",) if size != "toy" else ())
+        # `all`: ALL_ORDER (the budgeted tables by evidence per CPU-minute, then MQAR's, outside the budget); at
+        # toy size there is no ladder
+        every = tuple(t for t in ALL_ORDER if size != "toy" or t != "ladder")
         tables = every if args.table == "all" else (args.table,)
         log(f"{', '.join(tables)} at size {size}, seeds {seeds}, root {ctx.root}")
         for t in tables:
@@ -571,6 +601,15 @@ def main(argv=None) -> int:
             TABLE_FNS[t](ctx)
             log(f"table {t} done in {(time.time() - ts) / 60:.1f} min")
             print(open(ctx.table_path(t, "md")).read(), flush=True)
+        if args.doc:
+            from idattn.studies import repro_doc
+            order = tuple(t for t in ALL_ORDER if size != "toy" or t != "ladder")
+            try:
+                repro_doc.update_doc(args.doc, repro_doc.render(ctx.root, order, ctx.table_path,
+                                                                os.path.dirname(os.path.abspath(args.doc))))
+            except OSError as e:
+                raise ReproError(f"--doc={args.doc}: {e}") from None
+            log(f"wrote the generated part of {args.doc}")
     except ReproError as e:
         print(f"idattn.repro: {e}", file=sys.stderr)
         return 1

@@ -169,8 +169,26 @@ class Ctx:
     def lengths(self) -> list[int]:
         return [int(round(r * self.train_len())) for r in self.exp.LENGTH_RATIOS]
 
+    def for_size(self, size: str) -> "Ctx":
+        """The same invocation (root, seeds, flags) at another size: the runs of `size`, the tables of this one
+        (the `length` table trains at LENGTH_SIZE, the ladder at each LADDER size)."""
+        c = Ctx(self.root, size, self.seeds, self.render_only, self.keep_stale, ())
+        c.only, c.train_dt, c.unverified = self.only, self.train_dt, self.unverified
+        c.judged = self.judged
+        c.table_size = self.table_size
+        return c
+
+    @property
+    def table_size(self) -> str:
+        return getattr(self, "_table_size", self.size)
+
+    @table_size.setter
+    def table_size(self, size: str) -> None:
+        self._table_size = size
+
     def table_path(self, table: str, ext: str) -> str:
-        return os.path.join(self.root, f"{table}{'' if self.size == 'small' else '-' + self.size}.{ext}")
+        size = self.table_size
+        return os.path.join(self.root, f"{table}{'' if size == 'small' else '-' + size}.{ext}")
 
 
 def verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
@@ -225,8 +243,20 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     return rec
 
 
+def corpus_name(ctx: Ctx) -> str:
+    """The held-out split the size's runs are scored on: `kjv.val`, or `<stdlib corpus_id>.val` (the interpreter
+    version and the file list's hash, idattn.data.stdlib_corpus.corpus_id, so a result names its corpus exactly)."""
+    source = ctx.exp.SIZES[ctx.size].get("source", "kjv")
+    if source == "kjv":
+        return "kjv.val"
+    if source == "stdlib":
+        from idattn.data import stdlib_corpus
+        return f"{stdlib_corpus.corpus_id()}.val"
+    raise ReproError(f"size {ctx.size!r}: data source {source!r} has no held-out protocol here")
+
+
 def ppl_protocol(ctx: Ctx, L: int) -> dict[str, Any]:
-    return {"corpus": "kjv.val", "tokens": int(ctx.exp.EVAL_TOKENS[ctx.size]), "context": int(L),
+    return {"corpus": corpus_name(ctx), "tokens": int(ctx.exp.EVAL_TOKENS[ctx.size]), "context": int(L),
             "method": "held-out stream prefix cut into rows of `context` tokens, each a fresh context"}
 
 
@@ -377,6 +407,12 @@ def context_buckets(nll, mask, segment_ids, length: int, num_buckets: int = CONT
     return {"edges": edges, "bucket_ppl": ppl, "ratio": ratio}
 
 
+def context_protocol(ctx: Ctx) -> dict[str, Any]:
+    """The protocol of a `context_use` result: the `ppl` protocol's tokens at the training length, bucketed."""
+    return dict(ppl_protocol(ctx, ctx.train_len()), method="per-token nll bucketed by the context each token had "
+                                                            f"({CONTEXT_BUCKETS} buckets of the training length)")
+
+
 def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
     """Position-bucket perplexity of one run at its training length on the `ppl` protocol's held-out tokens
     (`context_buckets`); written to / read from `eval/context-*.json`; None when not available."""
@@ -386,8 +422,7 @@ def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | No
         return None
     wd = ctx.lm_dir(mixer, dt, seed)
     L = ctx.train_len()
-    proto = dict(ppl_protocol(ctx, L), method="per-token nll bucketed by the context each token had "
-                                              f"({CONTEXT_BUCKETS} buckets of the training length)")
+    proto = context_protocol(ctx)
     path = result_path(wd, "context", int(rec["steps"]), proto)
     if os.path.exists(path):
         with open(path) as f:
