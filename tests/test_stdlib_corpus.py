@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from idattn.data import stdlib_corpus as S
+from idattn.data import tokenizer as TK
 
 
 def _fresh():
@@ -91,7 +92,7 @@ def test_tokenizer_is_trained_on_the_training_files_only(tmp_path):
         (root / p).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(src, p), root / p)
     cache = tmp_path / "cache"
-    tok = S.train_tokenizer(512, root=str(root), cache_dir=cache)
+    tok = TK.train_stdlib_tokenizer(512, root=str(root), cache_dir=cache)
     text = "def f(x):\n    return x + 1\n"
     assert tok.decode(tok.encode(text)) == text
     models = sorted(os.listdir(cache))
@@ -99,12 +100,12 @@ def test_tokenizer_is_trained_on_the_training_files_only(tmp_path):
     with open(root / held[0][0], "a") as f:
         f.write("\n# held-out edit\n")
     _fresh()
-    S.train_tokenizer(512, root=str(root), cache_dir=cache)
+    TK.train_stdlib_tokenizer(512, root=str(root), cache_dir=cache)
     assert sorted(os.listdir(cache)) == models  # same key: held-out text is not in the tokenizer's input
     with open(root / pick[0], "a") as f:
         f.write("\n# training edit\n")
     _fresh()
-    S.train_tokenizer(512, root=str(root), cache_dir=cache)
+    TK.train_stdlib_tokenizer(512, root=str(root), cache_dir=cache)
     assert len(os.listdir(cache)) == 2
 
 

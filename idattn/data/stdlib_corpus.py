@@ -22,9 +22,9 @@ split is disjoint by construction, the same on every machine with the same file 
 file moves no other file between the splits. Documents are whole files (one file = one document), so a held-out
 document never shares text with a training one beyond what two stdlib modules share.
 
-**Tokenizer.** `train_tokenizer(vocab)` trains the project's SentencePiece recipe (idattn.data.tokenizer
-.train_sentencepiece: BPE, byte fallback, identity normalisation, 1 thread, so byte-identical everywhere) on the
-*training* files only, and caches it under the content hash.
+**Tokenizer.** `idattn.data.tokenizer.train_stdlib_tokenizer(vocab)` (the `stdlib:<vocab>` spec) trains the
+project's SentencePiece recipe (`train_sentencepiece`: BPE, byte fallback, identity normalisation, 1 thread, so
+byte-identical everywhere) on the *training* files of `split` only, and caches it under their content hash.
 
 Long documents: CPython 3.11's stdlib has hundreds of files above 32K characters (a 256-token training context is
 ~1K characters of code), so 8x and 16x the training context fit inside single held-out files.
@@ -131,25 +131,3 @@ def long_documents(min_chars: int, heldout: bool = True, root: str | None = None
     """The held-out (or training) files of at least `min_chars` characters, in list order."""
     train, held = split(root)
     return [d for d in (held if heldout else train) if len(d[1]) >= min_chars]
-
-
-def tokenizer_path(vocab_size: int = 1024, root: str | None = None,
-                   cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
-    """Path of the SentencePiece model trained on the corpus's training files only (trained and cached on first
-    use, keyed by the training files' content hash, the vocabulary and the recipe). Usable today as
-    `data.tokenizer=<path>` (idattn.data.tokenizer.load_tokenizer reads any .model path)."""
-    from idattn.data.tokenizer import TRAIN_RECIPE, default_cache_dir, train_sentencepiece
-    train, _ = split(root)
-    key = hashlib.sha256(f"{content_hash(train)}:{vocab_size}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
-    cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
-    path = cache / f"stdlib-bpe{vocab_size}-{key}.model"
-    if not path.is_file():
-        train_sentencepiece([t for _, t in train], vocab_size, model_prefix=str(path)[: -len(".model")])
-    return path
-
-
-def train_tokenizer(vocab_size: int = 1024, root: str | None = None, cache_dir: str | os.PathLike | None = None):
-    """The Tokenizer of `tokenizer_path` (trained on the training files only)."""
-    from idattn.data.tokenizer import Tokenizer
-    path = tokenizer_path(vocab_size, root, cache_dir)
-    return Tokenizer(path.read_bytes(), name=f"stdlib:{vocab_size}")

@@ -11,7 +11,7 @@ embedded corpus.
                      documents (never the held-out ones), cached under `cache_dir` keyed by the corpus hash
                      and the vocabulary size, so it is trained once per machine;
   "stdlib:<vocab>"   the same recipe trained on the training files of the Python standard-library corpus
-                     (idattn/data/stdlib_corpus.py `train_tokenizer`), cached under its content hash.
+                     (`train_stdlib_tokenizer`, idattn/data/stdlib_corpus.py's split), cached under its content hash.
 
 Train one on your own text (the same settings; documents prepare would hold out are left out):
 
@@ -223,8 +223,7 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
         except ValueError:
             raise ValueError(f"data.tokenizer={spec!r}: the part after 'stdlib:' must be an integer vocabulary "
                              "size, e.g. 'stdlib:1024'.") from None
-        from idattn.data import stdlib_corpus
-        tok = stdlib_corpus.train_tokenizer(vocab, cache_dir=cache_dir)
+        tok = train_stdlib_tokenizer(vocab, cache_dir=cache_dir)
         tok.name = spec
         return tok
     path = pathlib.Path(spec).expanduser()
@@ -285,3 +284,25 @@ def check_ids(ids, vocab_size: int, what: str = "prompt") -> None:
 if __name__ == "__main__":  # the command; its code is idattn.data.prepare.tokenizer_main (it reads inputs)
     from idattn.data.prepare import tokenizer_main
     raise SystemExit(tokenizer_main())
+
+
+def stdlib_tokenizer_path(vocab_size: int = 1024, root: str | None = None,
+                          cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """Path of the SentencePiece model trained on the standard-library corpus's training files only
+    (idattn.data.stdlib_corpus; trained and cached on first use, keyed by the training files' content hash, the
+    vocabulary and the recipe). Also usable as `data.tokenizer=<path>`."""
+    from idattn.data import stdlib_corpus
+    train, _ = stdlib_corpus.split(root)
+    key = hashlib.sha256(f"{stdlib_corpus.content_hash(train)}:{vocab_size}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
+    cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
+    path = cache / f"stdlib-bpe{vocab_size}-{key}.model"
+    if not path.is_file():
+        train_sentencepiece([t for _, t in train], vocab_size, model_prefix=str(path)[: -len(".model")])
+    return path
+
+
+def train_stdlib_tokenizer(vocab_size: int = 1024, root: str | None = None,
+                           cache_dir: str | os.PathLike | None = None) -> "Tokenizer":
+    """The Tokenizer of `stdlib_tokenizer_path` (the `stdlib:<vocab>` spec)."""
+    path = stdlib_tokenizer_path(vocab_size, root, cache_dir)
+    return Tokenizer(path.read_bytes(), name=f"stdlib:{vocab_size}")
