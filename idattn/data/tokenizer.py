@@ -203,27 +203,13 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
         path = mistral_model_path()
         return Tokenizer(path.read_bytes(), name="mistral")
     if spec.startswith("train:"):
-        try:
-            vocab = int(spec.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"data.tokenizer={spec!r}: the part after 'train:' must be an integer vocabulary "
-                             "size, e.g. 'train:4096'.") from None
+        vocab = _spec_vocab(spec, "train", 4096)
         from idattn.data import corpus  # local import: the corpus module is heavy-ish (6 MB text)
         train_docs, _ = corpus.kjv_documents()
-        key = hashlib.sha256(f"{corpus.corpus_hash(train_docs)}:{vocab}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
-        cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
-        path = cache / f"kjv-bpe{vocab}-{key}.model"
-        if path.is_file():
-            return Tokenizer(path.read_bytes(), name=spec)
-        proto = train_sentencepiece(train_docs, vocab, model_prefix=str(path)[: -len(".model")])
-        return Tokenizer(proto, name=spec)
+        path = _trained_model(f"kjv-bpe{vocab}", corpus.corpus_hash(train_docs), train_docs, vocab, cache_dir)
+        return Tokenizer(path.read_bytes(), name=spec)
     if spec.startswith("stdlib:"):
-        try:
-            vocab = int(spec.split(":", 1)[1])
-        except ValueError:
-            raise ValueError(f"data.tokenizer={spec!r}: the part after 'stdlib:' must be an integer vocabulary "
-                             "size, e.g. 'stdlib:1024'.") from None
-        tok = train_stdlib_tokenizer(vocab, cache_dir=cache_dir)
+        tok = train_stdlib_tokenizer(_spec_vocab(spec, "stdlib", 1024), cache_dir=cache_dir)
         tok.name = spec
         return tok
     path = pathlib.Path(spec).expanduser()
@@ -293,11 +279,26 @@ def stdlib_tokenizer_path(vocab_size: int = 1024, root: str | None = None,
     vocabulary and the recipe). Also usable as `data.tokenizer=<path>`."""
     from idattn.data import stdlib_corpus
     train, _ = stdlib_corpus.split(root)
-    key = hashlib.sha256(f"{stdlib_corpus.content_hash(train)}:{vocab_size}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
+    return _trained_model(f"stdlib-bpe{vocab_size}", stdlib_corpus.content_hash(train), [t for _, t in train],
+                          vocab_size, cache_dir)
+
+
+def _spec_vocab(spec: str, prefix: str, example: int) -> int:
+    try:
+        return int(spec.split(":", 1)[1])
+    except ValueError:
+        raise ValueError(f"data.tokenizer={spec!r}: the part after '{prefix}:' must be an integer vocabulary "
+                         f"size, e.g. '{prefix}:{example}'.") from None
+
+
+def _trained_model(stem: str, docs_hash: str, docs, vocab_size: int, cache_dir) -> pathlib.Path:
+    """<cache>/<stem>-<key>.model, trained with the project's recipe on `docs` on first use; the key hashes the
+    documents, the vocabulary and the recipe."""
+    key = hashlib.sha256(f"{docs_hash}:{vocab_size}:{TRAIN_RECIPE}".encode()).hexdigest()[:16]
     cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir() / "tokenizers"
-    path = cache / f"stdlib-bpe{vocab_size}-{key}.model"
+    path = cache / f"{stem}-{key}.model"
     if not path.is_file():
-        train_sentencepiece([t for _, t in train], vocab_size, model_prefix=str(path)[: -len(".model")])
+        train_sentencepiece(docs, vocab_size, model_prefix=str(path)[: -len(".model")])
     return path
 
 
