@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from idattn.layers import (InterdomainMixer, RMSNorm, ShortConv, causal_attention, positions_from_segments, rope,
-                           xi)
+from idattn.layers import (Dense, HeadNorm, InterdomainMixer, RMSNorm, ShortConv, causal_attention,
+                           positions_from_segments, rope, xi)
 from idattn.ops import document_index
 
 SEG = np.array([[1, 1, 1, 2, 2, 1, 1, 1, 1], [5, 5, 5, 5, 5, 5, 5, 5, 5]], np.int32)  # row 0: three documents
@@ -94,6 +94,44 @@ def test_short_conv_respects_documents_and_streams():
     y1, st = m.apply(p, jnp.asarray(x[:, :5]), None, jnp.zeros((2, 3, 2, 4)))
     y2, _ = m.apply(p, jnp.asarray(x[:, 5:]), None, st)
     np.testing.assert_allclose(np.concatenate([y1, y2], 1), ref, atol=1e-5)
+
+
+def test_flat_head_layout_equals_per_head_references():
+    """The mixer's flat [B, T, H·d] forms (idattn/layers/interdomain.py keeps every per-token tensor flat for the
+    TPU kernels) against the float64 references per head: RoPE, ξ, N+β, the short convolution (with documents
+    and streaming), Dense."""
+    r = np.random.RandomState(5)
+    B, T, H, d = 2, 9, 3, 8
+    x = r.randn(B, T, H, d).astype(np.float32)
+    flat = lambda a: jnp.asarray(a).reshape(B, -1, H * d)  # noqa: E731
+    doc, pos = np_doc_pos(SEG)
+    np.testing.assert_allclose(np.asarray(rope(flat(x), jnp.asarray(pos), num_heads=H)).reshape(B, T, H, d),
+                               np_rope(x.astype(np.float64), pos), atol=1e-5)
+    s = x / (1 + np.exp(-x.astype(np.float64)))
+    np.testing.assert_allclose(np.asarray(xi(flat(x), num_heads=H)).reshape(x.shape),
+                               s / np.sqrt(np.sum(s * s, -1, keepdims=True) + 1e-6), rtol=1e-5, atol=1e-7)
+    m = HeadNorm(H, d, flat=True)
+    p = nn.meta.unbox(m.init(jax.random.PRNGKey(0), flat(x)))
+    scale, bias = r.randn(H, d), r.randn(H, d)
+    p = {"params": {"scale": jnp.asarray(scale, jnp.float32), "bias": jnp.asarray(bias, jnp.float32)}}
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt(np.mean(x64 ** 2, -1, keepdims=True) + 1e-5) * scale + bias
+    np.testing.assert_allclose(np.asarray(m.apply(p, flat(x))).reshape(x.shape), ref, rtol=1e-5, atol=1e-5)
+    conv = ShortConv(H, d, 4)
+    pc = nn.meta.unbox(conv.init(jax.random.PRNGKey(1), x))
+    w = np.asarray(pc["params"]["kernel"], np.float64)
+    y, _ = conv.apply(pc, flat(x), jnp.asarray(doc))
+    np.testing.assert_allclose(np.asarray(y).reshape(x.shape), np_short_conv(x64, w, doc), atol=1e-5)
+    y1, st = conv.apply(pc, flat(x[:, :5]), None, jnp.zeros((B, 3, H, d)))
+    y2, st2 = conv.apply(pc, flat(x[:, 5:]), None, st)
+    assert st.shape == st2.shape == (B, 3, H, d)  # the decoding cache keeps its per-head shape
+    np.testing.assert_allclose(np.concatenate([y1, y2], 1).reshape(x.shape), np_short_conv(x64, w, np.zeros_like(doc)),
+                               atol=1e-5)
+    dn = Dense((H, d), (5,), ("heads", "kv", "embed"), flat=True)
+    pd = nn.meta.unbox(dn.init(jax.random.PRNGKey(2), flat(x)))
+    np.testing.assert_allclose(dn.apply(pd, flat(x)),
+                               np.einsum("bthd,hdn->btn", x64, np.asarray(pd["params"]["kernel"], np.float64)),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_softmax_attention_segment_mask():

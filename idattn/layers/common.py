@@ -58,6 +58,8 @@ class Dense(nn.Module):
     """y = x · W over the last `len(in_shape)` axes: W [*in_shape, *out_shape], no bias.
 
     Shapes: x [..., *in_shape] -> y [..., *out_shape]. Matmul in `dtype`, accumulation in float32.
+    flat=True: the same W, with x [..., prod(in_shape)] -> y [..., prod(out_shape)] (heads flattened into the last
+    axis: W is viewed as a matrix, so the activations never take a [..., H, d_h] shape; see `per_head`).
     """
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
@@ -66,11 +68,17 @@ class Dense(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     out_fp32: bool = False
+    flat: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         w = param(self, "kernel", nn.initializers.normal(self.std), (*self.in_shape, *self.out_shape),
                   self.axes, self.param_dtype)
+        if self.flat:
+            w2 = w.reshape(int(np.prod(self.in_shape)), int(np.prod(self.out_shape)))
+            y = jnp.einsum("...a,an->...n", x.astype(self.dtype), w2.astype(self.dtype),
+                           preferred_element_type=jnp.float32)
+            return y if self.out_fp32 else y.astype(self.dtype)
         n_in = len(self.in_shape)
         lhs = "".join(chr(ord("a") + i) for i in range(n_in))
         rhs_out = "".join(chr(ord("n") + i) for i in range(len(self.out_shape)))
@@ -94,16 +102,40 @@ class RMSNorm(nn.Module):
         return (y * scale.astype(jnp.float32)).astype(self.dtype)
 
 
+def _head_indicator(num_heads: int, width: int) -> jax.Array:
+    """E [H, H·w]: E[h, j] = 1 where lane j belongs to head h."""
+    return jnp.asarray(np.kron(np.eye(num_heads, dtype=np.float32), np.ones((1, width), np.float32)))
+
+
+def head_sum(x: jax.Array, num_heads: int) -> jax.Array:
+    """Σ over each head's slice of the flat last axis: x [..., H·w] (float32) -> [..., H].
+
+    A matmul with the head indicator rather than a sum over a [..., H, w] view: with w < 128 that view's tiles
+    are part padding on TPU, and XLA lays it (and its neighbours) out T-minor, relaid out around every kernel.
+    HIGHEST precision: a float32 sum (TPU's default would round x to bf16)."""
+    w = x.shape[-1] // num_heads
+    return jnp.dot(x, _head_indicator(num_heads, w).T, precision=jax.lax.Precision.HIGHEST)
+
+
+def per_head(x: jax.Array, r: jax.Array) -> jax.Array:
+    """x [..., H·w] times r [..., H] (float32), each head's slice by its own factor: [..., H·w]. r is spread
+    over the lanes by the indicator matmul (exact: one nonzero term per output)."""
+    h = r.shape[-1]
+    return x * jnp.dot(r, _head_indicator(h, x.shape[-1] // h), precision=jax.lax.Precision.HIGHEST)
+
+
 class HeadNorm(nn.Module):
     """N+β (paper Eq. 12): per-head RMSNorm with learned scale and learned bias, each [H, w].
 
     y[..., h, :] = x[..., h, :] / sqrt(mean_w(x²) + eps) · scale[h] + bias[h]. Statistics in float32.
+    x is [..., H, w], or flat [..., H·w] (flat=True; the layout the TPU kernels read, `per_head`).
     """
     num_heads: int
     width: int
     eps: float = 1e-5
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    flat: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -112,6 +144,9 @@ class HeadNorm(nn.Module):
         bias = param(self, "bias", nn.initializers.zeros, (self.num_heads, self.width), ("heads", "kv"),
                      self.param_dtype)
         xf = x.astype(jnp.float32)
+        if self.flat:
+            y = per_head(xf, jax.lax.rsqrt(head_sum(xf * xf, self.num_heads) / self.width + self.eps))
+            return (y * scale.reshape(-1) + bias.reshape(-1)).astype(self.dtype)
         y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
         return (y * scale + bias).astype(self.dtype)
 
@@ -134,14 +169,17 @@ class SwiGLU(nn.Module):
         return Dense((self.ffn_dim,), (self.d_model,), ("mlp", "embed"), self.out_std, name="w_down", **kw)(h)
 
 
-def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array:
+def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0, num_heads: int | None = None) -> jax.Array:
     """Rotary position embedding, rotate-half convention (the Hugging Face Llama layout).
 
     x [B, T, H, D] (D even), positions [B, T] int. With i < D/2, θ_i = base^(−2i/D):
       y[..., i]       = x[..., i] cos(p θ_i) − x[..., i + D/2] sin(p θ_i)
       y[..., i + D/2] = x[..., i + D/2] cos(p θ_i) + x[..., i] sin(p θ_i)
-    Computed in float32, returned in x's dtype.
+    Computed in float32, returned in x's dtype. With `num_heads`, x is flat [B, T, H·D] and so is y (the same
+    values; the rotation partner is found by rolling the flat axis by ∓D/2, never a [.., H, D] view).
     """
+    if num_heads is not None:
+        return _rope_flat(x, positions, base, num_heads)
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"rope: head dimension {d} is odd; RoPE needs an even head_dim")
@@ -151,6 +189,21 @@ def rope(x: jax.Array, positions: jax.Array, base: float = 10000.0) -> jax.Array
     xf = x.astype(jnp.float32)
     x1, x2 = xf[..., : d // 2], xf[..., d // 2:]
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _rope_flat(x: jax.Array, positions: jax.Array, base: float, num_heads: int) -> jax.Array:
+    hd = x.shape[-1]
+    d = hd // num_heads
+    if d % 2 or d * num_heads != hd:
+        raise ValueError(f"rope: head dimension {hd}/{num_heads} is not an even integer; RoPE needs an even head_dim")
+    inv_freq = base ** (-np.arange(0, d // 2, dtype=np.float32) * 2.0 / d)
+    lane = np.arange(hd) % d
+    first = jnp.asarray(lane < d // 2)  # [H·D]: the lane is in its head's first half
+    ang = positions.astype(jnp.float32)[..., None] * jnp.asarray(np.tile(np.concatenate([inv_freq, inv_freq]),
+                                                                          num_heads))  # [B, T, H·D]
+    xf = x.astype(jnp.float32)
+    partner = jnp.where(first, -jnp.roll(xf, -(d // 2), axis=-1), jnp.roll(xf, d // 2, axis=-1))
+    return (xf * jnp.cos(ang) + partner * jnp.sin(ang)).astype(x.dtype)
 
 
 def _torch_conv_init(kernel_size: int):
@@ -167,6 +220,7 @@ class ShortConv(nn.Module):
 
     y_t = Σ_{j<K} w[K−1−j] · x_{t−j}, where x_{t−j} counts only if it is in the same document as t (segment
     ids) and t − j ≥ 0. Weight w [K, H, D] (w[K−1] multiplies the current token, PyTorch's layout).
+    x is [B, T, H, D] or flat [B, T, H·D] (then y is flat too; the state keeps its [B, K−1, H, D] shape).
     With `state` (decoding: the last K−1 inputs [B, K−1, H, D] before this chunk, one document) the chunk is
     continued from it; returns (y, new_state).
     """
@@ -183,16 +237,21 @@ class ShortConv(nn.Module):
                   ("conv", "heads", "kv"), self.param_dtype).astype(jnp.float32)
         b, t = x.shape[:2]
         xf = x.astype(jnp.float32)
+        flat = x.ndim == 3
+        if flat:
+            w = w.reshape(k, -1)
         if state is not None:
-            ext = jnp.concatenate([state.astype(jnp.float32), xf], axis=1)  # [B, K−1+T, H, D]
+            st = state.astype(jnp.float32)
+            ext = jnp.concatenate([st.reshape(*st.shape[:2], -1) if flat else st, xf], axis=1)  # [B, K−1+T, ...]
             y = sum(w[k - 1 - j] * ext[:, k - 1 - j: k - 1 - j + t] for j in range(k))
-            new_state = ext[:, t:].astype(state.dtype)
+            new_state = ext[:, t:].reshape(state.shape).astype(state.dtype)
             return y.astype(self.dtype), new_state
+        pad_rest = ((0, 0),) * (x.ndim - 2)
         y = w[k - 1] * xf
         for j in range(1, k):
-            xs = jnp.pad(xf, ((0, 0), (j, 0), (0, 0), (0, 0)))[:, :t]
+            xs = jnp.pad(xf, ((0, 0), (j, 0), *pad_rest))[:, :t]
             if doc is not None:
                 ds = jnp.pad(doc, ((0, 0), (j, 0)), constant_values=-1)[:, :t]
-                xs = jnp.where((ds == doc)[:, :, None, None], xs, 0.0)
+                xs = jnp.where((ds == doc).reshape(b, t, *(1,) * (x.ndim - 2)), xs, 0.0)
             y = y + w[k - 1 - j] * xs
         return y.astype(self.dtype), None

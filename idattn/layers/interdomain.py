@@ -38,15 +38,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, param, rope
+from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, head_sum, param, per_head, rope
 
 INPUTS = ("dualkv", "generic")
 READOUTS = ("query", "linear")
 
 
-def xi(x: jax.Array, eps: float = 1e-6) -> jax.Array:
-    """ξ(x) = SiLU(x) / ‖SiLU(x)‖₂ over the last axis (float32 statistics)."""
+def xi(x: jax.Array, eps: float = 1e-6, num_heads: int | None = None) -> jax.Array:
+    """ξ(x) = SiLU(x) / ‖SiLU(x)‖₂ over the last axis (float32 statistics); with `num_heads`, x is flat
+    [..., H·w] and the norm is each head's."""
     s = jax.nn.silu(x.astype(jnp.float32))
+    if num_heads is not None:
+        return per_head(s, jax.lax.rsqrt(head_sum(s * s, num_heads) + eps)).astype(x.dtype)
     return (s * jax.lax.rsqrt(jnp.sum(s * s, axis=-1, keepdims=True) + eps)).astype(x.dtype)
 
 
@@ -83,9 +86,9 @@ class InterdomainMixer(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
 
-    def _dense(self, name, out_axes=("heads", "kv")):
+    def _dense(self, name, out_axes=("heads", "kv"), flat=False):
         return Dense((self.d_model,), (self.num_heads, self.head_dim), ("embed", *out_axes), self.init_std,
-                     dtype=self.dtype, param_dtype=self.param_dtype, name=name)
+                     dtype=self.dtype, param_dtype=self.param_dtype, flat=flat, name=name)
 
     def _conv(self, name, x, doc, cache, new_cache):
         conv = ShortConv(self.num_heads, self.head_dim, self.short_conv, dtype=self.dtype,
@@ -129,35 +132,43 @@ class InterdomainMixer(nn.Module):
         if self.theory:
             return self._theory(x, doc, positions, cache, segment_ids)
 
-        # Readout features f_q [B, T, H, R] (query readout only).
-        if self.readout == "query":
-            q = self._conv("conv_q", self._dense("wq")(x), doc, cache, new_cache)
-            if self.use_rope:
-                q = rope(q, positions, self.rope_base)
-            fq = xi(q)
+        # Every per-token tensor is flat, [B, T, H·d_h] (heads in the last axis): the layout the kernels read in
+        # place. A [B, T, H, d_h] view would let XLA:TPU lay it out T-minor (d_h = 64 fills half a 128-lane tile)
+        # and put a relayout copy on each side of every kernel call (docs/kernels.md, TPU kernels).
+        dense = lambda name: self._dense(name, flat=True)(x)  # noqa: E731
+        heads = lambda a: a.reshape(bsz, t, h, a.shape[-1] // h)  # noqa: E731  the operators' [B, T, H, N]
 
-        # SSM inputs k̃ [B, T, H, R], ṽ [B, T, H, d_h].
-        norm_kw = dict(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype)
+        # Readout features f_q [B, T, H·R] (query readout only).
+        if self.readout == "query":
+            q = self._conv("conv_q", dense("wq"), doc, cache, new_cache)
+            if self.use_rope:
+                q = rope(q, positions, self.rope_base, num_heads=h)
+            fq = xi(q, num_heads=h)
+
+        # SSM inputs k̃ [B, T, H·R], ṽ [B, T, H·d_h].
+        norm_kw = dict(eps=self.norm_eps, dtype=self.dtype, param_dtype=self.param_dtype, flat=True)
         if self.input == "dualkv":
-            k = self._conv("conv_k", self._dense("wk")(x), doc, cache, new_cache)
+            k = self._conv("conv_k", dense("wk"), doc, cache, new_cache)
             if self.use_rope:
-                k = rope(k, positions, self.rope_base)
-            zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(xi(k))
-            zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(self._dense("wv")(x))
+                k = rope(k, positions, self.rope_base, num_heads=h)
+            zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(xi(k, num_heads=h))
+            zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(dense("wv"))
         else:
-            h1 = self._conv("conv_1", self._dense("w1")(x), doc, cache, new_cache)
+            h1 = self._conv("conv_1", dense("w1"), doc, cache, new_cache)
             if self.use_rope:
-                h1 = rope(h1, positions, self.rope_base)
-            h2 = self._conv("conv_2", self._dense("w2")(x), doc, cache, new_cache)
+                h1 = rope(h1, positions, self.rope_base, num_heads=h)
+            h2 = self._conv("conv_2", dense("w2"), doc, cache, new_cache)
             zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(h1)
             zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(h2)
 
         lam, b, c = self.ssm_params()
         if self.readout == "linear":
-            return self._output(x, self._linear(zk, zv, lam, b, c, cache, new_cache, segment_ids)), new_cache
+            o = self._linear(heads(zk), heads(zv), lam, b, c, cache, new_cache, segment_ids)
+            return self._output(x, o.reshape(bsz, t, -1)), new_cache
         from idattn.ops import interdomain_mix, interdomain_step
         from idattn.ops.sequence import interdomain_mix_sequence
 
+        fq, zk, zv = heads(fq), heads(zk), heads(zv)
         if cache is None:  # a mesh axis that splits the length passes states between shards (ops/sequence.py)
             o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
                                          chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype)
@@ -171,7 +182,7 @@ class InterdomainMixer(nn.Module):
                                           chunk_size=self.chunk_size, initial_state=(cache["xk"], cache["xv"]),
                                           return_state=True, out_dtype=self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv
-        return self._output(x, o), new_cache
+        return self._output(x, o.reshape(bsz, t, h * dh)), new_cache
 
     def _linear(self, zk, zv, lam, b, c, cache, new_cache, segment_ids):
         """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = (1/M) 1ᵀ C_h (module docstring)."""
@@ -201,10 +212,11 @@ class InterdomainMixer(nn.Module):
         return (y[..., :r] + y[..., r:]).astype(self.dtype)
 
     def _output(self, x, o):
+        """o [B, T, H·d_h] (flat) -> [B, T, d]: gate, C_out (linear readout), W_O."""
         h, dh, d = self.num_heads, self.head_dim, self.d_model
-        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype)
+        kw = dict(dtype=self.dtype, param_dtype=self.param_dtype, flat=True)
         if self.output_gate:
-            g = self._dense("wg")(x)
+            g = self._dense("wg", flat=True)(x)
             o = (jax.nn.sigmoid(g.astype(jnp.float32)) * o.astype(jnp.float32)).astype(self.dtype)
         if self.readout == "linear":
             o = Dense((h, dh), (h, dh), ("heads", "kv", None, None), 1.0 / np.sqrt(h * dh), name="c_out", **kw)(o)
@@ -233,4 +245,4 @@ class InterdomainMixer(nn.Module):
         pos = lambda a: (jax.nn.elu(a.astype(jnp.float32)) + 1.0)  # noqa: E731  positive feature map
         o = legs_interdomain(pos(q), pos(k), v.astype(jnp.float32), self.num_modes, denominator=True,
                              segment_ids=segment_ids)
-        return self._output(x, o.astype(self.dtype)), None
+        return self._output(x, o.astype(self.dtype).reshape(*o.shape[:2], -1)), None
