@@ -265,6 +265,25 @@ print("OK")
     assert proc.returncode == 0 and "OK" in proc.stdout, proc.stderr[-3000:]
 
 
+# Prepended to the compile scripts below: the transposes / copies of arrays with `size` elements in compiled HLO text.
+MOVES_FN = r"""
+import re
+
+
+def feature_moves(txt, size, where=""):
+    moves = []
+    for line in txt.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* (transpose|copy|copy-start)\(", line)
+        if m and where in line:
+            n = 1
+            for d in (int(v) for v in m.group(1).split(",") if v):
+                n *= d
+            if n == size:
+                moves.append(line.strip()[:200])
+    return moves
+"""
+
+
 OP_SCRIPT = r"""
 import json, re, sys
 import jax, jax.numpy as jnp
@@ -287,15 +306,7 @@ cplx = sd((H, M), jnp.complex64)
 txt = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))).lower(
     flat, flat, flat, cplx, cplx, sd((H, M, M), jnp.complex64), sd((B, T), jnp.int32), sd((B, T, H * dh), jnp.float32)
 ).compile().as_text()
-moves = []  # transposes / copies of a feature-sized array anywhere, fused computations included
-for line in txt.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* (transpose|copy|copy-start)\(", line)
-    if m:
-        n = 1
-        for d in (int(v) for v in m.group(1).split(",") if v):
-            n *= d
-        if n == B * T * H * dh:
-            moves.append(line.strip()[:160])
+moves = feature_moves(txt, B * T * H * dh)  # anywhere, fused computations included
 print("RESULT" + json.dumps({"mosaic": txt.count('custom_call_target="tpu_custom_call"'),
                              "names": sorted(set(re.findall(r"idattn_tpu_([a-z]+_[a-z]+)", txt))), "moves": moves}))
 """
@@ -310,7 +321,7 @@ def test_compiled_kernels_read_features_in_place(shape):
     mode tensors [B, T, H*2*M] are still relaid out by XLA for op.py's mixing einsum (not checked here)."""
     _need_libtpu()
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-    proc = subprocess.run([sys.executable, "-c", OP_SCRIPT, json.dumps(list(shape))], cwd=T.REPO, env=env,
+    proc = subprocess.run([sys.executable, "-c", MOVES_FN + OP_SCRIPT, json.dumps(list(shape))], cwd=T.REPO, env=env,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
     r = json.loads(proc.stdout.split("RESULT", 1)[1])
@@ -340,15 +351,7 @@ batch = {k: jax.ShapeDtypeStruct((B, S), jnp.float32 if k == "loss_mask" else jn
                                  sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
 with setup.context():
     txt = setup.train.lower(setup.abstract_state, batch).compile().as_text()
-moves = []  # transposes / copies of a [B, T, H*d_h]-sized array made by the mixer layer (forward or backward)
-for line in txt.splitlines():
-    m = re.match(r"\s*(?:ROOT )?%?\S+ = \w+\[([\d,]*)\]\S* (transpose|copy|copy-start)\(", line)
-    if m and "/mixer/" in line:
-        n = 1
-        for d in (int(v) for v in m.group(1).split(",") if v):
-            n *= d
-        if n == B * S * H * dh:
-            moves.append(line.strip()[:200])
+moves = feature_moves(txt, B * S * H * dh, "/mixer/")  # made by the mixer layer, forward or backward
 print("RESULT" + json.dumps({"mosaic": txt.count('custom_call_target="tpu_custom_call"'), "moves": moves}))
 """
 
@@ -361,8 +364,8 @@ def test_train_step_moves_no_mixer_activations():
     T-minor and relaid out 10 of them around the kernels here (11 at the 1.3B layer; main at 97a3e68)."""
     _need_libtpu()
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
-    proc = subprocess.run([sys.executable, "-c", TRAIN_MOVES_SCRIPT], cwd=T.REPO, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run([sys.executable, "-c", MOVES_FN + TRAIN_MOVES_SCRIPT], cwd=T.REPO, env=env,
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-5000:]
     r = json.loads(proc.stdout.split("RESULT", 1)[1])
     assert r["mosaic"] >= 8, r
