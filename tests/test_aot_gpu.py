@@ -120,10 +120,10 @@ _SLOW = [(12, 64, 64, "bfloat16"), (16, 96, 64, "bfloat16"), (32, 64, 64, "bfloa
 # recompute path (save_states=False), which adds the two scan_fwd kernels.
 KERNEL_CASES = [pytest.param(*c, marks=pytest.mark.slow, id="-".join(map(str, c)))
                 for c in [(16, 128, 32, "bfloat16", False)] + [x + (None,) for x in _SLOW]]
-# Forward: fwd_p, fwd_o; backward per half: [scan_fwd,] scan_rev, bwd, and the mixing's bwd_mix (with c) ->
-# 2 + 2 * 2 + 1 (+ 2) Triton kernels.
-KERNEL_NAMES = {"idattn_fwd_p", "idattn_fwd_o", "idattn_scan_rev_k", "idattn_scan_rev_v", "idattn_bwd_o",
-                "idattn_bwd_mix", "idattn_bwd_p"}
+# Forward: fwd_p, the mixing's fwd_mix (with c), fwd_o; backward per half: [scan_fwd,] scan_rev, bwd, and the
+# mixing's bwd_mix (with c) -> 3 + 2 * 2 + 1 (+ 2) Triton kernels.
+KERNEL_NAMES = {"idattn_fwd_p", "idattn_fwd_mix", "idattn_fwd_o", "idattn_scan_rev_k", "idattn_scan_rev_v",
+                "idattn_bwd_o", "idattn_bwd_mix", "idattn_bwd_p"}
 RECOMPUTE_NAMES = {"idattn_scan_fwd_k", "idattn_scan_fwd_v"}
 
 
@@ -140,9 +140,9 @@ def test_head_shapes_share_kernel_sets():
 
 @pytest.mark.parametrize("H, dh, M, dtype, save_states", KERNEL_CASES)
 def test_kernels_compile_for_h200(h200, H, dh, M, dtype, save_states):
-    """Value and gradients (fq, zk, zv, lam, b, c) compile for an H200: exactly the named Triton kernels (7 with
-    the forward's saved states, the default; 9 when the backward recomputes them; a fallback to the XLA chunked
-    path holds none; bwd_mix with c), one program column per head, and the mode mixing inside them:
+    """Value and gradients (fq, zk, zv, lam, b, c) compile for an H200: exactly the named Triton kernels (8 with
+    the forward's saved states, the default; 10 when the backward recomputes them; a fallback to the XLA chunked
+    path holds none; fwd_mix and bwd_mix with c), one program column per head, and the mode mixing inside them:
     no XLA instruction between the kernels produces a per-token mode tensor ([B, T, H, 2, M] planes or complex
     [B, T, H, M]: the float32 mixing pass the unfused operator made)."""
     import jax
@@ -204,10 +204,11 @@ def test_float32_m64_backward_kernels_compile(h200):
     segs = (sd((B, T), jnp.int32), sd((B, T, 1)), sd((B, T, 1)), sd((B, T // L)))
 
     def both(p, kmix, zv, do, xs, ys, fq, zk, tabs, segs):
-        o = G.bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, conj=True, L=L, plan=plans["bwd_o"], cdt=f32, mdt=f32,
+        o = G.bwd_o(p, None, zv, do, xs, ys, tabs, segs, conj=False, L=L, plan=plans["bwd_o"], cdt=f32, mdt=f32,
                     interpret=False)
-        q = G.bwd_p(fq, zk, o[0][0], xs, ys, tabs, segs, L=L, plan=plans["bwd_p"], cdt=f32, interpret=False)
-        return o, q
+        dp, dk = G.bwd_mix(p, kmix, o[0], conj=True, L=L, cdt=f32, mdt=f32, interpret=False)
+        q = G.bwd_p(fq, zk, dp[0], xs, ys, tabs, segs, L=L, plan=plans["bwd_p"], cdt=f32, interpret=False)
+        return o, dk, q
 
     compiled = jax.jit(both).lower(modes, sd((H, 2, M, M)), tok, tok, st, st, tok, tok, tabs, segs).compile(
         compiler_options=gpu.compiler_options())
@@ -290,19 +291,28 @@ def test_interdomain_125m_train_step_compiles_for_8_h200():
     assert 0 < per_device < target.hbm_bytes_per_device
 
 
-@pytest.mark.slow  # ~30 s: one fresh compile process with ptxas -v
-def test_bf16_forward_and_scan_kernels_do_not_spill_at_the_paper_layer():
-    """ptxas's report for the (32, 64, 64) bf16 kernels (the 125M / 350M / 1.3B layer's set, B·H = 256, segment
-    ids, c) through ``kernel_resources``: fwd_p, the adjoint scan of the P-half and the mixing's backward hold no
-    spill (fwd_p spilled 544 B per thread before the tables were read per use), no kernel of the set fails to
-    compile or is left unreported, and no mode tensor crosses XLA. The backward kernels still spill
-    (docs/kernels.md): their bytes are printed, not bounded here."""
+# Spill stores per thread (ptxas) the M = 64 backward kernels may still hold, bf16: bwd_o 16 / 24 B and bwd_p
+# 88 / 104 B at (32, 64, 64) / (16, 96, 64) when this was written (978 / 732 and 732 / 1334 B before the mode
+# blocks and the per-chunk parameter rows); every other kernel of the three sets holds none.
+BF16_BWD_SPILL_BUDGET = {"idattn_bwd_o": 64, "idattn_bwd_p": 160}
+
+
+@pytest.mark.slow  # ~30 s: one fresh compile process with ptxas -v, the three bf16 kernel sets
+def test_bf16_kernels_do_not_spill_at_the_paper_shapes():
+    """ptxas's report for the bf16 kernel sets of the paper's head shapes and the benchmark's (B·H = 256, segment
+    ids, c) through ``kernel_resources``: at (16, 128, 32) no kernel spills; at (32, 64, 64) and (16, 96, 64) none
+    but the two chunk-parallel backward kernels, whose spills stay within BF16_BWD_SPILL_BUDGET (a regression past
+    it fails here); every kernel compiles and is reported, and no mode tensor crosses XLA."""
     _need_plugin()
-    (r,) = gpu.kernel_resources([(32, 64, 64, "bfloat16", 8, 128, True)])
-    assert r["error"] is None, r["error"]
-    names = {k["name"]: k for k in r["kernels"]}
-    print(gpu.format_resources([r]))
-    assert KERNEL_NAMES <= set(names), sorted(names)
-    for k in ("idattn_fwd_p", "idattn_scan_rev_k", "idattn_bwd_mix"):
-        assert names[k]["spill_stores"] == 0 and names[k]["spill_loads"] == 0, names[k]
-    assert r["round_trips"] == []
+    res = gpu.kernel_resources([(16, 128, 32, "bfloat16", 16, 128, True), (32, 64, 64, "bfloat16", 8, 128, True),
+                                (16, 96, 64, "bfloat16", 16, 128, True)])
+    print(gpu.format_resources(res))
+    for r in res:
+        assert r["error"] is None, r["error"]
+        names = {k["name"]: k for k in r["kernels"]}
+        assert KERNEL_NAMES <= set(names), sorted(names)
+        M = r["case"][2]
+        for name, k in names.items():
+            budget = BF16_BWD_SPILL_BUDGET.get(name, 0) if M == 64 else 0
+            assert k["spill_stores"] <= budget and k["spill_loads"] <= budget, (r["case"], k)
+        assert r["round_trips"] == []

@@ -166,15 +166,21 @@ def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_se
 def test_gpu_family_f32_everything_on(monkeypatch):
     """Segment resets (repeated ids, a reset at a chunk start), carried initial state, c, conj=True,
     T = 40 not a multiple of L = 16, R = D = 96 (padded to 128 inside), decays at the bound and near 1.
-    The shared-memory limit is lowered to 60 KB so that the plan cuts the features: the backward kernels walk
-    R = D = 128 in sub-blocks (o_bwd_sub: 4 of 32, p_bwd_sub: 2 of 64), fwd_o and the scans split into programs
-    of 32 features. The GPU default path: the forward saves the chunk states and w (every one of fwd_o's
-    feature-block programs writes it), the O-half's backward reads w and bwd_mix maps dw to dp and dK."""
+    The shared-memory limit is lowered to 50 KB so that the plan cuts the features: the backward kernels walk
+    R = D = 128 in 4 sub-blocks of 32, fwd_o and the scans split into programs of 32 features; the mode block
+    is lowered to 8 so that the backward kernels walk M = 16 (4 padded to 16) in 2 mode blocks, and fwd_p's state
+    block to 16 x 64 so that it writes two partial sums of p, which fwd_mix adds. The GPU default path: the
+    forward saves the chunk states, fwd_mix writes w (and p for the backward), the O-half's backward reads w and
+    bwd_mix maps dw to dp and dK."""
     from idattn.ops.pallas import gpu, op
-    monkeypatch.setattr(gpu, "smem_limit", lambda: 60_000)
+    monkeypatch.setattr(gpu, "smem_limit", lambda: 50_000)
+    monkeypatch.setattr(gpu, "MODE_BLOCK", 8)
+    monkeypatch.setitem(gpu.MAX_STATE, "fwd_p", 16 * 64)
+    assert gpu._mode_blocks(16) == (2, 8)
     plans = dict(op._gpu_plans(gpu, 2, 16, 128, 128, 16, jnp.float32, True))
-    assert (plans["bwd_o"].block, plans["bwd_p"].block, plans["fwd_o"].block) == (32, 64, 32), plans
-    assert all(p.smem <= 60_000 for p in plans.values())
+    assert (plans["bwd_o"].block, plans["bwd_p"].block, plans["fwd_o"].block, plans["fwd_p"].block) == (
+        32, 32, 32, 64), plans
+    assert all(p.smem <= 50_000 for p in plans.values())
     _run_case("gpu", jnp.float32, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, save_states=True)
 
@@ -197,7 +203,7 @@ def test_gpu_family_f32_plain_conj_false():
 @pytest.mark.parametrize("save_states", [False, True])
 def test_gpu_family_bf16(monkeypatch, save_states):
     """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation), with c: the backward either
-    recomputes the chunk states (bwd_o mixes p itself) or reads the saved states and w (in bf16). The backward's
+    recomputes the chunk states or reads the saved ones; it reads the forward's w (bf16) either way. The backward's
     chunk groups are forced to 2 chunks per program (3 chunks: groups [0, 2) and a partial [2, 3))."""
     from idattn.ops.pallas import gpu
     monkeypatch.setattr(gpu, "BWD_TARGET_PROGRAMS", 3)

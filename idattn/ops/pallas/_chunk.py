@@ -195,10 +195,16 @@ def carry_rev(x, g, Y, tb: Tabs, mk: Masks, dot: Dots, conj_g: bool):
 
 
 class Acc:
-    """Running parameter-cotangent sums of one program: s_log, s_b as [1, M] planes; dlamL as [M, 1] planes."""
+    """Running parameter-cotangent sums of one program: s_log, s_b as [1, M] planes; dlamL as [M, 1] planes
+    (``flat``: all six as [M] vectors, what the GPU's o_bwd_modes / p_bwd_modes take: Triton holds a [1, M]
+    tensor in a dot's layout replicated over the rows of its tile - 8 registers per thread for [1, 32] - and a
+    [M] reduction result in a compact slice of it)."""
 
     @staticmethod
-    def zeros(m):
+    def zeros(m, flat=False):
+        if flat:
+            z = jnp.zeros((m,), F32)
+            return (z,) * 6
         z_row = jnp.zeros((1, m), F32)
         z_col = jnp.zeros((m, 1), F32)
         return (z_row, z_row, z_row, z_row, z_col, z_col)
@@ -298,8 +304,8 @@ def mix_bwd_dk(dw, s, dot: Dots):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# backward with the feature axis in sub-blocks (GPU: bounds the tiles a program holds - shared memory and
-# registers - without splitting the program, so nothing is written as partial sums)
+# backward with the feature axis in sub-blocks and the modes in blocks (GPU: bounds the tiles a program holds -
+# shared memory and registers - without splitting the program, so nothing is written as partial sums)
 #
 # Everything in o_bwd / p_bwd that contracts over the feature axis (dA = dO·ZVᵀ, dO·Xᵀ, ZV·Yᵀ, G = FQ·ZKᵀ,
 # FQ·Xᵀ, ZK·Yᵀ, Σ_n Y∘conj(X)) is a sum over feature sub-blocks, and every per-feature output (dzv, dfq, dzk)
@@ -319,91 +325,133 @@ def _value(x):
     return x() if callable(x) else x
 
 
-def o_bwd_sub(w, load, store_dzv, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
-    """o_bwd over nsub feature sub-blocks: w [L, M] planes (or a function giving them, see _value); load(j) ->
-    (zv [L, n], do [L, n], X planes [M, n], Y planes [M, n]); store_dzv(j, dzv [L, n] float32). Returns dw
-    [L, M] planes and the updated acc.
+def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, length):
+    """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
-    Ordered for registers (the GPU kernels): every table cotangent is folded into acc as soon as it is formed
-    (``_fold``), and w and Q = w∘pt are formed again after the loop rather than kept across it."""
+    w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
+    ld.zv(j), ld.do(j) -> [L, n] of feature sub-block j; ld.x(j, m), ld.y(j, m) -> X, Y planes [mb, n];
+    store_dzv(j, dzv [L, n] float32); store_dw(m, dw [L, mb] planes); accs: one Acc per mode block. Returns
+    the updated accs.
+
+    Two phases, for registers: (1) what contracts over the modes - A = Re((w∘pt)·Psᵀ) (summed over mode
+    blocks), dzv = Aᵀ·dO + Pe·Y, and dA = dO·ZVᵀ - over the feature sub-blocks; (2) per mode block, the [L, mb]
+    products dO·Xᵀ, ZV·Yᵀ and the epilogue (dw and the table cotangents, every one of which is per mode). A
+    program then holds [L, mb] tiles instead of [L, M] ones where most of them are live; the sub-block inputs are
+    read once per phase (L2-resident at these sizes)."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
-    wv = _value(w)
-    qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
-    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
-    del wv, qr, qi
+    a = None
+    for m in range(nmb):
+        tb, wv = tabs(m), w(m)
+        qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
+        am = dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1])
+        a = am if a is None else a + am
+    a = jnp.where(mk.mk, a, 0.0)
+    tbf = tabs(None)
 
-    def body(j, carry):
-        da, tr, ti, yr, yi, cr, ci = carry
-        zv, do, X, Y = load(j)
-        per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    def body1(j, da):
+        zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
+        per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
         store_dzv(j, dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1]))
-        c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
-        return (da + dot.nt(do, zv), tr + dot.nt(do, X[0]), ti - dot.nt(do, X[1]),
-                yr + dot.nt(zv, Y[0]), yi + dot.nt(zv, Y[1]),
-                cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
+        return da + dot.nt(do, zv)
 
-    zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
-    da, tr, ti, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
-    acc = _fold_yx(acc, (cr, ci), mk.keep)
-    pe_rows = _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e)            # dPe
-    tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
+    da = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
+    del a
     da = jnp.where(mk.mk, da, 0.0)
-    dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
-    zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
-    u = tb.pt
-    dwr, dwi = cmul_conj(zr + dqr, zi + dqi, u[0], u[1])
-    wv = _value(w)
-    # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
-    hr, hi = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
-    hr, hi = cmul_conj(hr, hi, u[0], u[1])
-    qr, qi = cmul(wv[0], wv[1], u[0], u[1])
-    ps_rows = _ps_rows(tb, (dot.tn(da, qr), -dot.tn(da, qi)), e_s)                      # dPs = dAᵀ·conj(Q)
-    acc = _fold_rows(acc, tb, (jnp.sum(hr, axis=0, keepdims=True), jnp.sum(hi, axis=0, keepdims=True)),
-                     ps_rows, pe_rows)
-    return (dwr, dwi), acc
+    out = []
+    for m in range(nmb):
+        tb, acc = tabs(m), accs[m]
+        mb = tb.pt[0].shape[-1]
+
+        def body2(j, carry, m=m):
+            tr, ti, yr, yi, cr, ci = carry
+            zv, do, X, Y = ld.zv(j), ld.do(j), ld.x(j, m), ld.y(j, m)
+            c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
+            return (tr + dot.nt(do, X[0]), ti - dot.nt(do, X[1]), yr + dot.nt(zv, Y[0]), yi + dot.nt(zv, Y[1]),
+                    cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
+
+        zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
+        tr, ti, yr, yi, cr, ci = _sub_loop(nsub, body2, (zm, zm, zm, zm, zc, zc))
+        acc = _fold_yx(acc, (cr, ci), mk.keep)
+        acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
+        del yr, yi
+        wv = w(m)
+        qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
+        acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (dot.tn(da, qr), -dot.tn(da, qi)), e_s))  # dPs = dAᵀ·conj(Q)
+        dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
+        tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
+        zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
+        u = tb.pt
+        store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
+        wv = w(m)
+        # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
+        hr, hi = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
+        hr, hi = cmul_conj(hr, hi, u[0], u[1])
+        out.append(_fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0))))
+    return out
 
 
-def p_bwd_sub(dp, load, store, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length, M):
-    """p_bwd over nsub feature sub-blocks: dp [L, M] planes (or a function giving them, see _value);
-    load(j) -> (fq [L, n], zk [L, n], X planes, Y planes); store(j, dfq [L, n], dzk [L, n]) float32. Returns
-    the updated acc (folded as o_bwd_sub does; dp and the quantities built from it are formed again after the
-    loop)."""
+def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, length):
+    """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
+
+    dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
+    -> [L, n]; ld.x(j, m), ld.y(j, m) -> X, Y planes; store(j, dfq, dzk [L, n] float32). Returns the accs.
+    Phase 1: dG = mk∘((dp∘conj(pt))·conj(Ps)ᵀ) (summed over mode blocks) and the per-feature outputs
+    dfq = dG·ZK + dF·X, dzk = dGᵀ·FQ + Pe·Y with G = FQ·ZKᵀ accumulated; phase 2 per mode block: FQ·Xᵀ, ZK·Yᵀ
+    and the table cotangents (see o_bwd_modes)."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
-    dv = _value(dp)
-    der, dei = cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])
-    dg = jnp.where(mk.mk, dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]), 0.0)
-    dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
-    dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
-    del dv, der, dei, dpr, dpi
+    dg = None
+    for m in range(nmb):
+        tb, dv = tabs(m), dp(m)
+        der, dei = cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])
+        dgm = dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1])
+        dg = dgm if dg is None else dg + dgm
+    dg = jnp.where(mk.mk, dg, 0.0)
+    tbf = tabs(None)
+    dv = dp(None)
+    dfr, dfi = cmul_conj(_rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
+    del dv
 
-    def body(j, carry):
-        g, fr, fi, yr, yi, cr, ci = carry
-        fq, zk, X, Y = load(j)
-        per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    def body1(j, g):
+        fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
+        per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
         store(j, dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1]), dot.tn(dg, fq) + dot(per, Y[0]) + dot(pei, Y[1]))
-        c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
-        return (g + dot.nt(fq, zk), fr + dot.nt(fq, X[0]), fi + dot.nt(fq, X[1]),
-                yr + dot.nt(zk, Y[0]), yi + dot.nt(zk, Y[1]),
-                cr + jnp.sum(c_r, axis=1, keepdims=True), ci + jnp.sum(c_i, axis=1, keepdims=True))
+        return g + dot.nt(fq, zk)
 
-    zl, zm, zc = jnp.zeros((L, L), F32), jnp.zeros((L, M), F32), jnp.zeros((M, 1), F32)
-    g, fr, fi, yr, yi, cr, ci = _sub_loop(nsub, body, (zl, zm, zm, zm, zm, zc, zc))
-    acc = _fold_yx(acc, (cr, ci), mk.keep)
-    pe_rows = _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e)            # dPe = (ZK·Yᵀ)∘em
-    dv = _value(dp)
-    dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
-    zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
+    g = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
+    del dg, dfr, dfi
     g = jnp.where(mk.mk, g, 0.0)
-    er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
-    tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
-    u = tb.pt
-    hr, hi = cmul_conj(e_t * tr + e_in * zr, e_t * ti + e_in * zi, u[0], u[1])
-    der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])
-    ps_rows = _ps_rows(tb, (dot.tn(g, der), dot.tn(g, dei)), e_s)                       # dPs = Gᵀ·(dp∘conj(pt))
-    return _fold_rows(acc, tb, (jnp.sum(hr, axis=0, keepdims=True), jnp.sum(hi, axis=0, keepdims=True)),
-                      ps_rows, pe_rows)
+    out = []
+    for m in range(nmb):
+        tb, acc = tabs(m), accs[m]
+        mb = tb.pt[0].shape[-1]
+
+        def body2(j, carry, m=m):
+            fr, fi, yr, yi, cr, ci = carry
+            fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, m), ld.y(j, m)
+            c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
+            return (fr + dot.nt(fq, X[0]), fi + dot.nt(fq, X[1]), yr + dot.nt(zk, Y[0]), yi + dot.nt(zk, Y[1]),
+                    cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
+
+        zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
+        fr, fi, yr, yi, cr, ci = _sub_loop(nsub, body2, (zm, zm, zm, zm, zc, zc))
+        acc = _fold_yx(acc, (cr, ci), mk.keep)
+        acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
+        del yr, yi
+        dv = dp(m)
+        u = tb.pt
+        der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])
+        acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (dot.tn(g, der), dot.tn(g, dei)), e_s))  # dPs = Gᵀ·(dp∘conj(pt))
+        del der, dei
+        er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
+        tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
+        del er, ei
+        dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
+        zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
+        hr, hi = cmul_conj(e_t * tr + e_in * zr, e_t * ti + e_in * zi, u[0], u[1])
+        out.append(_fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0))))
+    return out
 
 
 # The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam
@@ -414,10 +462,9 @@ def p_bwd_sub(dp, load, store, nsub, tb: Tabs, mk: Masks, dot: Dots, acc, length
 
 
 def _row_sums(d, tab, e):
-    """(Σ_i e_i·d_i·conj(T_i), Σ_i d_i·conj(T_i)) as [1, M] planes."""
+    """(Σ_i e_i·d_i·conj(T_i), Σ_i d_i·conj(T_i)) as [M] planes (1-D: see AccRows)."""
     cr, ci = cmul_conj(d[0], d[1], tab[0], tab[1])
-    return ((jnp.sum(e * cr, axis=0, keepdims=True), jnp.sum(e * ci, axis=0, keepdims=True)),
-            (jnp.sum(cr, axis=0, keepdims=True), jnp.sum(ci, axis=0, keepdims=True)))
+    return ((jnp.sum(e * cr, axis=0), jnp.sum(e * ci, axis=0)), (jnp.sum(cr, axis=0), jnp.sum(ci, axis=0)))
 
 
 def _pe_rows(tb, d_pe, e_e):
@@ -428,16 +475,25 @@ def _ps_rows(tb, d_ps, e_s):
     return _row_sums(d_ps, tb.sp, e_s)
 
 
-def _fold_rows(acc, tb, a_rows, ps_rows, pe_rows):
-    """acc += the pt/pin part (a_rows, already weighted) and the sp-based rows of dPs and dPe:
-    s_log += a + conj(b)·(R_s + conj(lam^mu)·R_e),  s_b += S_s + conj(lam^mu)·S_e."""
-    (rs, ss), (re_, se) = ps_rows, pe_rows
-    lmu, b = tb.lmu, tb.b
-    rer, rei = cmul_conj(re_[0], re_[1], lmu[0], lmu[1])
-    ser, sei = cmul_conj(se[0], se[1], lmu[0], lmu[1])
-    lr, li = cmul_conj(rs[0] + rer, rs[1] + rei, b[0], b[1])
+def _fold_sp_rows(acc, tb, ps_rows=None, pe_rows=None, a_rows=None):
+    """acc += the pt/pin part (a_rows, already weighted) and the sp-based rows of dPs and dPe (each
+    (Σ e·d·conj(sp), Σ d·conj(sp)) from _row_sums):  s_log += a + conj(b)·(R_s + conj(lam^mu)·R_e),
+    s_b += S_s + conj(lam^mu)·S_e. Any part may be None: the GPU epilogues fold each one as soon as it is
+    formed, so that its [L, M] operands die at once."""
     l0, l1, b0, b1, c0, c1 = acc
-    return (l0 + a_rows[0] + lr, l1 + a_rows[1] + li, b0 + ss[0] + ser, b1 + ss[1] + sei, c0, c1)
+    if a_rows is not None:
+        l0, l1 = l0 + a_rows[0], l1 + a_rows[1]
+    lmu, b = tb.lmu, tb.b
+    for rows, scale in ((ps_rows, None), (pe_rows, lmu)):
+        if rows is None:
+            continue
+        r, srow = rows
+        if scale is not None:  # dPe's rows carry conj(lam^mu) (pe = b·sp·lam^mu)
+            r = cmul_conj(r[0], r[1], scale[0], scale[1])
+            srow = cmul_conj(srow[0], srow[1], scale[0], scale[1])
+        lr, li = cmul_conj(r[0], r[1], b[0], b[1])
+        l0, l1, b0, b1 = l0 + lr, l1 + li, b0 + srow[0], b1 + srow[1]
+    return (l0, l1, b0, b1, c0, c1)
 
 
 def _fold(acc, e, tab, d, free=None):

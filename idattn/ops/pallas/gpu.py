@@ -6,23 +6,26 @@ be a strided slice of the natural ``[B, T, H, N]`` layout (no transposes in HBM)
 time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
 
     fq, zk [B, T, H, R]; zv, do [B, T, H, D]         inputs (bf16 or f32), T a multiple of L
-    p, dp [B, T, H, 2, M]  (mdt)                      per-token mode vectors as (re, im) planes; their producers
-                                                      (fwd_p, bwd_o) write [n, B, T, H, 2, M], n partial sums over
-                                                      feature blocks (n = 1 unless shared memory forces a split)
+    p, w, dw, dp [B, T, H, 2, M]  (mdt)               per-token mode vectors as (re, im) planes; fwd_p writes p as
+                                                      [n, B, T, H, 2, M], n partial sums over its feature blocks
+                                                      (``MAX_STATE``), which fwd_mix adds
     kmix [H, 2, M, M] float32                         the mode mixing K = cᴴc (conj) or cᵀc, (re, im) planes
     tables: sp [H, 2, L, M]; lam^(mu+1), lam^mu, b [H, 2, 1, M]; laml [H, 2, M, 1]
     states [B, H, 2, M, N] float32; per-chunk states [B, H, NC, 2, M, N] (``sdt``: the compute dtype)
     doc [B, T] int32; cm, em [B, T, 1] float32; keep [B, NC] float32       (only with segment ids)
+    parameter sums per chunk: rows [B, H, NC, 4, 1, M], cols [B, H, NC, 2, M, 1] float32
 
-The mode mixing w_t = s_t·K (s = conj(p) or p) runs inside the O-half kernels (``fwd_o``, its ``scan_rev`` and
-``bwd_o``, which also returns dp = ∂/∂p directly and the K cotangent): between the two halves only p (forward)
-and dp (backward) cross HBM, in the compute dtype, written by one kernel and read by the next.
+Kernels, in order: fwd_p (fq, zk -> p), fwd_mix (p -> w = s·K, s = conj(p) or p; and the sum of p's partials),
+fwd_o (w, zv -> o); backward: [scan_fwd,] scan_rev and the chunk-parallel bwd_o (-> dw, dzv) per half, bwd_mix
+(dw -> dp, dK) between them, bwd_p (dp -> dfq, dzk). The mixing has kernels of its own on both sides: inside
+fwd_o / bwd_o its [L, M] x [M, M] products pushed those programs past the register file. Between any two kernels
+only mode vectors cross HBM, in the compute dtype (no XLA pass over them).
 
-Feature blocks: every kernel may split its feature axis (R or D) into blocks, one program each. fwd_o and the
-scans split for free (feature columns are independent); fwd_p, bwd_o and bwd_p then write partial sums (p, dp,
-the parameter sums), so they keep whole features unless shared memory forces a split (then op.py adds the p /
-dp partials: one XLA pass, the float32 M = 64 backward only). ``choose`` picks the blocks and the Triton tuning
-from the shapes and the card's shared memory per block (``smem_estimate``).
+Feature blocks: fwd_o and the scans split their feature axis (R or D) into programs for free (feature columns
+are independent); fwd_p splits only as far as ``MAX_STATE`` and shared memory ask (partial p sums for fwd_mix);
+the backward kernels keep whole features per program and walk them in sub-blocks (``MAX_TILE``) and the modes in
+blocks (``MODE_BLOCK``). ``choose`` picks the blocks and the Triton tuning from the shapes and the card's shared
+memory per block (``smem_estimate``).
 """
 from __future__ import annotations
 
@@ -71,8 +74,9 @@ def _compiler_params(num_warps, num_stages):
 # inside the fori_loop; ``choose`` lowers it to 1, then halves the feature block, until the kernel's
 # shared-memory estimate fits the card. The backward kernels start at 1 stage: they read each table at every
 # use (LoadTabs), and pipelining those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for
-# 266 KiB at 2 stages).
-TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
+# 266 KiB at 2 stages). The M = 32 forward ("fwd") also runs at 1 stage: at (16, 128, 32) bf16 fwd_o held 28 B
+# of spills per thread at 2 stages and none at 1.
+TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
@@ -80,7 +84,12 @@ TUNING = {"fwd": (8, 2), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # Keys: a tuning kind, or a kernel kind, which takes precedence. fwd_o and scan_rev split their features across
 # programs for free: fwd_o at 32 wide (with the saved states, bf16 (32, 64, 64): 524 -> 236 B of spills) and
 # scan_rev at 64 (d_h = 96 padded to 128: two programs instead of one).
-MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 64, "fwd_o": 64 * 32, "scan_rev": 64 * 64}
+MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o": 64 * 32, "scan_rev": 64 * 64}
+# The largest [M, N] state block (modes x feature block, in elements) a program of a kind carries across its
+# chunk loop in registers (two float32 planes). fwd_p at M = 64 with d_h = 96 padded to 128 spilled 12 B per
+# thread holding [2, 64, 128]; with two feature blocks of 64 it holds none, and fwd_mix adds the two partial
+# sums of p (no XLA pass).
+MAX_STATE = {"fwd_p": 64 * 64}
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
@@ -121,9 +130,9 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
     modes = 2 * L * M * mode_bytes                        # p / dp of one chunk
     tok = L * N * in_bytes                                # one [L, N] input tile
     state = 2 * M * N * state_bytes                       # one [2, M, N] per-chunk state
-    loads = {"fwd_p": 2 * tok + tab, "fwd_o": tok + modes + tab + kmat, "scan_fwd": tok + tab,
-             "scan_rev": tok + modes + tab + kmat, "bwd_p": 2 * tok + modes + 2 * state + tab,
-             "bwd_o": 2 * tok + modes + 2 * state + tab + kmat}
+    loads = {"fwd_p": 2 * tok + tab, "fwd_o": tok + modes + tab, "scan_fwd": tok + tab,
+             "scan_rev": tok + modes + tab, "bwd_p": 2 * tok + modes + 2 * state + tab,
+             "bwd_o": 2 * tok + modes + 2 * state + tab}
     if kind not in loads:
         raise ValueError(f"unknown kernel kind {kind!r}; one of {sorted(loads)}")
     wide = {"fwd_p": 2 * tok, "fwd_o": tok, "scan_fwd": tok, "scan_rev": tok, "bwd_p": 2 * tok + 2 * state,
@@ -133,8 +142,6 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
         est += (TABLE_LOADS[kind] - 1) * tab * stages
     if in_bytes >= 4:  # float32: the wide operands and, in the backward, the [L, L] and [L, M] products again
         est += wide[kind] + ((L * L + 2 * L * M) * 4 if kind.startswith("bwd") else 0)
-    if kind == "bwd_o":  # K is an operand of two more dots there (mix_bwd)
-        est += kmat
     return est
 
 
@@ -160,9 +167,9 @@ def _tuning_kind(kind, M):
 def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, target_programs=256, min_block=32,
            has_k=False) -> KernelPlan:
     """The kernel's feature block and tuning: the widest power-of-two block that still gives about
-    ``target_programs`` programs, capped at ``MAX_TILE``; then, while the shared-memory estimate exceeds
-    ``limit``, one pipeline stage instead of two, then half the block (down to 16). Refuses, naming the shape,
-    the bytes and the limit, when nothing fits."""
+    ``target_programs`` programs, capped at ``MAX_TILE`` and ``MAX_STATE``; then, while the shared-memory
+    estimate exceeds ``limit``, one pipeline stage instead of two, then half the block (down to 16). Refuses,
+    naming the shape, the bytes and the limit, when nothing fits."""
     nb = 1
     while bh * nb < target_programs and n % (2 * nb) == 0 and n // (2 * nb) >= min_block:
         nb *= 2
@@ -171,6 +178,9 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
     warps, stages = TUNING[tk]
     cap = MAX_TILE.get(kind, MAX_TILE.get(tk))
     while cap is not None and L * block > cap and block > 16 and block % 2 == 0:
+        block //= 2
+    cap = MAX_STATE.get(kind)
+    while cap is not None and M * block > cap and block > 16 and block % 2 == 0:
         block //= 2
     kw = dict(L=L, M=M, in_bytes=in_bytes, mode_bytes=mode_bytes, state_bytes=state_bytes, has_k=has_k)
     while True:
@@ -216,23 +226,29 @@ def expand_tables(tabs):
 class LoadTabs:
     """A head's tables read from their refs at every use (each property access is a fresh load): a table is
     then live only around the ops that use it, instead of for the whole chunk (registers: six [L, M] pairs of
-    float32 planes would take most of a program's register file at L = M = 64)."""
+    float32 planes would take most of a program's register file at L = M = 64). ``ms``: a mode block
+    (``pl.ds``) to read instead of all M modes."""
 
     _IDX = {"sp": 0, "pt": 1, "pin": 2, "ep": 3, "ps": 4, "pe": 5, "laml": 6, "lmu1": 7, "lmu": 8, "b": 9}
 
-    def __init__(self, refs, h):
-        self._refs, self._h = refs, h
+    def __init__(self, refs, h, ms=None, flat_rows=False):
+        self._refs, self._h, self._ms, self._flat = refs, h, ms, flat_rows
 
     def __getattr__(self, name):
         i = LoadTabs._IDX.get(name)
         if i is None:
             raise AttributeError(name)
-        r = self._refs[i]
-        return (r[self._h, 0], r[self._h, 1])
+        r, h = self._refs[i], self._h
+        ms = slice(None) if self._ms is None else self._ms
+        if name == "laml":  # [H, 2, M, 1]: modes along the rows
+            return (r[h, 0, ms, :], r[h, 1, ms, :])
+        if self._flat and name in ("lmu1", "lmu", "b"):  # [H, 2, 1, M] rows as [M] vectors (see C.Acc)
+            return (r[h, 0, 0, ms], r[h, 1, 0, ms])
+        return (r[h, 0, :, ms], r[h, 1, :, ms])
 
 
-def _tabs(tab_refs, h):
-    return LoadTabs(tab_refs, h)
+def _tabs(tab_refs, h, ms=None, flat_rows=False):
+    return LoadTabs(tab_refs, h, ms, flat_rows)
 
 
 def _masks(seg_refs, bi, c, t0, L):
@@ -251,9 +267,10 @@ def _split(refs, n_in, seg):
     return ins, None, outs
 
 
-def _modes(ref, bi, ts, h):
-    """A mode tensor [B, T, H, 2, M] at (row, chunk, head): float32 planes [L, M]."""
-    return ref[bi, ts, h, 0, :].astype(F32), ref[bi, ts, h, 1, :].astype(F32)
+def _modes(ref, bi, ts, h, ms=None):
+    """A mode tensor [B, T, H, 2, M] at (row, chunk, head): float32 planes [L, M] (or [L, mb]: mode block ms)."""
+    ms = slice(None) if ms is None else ms
+    return ref[bi, ts, h, 0, ms].astype(F32), ref[bi, ts, h, 1, ms].astype(F32)
 
 
 def _kmat(k_ref, h):
@@ -305,27 +322,75 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None
     return _call(kernel, out, (B, H, nrb), interpret, plan, "fwd_p")(*args)
 
 
-def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
-    """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``); the mode vector
-    of every token, w = mix(p), is computed per chunk in the kernel (p [B, T, H, 2, M]). With ``save_sdt`` and
-    a mixing matrix, also w [B, T, H, 2, M] (p's dtype): the O-half's backward then reads w instead of mixing
-    p again (fewer registers in scan_rev and bwd_o). Every feature-block program writes the same w (D / block
-    writes of it): letting only the first write it (``pl.when``) cost fwd_o 476 instead of 244 B of register
-    spills per thread at (32, 64, 64) bf16."""
+# fwd_mix's (num_warps, num_stages): as bwd_mix (its tiles are [L, M] and [M, M] only)
+MIX_FWD_TUNING = (8, 2)
+
+
+def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
+    """Between fwd_p and fwd_o: p = Σ of fwd_p's partial sums p [n, B, T, H, 2, M] over its feature blocks, and
+    the mode mixing w = s·K (s = conj(p) if conj else p; kmix [H, 2, M, M] planes, or None: no mixing).
+    Returns (w [1, B, T, H, 2, M] or None without kmix, p [1, B, T, H, 2, M] when ``write_p`` or without
+    kmix, else None), in mdt.
+
+    A kernel of its own: inside fwd_o or fwd_p the four [L, M] x [M, M] products pushed the program past the
+    register file (at (32, 64, 64) bf16: fwd_o 244 B of spills per thread with the mixing, 0 without; fwd_p
+    0 -> 240 B with it), and summing fwd_p's partials here lets fwd_p split its features (``MAX_STATE``)
+    without a pass of XLA over the mode tensors. p and w cross HBM in the compute dtype. Grid (B, H, chunk
+    groups) as bwd_mix."""
+    has_k = kmix is not None
+    write_p = write_p or not has_k
+    kmix = kmix.astype(cdt) if has_k else None  # only a dot operand
+    n, B, T, H = p.shape[:4]
+    M = p.shape[-1]
+    NC = T // L
+    per, NG = _groups(B, H, NC)
+    dot = C.Dots(cdt)
+
+    def kernel(*refs):
+        p_r, k_r = refs[0], (refs[1] if has_k else None)
+        outs = list(refs[1 + int(has_k):])
+        w_r = outs.pop(0) if has_k else None
+        po_r = outs.pop(0) if write_p else None
+        bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+
+        def body(c, carry):
+            ts = pl.ds(c * L, L)
+            pr = pi = None
+            for k in range(n):  # fwd_p's partial sums over its feature blocks
+                xr, xi = p_r[k, bi, ts, h, 0, :].astype(F32), p_r[k, bi, ts, h, 1, :].astype(F32)
+                pr, pi = (xr, xi) if pr is None else (pr + xr, pi + xi)
+            if po_r is not None:
+                po_r[0, bi, ts, h, 0, :] = pr.astype(po_r.dtype)
+                po_r[0, bi, ts, h, 1, :] = pi.astype(po_r.dtype)
+            if w_r is not None:
+                wc, _ = C.mix_fwd((pr, pi), _kmat(k_r, h), conj, dot)
+                w_r[0, bi, ts, h, 0, :] = wc[0].astype(w_r.dtype)
+                w_r[0, bi, ts, h, 1, :] = wc[1].astype(w_r.dtype)
+            return carry
+
+        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
+
+    one = jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt)
+    out = (one,) * (int(has_k) + int(write_p))
+    plan = KernelPlan(M, *MIX_FWD_TUNING, 0)
+    res = list(_call(kernel, out, (B, H, NG), interpret, plan, "fwd_mix")(p, *((kmix,) if has_k else ())))
+    w = res.pop(0) if has_k else None
+    return w, (res.pop(0) if write_p else None)
+
+
+def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
+    """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``, else None) from
+    the per-token mode vectors w [B, T, H, 2, M] (fwd_p's mixed w; or p itself when there is no mixing matrix,
+    then conjugated here when ``conj``)."""
     tabs = expand_tables(tabs)
-    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     block_d = plan.block
     NC, ndb = T // L, D // block_d
-    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    save_w = save_sdt is not None and has_k
-    n_in = 13 + int(has_k)
+    dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
-        p_r, k_r = ins[0], (ins[1] if has_k else None)
-        zv_r, *tab_r, x0_r = ins[1 + int(has_k):]
+        (w_r, zv_r, *tab_r, x0_r), seg_r, outs = _split(refs, 13 + (4 if seg else 0), seg)
         o_r, xt_r = outs[0], outs[1]
         bi, h, db = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ds_ = pl.ds(db * block_d, block_d)
@@ -337,11 +402,7 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
             if save_sdt is not None:
                 outs[2][bi, h, c, 0, :, ds_] = X[0].astype(outs[2].dtype)
                 outs[2][bi, h, c, 1, :, ds_] = X[1].astype(outs[2].dtype)
-            wc, _ = C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)
-            if save_w:  # every feature-block program writes the same w (no branch: fewer registers)
-                outs[3][bi, ts, h, 0, :] = wc[0].astype(outs[3].dtype)
-                outs[3][bi, ts, h, 1, :] = wc[1].astype(outs[3].dtype)
-
+            wc, _ = C.mix_fwd(_modes(w_r, bi, ts, h), None, conj, dot)
             v = zv_r[bi, ts, h, ds_]
             o = C.o_fwd(wc, v, X, tb, mk, dot)
             o_r[bi, ts, h, ds_] = o.astype(o_r.dtype)
@@ -355,10 +416,9 @@ def fwd_o(p, kmix, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpr
     out = (jax.ShapeDtypeStruct((B, T, H, D), out_dtype), jax.ShapeDtypeStruct((B, H, 2, M, D), F32))
     if save_sdt is not None:
         out = out + (jax.ShapeDtypeStruct((B, H, NC, 2, M, D), save_sdt),)
-    if save_w:
-        out = out + (jax.ShapeDtypeStruct(p.shape, p.dtype),)
-    args = (p,) + ((kmix,) if has_k else ()) + (zv, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, ndb), interpret, plan, "fwd_o")(*args)
+    args = (w, zv, *tabs, x0) + (tuple(segs) if seg else ())
+    res = _call(kernel, out, (B, H, ndb), interpret, plan, "fwd_o")(*args)
+    return res[0], res[1], (res[2] if save_sdt is not None else None)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -396,21 +456,19 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
              name="scan_rev"):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
-    y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector is g (mix_conj None: the P-half's dp)
-    or mix(g) (the O-half's w from p, mixed in the kernel), conjugated when conj_g."""
+    y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector (the P-half's dp; the O-half's w, or p
+    conjugated per ``mix_conj`` when there is no mixing matrix), conjugated again when conj_g. kmix must be None:
+    on GPU the mixing runs in fwd_mix and the O-half's backward reads w (the argument keeps the TPU signature)."""
+    _no_kmix("scan_rev", kmix)
     tabs = expand_tables(tabs)
-    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, N = x.shape
     M = tabs[0].shape[-1]
     block_n = plan.block
     NC, nnb = T // L, N // block_n
-    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    n_in = 13 + int(has_k)
+    dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        ins, seg_r, (ys_r, y0_r) = _split(refs, n_in + (4 if seg else 0), seg)
-        x_r, g_r, k_r = ins[0], ins[1], (ins[2] if has_k else None)
-        *tab_r, yt_r = ins[2 + int(has_k):]
+        (x_r, g_r, *tab_r, yt_r), seg_r, (ys_r, y0_r) = _split(refs, 13 + (4 if seg else 0), seg)
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
@@ -423,7 +481,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
             ys_r[bi, h, c, 1, :, ns] = Y[1].astype(ys_r.dtype)
             gc = _modes(g_r, bi, ts, h)
             if mix_conj is not None:
-                gc, _ = C.mix_fwd(gc, _kmat(k_r, h), mix_conj, dot)
+                gc, _ = C.mix_fwd(gc, None, mix_conj, dot)
             return C.carry_rev(x_r[bi, ts, h, ns], gc, Y, tb, mk, dot, conj_g)
 
         Y = lax.fori_loop(0, NC, body, (yt_r[bi, h, 0, :, ns], yt_r[bi, h, 1, :, ns]))
@@ -431,19 +489,62 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
         y0_r[bi, h, 1, :, ns] = Y[1]
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt), jax.ShapeDtypeStruct((B, H, 2, M, N), F32))
-    args = (x, g) + ((kmix,) if has_k else ()) + (*tabs, yT) + (tuple(segs) if seg else ())
+    args = (x, g, *tabs, yT) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)
 
 
-def _acc_out(B, H, NG, M):
-    return (jax.ShapeDtypeStruct((B, H, NG, 4, 1, M), F32), jax.ShapeDtypeStruct((B, H, NG, 2, M, 1), F32))
+def _no_kmix(kind, kmix):
+    if kmix is not None:
+        raise ValueError(f"gpu.{kind}: kmix must be None (the GPU kernels mix in fwd_mix; the O-half's backward "
+                         f"reads the forward's w and bwd_mix maps dw to dp and dK)")
 
 
-def _store_acc(row_r, col_r, bi, h, gi, acc):
+def _acc_out(B, H, NC, M):
+    return (jax.ShapeDtypeStruct((B, H, NC, 4, 1, M), F32), jax.ShapeDtypeStruct((B, H, NC, 2, M, 1), F32))
+
+
+def _store_flat_acc(row_r, col_r, bi, h, c, acc, ms):
+    """One chunk's flat Acc (C.Acc.zeros(.., flat=True)) of mode block ms into rows [.., NC, 4, 1, M] and cols
+    [.., NC, 2, M, 1]."""
     for k in range(4):
-        row_r[bi, h, gi, k, :, :] = acc[k]
-    col_r[bi, h, gi, 0, :, :] = acc[4]
-    col_r[bi, h, gi, 1, :, :] = acc[5]
+        row_r[bi, h, c, k, 0, ms] = acc[k]
+    col_r[bi, h, c, 0, ms, 0] = acc[4]
+    col_r[bi, h, c, 1, ms, 0] = acc[5]
+
+
+# The backward kernels walk the modes in blocks of this many (o_bwd_modes / p_bwd_modes): at M = 64 their
+# [L, M] epilogue tiles took most of the register file (docs/kernels.md, "What the compiled kernels use")
+MODE_BLOCK = 32
+
+
+def _mode_blocks(M):
+    """(number of mode blocks, block) for the backward kernels."""
+    mb = min(M, MODE_BLOCK)
+    return M // mb, mb
+
+
+class _Loads:
+    """Per-chunk loaders of a backward kernel: ld.<name>(j) reads feature sub-block j of a [B, T, H, N]
+    input; ld.x(j, m) / ld.y(j, m) the [2, mb, n] planes of the chunk's states in mode block m (None: all)."""
+
+    def __init__(self, feats, xs_r, ys_r, bi, h, c, ts, sub, mb):
+        self._f, self._xs, self._ys = feats, xs_r, ys_r
+        self._bi, self._h, self._c, self._ts, self._sub, self._mb = bi, h, c, ts, sub, mb
+
+    def __getattr__(self, name):
+        r = self._f[name]
+        return lambda j: r[self._bi, self._ts, self._h, pl.ds(j * self._sub, self._sub)]
+
+    def _state(self, ref, j, m):
+        ns = pl.ds(j * self._sub, self._sub)
+        ms = slice(None) if m is None else pl.ds(m * self._mb, self._mb)
+        return (ref[self._bi, self._h, self._c, 0, ms, ns], ref[self._bi, self._h, self._c, 1, ms, ns])
+
+    def x(self, j, m):
+        return self._state(self._xs, j, m)
+
+    def y(self, j, m):
+        return self._state(self._ys, j, m)
 
 
 # The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
@@ -459,65 +560,60 @@ def _groups(B, H, NC, target_programs=None):
     return per, ng
 
 
-def bwd_o(p, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
-    """O-half backward with the mixing: dp [1, B, T, H, 2, M] (mdt), dzv [B, T, H, D] (zv's dtype), acc rows
-    [B, H, NG, 4, 1, M], cols [.., 2, M, 1], and the K cotangent planes dk [B, H, NG, 2, M, M] float32 (None
-    without kmix). Each program walks the whole feature width in sub-blocks of ``plan.block`` (o_bwd_sub).
-
-    Two kernels when there is a mixing matrix: ``bwd_o`` writes dw (the cotangent of w = s·K, in mdt) and
-    ``bwd_mix`` maps it to dp = conj(dw·Kᴴ) and dK = Σ sᴴ·dw. In one kernel the mixing's backward (eight
-    [L, M] x [M, M] products per chunk and the K cotangent carried across the chunk loop) was 2/3 of bwd_o's
-    register spills (docs/kernels.md); dw crosses HBM once, in the compute dtype the dots cast it to anyway."""
+def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
+    """O-half backward: dg [1, B, T, H, 2, M] (mdt), the cotangent of the per-token vector g it reads (w, or p
+    when there is no mixing matrix: then conj(w) = p per ``conj``), dzv [B, T, H, D] (zv's dtype), parameter
+    rows per chunk [B, H, NC, 4, 1, M], cols [.., 2, M, 1], and None (the TPU signature's K cotangent: on GPU
+    ``bwd_mix`` maps dw to dp and dK, a kernel of its own; in bwd_o the mixing's backward was 2/3 of its register
+    spills).
+    kmix must be None. Each program walks the whole feature width in sub-blocks of ``plan.block`` and the modes in
+    blocks of MODE_BLOCK (o_bwd_modes); the parameter sums are written per chunk."""
+    _no_kmix("bwd_o", kmix)
     tabs = expand_tables(tabs)
-    kmix = None if kmix is None else kmix.astype(cdt)  # only a dot operand: cast once in HBM
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
     sub = plan.block
     NC, nsub = T // L, D // sub
     per, NG = _groups(B, H, NC)
-    dot, seg, has_k = C.Dots(cdt), segs is not None, kmix is not None
-    n_in = 15 + int(has_k)
+    nmb, mb = _mode_blocks(M)
+    dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        ins, seg_r, outs = _split(refs, n_in + (4 if seg else 0), seg)
-        p_r, k_r = ins[0], (ins[1] if has_k else None)
-        zv_r, do_r, xs_r, ys_r, *tab_r = ins[1 + int(has_k):]
+        (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + (4 if seg else 0), seg)
         dw_r, dzv_r, row_r, col_r = outs
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-        def body(c, acc):
+        def body(c, carry):
             t0 = c * L
-            tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            mk = _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-            # w is formed again where o_bwd_sub needs it (before and after the sub-blocks), not held across
-            w_fn = lambda: C.mix_fwd(_modes(p_r, bi, ts, h), _kmat(k_r, h), conj, dot)[0]  # noqa: E731
-
-            def load(j):
-                ns = pl.ds(j * sub, sub)
-                return (zv_r[bi, ts, h, ns], do_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
-                        (ys_r[bi, h, c, 0, :, ns], ys_r[bi, h, c, 1, :, ns]))
+            msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
+            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True)  # noqa: E731
+            # w is loaded again wherever it is used (per mode block), never held across the loops
+            w_fn = lambda m: C.mix_fwd(_modes(w_r, bi, ts, h, msl(m)), None, conj, dot)[0]  # noqa: E731
+            ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
 
             def store(j, dzv):
                 dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
 
-            dw, acc = C.o_bwd_sub(w_fn, load, store, nsub, tb, mk, dot, acc, L, M)
-            if not has_k:  # w = s: dp follows from dw by a conjugation, no second kernel
-                dw = C.mix_bwd_dp(dw, None, conj, dot)
-            dw_r[0, bi, ts, h, 0, :] = dw[0].astype(dw_r.dtype)
-            dw_r[0, bi, ts, h, 1, :] = dw[1].astype(dw_r.dtype)
-            return acc
+            def store_dw(m, dw):
+                dw = C.mix_bwd_dp(dw, None, conj, dot)  # identity mixing: a conjugation when conj
+                dw_r[0, bi, ts, h, 0, msl(m)] = dw[0].astype(dw_r.dtype)
+                dw_r[0, bi, ts, h, 1, msl(m)] = dw[1].astype(dw_r.dtype)
 
-        acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
-        _store_acc(row_r, col_r, bi, h, gi, acc)
+            accs = C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot,
+                                 (C.Acc.zeros(mb, flat=True),) * nmb, L)
+            for m in range(nmb):  # per chunk: nothing is carried across the chunk loop (registers)
+                _store_flat_acc(row_r, col_r, bi, h, c, accs[m], msl(m))
+            return carry
+
+        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
-           + _acc_out(B, H, NG, M))
-    args = (p,) + ((kmix,) if has_k else ()) + (zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
+           + _acc_out(B, H, NC, M))
+    args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
     dw, dzv, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
-    if not has_k:
-        return dw, dzv, row, col, None
-    dp, dk = bwd_mix(p, kmix, dw, conj=conj, L=L, cdt=cdt, mdt=mdt, interpret=interpret)
-    return dp, dzv, row, col, dk
+    return dw, dzv, row, col, None
 
 
 # bwd_mix's (num_warps, num_stages): its tiles are [L, M] and [M, M] only; 8 warps keep s, dw, dK and K (about
@@ -561,13 +657,14 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
 
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
     """dfq, dzk [B, T, H, R] (input dtypes), acc rows / cols as in bwd_o; dp [B, T, H, 2, M]. Each program walks
-    the whole feature width in sub-blocks of ``plan.block`` (p_bwd_sub)."""
+    the whole feature width in sub-blocks of ``plan.block`` and the modes in blocks (p_bwd_modes)."""
     tabs = expand_tables(tabs)
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
     sub = plan.block
     NC, nsub = T // L, R // sub
     per, NG = _groups(B, H, NC)
+    nmb, mb = _mode_blocks(M)
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
@@ -575,27 +672,28 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
             refs, 15 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
-        def body(c, acc):
+        def body(c, carry):
             t0 = c * L
-            tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            mk = _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
-
-            def load(j):
-                ns = pl.ds(j * sub, sub)
-                return (fq_r[bi, ts, h, ns], zk_r[bi, ts, h, ns], (xs_r[bi, h, c, 0, :, ns], xs_r[bi, h, c, 1, :, ns]),
-                        (ys_r[bi, h, c, 0, :, ns], ys_r[bi, h, c, 1, :, ns]))
+            msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
+            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True)  # noqa: E731
+            dp_fn = lambda m: _modes(dp_r, bi, ts, h, msl(m))  # noqa: E731
+            ld = _Loads(dict(fq=fq_r, zk=zk_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
 
             def store(j, dfq, dzk):
                 ns = pl.ds(j * sub, sub)
                 dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
                 dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
 
-            return C.p_bwd_sub(lambda: _modes(dp_r, bi, ts, h), load, store, nsub, tb, mk, dot, acc, L, M)
+            accs = C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot, (C.Acc.zeros(mb, flat=True),) * nmb, L)
+            for m in range(nmb):  # per chunk: nothing is carried across the chunk loop (registers)
+                _store_flat_acc(row_r, col_r, bi, h, c, accs[m], msl(m))
+            return carry
 
-        acc = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, C.Acc.zeros(M))
-        _store_acc(row_r, col_r, bi, h, gi, acc)
+        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
 
     out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
-           + _acc_out(B, H, NG, M))
+           + _acc_out(B, H, NC, M))
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)

@@ -6,9 +6,9 @@ The operator factors into two linear-recurrence readouts joined by a tiny per-to
     mixing   w_t = conj(p_t)·K, K = cᴴc (conj)   or   p_t·K, K = cᵀc                [B, T, H, M]
     O-half   o_t = Re(w_t · Xv_t) ∈ R^D,       Xv_t = lam∘Xv_{t-1} + b ⊗ zv_t      (kernel: p, K, zv -> o)
 
-Both kernel families (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing runs inside
-the O-half kernels (forward, its adjoint scan and its chunk-parallel backward, which returns dp and the K
-cotangent), so only p (forward) and dp (backward) cross HBM between the halves, in the compute dtype. The
+Both kernel families (GPU and TPU): one ``jax.custom_vjp`` over both halves (``_fused``); the mixing runs in the
+kernels - on GPU in kernels of its own (fwd_mix, bwd_mix: registers), on TPU inside the O-half kernels - so only
+mode vectors (p, w, dw, dp) cross HBM between the halves, in the compute dtype, never an XLA pass. The
 inputs are real planes (fq/zk/zv, Re/Im of lam and b, the initial state, K); K = f(c), the
 complex <-> plane conversions and the end-of-sequence padding correction are plain JAX, so autodiff handles c,
 the complex cotangent conventions of lam / b / initial_state, and out_dtype casts.
@@ -17,7 +17,8 @@ Backward of each half (per batch row and head; never a per-step state):
   1. ``scan_fwd``: recompute the forward state before every chunk (one pass, chunk-boundary states only);
   2. ``scan_rev``: the adjoint recurrence in reverse time, Y_c = keep·conj(lamL)∘Y_{c+1} + (cm·conj(pin)∘g)ᵀ·x;
   3. a chunk-parallel kernel (groups of chunks per program) that recomputes the intra-chunk matrices and
-     writes the input cotangents, reducing the parameter cotangents on chip to two M-vectors per program.
+     writes the input cotangents, reducing the parameter cotangents on chip to a few M-vectors per program (TPU)
+     or per chunk (GPU: nothing carried across the chunk loop).
 
 Padding (all zero, sliced off afterwards): T up to a multiple of L at the *end* (outputs are causal, so only
 the returned state sees the pad: it is corrected by lam^(-pad), exact per mode); features R, D and modes M up
@@ -168,19 +169,20 @@ class _FusedCfg:
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
     """Feature blocks and Triton tuning of the GPU kernels from the shapes and the card's shared memory
-    (``gpu.choose``; bwd_mix has a fixed tuning, ``gpu.MIX_TUNING``)."""
+    (``gpu.choose``; fwd_mix and bwd_mix have fixed tunings, ``gpu.MIX_FWD_TUNING`` / ``gpu.MIX_TUNING``)."""
     e = jnp.dtype(cdt).itemsize
     lim = K.smem_limit()
     kw = dict(bh=bh, L=L, M=mp, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
     # fwd_p / bwd_o / bwd_p write partial sums when they split features: whole features unless shared memory
     # forces a split (target_programs=0); fwd_o and the scans split freely for parallelism
+    # the mixing runs in fwd_mix / bwd_mix (fixed tunings): the O-half kernels read w and never hold K
     plans = dict(fwd_p=K.choose("fwd_p", n=rp, target_programs=0, **kw),
-                 fwd_o=K.choose("fwd_o", n=dp_, has_k=has_k, **kw),
+                 fwd_o=K.choose("fwd_o", n=dp_, **kw),
                  scan_fwd_k=K.choose("scan_fwd", n=rp, **kw),
                  scan_fwd_v=K.choose("scan_fwd", n=dp_, **kw),
                  scan_rev_k=K.choose("scan_rev", n=rp, **kw),
-                 scan_rev_v=K.choose("scan_rev", n=dp_, has_k=has_k, **kw),
-                 bwd_o=K.choose("bwd_o", n=dp_, target_programs=0, has_k=has_k, **kw),
+                 scan_rev_v=K.choose("scan_rev", n=dp_, **kw),
+                 bwd_o=K.choose("bwd_o", n=dp_, target_programs=0, **kw),
                  bwd_p=K.choose("bwd_p", n=rp, target_programs=0, **kw))
     return tuple(sorted(plans.items()))
 
@@ -194,23 +196,43 @@ def _add_partials(x):
 def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
     # not differentiated (inference, prefill): nothing to save for a backward
     cfg = dataclasses.replace(cfg, save_states=False)
-    return _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs)[0]
+    return _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, residuals=False)[0]
 
 
 def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
+    return _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, residuals=True)
+
+
+def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals):
+    """Both halves. GPU: fwd_p, then (with K) fwd_mix (w = s·K, a kernel of its own), then fwd_o reads w; the
+    backward reads the saved w (and p, for dK). TPU: fwd_o mixes p itself. Returns ((o, Xk_T, Xv_T), the
+    residuals or None)."""
     K = _kernels(cfg.family)
     P = dict(cfg.plans)
     tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
     save = jnp.dtype(cfg.sdt) if cfg.save_states else None
-    rp = K.fwd_p(fq, zk, tabs, xk0, sg, L=cfg.L, plan=P["fwd_p"], cdt=cfg.cdt, mdt=jnp.dtype(cfg.mdt),
-                 interpret=cfg.interpret, save_sdt=save)
-    p, xkt = _add_partials(rp[0]), rp[1]
-    ro = K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, L=cfg.L, plan=P["fwd_o"], cdt=cfg.cdt,
-                 out_dtype=jnp.dtype(cfg.out_dtype), interpret=cfg.interpret, save_sdt=save)
-    o, xvt = ro[0], ro[1]
-    xsk, xsv = (rp[2], ro[2]) if cfg.save_states else (None, None)
-    w = ro[3] if len(ro) > 3 else None  # the GPU fwd_o also saves w = mix(p) with the states
+    kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, save_sdt=save)
+    mdt, odt = jnp.dtype(cfg.mdt), jnp.dtype(cfg.out_dtype)
+    w = None
+    if cfg.family == "gpu":
+        rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
+        p, xkt, xsk = rp[0], rp[1], (rp[2] if cfg.save_states else None)
+        if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
+            w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
+                             write_p=residuals)
+            w = None if w is None else w[0]
+        p = None if p is None else p[0]
+        o, xvt, xsv = K.fwd_o(p if w is None else w, zv, tabs, xv0, sg, conj=cfg.conj and w is None,
+                              plan=P["fwd_o"], out_dtype=odt, **kw)
+    else:
+        rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
+        p, xkt = _add_partials(rp[0]), rp[1]
+        ro = K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, plan=P["fwd_o"], out_dtype=odt, **kw)
+        o, xvt = ro[0], ro[1]
+        xsk, xsv = (rp[2], ro[2]) if cfg.save_states else (None, None)
+    if not residuals:
+        return (o, xkt, xvt), None
     return (o, xkt, xvt), (fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv, w)
 
 
@@ -223,15 +245,14 @@ def _fused_bwd(cfg, res, cts):
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
     do = do.astype(zv.dtype)
-    # O-half: w = mix(p) is recomputed per chunk inside each kernel
     if xsv is None:
         xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
-    if w is None:
+    if w is None:  # no mixing matrix (GPU), or the TPU kernels: the O-half kernels mix p per chunk themselves
         ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
                               kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
         dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
                                             mdt=jnp.dtype(cfg.mdt), **kw)
-    else:  # the forward saved w: the O-half reads it (identity mixing), bwd_mix maps dw to dp and dK
+    else:  # GPU with K: the O-half reads the forward's w (identity mixing), bwd_mix maps dw to dp and dK
         ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
                               name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
