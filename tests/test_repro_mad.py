@@ -60,7 +60,8 @@ def test_mad_table_at_toy_size_prints_no_verdict(tmp_path, monkeypatch):
 
 def test_mad_recipe_trains_on_at_most_mads_training_set_per_task(tmp_path, monkeypatch):
     """The recipe's training-set size is capped by MAD's per task: memorization keeps MAD's 256 sequences (its map
-    is learnt from them), the others get the recipe's; every task at one sequence length, MAD's vocabularies."""
+    is learnt from them), the others get the recipe's; every task at one sequence length (compression at MAD's),
+    MAD's vocabularies."""
     from idattn.eval import mad
     seen = {}
 
@@ -75,4 +76,6 @@ def test_mad_recipe_trains_on_at_most_mads_training_set_per_task(tmp_path, monke
     assert seen["memorization"][0] == mad.TASKS["memorization"]["num_train"] == 256
     assert all(n == min(r["num_train"], mad.TASKS[t]["num_train"]) for t, (n, _) in seen.items())
     assert seen["in_context_recall"][0] == r["num_train"] < mad.TASKS["in_context_recall"]["num_train"]
-    assert {L for _, L in seen.values()} == {64} and set(seen) == set(r["tasks"])
+    # every task at one sequence length but compression, which keeps MAD's (None: the task's default, 32)
+    assert {L for t, (_, L) in seen.items() if t != "compression"} == {64} and set(seen) == set(r["tasks"])
+    assert seen["compression"][1] is None and mad.TASKS["compression"]["seq_len"] == 32

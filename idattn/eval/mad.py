@@ -27,7 +27,8 @@ with `is_training=False` only the recalled values. Selective copying, compressio
 targets aligned with the input positions in both modes (MAD's format). Compression is scored as MAD's
 auto-encoder: the representation at the last (compression) token must give back every input token, so its
 `targets` are the inputs themselves and a model needs a decoder head from the last position (mad-lab's
-`AutoEncoder`); `score` only sees the logits.
+`AutoEncoder`; ours: `auto_encoder(model_cfg)`, which `train_mad` uses for this task); `score` only sees the
+logits.
 
 **Where ours differ from mad-lab's generators** (same task, not the same samples; all randomness from the one
 seeded `np.random.Generator`):
@@ -42,6 +43,7 @@ seeded `np.random.Generator`):
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -373,6 +375,56 @@ def _generated(task: str, n: int, seed: int, is_training: bool, overrides: dict[
     return _GENERATED[key]
 
 
+def _sincos(length: int, dim: int) -> np.ndarray:
+    """[length, dim] fixed sinusoidal position embedding (sin | cos halves, frequencies 10000^(-k/(dim/2 - 1)),
+    the form mad-lab's decoder adds; dim even)."""
+    half = dim // 2
+    omega = 1.0 / (10000.0 ** (np.arange(half) / max(half - 1, 1)))
+    ang = np.arange(length)[:, None] * omega[None, :]
+    return np.concatenate([np.sin(ang), np.cos(ang)], axis=1).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_encoder_class():
+    # defined on first use: flax is imported lazily (the generators and solvers need numpy only)
+    import flax.linen as nn
+    import jax.numpy as jnp
+
+    from idattn.layers.common import RMSNorm
+    from idattn.models.llama import Decoder
+    from idattn.models.spec import ModelSpec
+
+    class AutoEncoder(nn.Module):
+        spec: ModelSpec
+
+        @nn.compact
+        def __call__(self, tokens, segment_ids=None, positions=None):
+            s = self.spec
+            init = nn.initializers.normal(0.02)  # mad-lab's initializer_range
+            h = Decoder(s, name="encoder")(tokens, segment_ids=segment_ids, positions=positions, hidden=True)
+            z = h[:, -1, :].astype(jnp.float32)                                        # [B, d]
+            x = z[:, None, :] + jnp.asarray(_sincos(tokens.shape[1], s.d_model))[None]  # [B, T, d]
+            for i in range(2):
+                x = RMSNorm(s.norm_eps, name=f"dec_norm_{i}")(x)
+                x = nn.gelu(nn.Dense(s.d_model, kernel_init=init, name=f"dec_{i}")(x), approximate=False)
+            x = RMSNorm(s.norm_eps, name="unembed_norm")(x)
+            return nn.Dense(s.vocab_size, kernel_init=init, name="unembed")(x).astype(jnp.float32)
+
+    return AutoEncoder
+
+
+def auto_encoder(model_cfg: Any):
+    """MAD's compression model (mad-lab `AutoEncoder` with global pool "last"), a flax module: the encoder is
+    the language model of ``model_cfg`` up to its final norm (``Decoder(..., hidden=True)``: the mixers under
+    test, causal, no head), and the representation z at the last (compression) token is all the decoder sees:
+    for every position t, x_t = z + sincos_t, then RMSNorm -> Dense(d) -> GELU twice, then RMSNorm -> Dense(V):
+    logits [B, T, V] float32. Called as the language model: ``apply({"params": p}, tokens, segment_ids=,
+    positions=)``. Differences from mad-lab: our encoder ends in the LM's final RMSNorm (theirs feeds the
+    residual stream to the decoder's first norm), and its blocks are ours (SwiGLU channel mixers)."""
+    from idattn.models.spec import spec_from_config
+    return _auto_encoder_class()(spec_from_config(model_cfg))
+
+
 def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int = 128, lr: float = 5e-4,
               weight_decay: float = 0.0, warmup: int = 50, seed: int = 0, num_train: int | None = None,
               num_test: int | None = None, log_every: int = 0, log: Callable[[str], None] = print,
@@ -381,11 +433,8 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
     `score`, "loss", "steps", ...}. The step is the trainer's (idattn.train.step.make_train_step, as
     idattn.eval.recall.train_mqar uses it) with MAD's optimiser: AdamW, cosine to lr/100 after `warmup` (MAD:
     cosine to 1e-6, no warmup given), global-norm clip 1.0. Training instances: `generate(..., is_training=True)`
-    (next-token targets for the recall tasks, as MAD's datasets). Compression needs MAD's auto-encoder head (a
-    decoder from the last position), which build_model does not have: refused."""
-    if task == "compression":
-        raise NotImplementedError("mad compression: needs an auto-encoder decoder head (mad-lab AutoEncoder); "
-                                  "the decoder LM has none")
+    (next-token targets for the recall tasks, as MAD's datasets). Compression trains ``auto_encoder(model_cfg)``
+    (the config's language model as the encoder, MAD's MLP decoder from the last position) instead."""
     import time
 
     import jax
@@ -403,7 +452,7 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
     n_train = int(num_train or spec["num_train"])
     x_tr, y_tr = _generated(task, n_train, seed, True, task_overrides)
     x_te, y_te = _generated(task, int(num_test or spec["num_test"]), seed + 100_003, False, task_overrides)
-    model = build_model(model_cfg)
+    model = auto_encoder(model_cfg) if task == "compression" else build_model(model_cfg)
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))

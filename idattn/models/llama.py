@@ -19,7 +19,8 @@ constrained to ("batch", "length", "act_embed") after the embedding, after every
 and the logits to ("batch", "length", "act_vocab"): activations stay split over the batch shards, so XLA
 gathers the FSDP-sharded weights instead of computing partial products for the whole batch on every chip.
 Positions default to the position inside each document (restarting at each segment start). With
-`cache=` (see idattn.models.decoding) it returns `(logits, new_cache)` and continues from the cache.
+`cache=` (see idattn.models.decoding) it returns `(logits, new_cache)` and continues from the cache; with
+`hidden=True` the final-normed representation [B, T, d] instead of logits (no `lm_head` is applied or created).
 """
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ class Decoder(nn.Module):
     spec: ModelSpec
 
     @nn.compact
-    def __call__(self, tokens, segment_ids=None, positions=None, cache=None, targets=None, loss_chunk: int = 0):
+    def __call__(self, tokens, segment_ids=None, positions=None, cache=None, targets=None, loss_chunk: int = 0,
+                 hidden: bool = False):
         s = self.spec
         tokens = jnp.asarray(tokens)
         if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
@@ -170,6 +172,10 @@ class Decoder(nn.Module):
             new_layer_cache = None if layer_cache is None else jax.tree_util.tree_map(
                 lambda *a: jnp.stack(a), *outs)
         x = constrain(RMSNorm(s.norm_eps, dt, pdt, name="final_norm")(x), RESIDUAL_AXES)
+        if hidden:  # the final representation [B, T, d] (no head: e.g. the MAD auto-encoder's encoder)
+            if cache is not None or targets is not None:
+                raise ValueError("hidden=True: returns the representation only; pass no cache and no targets")
+            return x
         head = LMHead(s.vocab_size, s.d_model, s.init_std, dt, pdt, name="lm_head")
         if targets is not None:
             if cache is not None:

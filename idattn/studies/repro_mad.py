@@ -133,9 +133,16 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
     rows = [[f"`{c}`"] + [pct(acc[t][c]) for t in tasks] for c in cs]
     m = r["model"]
     from idattn.models.counting import state_budget
-    lens = sorted({int(o.get("seq_len", 0)) for o in r.get("task_overrides", {}).values()} - {0})
+    from idattn.eval.mad import TASKS
+    over = r.get("task_overrides", {})
+    lens = sorted({int(over[t]["seq_len"]) for t in tasks if "seq_len" in over.get(t, {})})
+    kept = [t for t in tasks if "seq_len" not in over.get(t, {})]
     setup = (f"Ours: MAD tasks (idattn.eval.mad TASKS: MAD's vocabularies, noise and motif settings"
-             + (f"; sequence length {' / '.join(map(str, lens))} for every task, MAD's 128 / 256 / 32" if lens else "")
+             + (f"; sequence length {' / '.join(map(str, lens))}" + (" for every task" if not kept else
+                " for " + ", ".join(t for t in tasks if t not in kept)) + ", MAD's 128 / 256 / 32" if lens else "")
+             + ("".join(f"; {t} at MAD's length {TASKS[t]['seq_len']}" for t in kept) if lens else "")
+             + ("; compression through MAD's auto-encoder (idattn.eval.mad.auto_encoder: the cell as the encoder, "
+                "MAD's MLP decoder from the last token)" if "compression" in tasks else "")
              + f"), d_model {m['d_model']} x {m['num_layers']} blocks of (mixer, MLP) (MAD's depth counts "
              f"{2 * m['num_layers']} layers), {r['steps']} steps x {r['batch_size']} sequences at AdamW {r['lr']:g}, "
              f"{r.get('num_train') or 'MAD'} training sequences (at most MAD's per task), {r.get('num_test') or 'MAD'} "
