@@ -295,6 +295,9 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     assert base == fresh_hash()
     os.replace(pkg / "ops" / "s4d.py", pkg / "models" / "moved_s4d.py")
     assert fresh_hash() == base
+    with open(pkg / "ops" / "pallas" / "gpu.py", "a") as f:  # the fused kernels: no study run executes them
+        f.write("\n# a kernel change\n")
+    assert fresh_hash() == base
     with open(pkg / "layers" / "common.py", "a") as f:
         f.write("\n# a change\n")
     assert fresh_hash() != base
@@ -318,3 +321,25 @@ def test_context_buckets_measure_the_context_each_token_had():
     assert out["ratio"] == pytest.approx(math.exp(1.5 - 16 / 6))
     # the same numbers by column alone (ignoring the boundary) would differ: the test can tell
     assert out["bucket_ppl"][0] != pytest.approx(math.exp((3 + 3 + 3 + 2) / 4))
+
+
+def test_every_study_model_runs_no_fused_kernel():
+    """What lets source_hash leave idattn/ops/pallas out: every model the study trains (each table's mixers and
+    sizes, the cube, MAD's cells, MQAR) runs the XLA paths, impl="chunked" and attn_impl="xla"."""
+    from idattn.configs import repro as exp
+    from idattn.studies import repro_mad
+
+    assert runs.SRC_EXCLUDE == (os.path.join("ops", "pallas"),)
+    models = []
+    for size in exp.SIZES:
+        for mixer in ("softmax", "interdomain", "s4d_only", "s4d_only+sum", *repro_mad.cells()[1:]):
+            for dt in ("paper", "scaled"):
+                models.append(exp.get_config(f"{mixer},{size},{dt},0").model)
+    for size in exp.MQAR:
+        for cell in repro_mad.cells():
+            models.append(exp.get_mqar_config(cell, size).model)
+    ctx = runs.Ctx("/nonexistent", "small", (0,), render_only=True, keep_stale=False, only=())
+    models += [repro_mad.mad_model_config(ctx, c) for c in repro_mad.cells()]
+    assert len(models) > 40
+    for m in models:
+        assert m.impl == "chunked" and m.attn_impl == "xla", (m.mixer if "mixer" in m else m)
