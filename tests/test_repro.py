@@ -343,3 +343,42 @@ def test_every_study_model_runs_no_fused_kernel():
     assert len(models) > 40
     for m in models:
         assert m.impl == "chunked" and m.attn_impl == "xla", (m.mixer if "mixer" in m else m)
+
+
+def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tmp_path, monkeypatch):
+    """--archive / --restore: a finished MAD run (marker + eval result) recorded in one JSON, the root deleted, the
+    run restored into a fresh root and reused without training; a run folder that exists is not overwritten; a
+    record reaching outside <root>/runs, or naming other files, is refused before anything is written."""
+    import shutil
+
+    from idattn.eval import mad
+    from idattn.studies import repro_mad
+    calls = []
+
+    def train(model_cfg, task, **kw):
+        calls.append(task)
+        return {"acc": 0.25, "loss": 0.1, "steps": kw["steps"], "seq_len": 8, "num_test": 8}
+
+    monkeypatch.setattr(mad, "train_mad", train)
+    root, record = str(tmp_path / "a"), str(tmp_path / "record.json")
+    ctx = runs.Ctx(root, "toy", (0,), render_only=False, keep_stale=False, only=())
+    assert repro_mad.ensure_mad(ctx, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
+    runs.write_marker(os.path.join(root, "runs", "toy", "mad", "half-done"), {"status": "training"})
+    assert runs.archive_runs(root, record) == 1  # finished runs only
+    shutil.rmtree(root)
+    root2 = str(tmp_path / "b")
+    assert runs.restore_runs(record, root2) == 1 and runs.restore_runs(record, root2) == 0
+    ctx2 = runs.Ctx(root2, "toy", (0,), render_only=False, keep_stale=False, only=())
+    assert repro_mad.ensure_mad(ctx2, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
+    wd = repro_mad.mad_dir(ctx2, "softmax", "memorization", 0)
+    assert sorted(os.listdir(os.path.join(wd, "eval")))  # the result came back
+    for bad in ({"../escape": {"repro.json": "{}"}}, {"runs/toy/mad/x": {"params/ckpt.bin": "0"}}):
+        with open(record, "w") as f:
+            json.dump({"format": runs.ARCHIVE_FORMAT, "runs": bad}, f)
+        with pytest.raises(runs.ReproError, match="refusing the whole record"):
+            runs.restore_runs(record, str(tmp_path / "c"))
+        assert not os.path.exists(tmp_path / "c")
+    with open(record, "w") as f:
+        f.write("[]")
+    with pytest.raises(runs.ReproError, match="not a runs record"):
+        runs.restore_runs(record, root2)

@@ -62,8 +62,9 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, context_use, ensure_mqar, lm_ppl, load_experiment,
-                                       log, paper, read_marker, run_cost, run_name, text_recall, write_table)
+from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, archive_runs, context_use, ensure_mqar, lm_ppl,
+                                       load_experiment, log, paper, read_marker, restore_runs, run_cost, run_name,
+                                       text_recall, write_table)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
                                            verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
                                            verdict_md)
@@ -563,6 +564,11 @@ def main(argv=None) -> int:
                    "table of the root, in the order of `all`, from what the tables say after this invocation")
     p.add_argument("--only", default="", help="comma-separated mixers to train / evaluate; the tables read the "
                    "others' existing results (e.g. to run part of the grid first)")
+    p.add_argument("--restore", default="", help="first recreate under --root the finished runs this record "
+                   "(written by --archive) holds and the root lacks: markers and results, no checkpoints; they are "
+                   "reused as finished runs when the model code and recipe match (e.g. docs/reproduction-runs.json)")
+    p.add_argument("--archive", default="", help="at the end, record every finished run of --root (markers and "
+                   "results) in this JSON file, merged with what it holds: a study then outlives its scratch root")
     args = p.parse_args(argv)
 
     size = "toy" if args.toy else "small"
@@ -586,6 +592,8 @@ def main(argv=None) -> int:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
         ctx.train_dt = args.train_dt
+        if args.restore:
+            log(f"restored {restore_runs(args.restore, ctx.root)} runs from {args.restore} into {ctx.root}")
         import jax
         if not args.no_compile_cache and not jax.config.jax_compilation_cache_dir:
             # the two seeds of a mixer (and reruns) compile the same programs
@@ -610,6 +618,8 @@ def main(argv=None) -> int:
             except OSError as e:
                 raise ReproError(f"--doc={args.doc}: {e}") from None
             log(f"wrote the generated part of {args.doc}")
+        if args.archive:
+            log(f"recorded {archive_runs(ctx.root, args.archive)} finished runs in {args.archive}")
     except ReproError as e:
         print(f"idattn.repro: {e}", file=sys.stderr)
         return 1

@@ -474,3 +474,85 @@ def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
             f.write(text)
         os.replace(path + ".tmp", path)
     log(f"wrote {ctx.table_path(table, 'md')} and .json")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a record of finished runs that outlives the root (the root is a scratch folder; machines are not kept)
+
+ARCHIVE_FORMAT = "idattn.repro runs v1"
+
+
+def _run_dirs(root: str):
+    base = os.path.join(root, "runs")
+    for top, dirs, _ in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if ".stale-" not in d)
+        if os.path.exists(os.path.join(top, MARKER)):
+            dirs[:] = []  # a run's own sub-folders (checkpoints, eval) are not runs
+            yield top
+
+
+def archive_runs(root: str, path: str) -> int:
+    """Write every finished run under `<root>/runs` - its `repro.json` marker and its `eval/*.json` results,
+    never a checkpoint - into one JSON file at `path` (written whole, then renamed), merged with the runs
+    already recorded there (a run present in both is taken from the root). Returns the number of runs recorded.
+    With `restore_runs` a later machine reuses them as finished runs (same model code and recipe: the markers
+    are checked as usual), so a study can span sessions whose scratch folders do not survive."""
+    runs: dict[str, dict[str, str]] = {}
+    if os.path.exists(path):
+        runs.update(_read_archive(path))
+    for wd in _run_dirs(root):
+        if read_marker(wd).get("status") != "done":
+            continue
+        files = {MARKER: pathlib.Path(wd, MARKER).read_text()}
+        ev = os.path.join(wd, "eval")
+        for n in sorted(os.listdir(ev)) if os.path.isdir(ev) else []:
+            if n.endswith(".json"):
+                files[f"eval/{n}"] = pathlib.Path(ev, n).read_text()
+        runs[os.path.relpath(wd, root)] = files
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"format": ARCHIVE_FORMAT, "runs": dict(sorted(runs.items()))}, f, indent=1, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+    return len(runs)
+
+
+def _read_archive(path: str) -> dict[str, dict[str, str]]:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ReproError(f"--restore / --archive {path}: cannot read it ({type(e).__name__}: {e}); expected the "
+                         f"JSON that --archive writes") from None
+    if not isinstance(data, dict) or data.get("format") != ARCHIVE_FORMAT:
+        raise ReproError(f"{path}: not a runs record (format {data.get('format') if isinstance(data, dict) else None!r}"
+                         f", expected {ARCHIVE_FORMAT!r}); write one with --archive")
+    return data["runs"]
+
+
+def restore_runs(path: str, root: str) -> int:
+    """Recreate under `root` the recorded runs it does not have (a run folder that exists is never touched).
+    Refuses, before writing anything, a record whose paths leave `<root>/runs` or name other files than a
+    marker and eval/*.json results. Returns the number of runs restored."""
+    runs = _read_archive(path)
+    base = os.path.realpath(os.path.join(root, "runs"))
+    for rel, files in runs.items():
+        wd = os.path.realpath(os.path.join(root, rel))
+        names_ok = all(n == MARKER or (n.startswith("eval/") and n.count("/") == 1 and n.endswith(".json"))
+                       for n in files)
+        if not wd.startswith(base + os.sep) or os.path.isabs(rel) or ".." in rel.split(os.sep) or not names_ok:
+            raise ReproError(f"{path}: run {rel!r} (files {sorted(files)}) is not a run folder under "
+                             f"<root>/runs with a marker and eval/*.json; refusing the whole record")
+    n = 0
+    for rel, files in runs.items():
+        wd = os.path.join(root, rel)
+        if os.path.exists(os.path.join(wd, MARKER)):
+            continue
+        for name, text in files.items():
+            p = os.path.join(wd, name)
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+            with open(p + ".tmp", "w") as f:
+                f.write(text)
+            os.replace(p + ".tmp", p)
+        n += 1
+    return n
