@@ -193,6 +193,20 @@ def test_gpu_plan_refuses_what_cannot_fit():
         gpu.choose("bwd_o", n=128, bh=1, L=64, M=64, in_bytes=4, mode_bytes=4, state_bytes=4, limit=1000)
 
 
+def test_gpu_mix_kernels_fit_the_card_or_are_refused():
+    """fwd_mix / bwd_mix take their stages from the card's shared memory: two on an H100 / H200 (227 KiB), one on
+    a 99 KiB card where float32 at M = 64 would not fit two, and a one-line refusal naming the kernel, the shape,
+    the bytes and the limit where one stage does not fit."""
+    from idattn.ops.pallas import gpu
+    kw = dict(L=64, M=64, n_modes_in=2, mode_bytes=4, k_bytes=4)
+    assert gpu.mix_plan("bwd_mix", limit=227 * 1024, **kw).num_stages == 2
+    small = gpu.mix_plan("bwd_mix", limit=99 * 1024, **kw)
+    assert small.num_stages == 1 and small.smem <= 99 * 1024
+    assert gpu.mix_plan("fwd_mix", L=64, M=32, n_modes_in=1, mode_bytes=2, k_bytes=2, limit=99 * 1024).num_stages == 2
+    with pytest.raises(ValueError, match=r"GPU kernel fwd_mix: does not fit at L=64, M=64: ~\d+ B .*allows 50000 B"):
+        gpu.mix_plan("fwd_mix", limit=50_000, **dict(kw, n_modes_in=1))
+
+
 def test_gpu_family_f32_plain_conj_false():
     """No c, no segments, no initial state, conj=False, T = 37, two heads; the forward keeps its
     chunk-boundary states for the backward (save_states=True) instead of recomputing them."""

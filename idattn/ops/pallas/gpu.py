@@ -322,8 +322,27 @@ def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None
     return _call(kernel, out, (B, H, nrb), interpret, plan, "fwd_p")(*args)
 
 
-# fwd_mix's (num_warps, num_stages): as bwd_mix (its tiles are [L, M] and [M, M] only)
+# fwd_mix's (num_warps, num_stages): as bwd_mix (its tiles are [L, M] and [M, M] only); mix_plan lowers the stages
+# where the card's shared memory asks
 MIX_FWD_TUNING = (8, 2)
+
+
+def mix_plan(kind, *, L, M, n_modes_in, mode_bytes, k_bytes, limit=None) -> KernelPlan:
+    """The plan of fwd_mix / bwd_mix: their tuning (MIX_FWD_TUNING / MIX_TUNING), at one stage when the two-stage
+    estimate passes the card's shared memory per block (``smem_limit``); refused, naming the kernel, shape,
+    bytes and limit, when one stage does not fit either. Estimate: per chunk, ``n_modes_in`` [2, L, M] mode
+    tiles (p's partial sums, or p and dw) and the [2, M, M] planes of K, times the stages: a bound on Triton's
+    allocation at every measured case (bf16 and float32, M = 32 and 64: actual / estimate 0.5-1.0)."""
+    warps, stages = MIX_FWD_TUNING if kind == "fwd_mix" else MIX_TUNING
+    limit = smem_limit() if limit is None else int(limit)
+    per_stage = n_modes_in * 2 * L * M * mode_bytes + 2 * M * M * k_bytes
+    while per_stage * stages > limit and stages > 1:
+        stages -= 1
+    if per_stage * stages > limit:
+        raise ValueError(f"GPU kernel {kind}: does not fit at L={L}, M={M}: ~{per_stage} B of shared memory at one "
+                         f"stage, the card allows {limit} B per block; use a smaller chunk_size (e.g. "
+                         f"{max(16, L // 2)}) or impl='chunked'")
+    return KernelPlan(M, warps, stages, per_stage * stages)
 
 
 def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
@@ -372,7 +391,8 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
 
     one = jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt)
     out = (one,) * (int(has_k) + int(write_p))
-    plan = KernelPlan(M, *MIX_FWD_TUNING, 0)
+    plan = mix_plan("fwd_mix", L=L, M=M, n_modes_in=n, mode_bytes=jnp.dtype(p.dtype).itemsize,
+                    k_bytes=jnp.dtype(cdt).itemsize)
     res = list(_call(kernel, out, (B, H, NG), interpret, plan, "fwd_mix")(p, *((kmix,) if has_k else ())))
     w = res.pop(0) if has_k else None
     return w, (res.pop(0) if write_p else None)
@@ -651,7 +671,8 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
         dk_r[bi, h, gi, 1, :, :] = dk[1]
 
     out = (jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32))
-    plan = KernelPlan(M, *MIX_TUNING, 0)
+    plan = mix_plan("bwd_mix", L=L, M=M, n_modes_in=2, mode_bytes=jnp.dtype(p.dtype).itemsize,
+                    k_bytes=jnp.dtype(cdt).itemsize)
     return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(p, kmix, dw)
 
 
