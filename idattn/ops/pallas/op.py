@@ -169,13 +169,13 @@ class _FusedCfg:
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
     """Feature blocks and Triton tuning of the GPU kernels from the shapes and the card's shared memory
-    (``gpu.choose``; fwd_mix and bwd_mix have fixed tunings, ``gpu.MIX_FWD_TUNING`` / ``gpu.MIX_TUNING``)."""
+    (``gpu.choose``; fwd_mix and bwd_mix plan their own stages, ``gpu.mix_plan``)."""
     e = jnp.dtype(cdt).itemsize
     lim = K.smem_limit()
     kw = dict(bh=bh, L=L, M=mp, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
     # fwd_p / bwd_o / bwd_p keep whole features (target_programs=0): the backward walks them in sub-blocks, fwd_p
     # splits only as far as gpu.MAX_STATE or shared memory ask (fwd_mix adds its partial p sums); fwd_o and the
-    # scans split freely for parallelism. The mixing runs in fwd_mix / bwd_mix (fixed tunings): the O-half
+    # scans split freely for parallelism. The mixing runs in fwd_mix / bwd_mix (gpu.mix_plan): the O-half
     # kernels read w and never hold K.
     plans = dict(fwd_p=K.choose("fwd_p", n=rp, target_programs=0, **kw),
                  fwd_o=K.choose("fwd_o", n=dp_, **kw),
