@@ -325,6 +325,22 @@ def _value(x):
     return x() if callable(x) else x
 
 
+def _state_products(nsub, lx, ly, ld, m, L, mb, dot: Dots):
+    """Phase 2 of o_bwd_modes / p_bwd_modes for mode block m, summed over the feature sub-blocks: the products of
+    the inputs with the chunk's states, A·X0ᵀ, A·X1ᵀ, B·Y0ᵀ, B·Y1ᵀ [L, mb] (A = lx(j), B = ly(j): dO, ZV or FQ, ZK),
+    and the dlamL sums Σ_n Y∘conj(X) [mb] planes."""
+
+    def body(j, carry):
+        xr, xi, yr, yi, cr, ci = carry
+        a, b, X, Y = lx(j), ly(j), ld.x(j, m), ld.y(j, m)
+        c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
+        return (xr + dot.nt(a, X[0]), xi + dot.nt(a, X[1]), yr + dot.nt(b, Y[0]), yi + dot.nt(b, Y[1]),
+                cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
+
+    zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
+    return _sub_loop(nsub, body, (zm, zm, zm, zm, zc, zc))
+
+
 def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, length):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
@@ -363,15 +379,8 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         tb, acc = tabs(m), accs[m]
         mb = tb.pt[0].shape[-1]
 
-        def body2(j, carry, m=m):
-            tr, ti, yr, yi, cr, ci = carry
-            zv, do, X, Y = ld.zv(j), ld.do(j), ld.x(j, m), ld.y(j, m)
-            c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
-            return (tr + dot.nt(do, X[0]), ti - dot.nt(do, X[1]), yr + dot.nt(zv, Y[0]), yi + dot.nt(zv, Y[1]),
-                    cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
-
-        zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
-        tr, ti, yr, yi, cr, ci = _sub_loop(nsub, body2, (zm, zm, zm, zm, zc, zc))
+        tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
+        ti = -ti  # dO·conj(X)ᵀ
         acc = _fold_yx(acc, (cr, ci), mk.keep)
         acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
         del yr, yi
@@ -427,15 +436,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, leng
         tb, acc = tabs(m), accs[m]
         mb = tb.pt[0].shape[-1]
 
-        def body2(j, carry, m=m):
-            fr, fi, yr, yi, cr, ci = carry
-            fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, m), ld.y(j, m)
-            c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
-            return (fr + dot.nt(fq, X[0]), fi + dot.nt(fq, X[1]), yr + dot.nt(zk, Y[0]), yi + dot.nt(zk, Y[1]),
-                    cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
-
-        zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
-        fr, fi, yr, yi, cr, ci = _sub_loop(nsub, body2, (zm, zm, zm, zm, zc, zc))
+        fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
         acc = _fold_yx(acc, (cr, ci), mk.keep)
         acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
         del yr, yi
