@@ -30,6 +30,7 @@ Backward (cotangent convention for a complex z = x + iy: dz = ∂L/∂x + i ∂L
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
@@ -52,11 +53,44 @@ def cmul_conj(ar, ai, br, bi):
 
 class Dots:
     """Matmul policy: operands cast to ``cdt`` (bf16 for bf16 inputs: tensor cores; float32 otherwise with
-    precision HIGHEST, which Triton lowers to IEEE fp32 and Mosaic to full fp32), float32 accumulation."""
+    precision HIGHEST, which Triton lowers to IEEE fp32 and Mosaic to full fp32), float32 accumulation.
 
-    def __init__(self, cdt):
+    ``bound``: a traced int32 (the GPU kernels give the chunk index, ``with_bound``) for ``sum``'s one-trip
+    loops; None (the TPU kernels) sums plainly."""
+
+    def __init__(self, cdt, bound=None):
         self.cdt = jnp.dtype(cdt)
         self.prec = lax.Precision.HIGHEST if self.cdt == jnp.float32 else lax.Precision.DEFAULT
+        self.bound = bound
+
+    def with_bound(self, bound):
+        return Dots(self.cdt, bound)
+
+    def sum(self, *terms, feeds_dot=False):
+        """Σ_k terms[k]() of dot products given as thunks (float32), so that no term's dot reaches another dot.
+
+        Why (Triton, the GPU kernels): a dot whose result reaches another dot - as that dot's operand, or as
+        its accumulator after Triton folds ``acc + dot`` into the dot - gets all warps along its rows
+        (warpsPerCTA [num_warps, 1], the layout for flash-attention chains). At L = 64 rows and 8 warps that
+        holds every element twice, and the operands that also feed balanced ([4, 2]) dots are built twice in
+        two layouts: the bf16 backward's register spills at M = 64 came from there. With a bound, each term
+        (the last too when ``feeds_dot``: the sum is another dot's operand) is computed in a loop of one
+        trip from ``bound`` to ``bound + 1``, which no pass can fold away; its result leaves through the
+        loop's carry, where the slice Triton inspects ends."""
+        if self.bound is None:
+            out = terms[0]()
+            for t in terms[1:]:
+                out = out + t()
+            return out
+        lo = self.bound
+        last = None if feeds_dot else terms[-1]()
+        solo = terms if feeds_dot else terms[:-1]
+        out = last
+        for t in solo:
+            shape = jax.eval_shape(t).shape
+            r = lax.fori_loop(lo, lo + 1, lambda _, acc, t=t: acc + t(), jnp.zeros(shape, F32))
+            out = r if out is None else out + r
+        return out
 
     def __call__(self, a, b):  # a @ b
         return jnp.dot(a.astype(self.cdt), b.astype(self.cdt), precision=self.prec, preferred_element_type=F32)
@@ -341,44 +375,60 @@ def _state_products(nsub, lx, ly, ld, m, L, mb, dot: Dots):
     return _sub_loop(nsub, body, (zm, zm, zm, zm, zc, zc))
 
 
-def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, length):
+def _mode_block_loop(nmb, phase2, store_acc):
+    """store_acc(m, phase2(m)) for every mode block: in a loop over traced m when there are several, so that the
+    epilogue's code exists once and one block's sums are live at a time, each stored as soon as it is formed
+    (at M = 64 the unrolled blocks left 4-16 B of spills per thread in the bf16 backward; the loop none)."""
+    if nmb == 1:
+        store_acc(0, phase2(0))
+        return
+
+    def body(m, carry):
+        store_acc(m, phase2(m))
+        return carry
+
+    lax.fori_loop(0, nmb, body, 0)
+
+
+def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
     ld.zv(j), ld.do(j) -> [L, n] of feature sub-block j; ld.x(j, m), ld.y(j, m) -> X, Y planes [mb, n];
-    store_dzv(j, dzv [L, n] float32); store_dw(m, dw [L, mb] planes); accs: one Acc per mode block. Returns
-    the updated accs.
+    store_dzv(j, dzv [L, n] float32); store_dw(m, dw [L, mb] planes); store_acc(m, acc): the parameter sums of
+    mode block m (a flat Acc). m is a Python int or, with several mode blocks, a traced one (phase 2's loop).
 
     Two phases, for registers: (1) what contracts over the modes - A = Re((w∘pt)·Psᵀ) (summed over mode
     blocks), dzv = Aᵀ·dO + Pe·Y, and dA = dO·ZVᵀ - over the feature sub-blocks; (2) per mode block, the [L, mb]
     products dO·Xᵀ, ZV·Yᵀ and the epilogue (dw and the table cotangents, every one of which is per mode). A
     program then holds [L, mb] tiles instead of [L, M] ones where most of them are live; the sub-block inputs are
-    read once per phase (L2-resident at these sizes)."""
+    read once per phase (L2-resident at these sizes). Every sum of dots goes through ``dot.sum`` (see there)."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
-    a = None
-    for m in range(nmb):
-        tb, wv = tabs(m), w(m)
-        qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
-        am = dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1])
-        a = am if a is None else a + am
-    a = jnp.where(mk.mk, a, 0.0)
+
+    def a_terms(m):  # Re((w∘pt)·Psᵀ) of mode block m: Re(q)·Re(Ps)ᵀ - Im(q)·Im(Ps)ᵀ
+        def q(part):
+            tb, wv = tabs(m), w(m)
+            return cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])[part]
+        return (lambda: dot.nt(q(0), tabs(m).ps[0]), lambda: dot.nt(-q(1), tabs(m).ps[1]))
+
+    a = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in a_terms(m)], feeds_dot=True), 0.0)
     tbf = tabs(None)
 
     def body1(j, da):
         zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
         per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
-        store_dzv(j, dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1]))
+        store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
         return da + dot.nt(do, zv)
 
     da = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
     del a
     da = jnp.where(mk.mk, da, 0.0)
-    out = []
-    for m in range(nmb):
-        tb, acc = tabs(m), accs[m]
-        mb = tb.pt[0].shape[-1]
 
+    def phase2(m):
+        tb = tabs(m)
+        mb = tb.pt[0].shape[-1]
+        acc = Acc.zeros(mb, flat=True)
         tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
         ti = -ti  # dO·conj(X)ᵀ
         acc = _fold_yx(acc, (cr, ci), mk.keep)
@@ -396,27 +446,30 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
         hr, hi = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
         hr, hi = cmul_conj(hr, hi, u[0], u[1])
-        out.append(_fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0))))
-    return out
+        return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0)))
+
+    _mode_block_loop(nmb, phase2, store_acc)
 
 
-def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, length):
+def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
-    -> [L, n]; ld.x(j, m), ld.y(j, m) -> X, Y planes; store(j, dfq, dzk [L, n] float32). Returns the accs.
+    -> [L, n]; ld.x(j, m), ld.y(j, m) -> X, Y planes; store(j, dfq, dzk [L, n] float32); store_acc as in
+    o_bwd_modes.
     Phase 1: dG = mk∘((dp∘conj(pt))·conj(Ps)ᵀ) (summed over mode blocks) and the per-feature outputs
     dfq = dG·ZK + dF·X, dzk = dGᵀ·FQ + Pe·Y with G = FQ·ZKᵀ accumulated; phase 2 per mode block: FQ·Xᵀ, ZK·Yᵀ
     and the table cotangents (see o_bwd_modes)."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
-    dg = None
-    for m in range(nmb):
-        tb, dv = tabs(m), dp(m)
-        der, dei = cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])
-        dgm = dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1])
-        dg = dgm if dg is None else dg + dgm
-    dg = jnp.where(mk.mk, dg, 0.0)
+
+    def dg_terms(m):  # Re((dp∘conj(pt))·conj(Ps)ᵀ) of mode block m
+        def de(part):
+            tb, dv = tabs(m), dp(m)
+            return cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])[part]
+        return (lambda: dot.nt(de(0), tabs(m).ps[0]), lambda: dot.nt(de(1), tabs(m).ps[1]))
+
+    dg = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in dg_terms(m)], feeds_dot=True), 0.0)
     tbf = tabs(None)
     dv = dp(None)
     dfr, dfi = cmul_conj(_rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
@@ -425,17 +478,18 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, leng
     def body1(j, g):
         fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
         per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
-        store(j, dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1]), dot.tn(dg, fq) + dot(per, Y[0]) + dot(pei, Y[1]))
+        store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
+              dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
         return g + dot.nt(fq, zk)
 
     g = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
     del dg, dfr, dfi
     g = jnp.where(mk.mk, g, 0.0)
-    out = []
-    for m in range(nmb):
-        tb, acc = tabs(m), accs[m]
-        mb = tb.pt[0].shape[-1]
 
+    def phase2(m):
+        tb = tabs(m)
+        mb = tb.pt[0].shape[-1]
+        acc = Acc.zeros(mb, flat=True)
         fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
         acc = _fold_yx(acc, (cr, ci), mk.keep)
         acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
@@ -451,8 +505,9 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, accs, leng
         dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
         hr, hi = cmul_conj(e_t * tr + e_in * zr, e_t * ti + e_in * zi, u[0], u[1])
-        out.append(_fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0))))
-    return out
+        return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0)))
+
+    _mode_block_loop(nmb, phase2, store_acc)
 
 
 # The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam

@@ -621,10 +621,8 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
                 dw_r[0, bi, ts, h, 0, msl(m)] = dw[0].astype(dw_r.dtype)
                 dw_r[0, bi, ts, h, 1, msl(m)] = dw[1].astype(dw_r.dtype)
 
-            accs = C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot,
-                                 (C.Acc.zeros(mb, flat=True),) * nmb, L)
-            for m in range(nmb):  # per chunk: nothing is carried across the chunk loop (registers)
-                _store_flat_acc(row_r, col_r, bi, h, c, accs[m], msl(m))
+            C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c),
+                          L, store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)))
             return carry
 
         lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
@@ -707,9 +705,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
                 dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
                 dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
 
-            accs = C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot, (C.Acc.zeros(mb, flat=True),) * nmb, L)
-            for m in range(nmb):  # per chunk: nothing is carried across the chunk loop (registers)
-                _store_flat_acc(row_r, col_r, bi, h, c, accs[m], msl(m))
+            C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c),
+                          L, store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)))
             return carry
 
         lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
