@@ -22,7 +22,7 @@ skip (c) / (d) with the reason; they never stop (a) / (b).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
 (e) while the budget lasts: pallas variants (save_states=False: the backward recomputes the chunk states, the
-    GPU default saves them; chunk 128), the XLA chunked path, the decode step.
+    GPU default saves them; chunk 128; at T >= 8K the serial forward against the default chunk-parallel one), the XLA chunked path, the decode step.
 Sections have deadlines inside --budget-s (the table first); every case catches and prints its own error;
 progress is flushed as it goes and mirrored to $OUT/gpu_check.log when $OUT is set; a SUMMARY closes the run.
 """
@@ -430,6 +430,7 @@ def main():
                 SUMMARY.append(f"ERROR pallas vs chunked T={T}: {type(e).__name__}: {str(e)[:300]}")
 
     from idattn.bench import op as bop
+    from idattn.ops.pallas import op as pallas_op
     rows = []
     if "table" not in skip:
         log(f"=== (b) operator table: pallas vs {'cuDNN' if on_gpu else 'XLA'} causal attention, bf16, "
@@ -478,6 +479,14 @@ def main():
                                     label="pallas recompute")
             rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16, chunk=128,
                                     repeats=5, attention=False, deadline=deadline - 10, label="pallas L128")
+            if T >= pallas_op.GPU_PARALLEL_FWD_MIN_T:  # the serial forward where the chunk-parallel one is the default
+                saved, pallas_op.GPU_PARALLEL_FWD_MIN_T = pallas_op.GPU_PARALLEL_FWD_MIN_T, 1 << 40
+                try:
+                    rows2 += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
+                                            repeats=5, attention=False, deadline=deadline - 10,
+                                            label="pallas serial fwd")
+                finally:
+                    pallas_op.GPU_PARALLEL_FWD_MIN_T = saved
         for shape in shapes:
             for T in T_var:
                 rows2 += bop.bench_case(shape, T, tokens, ["chunked"], ["fwd", "fwdbwd"], jnp.bfloat16, repeats=3,

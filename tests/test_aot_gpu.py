@@ -291,6 +291,30 @@ def test_interdomain_125m_train_step_compiles_for_8_h200():
     assert 0 < per_device < target.hbm_bytes_per_device
 
 
+@pytest.mark.slow  # ~25 s: one fresh compile process, two bf16 cases at T = 16K
+def test_long_t_forward_runs_chunk_parallel_without_spills():
+    """At T >= op.GPU_PARALLEL_FWD_MIN_T (the benchmark's 16K rows, 65,536 tokens per batch) the compiled
+    forward is scan_fwd k / v plus the chunk-parallel readouts, whose grids have a chunk-group axis (more programs
+    than the serial kernels' B·H·blocks), and no bf16 kernel of the program spills."""
+    _need_plugin()
+    from idattn.ops.pallas import op
+    assert op.GPU_PARALLEL_FWD_MIN_T <= 16384
+    res = gpu.kernel_resources([(16, 128, 32, "bfloat16", 4, 16384, True), (32, 64, 64, "bfloat16", 2, 16384, True)])
+    print(gpu.format_resources(res))
+    for r in res:
+        assert r["error"] is None, r["error"]
+        H, B = r["case"][0], r["case"][4]
+        calls = {c["name"]: c for c in r["triton"]}
+        assert {"idattn_scan_fwd_k", "idattn_scan_fwd_v", "idattn_fwd_p_readout", "idattn_fwd_o_readout"} <= set(calls)
+        assert not {"idattn_fwd_p", "idattn_fwd_o"} & set(calls), sorted(calls)
+        for k in ("idattn_fwd_p_readout", "idattn_fwd_o_readout"):
+            g = calls[k]["grid"]
+            assert g[0] * g[1] == B * H and g[2] > calls["idattn_scan_fwd_k"]["grid"][2], (k, g)
+        for k in r["kernels"]:
+            assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (r["case"], k)
+        assert r["round_trips"] == []
+
+
 @pytest.mark.slow  # ~30 s: one fresh compile process with ptxas -v, the three bf16 kernel sets
 def test_bf16_kernels_do_not_spill_at_the_paper_shapes():
     """ptxas's report for the bf16 kernel sets of the paper's head shapes and the benchmark's (B·H = 256, segment

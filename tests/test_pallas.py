@@ -227,6 +227,25 @@ def test_gpu_family_bf16(monkeypatch, save_states):
               save_states=save_states)
 
 
+@pytest.mark.parametrize("dtype,save_states", [(jnp.float32, True), (jnp.bfloat16, False)])
+def test_gpu_family_chunk_parallel_forward(monkeypatch, dtype, save_states):
+    """The long-T forward (op.GPU_PARALLEL_FWD_MIN_T lowered to 0): scan_fwd carries the states (and the final
+    one), fwd_p / fwd_o read every chunk's state in programs of 2 chunks (3 chunks: a full group and a partial
+    one; fwd_o's features in 2 blocks, so the chunk-group and feature-block grid axes are both walked); the
+    backward reads those states (save_states) or recomputes them. Segment resets, carried state, c, conj."""
+    from idattn.ops.pallas import gpu, op
+    monkeypatch.setattr(op, "GPU_PARALLEL_FWD_MIN_T", 0)
+    monkeypatch.setattr(gpu, "BWD_TARGET_PROGRAMS", 3)
+    monkeypatch.setattr(gpu, "smem_limit", lambda: 50_000)
+    seen = []
+    real = gpu._readout
+    monkeypatch.setattr(gpu, "_readout", lambda kind, *a, **k: seen.append(kind) or real(kind, *a, **k))
+    tol = 1e-4 if dtype == jnp.float32 else 2e-2
+    _run_case("gpu", dtype, True, B=2, T=40, H=1, R=96, D=96, M=4, L=16, with_c=True, with_x0=True,
+              with_seg=True, tol_fwd=tol, tol_grad=tol, seed=4, save_states=save_states)
+    assert {"fwd_p", "fwd_o"} <= set(seen), seen
+
+
 @pytest.mark.slow
 def test_tpu_family_f32(monkeypatch):
     """The Mosaic kernels compute the same function: conj=False, two rows, T = 40 (3 chunks of 16) in time blocks

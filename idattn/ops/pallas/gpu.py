@@ -281,9 +281,15 @@ def _kmat(k_ref, h):
 # forward: fused readout + carry
 
 
-def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None):
+def fwd_p(fq, zk, tabs, x0, segs, *, L, plan, cdt, mdt, interpret, save_sdt=None, states=None):
     """p [nRB, B, T, H, 2, M] (mdt; partial sums over feature blocks) and Xk_T [B, H, 2, M, R]; with
-    ``save_sdt`` also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward."""
+    ``save_sdt`` also the states before every chunk xs [B, H, NC, 2, M, R] (dtype save_sdt) for the backward.
+
+    ``states`` (xs from ``scan_fwd``; x0 is then unused): the chunk-parallel readout - every chunk reads its
+    state instead of carrying it, the grid gains a chunk-group axis (``_readout``), and only (p,) is returned."""
+    if states is not None:
+        return _readout("fwd_p", (fq, zk), tabs, states, segs, L=L, plan=plan, cdt=cdt, out_dtype=mdt,
+                        interpret=interpret)
     tabs = expand_tables(tabs)
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
@@ -398,10 +404,13 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
     return w, (res.pop(0) if write_p else None)
 
 
-def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None):
+def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None, states=None):
     """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``, else None) from
     the per-token mode vectors w [B, T, H, 2, M] (fwd_p's mixed w; or p itself when there is no mixing matrix,
-    then conjugated here when ``conj``)."""
+    then conjugated here when ``conj``). ``states``: the chunk-parallel readout as in fwd_p; returns (o,)."""
+    if states is not None:
+        return _readout("fwd_o", (w, zv), tabs, states, segs, L=L, plan=plan, cdt=cdt, out_dtype=out_dtype,
+                        interpret=interpret, conj=conj)
     tabs = expand_tables(tabs)
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
@@ -445,8 +454,9 @@ def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, sa
 # backward building blocks
 
 
-def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"):
-    """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt)."""
+def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd", final=False):
+    """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt); with ``final`` also (xs, the state after
+    the last chunk X_T [B, H, 2, M, N] float32), what the chunk-parallel forward needs."""
     tabs = expand_tables(tabs)
     B, T, H, N = z.shape
     M = tabs[0].shape[-1]
@@ -455,7 +465,8 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
-        (z_r, *tab_r, x0_r), seg_r, (xs_r,) = _split(refs, 12 + (4 if seg else 0), seg)
+        (z_r, *tab_r, x0_r), seg_r, outs = _split(refs, 12 + (4 if seg else 0), seg)
+        xs_r = outs[0]
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
@@ -466,11 +477,61 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
             xs_r[bi, h, c, 1, :, ns] = X[1].astype(xs_r.dtype)
             return C.carry_fwd(z_r[bi, pl.ds(t0, L), h, ns], X, tb, mk, dot)
 
-        lax.fori_loop(0, NC, body, (x0_r[bi, h, 0, :, ns], x0_r[bi, h, 1, :, ns]))
+        X = lax.fori_loop(0, NC, body, (x0_r[bi, h, 0, :, ns], x0_r[bi, h, 1, :, ns]))
+        if final:
+            outs[1][bi, h, 0, :, ns] = X[0]
+            outs[1][bi, h, 1, :, ns] = X[1]
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt),)
+    if final:
+        out = out + (jax.ShapeDtypeStruct((B, H, 2, M, N), F32),)
     args = (z, *tabs, x0) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)[0]
+    res = _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)
+    return (res[0], res[1]) if final else res[0]
+
+
+def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, conj=False):
+    """The chunk-parallel forward readout (fla's chunk_fwd_o after chunk_fwd_h): fwd_p's p [nRB, B, T, H, 2, M]
+    from (fq, zk) or fwd_o's o [B, T, H, D] from (w, zv), every chunk reading its incoming state from xs
+    [B, H, NC, 2, M, N] (scan_fwd's, dtype sdt) instead of carrying it. Grid (B, H, feature blocks x chunk
+    groups): at long T the serial kernels' B·H·blocks programs each walk T/L chunks in a row; here every
+    program walks one group (``_groups``), the same per-chunk math (C.p_fwd / C.o_fwd). Returns a 1-tuple."""
+    tabs = expand_tables(tabs)
+    a, z = ins
+    B, T, H, N = z.shape
+    M = tabs[0].shape[-1]
+    block = plan.block
+    NC, nb = T // L, N // block
+    per, NG = _groups(B, H * nb, NC)
+    dot, seg = C.Dots(cdt), segs is not None
+
+    def kernel(*refs):
+        (a_r, z_r, *tab_r, xs_r), seg_r, (out_r,) = _split(refs, 13 + (4 if seg else 0), seg)
+        bi, h, q = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        fb, gi = q // NG, q % NG
+        ns = pl.ds(fb * block, block)
+
+        def body(c, carry):
+            t0 = c * L
+            ts = pl.ds(t0, L)
+            tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            X = (xs_r[bi, h, c, 0, :, ns].astype(F32), xs_r[bi, h, c, 1, :, ns].astype(F32))
+            zc = z_r[bi, ts, h, ns]
+            if kind == "fwd_p":
+                pr, pi = C.p_fwd(a_r[bi, ts, h, ns], zc, X, tb, mk, dot)
+                out_r[fb, bi, ts, h, 0, :] = pr.astype(out_r.dtype)
+                out_r[fb, bi, ts, h, 1, :] = pi.astype(out_r.dtype)
+            else:
+                wc, _ = C.mix_fwd(_modes(a_r, bi, ts, h), None, conj, dot)
+                out_r[bi, ts, h, ns] = C.o_fwd(wc, zc, X, tb, mk, dot).astype(out_r.dtype)
+            return carry
+
+        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
+
+    shape = (nb, B, T, H, 2, M) if kind == "fwd_p" else (B, T, H, N)
+    out = (jax.ShapeDtypeStruct(shape, out_dtype),)
+    args = (a, z, *tabs, xs) + (tuple(segs) if seg else ())
+    return _call(kernel, out, (B, H, nb * NG), interpret, plan, kind + "_readout")(*args)
 
 
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,

@@ -165,6 +165,7 @@ class _FusedCfg:
     out_dtype: str
     plans: tuple         # ((kernel name, gpu.KernelPlan), ...)
     family: str = "gpu"  # the kernel module (tpu.py plans its own grid: its plans are None)
+    parallel_fwd: bool = False  # GPU: states by scan_fwd, then the chunk-parallel readouts (GPU_PARALLEL_FWD_MIN_T)
 
 
 def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
@@ -216,7 +217,24 @@ def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, save_sdt=save)
     mdt, odt = jnp.dtype(cfg.mdt), jnp.dtype(cfg.out_dtype)
     w = None
-    if cfg.family == "gpu":
+    if cfg.family == "gpu" and cfg.parallel_fwd:
+        # long T: the serial pass only carries the states (scan_fwd), the readouts run chunk-parallel; the states
+        # are the backward's saved states when save_states
+        sk = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, sdt=jnp.dtype(cfg.sdt), final=True)
+        xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **sk)
+        p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, L=cfg.L, cdt=cfg.cdt,
+                    interpret=cfg.interpret, states=xsk)[0]
+        if km is not None or p.shape[0] > 1:
+            w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
+                             write_p=residuals)
+            w = None if w is None else w[0]
+        p = None if p is None else p[0]
+        xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **sk)
+        o = K.fwd_o(p if w is None else w, zv, tabs, None, sg, conj=cfg.conj and w is None, plan=P["fwd_o"],
+                    out_dtype=odt, L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, states=xsv)[0]
+        if not cfg.save_states:
+            xsk = xsv = None  # the backward recomputes them (memory, as asked)
+    elif cfg.family == "gpu":
         rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
         p, xkt, xsk = rp[0], rp[1], (rp[2] if cfg.save_states else None)
         if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
@@ -281,6 +299,15 @@ _fused.defvjp(_fused_fwd, _fused_bwd)
 
 def _planes(z):
     return jnp.stack([jnp.real(z), jnp.imag(z)], axis=2)  # [B, H, M, N] -> [B, H, 2, M, N]
+
+
+# From this padded length on, the GPU forward runs its readouts chunk-parallel from scan_fwd's states (fla's
+# chunk_fwd_h + chunk_fwd_o) instead of in the serial pass that carries the state: the serial kernels have
+# B·H·blocks programs each walking T/L chunks in a row (at 65,536 tokens per batch and T = 8K, B·H = 128 for
+# H = 16: about one program per SM, 128 chunks each), the scan's body is one [M, L] x [L, N] product where the
+# readout's is four, and the states are what the backward saves anyway. 8K is the threshold, not yet a
+# measured crossover (no device has timed both; `bench op` will).
+GPU_PARALLEL_FWD_MIN_T = 8192
 
 
 def _env_save_states():
@@ -367,7 +394,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
                     interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
                     out_dtype=jnp.dtype(out_dtype).name,
                     plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
-                           else K.plans()), family=family)
+                           else K.plans()), family=family,
+                    parallel_fwd=family == "gpu" and tp >= GPU_PARALLEL_FWD_MIN_T)
     o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
                          lr, li, br, bi, xk0, xv0, segs)
     o = o[:, :T, :, :D].astype(out_dtype)
