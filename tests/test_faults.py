@@ -402,6 +402,23 @@ def _wait_steps(wd, proc, n, timeout=240):
         time.sleep(0.05)
 
 
+def test_launcher_names_the_killed_child_when_both_ended_in_one_round(capsys):
+    """A child killed by a signal and one that exits 1 because of it, both ended before the launcher's next poll
+    (a loaded machine): the launcher names the killed one as the failure and returns its code (137), not the
+    follower's exit 1 - whatever their order in the job list. (The slow launcher test met this: process 0 ended
+    with 'lost contact' in the same round as the SIGKILLed process 1, and was named.)"""
+    from idattn.launch import local
+    py = sys.executable
+    follower = [py, "-c", "import time; time.sleep(0.2); raise SystemExit(1)"]
+    killed = [py, "-c", "import os, signal, time; time.sleep(0.1); os.kill(os.getpid(), signal.SIGKILL)"]
+    for jobs, dead in (([({}, follower), ({}, killed)], 1), ([({}, killed), ({}, follower)], 0)):
+        code = local.supervise(jobs, heartbeat_timeout_s=5, stop_timeout_s=5, poll_s=3.0)
+        out = capsys.readouterr().err  # the launcher's lines go to stderr
+        assert code == 137, out
+        assert f"[launcher] failed: process {dead} (killed by SIGKILL)" in out, out
+        assert f"process {1 - dead}: exit 1" in out, out
+
+
 @pytest.mark.slow
 def test_launcher_owns_its_processes_and_a_run_resumes_on_any_process_count(tmp_path, env):
     """1 process -> (SIGTERM) -> 2 processes via launch/local.py -> (SIGTERM to the launcher: both children save,

@@ -138,9 +138,13 @@ def supervise(jobs, *, heartbeat_timeout_s: float, stop_timeout_s: float, poll_s
     try:
         while len(codes) < len(procs):
             time.sleep(poll_s)
-            for i, p in enumerate(procs):
-                if i in codes or p.poll() is None:
-                    continue
+            # the processes found ended in one round, those killed by a signal first: when one child dies, the
+            # others fail on the lost connection within milliseconds, and on a loaded machine the round can see
+            # both; the dead one is the cause, not the child that exited with an error after it
+            ended = sorted((i for i, p in enumerate(procs) if i not in codes and p.poll() is not None),
+                           key=lambda i: (procs[i].returncode >= 0, i))
+            for i in ended:
+                p = procs[i]
                 codes[i] = p.returncode
                 _say(f"process {i} ended: {describe_exit(p.returncode)}")
                 if p.returncode != 0 and stop["signal"] is None and not failed:
