@@ -217,33 +217,31 @@ def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, save_sdt=save)
     mdt, odt = jnp.dtype(cfg.mdt), jnp.dtype(cfg.out_dtype)
     w = None
-    if cfg.family == "gpu" and cfg.parallel_fwd:
-        # long T: the serial pass only carries the states (scan_fwd), the readouts run chunk-parallel; the states
-        # are the backward's saved states when save_states
+    if cfg.family == "gpu":
+        # long T (cfg.parallel_fwd): the serial passes only carry the states (scan_fwd) and the readouts run
+        # chunk-parallel from them; those states are the backward's saved states when save_states
+        par = cfg.parallel_fwd
         sk = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, sdt=jnp.dtype(cfg.sdt), final=True)
-        xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **sk)
-        p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, L=cfg.L, cdt=cfg.cdt,
-                    interpret=cfg.interpret, states=xsk)[0]
-        if km is not None or p.shape[0] > 1:
-            w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
-                             write_p=residuals)
-            w = None if w is None else w[0]
-        p = None if p is None else p[0]
-        xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **sk)
-        o = K.fwd_o(p if w is None else w, zv, tabs, None, sg, conj=cfg.conj and w is None, plan=P["fwd_o"],
-                    out_dtype=odt, L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, states=xsv)[0]
-        if not cfg.save_states:
-            xsk = xsv = None  # the backward recomputes them (memory, as asked)
-    elif cfg.family == "gpu":
-        rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
-        p, xkt, xsk = rp[0], rp[1], (rp[2] if cfg.save_states else None)
+        ro = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
+        if par:
+            xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **sk)
+            p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, states=xsk, **ro)[0]
+        else:
+            rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
+            p, xkt, xsk = rp[0], rp[1], (rp[2] if cfg.save_states else None)
         if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
             w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
                              write_p=residuals)
             w = None if w is None else w[0]
         p = None if p is None else p[0]
-        o, xvt, xsv = K.fwd_o(p if w is None else w, zv, tabs, xv0, sg, conj=cfg.conj and w is None,
-                              plan=P["fwd_o"], out_dtype=odt, **kw)
+        g, gconj = (p, cfg.conj) if w is None else (w, False)
+        if par:
+            xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **sk)
+            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv, **ro)[0]
+            if not cfg.save_states:
+                xsk = xsv = None  # the backward recomputes them (memory, as asked)
+        else:
+            o, xvt, xsv = K.fwd_o(g, zv, tabs, xv0, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, **kw)
     else:
         rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
         p, xkt = _add_partials(rp[0]), rp[1]
