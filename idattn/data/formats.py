@@ -13,8 +13,15 @@ of int32), else "int32". Records are written with `group_size:1` so that a globa
 without decompressing its neighbours.
 
 meta.json keys: format ("idattn-tokens-v1"), tokenizer {vocab_size, sha256, name, bos_id, eos_id}, dtype,
-train_shards / val_shards (file names), train_docs, train_tokens, val_docs, val_tokens, source (what was read:
-the source string, subset, input files), val_fraction, doc_hashes, created (UTC time).
+train_shards / val_shards (file names), train_docs, train_tokens, val_docs, val_tokens, shards (below), source
+(what was read: the source string, subset, input files), val_fraction, doc_hashes, created (UTC time).
+
+Shard checksums (`meta["shards"]`, written by prepare since it records them): {file name: {"records", "tokens",
+"bytes", "sha256"}} for every train and val shard: its record count, its token count, its size in bytes and the
+SHA-256 of the whole file, taken from the files as moved into place. The trainer (idattn.train.validate.
+check_shards) refuses a shard whose size, record count or SHA-256 differs, and a meta.json whose train/val token
+counts are not the sums of the shards'. Folders prepared before have no "shards" key (`shard_table` -> None):
+they keep working, unverified (the trainer says so once).
 
 Document hashes: a document's hash is the first 8 bytes of sha1(its UTF-8 text), little-endian, as uint64 (the
 number the held-out rule reads as a fraction of 2^64; `idattn.data.prepare.doc_hash`). Recording them costs 8
@@ -23,6 +30,7 @@ document as held-out. Folders prepared before they were recorded have no hash fi
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import pathlib
 
@@ -35,6 +43,27 @@ TRAIN_HASHES = "train_hashes.npy"
 VAL_HASHES = "val_hashes.npy"
 # suffixes of the raw inputs prepare reads (idattn.data.prepare.FORMATS): a folder of these is text, not data
 RAW_SUFFIXES = (".txt", ".text", ".md", ".jsonl", ".jsonl.gz", ".parquet")
+
+
+SHARDS = "shards"  # meta.json key of the per-shard checksums (module docstring)
+
+
+def file_sha256(path) -> str:
+    """Hex SHA-256 of a whole file, read in 1 MiB blocks (hashlib releases the GIL: threads hash in parallel)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        buf = bytearray(1 << 20)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def shard_table(meta: dict) -> dict | None:
+    """meta.json's {shard file name: {"records", "tokens", "bytes", "sha256"}}, or None for a folder prepared
+    before prepare recorded them."""
+    table = meta.get(SHARDS)
+    return table if isinstance(table, dict) and table else None
 
 
 def read_doc_hashes(data_dir, split: str) -> np.ndarray | None:

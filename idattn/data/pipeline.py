@@ -141,7 +141,15 @@ class _PackIterator(grain.DatasetIterator):
         self._doc = None
         if state["has_doc"]:
             self._read_doc()
-            self._offset = int(state["offset"])
+            offset = int(state["offset"])
+            if 0 <= offset < self._doc.shape[0] - 1:
+                self._offset = offset
+            else:  # the saved position is past this document: the data changed under the run (resumed with
+                # train.allow_data_change); the document is done, the stream goes on at the next one
+                log.warning("data position: the restored document holds %d pairs but the saved position is %d (the "
+                            "data changed under the run); continuing at the next document",
+                            self._doc.shape[0] - 1, offset)
+                self._doc = None
 
 
 class PackIterDataset(grain.IterDataset):

@@ -29,7 +29,8 @@ write it to `<out>/tokenizer.model` and tokenise with it. Then set `data.tokeniz
 Output (`--out`, a local folder; see idattn.data.formats for the record format): train-XXXXX.array_record
 shards of `--docs_per_shard` documents, val-XXXXX.array_record, train_hashes.npy / val_hashes.npy (each
 document's `doc_hash`, 8 bytes a document: what lets `python -m idattn.eval` tell training documents from held-out
-ones), meta.json (and tokenizer.model when trained).
+ones), meta.json (and tokenizer.model when trained). meta.json records every shard's record count, token count,
+size and SHA-256 (its "shards" table), which the trainer checks at start: a shard changed after prepare is refused.
 
 Held-out split: a document goes to it when the first 8 bytes of sha1(text), read as a fraction of 2^64, fall
 below `--val_fraction`, until `--max_val_docs` are held out: a stable, order-independent choice. When
@@ -419,6 +420,7 @@ class _ShardWriter:
         self.docs = 0
         self.tokens = 0
         self.hashes = array.array("Q")  # doc_hash of every document written, in record order (8 bytes each)
+        self.stats: dict[str, list[int]] = {}  # shard name -> [records, tokens] (meta.json's "shards" table)
 
     def write(self, record: bytes, n_tokens: int, h: int) -> None:
         from array_record.python.array_record_module import ArrayRecordWriter
@@ -427,9 +429,13 @@ class _ShardWriter:
             name = f"{self.prefix}-{len(self.names):05d}{formats.SHARD_SUFFIX}"
             self._w = ArrayRecordWriter(str(self.folder / name), "group_size:1")
             self.names.append(name)
+            self.stats[name] = [0, 0]
             self._n = 0
         self._w.write(record)
         self._n += 1
+        stat = self.stats[self.names[-1]]
+        stat[0] += 1
+        stat[1] += n_tokens
         self.docs += 1
         self.tokens += n_tokens
         self.hashes.append(h)
@@ -659,6 +665,12 @@ def _stage_meta(st: _Staged, staging: pathlib.Path, *, tok: Tokenizer, trained_p
     np.save(staging / formats.VAL_HASHES, np.frombuffer(st.val.hashes, np.uint64))
     if trained_proto is not None:
         (staging / TOKENIZER_FILE).write_bytes(trained_proto)
+    shards = {}  # per-shard checksums, checked by the trainer at start (formats module docstring)
+    for w in (st.train, st.val):
+        for name in w.names:
+            records, tokens = w.stats[name]
+            shards[name] = {"records": records, "tokens": tokens, "bytes": (staging / name).stat().st_size,
+                            "sha256": formats.file_sha256(staging / name)}
     meta = {
         "format": formats.FORMAT,
         "tokenizer": {**tok.identity(), "name": tok.name, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
@@ -666,6 +678,7 @@ def _stage_meta(st: _Staged, staging: pathlib.Path, *, tok: Tokenizer, trained_p
         "train_shards": st.train.names, "val_shards": st.val.names,
         "train_docs": st.train.docs, "train_tokens": st.train.tokens,
         "val_docs": st.val.docs, "val_tokens": st.val.tokens,
+        formats.SHARDS: shards,
         "doc_hashes": {"train": formats.TRAIN_HASHES, "val": formats.VAL_HASHES,
                        "hash": "first 8 bytes of sha1(UTF-8 text), little-endian uint64"},
         "source": {"source": source, "subset": subset, "files": [str(f) for f in files],

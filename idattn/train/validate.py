@@ -3,14 +3,15 @@ value, what was expected and the fix), plus the workdir and the prepared data sh
 
 `check_values(config)` covers the numeric ranges and the enumerations of `config.train` and `config.data`;
 `check_workdir(workdir)` refuses a workdir that cannot be created or written (read-only mount, a file in the
-way); `check_shards(config)` opens every prepared ArrayRecord shard and checks its record count against
-`meta.json`, naming the damaged file.
+way); `check_shards(config)` opens every prepared ArrayRecord shard and checks its record count, size and SHA-256
+against `meta.json` (and meta.json's token counts against the shards'), naming the damaged file.
 """
 from __future__ import annotations
 
 import math
 import os
 import tempfile
+import time
 
 from idattn.configs import ConfigError
 
@@ -155,18 +156,71 @@ def check_workdir(workdir: str) -> None:
                           f"--workdir or fix its permissions / mount") from e
 
 
+# Shards are hashed at start by this many threads (hashlib releases the GIL; SHA-256 runs at ~1.5 GB/s a core
+# with SHA-NI). At start rather than lazily at a shard's first read: the global shuffle draws every step's
+# documents from all the shards, so the first step reads nearly every shard anyway (docs/data.md, "Checksums").
+HASH_THREADS = 8
+# A folder prepared before checksums were recorded: a split's token count is verified by reading every record
+# (~250 MB/s of shard here, 6x slower than hashing) when its shards hold at most this many bytes, else not at all.
+EXACT_COUNT_MAX_BYTES = 64 << 20
+OLD_FOLDER_NOTE = "no checksums recorded (prepared by an older version)"
+
+
+def _say(msg: str) -> None:
+    import jax
+    if jax.process_index() == 0:
+        print(msg, flush=True)
+
+
+def _reprepare(path, meta) -> str:
+    src = (meta.get("source") or {}).get("source") or "<your texts>"
+    return f"re-prepare the data (python -m idattn.data.prepare --source={src} --out={path} --overwrite)"
+
+
+def _count_tokens(shards, itemsize: int) -> int:
+    from array_record.python import array_record_module as ar
+    tokens = 0
+    for shard in shards:
+        reader = ar.ArrayRecordReader(shard)
+        try:
+            n = int(reader.num_records())
+            for lo in range(0, n, 4096):
+                tokens += sum(len(r) for r in reader.read(list(range(lo, min(n, lo + 4096))))) // itemsize
+        finally:
+            reader.close()
+    return tokens
+
+
+def _hash_all(items) -> list[str]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from idattn.data import formats
+    if not items:
+        return []
+    with ThreadPoolExecutor(max(1, min(HASH_THREADS, os.cpu_count() or 1, len(items)))) as pool:
+        return list(pool.map(formats.file_sha256, [shard for shard, _ in items]))
+
+
 def check_shards(config) -> None:
-    """Prepared data: every listed shard opens and the record counts add up to meta.json's (file named)."""
+    """Prepared data, before anything is written: every listed shard opens, the record counts add up to
+    meta.json's, and (folders with checksums, formats.SHARDS) every shard's size, record count and SHA-256 are the
+    ones prepare recorded; meta.json's train/val token counts must be the shards' (the recorded per-shard counts,
+    or for an older folder the records themselves when small). One line per refusal, naming the file."""
     if str(config.data.get("source", "")) != "arrayrecord":
         return
+    import numpy as np
     from array_record.python import array_record_module as ar
 
     from idattn.data import formats
     path = config.data.path
     meta = formats.read_meta(path)
+    table = formats.shard_table(meta)
+    fix = _reprepare(path, meta)
+    splits, to_hash = {}, []
     for split in ("train", "val"):
-        total, bad = 0, []
-        for shard in formats.shard_paths(path, meta, split):
+        total, bad, nbytes = 0, [], 0
+        shards = formats.shard_paths(path, meta, split)
+        for shard in shards:
             try:
                 reader = ar.ArrayRecordReader(shard)
                 n = int(reader.num_records())
@@ -177,6 +231,20 @@ def check_shards(config) -> None:
             if n == 0:
                 bad.append(shard)
             total += n
+            size = os.path.getsize(shard)
+            nbytes += size
+            if table is not None:
+                rec = table.get(os.path.basename(shard))
+                if not isinstance(rec, dict) or not {"records", "tokens", "bytes", "sha256"} <= set(rec):
+                    raise ConfigError(f"{path}/{formats.META}: its {formats.SHARDS!r} table has no complete entry "
+                                      f"for {os.path.basename(shard)}; meta.json was edited or damaged: {fix}")
+                if size != int(rec["bytes"]):
+                    raise ConfigError(f"shard {shard}: its size is {size} bytes, meta.json recorded {rec['bytes']} "
+                                      f"at prepare time; {fix} or restore the shard")
+                if n != int(rec["records"]):
+                    raise ConfigError(f"shard {shard}: it holds {n} records, meta.json recorded {rec['records']} at "
+                                      f"prepare time; {fix} or restore the shard")
+                to_hash.append((shard, str(rec["sha256"])))
         want = int(meta.get(f"{split}_docs", total))
         if bad:
             raise ConfigError(f"data shard {bad[0]} holds no readable records (truncated or not an ArrayRecord "
@@ -185,3 +253,31 @@ def check_shards(config) -> None:
         if total != want:
             raise ConfigError(f"data.path={path}: the {split} shards hold {total} records but meta.json lists "
                               f"{want}; a shard is damaged or was replaced: prepare the data again")
+        splits[split] = (shards, nbytes)
+    t0 = time.perf_counter()
+    for (shard, recorded), got in zip(to_hash, _hash_all(to_hash)):
+        if got != recorded:
+            raise ConfigError(f"shard {shard}: its SHA-256 is {got}, meta.json recorded {recorded} at prepare time; "
+                              f"{fix} or restore the shard")
+    dt = time.perf_counter() - t0
+    itemsize = np.dtype(meta.get("dtype", "uint16")).itemsize
+    uncounted = []
+    for split, (shards, nbytes) in splits.items():
+        if table is not None:
+            have, how = sum(int(table[os.path.basename(s)]["tokens"]) for s in shards), "recorded per shard"
+        elif nbytes <= EXACT_COUNT_MAX_BYTES:
+            have, how = _count_tokens(shards, itemsize), "counted record by record"
+        else:
+            uncounted.append(split)
+            continue
+        said = meta.get(f"{split}_tokens")
+        if said is None or isinstance(said, bool) or not isinstance(said, int) or said != have:
+            raise ConfigError(f"data.path={path}: meta.json says {split}_tokens={said} but the {split} shards hold "
+                              f"{have} tokens ({how}); meta.json or a shard changed after prepare: {fix}")
+    if table is None:
+        _say(f"  data: {path}: {OLD_FOLDER_NOTE}; its shards are not checked for changes"
+             + (f" and its {'/'.join(uncounted)} token counts are not verified" if uncounted else "")
+             + "; prepare it again (--overwrite) to record them")
+    elif dt >= 1.0:
+        _say(f"  data: {len(to_hash)} shards ({sum(os.path.getsize(s) for s, _ in to_hash) / 1e9:.1f} GB) match "
+             f"the SHA-256 recorded at prepare time (checked in {dt:.1f} s)")
