@@ -106,6 +106,38 @@ SIZES["ladder48"] = dict(model=dict(vocab_size=1024, d_model=48, num_layers=4, n
                          seq_len=256, batch_size=8, num_steps=150, warmup_steps=15, chunk_size=64,
                          tokenizer="train:1024")
 
+# The pilot (issue 32, item 1): before the new ladder's recipe is fixed, one mixer pair (Softmax, Interdomain; the
+# `ppl` protocol on KJV, paper Δ) at the new ladder's lowest point (the `small` model, d 64 x 4, batch raised to
+# 16 x 256) for a few step counts and peak LRs, 3 seeds, to measure the seed spread of ln ppl and of the paired
+# log-ratio ln(ppl_Interdomain / ppl_Softmax) against steps and LR (idattn/studies/repro_pilot.py; `python -m
+# idattn.repro pilot`). Cells in training order (the most informative first, so a stop leaves them); warmup 10%
+# of the steps, cosine to 1e-4 as in `small`. Sized from a measured step (one core, `taskset -c 1`, 16 x 256
+# tokens: Interdomain 0.70 s, Softmax 0.60 s, 2026-12-02) to ~72 CPU-minutes: 18 runs, 1.3 s per step of a pair.
+PILOT = dict(size="small", batch_size=16, mixers=("softmax", "interdomain"), seeds=(0, 1, 2), warmup_frac=0.1,
+             cells=((400, 3e-3), (400, 1e-3), (200, 3e-3)))
+
+
+def pilot_size(steps: int, lr: float) -> str:
+    """The SIZES name of one pilot cell, e.g. pilot-s400-lr0.003."""
+    return f"pilot-s{int(steps)}-lr{float(lr):g}"
+
+
+def _lm_size(base: str, *, batch_size: int, num_steps: int, peak_lr: float, warmup_frac: float = 0.1,
+             **model) -> dict:
+    """A size on KJV from `base`'s model (overridden by `model`), its context and tokenizer, with its own batch,
+    steps, warmup (a fraction of the steps), peak LR, and the loss curve logged every 10 steps."""
+    z = SIZES[base]
+    return dict(model=dict(z["model"], **model), seq_len=z["seq_len"], batch_size=int(batch_size),
+                num_steps=int(num_steps), warmup_steps=max(1, int(round(warmup_frac * num_steps))),
+                chunk_size=z["chunk_size"], tokenizer=z["tokenizer"], peak_lr=float(peak_lr), log_every=10,
+                checkpoint_every=100)
+
+
+PILOT_SIZES = tuple(pilot_size(n, lr) for n, lr in PILOT["cells"])
+for _n, _lr in PILOT["cells"]:
+    SIZES[pilot_size(_n, _lr)] = _lm_size(PILOT["size"], batch_size=PILOT["batch_size"], num_steps=_n, peak_lr=_lr,
+                                          warmup_frac=PILOT["warmup_frac"])
+
 # The long-document corpus of the `length` table (issue 20, item 3): the `small` model and schedule trained on the
 # running interpreter's standard-library source (idattn/data/stdlib_corpus.py; data.source = "stdlib", its own
 # 1024-piece SentencePiece vocabulary trained on the training files only, "stdlib:1024"), evaluated on the
@@ -130,6 +162,7 @@ LENGTH_RATIOS = (1.0, 2.0, 3.5, 4.0)
 # Held-out tokens scored at every length (the same stream prefix at every length; a multiple of every length).
 EVAL_TOKENS = {"small": 7 * 1024 * 4, "toy": 7 * 128 * 2, "ladder32": 7 * 1024 * 4, "ladder48": 7 * 1024 * 4,
                "stdlib": 7 * 1024 * 4}
+EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES})
 
 # Recall at small size. MQAR: Zoology's task with the `experiments/mqar.py` model and recipe (d 64, 2 layers,
 # 256-token vocabulary, the paper's Δ range; 3000 steps x 64, AdamW at 1e-3, 100 warmup steps, cosine), the same
@@ -153,6 +186,7 @@ TEXT_RECALL = {
 # n >= 3 to be finite enough to exclude anything; the verdict rule refuses to judge on fewer, see
 # idattn/studies/repro_verdicts.py). Seed s varies both the init (42 + s) and the data order (shuffle seed s).
 SEEDS = {size: (0, 1, 2) for size in ("small", "toy", "stdlib") + LADDER}
+SEEDS.update({z: tuple(PILOT["seeds"]) for z in PILOT_SIZES})
 
 # MAD (idattn.eval.mad; Poli et al. 2024), sized to its share of the ~3 CPU-hour study (docs/reproduction.md
 # "Budget": ~80 min for 5 tasks x 9 cells x 3 seeds = 135 runs, ~35 s a run with compilation, data and scoring).
@@ -258,13 +292,16 @@ def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.Config
     t.batch_size = z["batch_size"]
     t.num_steps = z["num_steps"]
     t.warmup_steps = z["warmup_steps"]
-    t.peak_lr = 3e-3  # the paper's 125M peak LR; SSM group capped at 1e-3 as in the paper
-    t.end_lr = 1e-4
+    # the paper's 125M peak LR unless the size sets its own (the pilot and CLIMB sizes); SSM group capped at 1e-3
+    # as in the paper
+    t.peak_lr = float(z.get("peak_lr", 3e-3))
+    t.end_lr = float(z.get("end_lr", 1e-4))
     t.ssm_lr_cap = 1e-3
-    t.log_every = 50
+    # the pilot and CLIMB sizes log every 10 steps: the loss curve (its maxima: spikes) is kept in the run marker
+    t.log_every = int(z.get("log_every", 50))
     t.eval_every = 0  # validation at the end only (the repro scores its own held-out stream)
     t.eval_batches = 4
-    t.checkpoint_every = 100
+    t.checkpoint_every = int(z.get("checkpoint_every", 100))
     t.keep_last = 1
     t.async_checkpoint = False
 

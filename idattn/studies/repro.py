@@ -73,7 +73,9 @@ TABLES = ("ppl", "length", "recall", "cube")
 # The order of `all`: the budgeted study (experiments/repro.py "Budget") by evidence per CPU-minute, (a) and (b)
 # first, then (d), (c), the ladder's trend (16 min for two more points), MAD (80 min), and last the MQAR recall
 # table, whose 9 runs of 3,000 steps are outside the budget.
-ALL_ORDER = ("ppl", "cube", "length", "ladder", "mad", "recall")
+ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb")
+# Tables defined for the reproduction's sizes only (none at toy size): the pilot and both ladders.
+NOT_AT_TOY = ("pilot", "ladder", "climb")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
 # "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
 # recall; tests/test_repro.py checks these against results.py's own headings).
@@ -540,13 +542,50 @@ def table_ladder(ctx: Ctx) -> dict[str, Any]:
     return ladder(ctx)
 
 
+def table_pilot(ctx: Ctx) -> dict[str, Any]:
+    from idattn.studies.repro_pilot import table_pilot as pilot
+    return pilot(ctx)
+
+
+def table_climb(ctx: Ctx) -> dict[str, Any]:
+    """The new ladder (issue 32): idattn.studies.ladder's table over experiments/repro.py CLIMB (each point its own
+    recipe: steps, batch, warmup, peak LR), written as <root>/climb.md / .json / .png."""
+    import shutil
+    import types
+
+    from idattn.studies.ladder import table_ladder as ladder
+    top = ctx.for_size(ctx.size)
+    top.exp = types.SimpleNamespace(**{k: v for k, v in vars(ctx.exp).items() if not k.startswith("__")})
+    top.exp.LADDER = tuple(getattr(ctx.exp, "CLIMB", ()))
+    top.table_size = "climb-tmp"  # ladder writes ladder-climb-tmp.*; renamed below
+    data = ladder(top)
+    md = open(top.table_path("ladder", "md")).read()
+    md = md.replace("## Scale ladder: the Fig. 2 protocol at several compute points",
+                    "## Scale ladder, the new recipe (issue 32): the Fig. 2 protocol at the points of CLIMB")
+    md = md.replace("the `ppl` table's recipe at each size of experiments/repro.py LADDER",
+                    "the recipe of each point of experiments/repro.py CLIMB (its own steps, batch, warmup and peak "
+                    "LR, chosen by the pilot's rule; SIZES lists them)")
+    png = data.get("figure")
+    if png and os.path.exists(png):
+        dst = ctx.table_path("climb", "png")
+        shutil.move(png, dst)
+        md = md.replace(f"Figure: {os.path.basename(png)}", f"Figure: {os.path.basename(dst)}")
+        data["figure"] = dst
+    for ext in ("md", "json"):
+        if os.path.exists(top.table_path("ladder", ext)):
+            os.remove(top.table_path("ladder", ext))
+    data["table"] = "climb"
+    write_table(ctx, "climb", md.rstrip("\n"), data)
+    return data
+
+
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
-             "ladder": table_ladder, "mad": table_mad}
+             "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("mad", "ladder", "all"))
+    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -592,6 +631,7 @@ def main(argv=None) -> int:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
         ctx.train_dt = args.train_dt
+        ctx.archive = args.archive  # recorded after every finished run too, so a stop loses nothing
         if args.restore:
             log(f"restored {restore_runs(args.restore, ctx.root)} runs from {args.restore} into {ctx.root}")
         import jax
@@ -601,7 +641,7 @@ def main(argv=None) -> int:
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         # `all`: ALL_ORDER (the budgeted tables by evidence per CPU-minute, then MQAR's, outside the budget); at
         # toy size there is no ladder
-        every = tuple(t for t in ALL_ORDER if size != "toy" or t != "ladder")
+        every = tuple(t for t in ALL_ORDER if size != "toy" or t not in NOT_AT_TOY)
         tables = every if args.table == "all" else (args.table,)
         log(f"{', '.join(tables)} at size {size}, seeds {seeds}, root {ctx.root}")
         for t in tables:
@@ -611,7 +651,7 @@ def main(argv=None) -> int:
             print(open(ctx.table_path(t, "md")).read(), flush=True)
         if args.doc:
             from idattn.studies import repro_doc
-            order = tuple(t for t in ALL_ORDER if size != "toy" or t != "ladder")
+            order = tuple(t for t in ALL_ORDER if size != "toy" or t not in NOT_AT_TOY)
             try:
                 repro_doc.update_doc(args.doc, repro_doc.render(ctx.root, order, ctx.table_path,
                                                                 os.path.dirname(os.path.abspath(args.doc))))

@@ -24,7 +24,8 @@ CLAIMS = {"a": "(a) Interdomain beats S4D-only", "b": "(b) Interdomain matches (
           "d": "(d) the query readout dominates, RoPE barely matters",
           "e": "(e) recall: Softmax ≥ Interdomain > S4D-only"}
 WHERE = {"ppl": "Fig. 2 protocol (KJV)", "cube": "Table 4 cube (KJV)", "length": "Table 2 (stdlib corpus)",
-         "recall": "MQAR", "mad": "MAD", "ladder": "ladder"}
+         "recall": "MQAR", "mad": "MAD", "ladder": "ladder (previous recipe)", "climb": "new ladder"}
+LADDERS = ("ladder", "climb")  # tables with per-point claims and a trend (idattn.studies.ladder)
 
 
 class DocError(ReproError):
@@ -66,7 +67,7 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
         for key, v in (data.get("verdicts") or {}).items():
             c = key[0]
             rows.append((c, [CLAIMS.get(c, c), _where(t, key, v), _word(v), v.get("why", "")]))
-        if t == "ladder":
+        if t in LADDERS:
             for c, st in (data.get("claims") or {}).items():
                 for p, pp in zip(data.get("points", []), st["points"]):
                     iv = pp["interval"]
@@ -76,10 +77,10 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                            + f" over {iv['n']} seeds")
                     word = NOT_RUN if not iv.get("n") else (
                         pp["verdict"] if pp["verdict"] == NO_VERDICT else f"**{pp['verdict']}**")
-                    rows.append((c, [CLAIMS.get(c, c), f"ladder {p['size']} ({p['flops']:.2e} FLOPs)"
-                                     if p.get("flops") else f"ladder {p['size']}", word, txt]))
+                    rows.append((c, [CLAIMS.get(c, c), f"{WHERE[t]} {p['size']} ({p['flops']:.2e} FLOPs)"
+                                     if p.get("flops") else f"{WHERE[t]} {p['size']}", word, txt]))
                 tr = st["trend"]
-                rows.append((c, [CLAIMS.get(c, c), "ladder trend (slope of ln ratio per decade of compute)",
+                rows.append((c, [CLAIMS.get(c, c), f"{WHERE[t]} trend (slope of ln ratio per decade of compute)",
                                  f"sign {tr['sign']}" if tr.get("sign") else "no trend (fewer than 3 points)",
                                  (f"{tr['slope']:+.4f} [95% t CI {tr['lo']:+.4f}, {tr['hi']:+.4f}], {tr['n']} runs at "
                                   f"{tr['points']} points") if tr.get("sign") else ""]))
@@ -120,8 +121,8 @@ def render(root: str, order, table_path, doc_dir: str) -> str:
         with open(md_path) as f:
             md = f.read().strip()
         md = "\n".join(("#" + line) if line.startswith("#") else line for line in md.splitlines())
-        if t == "ladder" and tables[t].get("figure") and os.path.exists(tables[t]["figure"]):
-            png = "reproduction-ladder.png"
+        if t in LADDERS and tables[t].get("figure") and os.path.exists(tables[t]["figure"]):
+            png = f"reproduction-{t}.png"
             shutil.copyfile(tables[t]["figure"], os.path.join(doc_dir, png))
             md = md.replace(f"Figure: {os.path.basename(tables[t]['figure'])}", f"Figure:\n\n![scale ladder]({png})")
         parts.append(md)

@@ -20,7 +20,7 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (Ctx, check_reuse, log, move_aside, read_marker, run_cost, run_name,
-                                       source_hash, write_marker, write_table)
+                                       source_hash, write_marker, write_table, archive_now)
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
@@ -92,6 +92,7 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
                            "method": "MAD (Poli et al. 2024) task, accuracy at scored positions (idattn.eval.mad)"})
     write_marker(wd, {"src": src, "cell": cell, "task": task, "seed": seed, "size": ctx.size, "status": "done",
                        "recipe": recipe, "train_s": time.time() - t0})
+    archive_now(ctx)
     return float(res["acc"])
 
 

@@ -146,6 +146,7 @@ class Ctx:
         self.seeds = tuple(seeds)
         self.render_only, self.keep_stale = render_only, keep_stale
         self.tok = None
+        self.archive = ""  # --archive: the record every finished run is written to as soon as it finishes
 
     def skip(self, mixer: str, dt: str | None = None) -> bool:
         """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
@@ -182,6 +183,7 @@ class Ctx:
         (the `length` table trains at LENGTH_SIZE, the ladder at each LADDER size)."""
         c = Ctx(self.root, size, self.seeds, self.render_only, self.keep_stale, ())
         c.only, c.train_dt, c.unverified = self.only, self.train_dt, self.unverified
+        c.archive = self.archive
         c.judged = self.judged
         c.table_size = self.table_size
         return c
@@ -219,6 +221,36 @@ def verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
     return abs(new - old) <= 1e-4 * abs(old), f"ppl@{L} recorded {old:.6g}, now {new:.6g}"
 
 
+def size_recipe(ctx: Ctx) -> dict[str, Any]:
+    """The recipe of the invocation's size (experiments/repro.py SIZES[size]: model, context, batch, steps, warmup,
+    LR), as JSON, recorded in every new LM run's marker: a run whose recorded recipe differs is trained again."""
+    return json.loads(json.dumps(ctx.exp.SIZES[ctx.size], sort_keys=True))
+
+
+def archive_now(ctx: Ctx) -> None:
+    """With --archive: record the root's finished runs now (called after every run, so a stop loses nothing)."""
+    if ctx.archive:
+        n = archive_runs(ctx.root, ctx.archive)
+        log(f"recorded {n} finished runs in {ctx.archive}")
+
+
+def loss_curve(wd: str) -> list[list[float]]:
+    """[[step, training loss], ...] from the trainer's metrics.jsonl (one line per `log_every` steps; the loss of
+    that step's batch, not an average), kept in the marker so that the record holds it (spikes are findings)."""
+    path = os.path.join(wd, "metrics.jsonl")
+    out: dict[int, float] = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if "loss" in r and "step" in r:
+                    out[int(r["step"])] = round(float(r["loss"]), 5)
+    return [[k, out[k]] for k in sorted(out)]
+
+
 def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
     """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
     wd = ctx.lm_dir(mixer, dt, seed)
@@ -229,6 +261,12 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
         return rec if rec.get("status") == "done" else None
     cfg = ctx.config(mixer, dt, seed)
     src = source_hash()
+    recipe = size_recipe(ctx)
+    old = read_marker(wd)
+    # a run that recorded its recipe (issue 32 on) is the same run only with the same recipe; older markers have
+    # none and are judged by their model code alone, as before
+    if old and "recipe" in old and old["recipe"] != recipe and not ctx.keep_stale:
+        move_aside(wd, old, f"trained with another recipe ({old['recipe']} != {recipe})")
     rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_lm(ctx, wd, read_marker(wd)))
     if rec.get("status") == "done":
         return rec
@@ -236,7 +274,7 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     log(f"train {os.path.basename(wd)}: python -m idattn.train --config={REPRO_CONFIG}:{mixer},{ctx.size},{dt},"
         f"{seed} --workdir={wd}")
     rec = dict(rec or {}, src=src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
-               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)])
+               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)], recipe=recipe)
     write_marker(wd, rec)
     t0 = time.time()
     summary = run(cfg, wd)
@@ -245,9 +283,10 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
         write_marker(wd, rec)
         raise ReproError(f"{wd}: stopped by a signal; rerun the same command to resume")
     rec.update(status="done", params=int(summary["num_params"]), steps=int(cfg.train.num_steps),
-               final_train_loss=summary.get("loss"))
+               final_train_loss=summary.get("loss"), loss_curve=loss_curve(wd))
     write_marker(wd, rec)
     log(f"trained {os.path.basename(wd)} in {rec['train_s']:.0f} s (loss {summary.get('loss')})")
+    archive_now(ctx)
     return rec
 
 
@@ -304,6 +343,7 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
         rec["eval_s"] = float(rec.get("eval_s", 0.0)) + (time.time() - t0)
         write_marker(wd, rec)
         log(f"evaluated {os.path.basename(wd)} at {todo}: " + ", ".join(f"{out[L]:.2f}" for L in todo))
+        archive_now(ctx)
     return out
 
 
@@ -350,6 +390,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
                        "recipe": recipe, "train_s": time.time() - t0})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
+    archive_now(ctx)
     return read_results(wd, "recall")[-1]
 
 

@@ -1,0 +1,213 @@
+"""The pilot (issue 32, item 1): the seed spread of one mixer pair at the new ladder's lowest point, measured before
+the ladder's recipe (experiments/repro.py CLIMB) is fixed.
+
+`python -m idattn.repro pilot --root=DIR` trains experiments/repro.py PILOT: Softmax and Interdomain (the `ppl`
+protocol on KJV, the primary Δ) at the `small` model with batch 16 x 256, for each (steps, peak LR) cell and each
+seed, with the real trainer (`idattn.repro`'s run reuse, markers and `--archive` as every table), and writes
+DIR/pilot.md and DIR/pilot.json: per cell and mixer the per-seed ln ppl (ppl) at the training context and its sd
+over seeds, the per-seed maximum of the logged training loss after warmup and its largest rise above the running
+minimum (spikes), and per cell the sd of the paired statistics the verdicts use:
+
+  ln(ppl_Interdomain / ppl_Softmax) per seed     the pair's log-ratio ((a) and (b) are such log-ratios)
+  ln R_Interdomain, R = ppl@4x / ppl@1x          (c)'s "Interdomain flat" part (KJV here; the study's (c) is on
+  ln R_Softmax − ln R_Interdomain                the stdlib corpus: the pilot's sd is the estimate at hand)
+
+and THE RULE applied to them: the predicted half-width of the 95% paired t interval with n seeds,
+h(n) = t(0.975, n−1)·sd/√n (idattn.studies.repro_verdicts.t975), must be below half the paper's effect (TARGETS,
+computed from idattn.eval.paper_numbers: the distance from the paper's value of the statistic to the claim's line).
+The pilot's sd stands in for the (a) statistic's (it measures Interdomain against Softmax; S4D-only is not run
+in the pilot), which is stated with the table. At toy size there is no pilot (it is defined for the
+reproduction's sizes only).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+from idattn.eval.markdown import markdown_table
+from idattn.studies.repro_runs import LABEL, Ctx, lm_ppl, read_marker, run_cost, write_table
+from idattn.studies.repro_verdicts import B_MARGIN, t975
+
+
+def targets() -> dict[str, dict[str, Any]]:
+    """The effects the pilot's sd must resolve: per claim statistic, the paper's value, the claim's line and the
+    effect (their distance), all from idattn.eval.paper_numbers."""
+    from idattn.eval import paper_numbers as P
+    pp = P.VAL_PPL["125m"]
+    t2 = P.TABLE2
+    r_soft = math.log(t2["softmax"][-1] / t2["softmax"][0])
+    r_inter = math.log(t2["interdomain"][-1] / t2["interdomain"][0])
+    out = {
+        "a": dict(stat="ln(ppl_S4D-only / ppl_Interdomain)", paper=math.log(pp["s4d_only"] / pp["interdomain"]),
+                  line=0.0, source="Fig. 2 / Table 4, 125M: 19.22 / 16.48", sd_from="pair"),
+        "c_gap": dict(stat="ln R_Softmax − ln R_Interdomain", paper=r_soft - r_inter, line=0.0,
+                      source="Table 2, 1.3B, 14K / 4K: Softmax 55.92 / 12.79, Interdomain 14.26 / 14.36",
+                      sd_from="c_gap"),
+        "c_flat": dict(stat="ln R_Interdomain (line ln 1.05)", paper=r_inter, line=math.log(1.05),
+                       source="Table 2, 1.3B, 14K / 4K: Interdomain 14.26 / 14.36", sd_from="r_inter"),
+        "b": dict(stat="ln(ppl_Interdomain / ppl_Softmax) (line ln 1.02)", paper=math.log(pp["interdomain"] / pp["softmax"]),
+                  line=B_MARGIN, source="Fig. 2 / Table 4, 125M: 16.48 / 16.65", sd_from="pair"),
+    }
+    for v in out.values():
+        v["effect"] = abs(v["paper"] - v["line"])
+    return out
+
+
+# the claims the rule is fixed for (issue 32: (a) and (c)); (b) is shown for information
+RULE_CLAIMS = ("a", "c_gap", "c_flat")
+
+
+def half_width(sd: float | None, n: int) -> float | None:
+    """Predicted half-width of the 95% paired t interval of a mean over n seeds with this sd."""
+    if sd is None or n < 2:
+        return None
+    return t975(n - 1) * sd / math.sqrt(n)
+
+
+def sd(values) -> float | None:
+    v = [float(x) for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def curve_stats(curve, warmup: int) -> dict[str, float | None]:
+    """Of a logged loss curve [[step, loss], ...]: the maximum after warmup, and the largest rise of the loss above
+    its running minimum (from the first logged step on): a spike shows in the second even late in training."""
+    pts = [(int(s), float(v)) for s, v in (curve or [])]
+    after = [v for s, v in pts if s > warmup]
+    rise, low = 0.0, math.inf
+    for _, v in pts:
+        low = min(low, v)
+        rise = max(rise, v - low)
+    return {"max_after_warmup": max(after) if after else None, "max_rise": rise if pts else None,
+            "last": pts[-1][1] if pts else None}
+
+
+def _f(x, d=3) -> str:
+    return "—" if x is None else f"{x:.{d}f}"
+
+
+def pilot_cells(ctx: Ctx) -> list[dict[str, Any]]:
+    """Per pilot cell: per mixer and seed ln ppl@1x, ln R (4x / 1x) and the loss-curve stats; trains what is missing
+    (unless --render_only)."""
+    pilot = ctx.exp.PILOT
+    dt = ctx.exp.PRIMARY_DT
+    out = []
+    for size in ctx.exp.PILOT_SIZES:
+        c = ctx.for_size(size)
+        z = ctx.exp.SIZES[size]
+        L = int(z["seq_len"])
+        lengths = [L, 4 * L]
+        seeds = tuple(ctx.seeds)
+        per: dict[str, dict[str, list]] = {m: {"ln_ppl": [], "ln_r": [], "curve": []} for m in pilot["mixers"]}
+        missing, cost = [], 0.0
+        for s in seeds:  # seeds outer: a stop leaves whole pairs
+            for m in pilot["mixers"]:
+                r = lm_ppl(c, m, dt, s, lengths)
+                wd = c.lm_dir(m, dt, s)
+                if not r or L not in r:
+                    missing.append(f"{size}/{os.path.basename(wd)}")
+                    for k in per[m]:
+                        per[m][k].append(None)
+                    continue
+                rec = read_marker(wd)
+                cost += run_cost(wd)
+                per[m]["ln_ppl"].append(math.log(r[L]))
+                per[m]["ln_r"].append(math.log(r[4 * L] / r[L]) if r.get(4 * L) else None)
+                per[m]["curve"].append(curve_stats(rec.get("loss_curve"), int(z["warmup_steps"])))
+        soft, inter = per["softmax"], per["interdomain"]
+        pair = [a - b if a is not None and b is not None else None for a, b in zip(inter["ln_ppl"], soft["ln_ppl"])]
+        gap = [a - b if a is not None and b is not None else None for a, b in zip(soft["ln_r"], inter["ln_r"])]
+        sds = {"pair": sd(pair), "c_gap": sd(gap), "r_inter": sd(inter["ln_r"]),
+               **{f"ln_ppl_{m}": sd(per[m]["ln_ppl"]) for m in per}}
+        out.append({"size": size, "steps": int(z["num_steps"]), "batch": int(z["batch_size"]), "seq_len": L,
+                    "warmup": int(z["warmup_steps"]), "peak_lr": float(z.get("peak_lr", 3e-3)),
+                    "tokens": int(z["num_steps"]) * int(z["batch_size"]) * L, "seeds": list(seeds), "per": per,
+                    "pair_log_ratio": pair, "c_gap": gap, "sd": sds, "missing": missing, "compute_s": cost})
+    return out
+
+
+def apply_rule(cells: list[dict[str, Any]], ns=(3, 5)) -> list[dict[str, Any]]:
+    """Per cell, claim and seed count: the predicted half-width against half the paper's effect."""
+    T = targets()
+    rows = []
+    for cell in cells:
+        for c in RULE_CLAIMS + ("b",):
+            t = T[c]
+            s = cell["sd"][t["sd_from"]]
+            hw = {n: half_width(s, n) for n in ns}
+            rows.append({"size": cell["size"], "claim": c, "sd": s, "half_width": hw, "target": t["effect"] / 2,
+                         "meets": {n: (hw[n] is not None and hw[n] < t["effect"] / 2) for n in ns},
+                         "in_rule": c in RULE_CLAIMS})
+    return rows
+
+
+def table_pilot(ctx: Ctx) -> dict[str, Any]:
+    t0 = time.time()
+    if not ctx.judged or not hasattr(ctx.exp, "PILOT_SIZES"):
+        md = "## Pilot\n\nToy size: no pilot (it is defined for the reproduction's sizes only)."
+        data = {"table": "pilot", "cells": [], "rule": [], "compute_s": 0.0, "missing": []}
+        write_table(ctx, "pilot", md, data)
+        return data
+    cells = pilot_cells(ctx)
+    rule = apply_rule(cells)
+    T = targets()
+    pilot = ctx.exp.PILOT
+    rows = []
+    for cell in cells:
+        head = (f"{cell['steps']} x {cell['batch']} x {cell['seq_len']} ({cell['tokens'] / 1e6:.2f}M), warmup "
+                f"{cell['warmup']}, LR {cell['peak_lr']:g}")
+        for m in pilot["mixers"]:
+            p = cell["per"][m]
+            rows.append([head, LABEL[m],
+                         " / ".join("—" if v is None else f"{v:.3f} ({math.exp(v):.1f})" for v in p["ln_ppl"]),
+                         _f(cell["sd"][f"ln_ppl_{m}"], 4),
+                         " / ".join("—" if c is None else _f(c["max_after_warmup"], 2) for c in p["curve"]),
+                         " / ".join("—" if c is None else _f(c["max_rise"], 2) for c in p["curve"]),
+                         " / ".join(_f(v, 3) for v in p["ln_r"])])
+    prow = []
+    for cell in cells:
+        hw = {r["claim"]: r for r in rule if r["size"] == cell["size"]}
+        prow.append([f"{cell['steps']} steps, LR {cell['peak_lr']:g}",
+                     " / ".join(_f(v, 4) for v in cell["pair_log_ratio"]), _f(cell["sd"]["pair"], 4),
+                     " / ".join(_f(v, 3) for v in cell["c_gap"]), _f(cell["sd"]["c_gap"], 4),
+                     _f(cell["sd"]["r_inter"], 4)]
+                    + [f"{_f(hw[c]['half_width'][3], 4)} / {_f(hw[c]['half_width'][5], 4)} "
+                       f"({'yes' if hw[c]['meets'][3] else 'no'} / {'yes' if hw[c]['meets'][5] else 'no'})"
+                       for c in RULE_CLAIMS + ("b",)])
+    cost = sum(c["compute_s"] for c in cells)
+    missing = [m for c in cells for m in c["missing"]]
+    tgt = "; ".join(f"({c}) {T[c]['stat']}: paper {T[c]['paper']:+.4f} ({T[c]['source']}), line {T[c]['line']:+.4f}, "
+                    f"effect {T[c]['effect']:.4f}, half {T[c]['effect'] / 2:.4f}" for c in RULE_CLAIMS + ("b",))
+    z0 = ctx.exp.SIZES[cells[0]["size"]]["model"] if cells else {}
+    md = "\n".join([
+        "## Pilot: seed spread at the new ladder's lowest point (issue 32)", "",
+        f"Ours: embedded KJV corpus, SentencePiece 1024 pieces, d_model {z0.get('d_model')} x {z0.get('num_layers')} "
+        f"layers (the `small` model), context 256, batch {pilot['batch_size']} x 256, cosine to 1e-4 after a warmup "
+        f"of {pilot['warmup_frac']:.0%} of the steps, {ctx.exp.PRIMARY_DT} Δ, float32 on one CPU core, seeds "
+        f"{list(ctx.seeds)} (init 42 + s, data order s); perplexity on the first "
+        f"{ctx.exp.EVAL_TOKENS[cells[0]['size']] if cells else 0:,} held-out tokens at 256 (1x) and 1024 (4x). "
+        "Loss-curve columns: the trainer's logged training loss (one batch, every 10 steps), its maximum after "
+        "warmup and its largest rise above the running minimum (a spike; batch-to-batch noise alone is ~0.1).", "",
+        markdown_table(["cell", "mixer", "ln ppl (ppl) per seed", "sd ln ppl", "loss max after warmup per seed",
+                        "largest loss rise per seed", "ln R = ln(ppl@4x / ppl@1x) per seed"], rows), "",
+        "Paired statistics per seed and THE RULE: predicted 95% paired t half-width h(n) = t(0.975, n−1)·sd/√n with "
+        "the pilot's sd, for n = 3 / n = 5 seeds, against half the paper's effect (yes: h(n) below it). Targets, "
+        f"from idattn/eval/paper_numbers.py: {tgt}. The (a) column uses the sd of ln(ppl_Interdomain / "
+        "ppl_Softmax) (S4D-only is not in the pilot); (c)'s columns use R on KJV (the study's (c) is on the stdlib "
+        "corpus). An sd from 3 seeds is itself uncertain (its 95% interval is 0.52x-6.3x the estimate).", "",
+        markdown_table(["cell", "ln(ppl_I / ppl_S) per seed", "sd", "ln R_S − ln R_I per seed", "sd",
+                        "sd ln R_I"] + [f"({c}) h(3) / h(5) vs {T[c]['effect'] / 2:.4f}" for c in RULE_CLAIMS + ("b",)],
+                       prow), "",
+        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
+        f"{(time.time() - t0) / 60:.1f} min)."
+        + ("" if not missing else "\n\nNot available yet (rerun without --render_only to train them): "
+           + ", ".join(missing) + ".")])
+    data = {"table": "pilot", "cells": cells, "rule": rule, "targets": T, "compute_s": cost,
+            "wall_s": time.time() - t0, "missing": missing}
+    write_table(ctx, "pilot", md, data)
+    return data
