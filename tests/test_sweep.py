@@ -261,3 +261,69 @@ def test_wsd_branches_plan_one_trunk_per_size_and_branch_points_it_keeps(tmp_pat
 def test_status_of_a_root_without_a_sweep_says_so(tmp_path, capsys):
     assert sweep.main(["status", f"--root={tmp_path / 'nothing'}"]) == 1
     assert "no sweep.json and no run folders" in capsys.readouterr().err
+
+
+# The stand-in trainer, with the real one's lease rule: a workdir whose lease.json names a live process is refused
+# (exit 1, as `python -m idattn.train` does); STUB_RACE=<run> makes it find the lease taken at its start (another
+# trainer, here the test process, got there between the sweep's check and the launch).
+LEASE_STUB = r'''#!{python}
+import json, os, socket, sys, time
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+wd, name = args["workdir"], args["config"].rsplit(":", 1)[1]
+lease = os.path.join(wd, "lease.json")
+if os.environ.get("STUB_RACE") == name:
+    json.dump({{"host": socket.gethostname(), "pid": os.getppid(), "heartbeat": time.time(), "token": "race"}},
+              open(lease, "w"))
+if os.path.exists(lease):
+    pid = json.load(open(lease))["pid"]
+    try:
+        os.kill(pid, 0)
+        print(f"error: workdir {{wd}} is in use by another trainer: pid {{pid}}", file=sys.stderr)
+        sys.exit(1)
+    except ProcessLookupError:
+        pass
+'''
+
+
+def test_a_run_another_live_trainer_holds_is_running_elsewhere_not_failed(tmp_path, monkeypatch):
+    """Two sweeps on one root: the run the other one trains (its trainer holds the workdir lease: a live pid on
+    this host, a fresh heartbeat) is reported running elsewhere, not started, not FAILED, exit 0; `status` says
+    running, also where an older sweep had recorded it failed. The same when the lease is taken between the
+    sweep's check and its trainer's start (the trainer's refusal is then not a failure)."""
+    import socket
+    import time
+
+    stub = tmp_path / "stub.py"
+    stub.write_text(LEASE_STUB.format(python=sys.executable) + STUB.split("\n", 1)[1].format())
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    root = tmp_path / "root"
+    held, raced = root / "cpu-iso-softmax-d32L1-C3e10", root / "cpu-iso-interdomain-d32L1-C3e10"
+    held.mkdir(parents=True)
+    (held / "config.json").write_text(json.dumps({"train": {"num_steps": 4, "batch_size": 1, "total_tokens": 4},
+                                                  "data": {"seq_len": 1}}))
+    (held / "metrics.jsonl").write_text(json.dumps({"step": 2, "loss": 3.5}) + "\n")
+    (held / "lease.json").write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(),
+                                                 "start_time": time.time(), "heartbeat": time.time(), "beat": 3,
+                                                 "heartbeat_s": 30.0, "stale_s": 600.0, "token": "other-sweep"}))
+    (held / "sweep_state.json").write_text(json.dumps({"state": "running", "pid": os.getpid()}))
+    monkeypatch.setenv("STUB_RACE", raced.name)
+    argv = [CPU_SWEEP, f"--root={root}", f"--python={stub}", "--only=d32L1-C3e10"]
+    rc, out = _main(argv)
+    assert rc == 0 and "FAILED" not in out, out
+    assert f"running elsewhere {held.name}" in out, out
+    assert "0 trained, 0 already done, 2 running elsewhere" in out, out
+    assert not (root / "calls.txt").exists()  # the held run was not started; the raced one was refused at start
+    assert json.loads((held / "sweep_state.json").read_text())["state"] == "running"  # the other sweep's record
+    assert not (raced / "sweep_state.json").exists()
+    rows = {r["name"]: r for r in sweep.status(str(root))}
+    assert rows[held.name]["state"] == rows[raced.name]["state"] == "running"
+    assert rows[held.name]["step"] == 2
+    (held / "sweep_state.json").write_text(json.dumps({"state": "failed", "rc": 1}))  # an older sweep's verdict
+    rc, out = _main(["status", f"--root={root}"])
+    assert rc == 0 and "2 running" in out and "failed" not in out, out
+    # the other trainers ended: the runs train here
+    monkeypatch.delenv("STUB_RACE")
+    (held / "lease.json").unlink()
+    (raced / "lease.json").unlink()
+    rc, out = _main(argv)
+    assert rc == 0 and "2 trained" in out, out

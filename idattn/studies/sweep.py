@@ -35,7 +35,10 @@ printed with the plan.
 Data flags: every trainer command carries `--config.data.source=...` explicitly, and with `--data_path=DIR`
 `--config.data.source=arrayrecord --config.data.path=DIR` (the paper sizes need prepared data: a sweep whose
 configs say `data.source=arrayrecord` is refused without `--data_path`). `--set key=value` (repeatable) adds
-`--config.key=value` to every run. State per run (`status`): pending | running | interrupted | failed | done.
+`--config.key=value` to every run. State per run (`status`): pending | running | interrupted | failed | done;
+"running" is any live trainer holding the run's workdir lease (train/lease.py), this sweep's or another's. The
+local launcher never starts a run another live trainer holds (two sweeps on one root, a run started by hand):
+it reports it "running elsewhere", not failed, and it does not make the sweep's exit code 1.
 """
 from __future__ import annotations
 
@@ -105,8 +108,11 @@ def run_status(workdir: str) -> dict[str, Any]:
         out["step"], out["loss"] = int(last["step"]), last.get("loss")
     val = final_validation(workdir)
     st = _read_json(os.path.join(workdir, STATE_FILE)) or {}
+    holder = lease_holder(workdir) if val is None else None
     if val is not None:
         out.update(state="done", val_loss=val["metrics"]["loss"], step=out["num_steps"])
+    elif holder is not None:  # a live trainer holds the workdir (this sweep's, another sweep's, or by hand)
+        out.update(state="running", where=f"host {holder.get('host', '?')} pid {holder.get('pid', '?')}")
     elif st.get("state") == "running" and _alive(st.get("pid")):
         out["state"] = "running"
     elif st.get("state") == "failed":
@@ -115,6 +121,42 @@ def run_status(workdir: str) -> dict[str, Any]:
     elif cfg is not None:
         out["state"] = "interrupted"
     return out
+
+
+def lease_holder(workdir: str) -> dict | None:
+    """The record of the live trainer holding `workdir`'s lease (train/lease.py's lease.json), or None. A run
+    held by a trainer this sweep did not start (another sweep on the same root, a run started by hand) is
+    "running elsewhere": never started a second time, never reported failed."""
+    from idattn.train import lease as lease_lib
+
+    judge = getattr(lease_lib, "holder_alive", None)
+    if judge is not None:
+        return judge(workdir)
+    return _holder_alive(workdir)
+
+
+def _holder_alive(workdir: str, default_stale_s: float = 600.0) -> dict | None:
+    """lease_holder for a lease module without holder_alive: same host -> the pid is alive; another host -> the
+    lease file was rewritten (heartbeat) within its declared stale_s (the file's age: immune to the holder's
+    clock)."""
+    import socket
+
+    from idattn.train import lease as lease_lib
+
+    path = os.path.join(workdir, lease_lib.LEASE_FILE)
+    holder = lease_lib._read(path)
+    if holder is None:
+        return None
+    if not holder:
+        return {"host": "?", "pid": "?"}  # being written: someone is there
+    if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
+        return holder if _alive(holder["pid"]) else None
+    try:
+        age = time.time() - os.path.getmtime(path)
+        limit = float(holder.get("stale_s") or default_stale_s)
+    except (OSError, TypeError, ValueError):
+        return None
+    return holder if age <= limit else None
 
 
 def _alive(pid) -> bool:
@@ -212,14 +254,17 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
     for c in configs:
         wd = os.path.join(root, c.sweep.name)
         st = run_status(wd)
-        action = "skip (done)" if st["state"] == "done" else ("resume" if st["state"] in ("interrupted", "failed")
-                                                               else "train")
+        action = ("skip (done)" if st["state"] == "done" else "running elsewhere" if st.get("where") else
+                  "resume" if st["state"] in ("interrupted", "failed") else "train")
         rows.append((c, wd, st, action))
     print(f"idattn.sweep: {len(configs)} runs in {root} (local, one after another)")
     for c, wd, st, action in rows:
         print(f"  {action:12s} {c.sweep.name}  N={c.sweep.n_params:,} D={c.sweep.tokens:,}"
+              + (f"  ({st['where']}: skipped)" if action == "running elsewhere" else "")
               + (f"  {' '.join(per_run[c.sweep.name])}" if per_run.get(c.sweep.name) else ""))
-    todo = [r for r in rows if r[3] != "skip (done)"]
+    todo = [r for r in rows if r[3] not in ("skip (done)", "running elsewhere")]
+    elsewhere = [r[0].sweep.name for r in rows if r[3] == "running elsewhere"]
+    skipped = 0  # runs of `todo` found held by another trainer when their turn came
     if todo:
         print("  command of each: " + shlex.join([python, "-m", "idattn.train",
                                                    *train_args(sweep_file, "<name>", root, extra)]))
@@ -230,8 +275,16 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
     for i, (c, wd, st, action) in enumerate(todo):
         cmd = [python, "-m", "idattn.train", *train_args(sweep_file, c.sweep.name, root,
                                                          extra + per_run.get(c.sweep.name, []))]
+        holder = lease_holder(wd)  # taken since the plan was printed (another sweep got there first)
+        if holder is not None:
+            elsewhere.append(c.sweep.name)
+            skipped += 1
+            print(f"[{i + 1}/{len(todo)}] running elsewhere {c.sweep.name} (host {holder.get('host', '?')} pid "
+                  f"{holder.get('pid', '?')}): skipped", flush=True)
+            continue
         print(f"[{i + 1}/{len(todo)}] {action} {c.sweep.name}", flush=True)
         os.makedirs(wd, exist_ok=True)
+        before = _read_json(os.path.join(wd, STATE_FILE))
         t0 = time.time()
         with open(os.path.join(wd, "train.log"), "a") as log:
             log.write(f"\n# idattn.sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
@@ -246,15 +299,29 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
                 _write_state(wd, state="interrupted", rc=proc.returncode)
                 raise
         st = run_status(wd) if rc == 0 else {}
-        if rc == 0 and st.get("state") == "done":
+        holder = lease_holder(wd) if rc != 0 else None
+        if holder is not None and str(holder.get("pid")) != str(proc.pid):
+            # refused because another trainer took the workdir between our check and the start: not a failure
+            elsewhere.append(c.sweep.name)
+            skipped += 1
+            if before is not None:
+                _write_state(wd, **{k: v for k, v in before.items() if k != "time"})  # the other sweep's record
+            else:
+                os.remove(os.path.join(wd, STATE_FILE))
+            print(f"    running elsewhere (host {holder.get('host', '?')} pid {holder.get('pid', '?')} holds the "
+                  f"workdir); not counted as failed", flush=True)
+        elif rc == 0 and st.get("state") == "done":
             _write_state(wd, state="done", rc=0, wall_time=time.time() - t0)
             print(f"    done in {time.time() - t0:.0f} s: val_loss {st['val_loss']:.4f}", flush=True)
         else:
             _write_state(wd, state="failed", rc=rc, wall_time=time.time() - t0)
             failed.append(c.sweep.name)
             print(f"    FAILED (exit {rc}); see {os.path.join(wd, 'train.log')}", flush=True)
-    print(f"idattn.sweep: {len(todo) - len(failed)} trained, {len(rows) - len(todo)} already done, "
-          f"{len(failed)} failed" + (f": {failed}" if failed else ""))
+    print(f"idattn.sweep: {len(todo) - len(failed) - skipped} trained, "
+          f"{sum(r[3] == 'skip (done)' for r in rows)} already done, "
+          + (f"{len(elsewhere)} running elsewhere (another trainer holds them; `status` follows them): "
+             f"{elsewhere}, " if elsewhere else "")
+          + f"{len(failed)} failed" + (f": {failed}" if failed else ""))
     return 1 if failed else 0
 
 
