@@ -209,13 +209,20 @@ def base_config() -> ml_collections.ConfigDict:
     t.decay_fraction = 0.2  # wsd: share of the steps in the decay (Hägele et al. 2024: ~20% matches cosine)
     t.wsd_shape = "1-sqrt"  # wsd decay shape: 1-sqrt | linear
     t.allow_schedule_change = False  # resume with a changed LR schedule (num_steps, peak_lr, ...): explicit only
+    t.allow_data_change = False  # resume with another data.path / data.source than the saved run's: explicit only
+    #   (the checkpoint's data position is a stream index; in other data it continues at an unrelated document)
     t.branch_from = ""  # "<workdir>[:<step>]": start from that run's full state (a WSD decay branch)
     t.checkpoint_steps = ()  # extra steps always saved and never rotated away (branch points of a WSD trunk)
     t.max_bad_steps = 0  # non-finite steps (loss / grad norm / update) dropped before the run stops
     t.checkpoint_fallback = True  # a damaged latest checkpoint: fall back to the newest one that verifies
     t.keep_best = True  # keep the best-of-run parameters by validation loss in <workdir>/best (never rotated)
     t.lease_heartbeat_s = 30.0  # workdir lease: heartbeat period (train/lease.py)
-    t.lease_stale_s = 600.0  # workdir lease: a heartbeat older than this is a dead trainer's
+    t.lease_stale_s = 600.0  # workdir lease: this run's lease not renewed for this long is a dead trainer's (written
+    #   into the lease: a later trainer judges this run by this value, never by its own)
+    t.checkpoint_minutes = 0.0  # also save when this many minutes of wall time passed since the last save (0: off):
+    #   bounds what a preemption without warning loses
+    t.restart_from_scratch = False  # a workdir that has committed checkpoints but none restores: start at step 0
+    #   anyway (explicit only; the refusal names checkpoints.rejected/ and how to restore from it)
 
     c.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=-1, sequence=1, tensor=1))
     c.logical_axis_rules = DEFAULT_LOGICAL_AXIS_RULES

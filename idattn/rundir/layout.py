@@ -11,6 +11,8 @@
     <workdir>/checkpoints.rejected/        checkpoints that failed to read or verify, moved aside
     <workdir>/eval/                        result files (idattn.rundir.schema)
     <workdir>/metrics.jsonl, <workdir>/tb/ the trainer's per-step log
+    <workdir>/progress.json                the newest step ever committed here (no silent restart from step 0)
+    <workdir>/lease.json                   the live trainer's lease and fencing token (idattn.train.lease)
 
 A step directory appears only once committed (orbax writes into a temporary name and renames), so listing the
 digit-named folders is the list of complete checkpoints. The trainer (idattn.train.checkpoint) writes this
@@ -39,6 +41,29 @@ def committed_steps(workdir: str) -> list[int]:
     if not os.path.isdir(d):
         return []
     return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
+
+
+PROGRESS_FILE = "progress.json"  # {"committed_step": N}: the newest checkpoint this workdir ever committed
+
+
+def read_progress(workdir: str) -> dict:
+    """The workdir's progress record ({} when none: a new run, or one written before the record existed)."""
+    try:
+        with open(os.path.join(workdir, PROGRESS_FILE)) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def write_progress(workdir: str, committed_step: int) -> None:
+    """Records that `committed_step` was committed (atomic replace); the trainer refuses to restart such a
+    workdir from step 0 without train.restart_from_scratch, whatever happens to its checkpoints later."""
+    path = os.path.join(workdir, PROGRESS_FILE)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"committed_step": int(committed_step)}, f)
+    os.replace(tmp, path)
 
 
 def best_info(workdir: str) -> dict | None:
@@ -98,7 +123,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} not found: {workdir!r} is not a training run directory (no config.json)")
     with open(path) as f:
-        d = json.load(f)
+        text = f.read()
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}, {len(text)} bytes; "
+                         f"cut or hand-edited?): restore it (earlier versions are in "
+                         f"{os.path.join(workdir, 'config.history')} when the run was resumed with changes)") from None
+    if not isinstance(d, dict):
+        raise ValueError(f"{path} holds a JSON {type(d).__name__}, not the config object; restore the file")
     if "logical_axis_rules" in d:
         d["logical_axis_rules"] = tuple((n, tuple(a) if isinstance(a, list) else a) for n, a in d["logical_axis_rules"])
     return ml_collections.ConfigDict(d)

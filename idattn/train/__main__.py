@@ -1,7 +1,8 @@
 """`python -m idattn.train --config=experiments/<file>.py[:arg] --config.<key>=<value> --workdir=<dir>`.
 
 Rerunning the same command in the same workdir resumes from its latest checkpoint. Multi-host: see
-idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed, 143 preempted (saved).
+idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed, 143 preempted (SIGTERM: saved), 130 interrupted (Ctrl-C: saved at
+the next step boundary; a second Ctrl-C: not saved).
 """
 from __future__ import annotations
 
@@ -41,6 +42,13 @@ def main(argv):
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first saves at the next step boundary), or one during start-up
+        from idattn.rundir import layout
+        steps = layout.committed_steps(os.path.abspath(_WORKDIR.value)) if _WORKDIR.value else []
+        print(f"error: interrupted: stopped without saving; last committed checkpoint: "
+              f"{os.path.join(os.path.abspath(_WORKDIR.value), 'checkpoints', str(steps[-1])) if steps else 'none'}"
+              f" (rerun to resume from it)", file=sys.stderr, flush=True)
+        sys.exit(130)
     except Exception as e:
         if jax.process_count() > 1 and _is_peer_failure(e):
             # Another process died: say so in one line and leave now. jax's exit-time shutdown barrier would
@@ -53,6 +61,8 @@ def main(argv):
         raise
     if summary["status"] == "preempted":
         sys.exit(143)
+    if summary["status"] == "interrupted":
+        sys.exit(130)
 
 
 def _is_peer_failure(e: BaseException) -> bool:

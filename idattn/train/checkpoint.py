@@ -125,7 +125,44 @@ def _from_jsonable(x):
 
 
 # ---------------------------------------------------------------------------------------------------- manager
-def make_manager(workdir: str, train_cfg, *, read_only: bool = False) -> ocp.CheckpointManager:
+def fenced_temporary_path_class(fence, tag: str):
+    """orbax's atomic-rename commit, fenced by the workdir lease (train/lease.py): each trainer writes its
+    in-flight checkpoint under a name of its own, `<step>.orbax-checkpoint-tmp-<tag>` (`tag` from the lease's
+    fencing token, the same on every process of a run), so a trainer that lost its lease while a save was in
+    flight never writes into the new owner's temporary folder of the same step; and the rename that commits it
+    calls `fence(what)` first, which raises when the lease is no longer this run's. The aborted save's own
+    temporary folder is then removed (by its own name; nothing else is touched)."""
+    import shutil
+
+    from orbax.checkpoint._src.path import atomicity
+
+    class FencedTemporaryPath(atomicity.AtomicRenameTemporaryPath):
+        # orbax uses the class for the step folder and for each item folder inside it; only the step folder
+        # (named by its step number) is the run's: the items are renamed inside it.
+        @classmethod
+        def from_final(cls, final_path, **kwargs):
+            obj = super().from_final(final_path, **kwargs)
+            if final_path.name.isdigit():
+                obj._tmp_path = final_path.parent / f"{final_path.name}{atomicity.TMP_DIR_SUFFIX}-{tag}"
+            return obj
+
+        async def finalize(self):
+            if not self._final_path.name.isdigit():
+                return await super().finalize()
+            try:
+                fence(f"commit of checkpoint {self._final_path.name}")
+            except Exception:
+                shutil.rmtree(str(self._tmp_path), ignore_errors=True)
+                raise
+            await super().finalize()
+
+    return FencedTemporaryPath
+
+
+def make_manager(workdir: str, train_cfg, *, read_only: bool = False, fence=None,
+                 tag: str | None = None) -> ocp.CheckpointManager:
+    """The run's orbax manager (rotation from train.keep_last / keep_every / checkpoint_steps). `fence(what)` and
+    `tag`: the lease's fencing check and token (fenced_temporary_path_class); None for tools that only read."""
     t = train_cfg
     keep_every = int(t.keep_every) if int(t.keep_every) > 0 else None
     pinned = sorted(int(s) for s in (t.get("checkpoint_steps", ()) or ()))
@@ -142,6 +179,7 @@ def make_manager(workdir: str, train_cfg, *, read_only: bool = False) -> ocp.Che
         create=not read_only,
         read_only=read_only,
         cleanup_tmp_directories=not read_only,
+        **({"temporary_path_class": fenced_temporary_path_class(fence, tag)} if fence is not None and tag else {}),
     )
     return ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, CKPT_DIR)), options=options,
                                  item_handlers={"params": ocp.StandardCheckpointHandler(),
@@ -191,6 +229,33 @@ def check_restored(params, opt_state, meta, data_state) -> str | None:
     return None
 
 
+class ConfigMismatch(CheckpointError):
+    """A checkpoint whose arrays have other shapes than the config builds: the config is wrong, not the file."""
+
+
+def shape_mismatch(mngr: ocp.CheckpointManager, step: int, abstract_state) -> str | None:
+    """The first parameter whose saved shape differs from `abstract_state`'s ("path: saved (a, b), now (c, d)";
+    also a parameter only one side has), or None. Read from the checkpoint's metadata, no array is loaded; a
+    checkpoint whose metadata cannot be read gives None (the restore then judges it)."""
+    try:
+        meta = mngr.item_metadata(int(step))
+        saved = meta["params"] if isinstance(meta, dict) or hasattr(meta, "__getitem__") else None
+        saved_tree = getattr(saved, "tree", saved)
+        flat_saved = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+                      jax.tree_util.tree_flatten_with_path(saved_tree)[0] if hasattr(v, "shape")}
+    except Exception:
+        return None
+    if not flat_saved:
+        return None
+    flat_now = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+                jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    for k in sorted(set(flat_saved) | set(flat_now)):
+        a, b = flat_saved.get(k), flat_now.get(k)
+        if a != b:
+            return f"params{k}: saved {a if a is not None else 'absent'}, now {b if b is not None else 'absent'}"
+    return None
+
+
 def all_processes_agree(ok: bool) -> bool:
     """True only when every process says ok (one collective; a no-op with one process)."""
     if jax.process_count() == 1:
@@ -225,6 +290,12 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
     rejected = []
     for step in steps:
         where = os.path.join(workdir, CKPT_DIR, str(step))
+        mismatch = shape_mismatch(mngr, step, abstract_state)
+        if mismatch:  # a config that does not match the run, not damage: never moved aside
+            raise ConfigMismatch(
+                f"checkpoint {where} holds other parameter shapes than this config builds ({mismatch}): the config "
+                f"is not the one the run was trained with (was {os.path.join(workdir, 'config.json')} edited?). "
+                f"Nothing was moved; rerun with the config the run was trained with, or use a new --workdir.")
         try:
             params, opt_state, meta, data_state = restore(mngr, step, abstract_state)
             reason = check_restored(params, opt_state, meta, data_state)

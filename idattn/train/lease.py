@@ -1,17 +1,31 @@
 """One trainer per workdir: a lease file with a heartbeat (works where flock does not, e.g. NFS, gcsfuse).
 
-`<workdir>/lease.json` = {"host", "pid", "start_time", "heartbeat", "token", "argv"}. Process 0 of a run creates
-it atomically (written whole to a temporary name, then hard-linked to `lease.json`, which fails if the name
-exists; O_EXCL where links are not supported) before anything else is written to the workdir, and a thread
-rewrites `heartbeat` every `heartbeat_s` seconds. Another trainer finding the lease is refused with who holds it,
-unless the lease is stale:
+`<workdir>/lease.json` = {"host", "pid", "start_time", "heartbeat", "beat", "heartbeat_s", "stale_s", "token",
+"argv"}. Process 0 of a run creates it atomically (written whole to a temporary name, then hard-linked to
+`lease.json`, which fails if the name exists; O_EXCL where links are not supported) before anything else is
+written to the workdir, and a thread rewrites it every `heartbeat_s` seconds (`heartbeat` = the holder's clock,
+`beat` += 1). Another trainer finding the lease is refused with who holds it, unless the lease is stale:
 
   - same host and the pid is gone (the holder was killed, e.g. SIGKILL or a crashed node restarted), or
-  - the heartbeat is older than `stale_s` (the holder's host is gone or hung; default 10 minutes).
+  - the lease has not been renewed for the HOLDER's declared `stale_s` (written in the lease; the taker's own
+    train.lease_stale_s never judges another trainer's lease, so a taker started with a small threshold cannot
+    take a live run over). "Not renewed" is the age of the heartbeat by the taker's clock and the age of the
+    lease file by its modification time on the shared filesystem, whichever is younger: a holder whose clock
+    runs behind is not taken over early. A heartbeat from the future (the holder's clock ahead by more than
+    CLOCK_SKEW_S) is not believed: the file's age decides alone, so such a lease expires `stale_s` after its
+    last write. Only if the file's time is in the future too does the taker watch the lease for two of the
+    holder's heartbeat periods (capped at WATCH_MAX_S) and take it when `beat` did not move.
 
-A stale lease is taken over with a message (renamed aside first, so two trainers cannot both take it). The
-heartbeat thread checks that the lease still holds its own token: if another trainer took it over, `lost` is
-set and the trainer stops before its next save rather than overwrite the other run's checkpoints.
+A stale lease is taken over with a message (renamed aside first, so two trainers cannot both take it).
+
+Fencing: the lease's `token` is the holder's fencing token. `check(what)` reads the lease file and raises
+`LeaseLost` unless it still holds this trainer's token; the trainer calls it before every write it makes to the
+workdir (checkpoint save and commit, metrics line, TensorBoard event, config, best/, eval/), so a trainer that was
+stopped (SIGSTOP, a hung host) and then taken over stops at its next write without touching the new owner's
+files. Its in-flight checkpoint is written under a temporary name of its own (`<step>.orbax-checkpoint-tmp-
+<token>`, train/checkpoint.py) and its commit (the rename) is fenced the same way. The check and the write are
+not one atomic operation: a holder stopped between the two for longer than `stale_s` can still make that one
+write (no filesystem we target offers compare-and-swap on a rename); every later write is refused.
 """
 from __future__ import annotations
 
@@ -24,10 +38,16 @@ import time
 import uuid
 
 LEASE_FILE = "lease.json"
+CLOCK_SKEW_S = 60.0  # a heartbeat further than this in the taker's future is not believed
+WATCH_MAX_S = 120.0  # longest a taker watches a lease whose times are all in its future
 
 
 class LeaseHeld(RuntimeError):
     """Another live trainer holds the workdir."""
+
+
+class LeaseLost(RuntimeError):
+    """This trainer's lease was taken over (or removed): it must not write to the workdir any more."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -53,9 +73,106 @@ def _read(path: str) -> dict | None:
 def describe(holder: dict, now: float | None = None) -> str:
     now = time.time() if now is None else now
     hb = holder.get("heartbeat")
-    age = f"{now - float(hb):.0f} s ago" if hb else "unknown"
+    age = "unknown" if not hb else (f"{now - float(hb):.0f} s ago" if now >= float(hb) else
+                                    f"{float(hb) - now:.0f} s in the future by this host's clock")
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("start_time", 0) or 0)))
     return f"host {holder.get('host', '?')} pid {holder.get('pid', '?')} (started {started}, last heartbeat {age})"
+
+
+def _declared_stale_s(holder: dict, default: float) -> float:
+    """The holder's own threshold (written in its lease); leases from older versions carry none."""
+    try:
+        v = float(holder["stale_s"])
+        return v if v > 0 else default
+    except (KeyError, TypeError, ValueError):
+        return default
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.path.getmtime(path)
+    except OSError:
+        return None
+
+
+def stale_reason(path: str, holder: dict, *, own_token: str | None = None, default_stale_s: float = 600.0,
+                 watch=None) -> str | None:
+    """Why the lease `holder` (read from `path`) may be taken over, or None while it is held (module docstring).
+    `watch(seconds) -> bool`: True when the lease's `beat` did not move in that time (tests replace it)."""
+    now = time.time()
+    if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
+        if not _pid_alive(int(holder["pid"])):
+            return f"its process {holder['pid']} on this host is gone"
+        if int(holder["pid"]) == os.getpid() and holder.get("token") != own_token:
+            return None  # same process, another lease (a test running two trainers in one process): held
+    limit = _declared_stale_s(holder, default_stale_s)
+    mtime = _mtime(path)
+    if mtime is None:
+        return "it vanished"
+    file_age = now - mtime
+    hb = holder.get("heartbeat")
+    hb_age = None if hb is None else now - float(hb)
+    why = f"(> its train.lease_stale_s={limit:g})"
+    if hb_age is not None and hb_age < -CLOCK_SKEW_S:  # the holder's clock runs ahead: its heartbeat is no evidence
+        if file_age >= -CLOCK_SKEW_S:
+            if file_age > limit:
+                return (f"its heartbeat is {-hb_age:.0f} s in the future (its host's clock runs ahead) and the "
+                        f"lease file was last written {file_age:.0f} s ago {why}")
+            return None
+        hb_age = None  # the filesystem's time is in the future as well: watch the beat counter
+    if hb_age is None and file_age < -CLOCK_SKEW_S:
+        period = min(WATCH_MAX_S, 2 * float(holder.get("heartbeat_s", 30.0) or 30.0))
+        unchanged = (watch or (lambda secs: _beat_unchanged(path, holder, secs)))(period)
+        return (f"its times are in the future and it was not renewed in {period:.0f} s of watching"
+                if unchanged else None)
+    age = file_age if hb_age is None else min(hb_age, file_age)
+    if age > limit:
+        return f"it was last renewed {age:.0f} s ago {why}"
+    return None
+
+
+def _beat_unchanged(path: str, holder: dict, seconds: float) -> bool:
+    time.sleep(seconds)
+    now = _read(path)
+    return bool(now) and now.get("token") == holder.get("token") and now.get("beat") == holder.get("beat")
+
+
+def holder_alive(workdir: str) -> dict | None:
+    """The record of the live trainer holding `workdir`'s lease, or None (no lease, or a stale one). For tools
+    that look at a workdir without training in it (a sweep's status); never watches (no waiting)."""
+    path = os.path.join(workdir, LEASE_FILE)
+    holder = _read(path)
+    if holder is None:
+        return None
+    if holder == {}:
+        return {"host": "?", "pid": "?"}  # being written: someone is there
+    return None if stale_reason(path, holder, watch=lambda s: False) else holder
+
+
+def _lost(path: str, token: str) -> str | None:
+    """None while the lease file at `path` holds `token`; else who holds it now."""
+    holder = _read(path)
+    if holder == {}:  # being rewritten by the holder's heartbeat this instant: read again
+        time.sleep(0.05)
+        holder = _read(path)
+    if holder and holder.get("token") == token:
+        return None
+    who = describe(holder) if holder else "nobody (the lease file was removed)"
+    return f"the workdir lease {path} is now held by {who}"
+
+
+class Fence:
+    """The fencing check on a process that does not hold the lease itself (processes 1.. of a multi-process run,
+    which receive process 0's token): the same `check(what)` as `Lease.check`."""
+
+    def __init__(self, workdir: str, token: str):
+        self.path, self.token, self.lost = os.path.join(workdir, LEASE_FILE), token, None
+
+    def check(self, what: str = "write") -> None:
+        if self.lost is None:
+            self.lost = _lost(self.path, self.token)
+        if self.lost is not None:
+            raise LeaseLost(f"{self.lost}; not writing ({what})")
 
 
 class Lease:
@@ -66,29 +183,17 @@ class Lease:
         self.lost: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._beats = 0
         self._record = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": time.time(),
-                        "token": self.token, "argv": sys.argv[:8]}
+                        "heartbeat_s": self.heartbeat_s, "stale_s": self.stale_s, "token": self.token,
+                        "argv": sys.argv[:8]}
 
     # --------------------------------------------------------------------------------------------- acquire
     def _stale_reason(self, holder: dict) -> str | None:
-        now = time.time()
-        if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
-            if not _pid_alive(int(holder["pid"])):
-                return f"its process {holder['pid']} on this host is gone"
-            if int(holder["pid"]) == os.getpid() and holder.get("token") != self.token:
-                return None  # same process, another lease (a test running two trainers in one process): held
-        hb = holder.get("heartbeat")
-        if hb is None:
-            try:
-                hb = os.path.getmtime(self.path)
-            except OSError:
-                return "it vanished"
-        if now - float(hb) > self.stale_s:
-            return f"its heartbeat is {now - float(hb):.0f} s old (> train.lease_stale_s={self.stale_s:g})"
-        return None
+        return stale_reason(self.path, holder, own_token=self.token, default_stale_s=self.stale_s)
 
     def _create(self) -> bool:
-        rec = dict(self._record, heartbeat=time.time())
+        rec = dict(self._record, heartbeat=time.time(), beat=0)
         tmp = f"{self.path}.{self.token}.tmp"
         with open(tmp, "w") as f:
             json.dump(rec, f)
@@ -124,8 +229,8 @@ class Lease:
                 raise LeaseHeld(
                     f"workdir {os.path.dirname(self.path)} is in use by another trainer: {describe(holder)}. "
                     f"Stop that run first (SIGTERM saves and exits), or use another --workdir; if it is dead on "
-                    f"another host, its lease expires {self.stale_s:g} s after its last heartbeat "
-                    f"(train.lease_stale_s), or delete {self.path}.")
+                    f"another host, its lease expires {_declared_stale_s(holder, self.stale_s):g} s after its last "
+                    f"renewal (the holder's train.lease_stale_s), or delete {self.path}.")
             aside = f"{self.path}.stale-{self.token}"
             try:
                 os.replace(self.path, aside)  # only one taker wins the rename of this exact file... see below
@@ -147,13 +252,22 @@ class Lease:
         raise LeaseHeld(f"could not take the lease {self.path}: another trainer keeps taking it")
 
     # ------------------------------------------------------------------------------------------- heartbeat
+    def check(self, what: str = "write") -> None:
+        """Raises LeaseLost unless the lease file still holds this trainer's token (the fencing check before a
+        write to the workdir; one small file read)."""
+        if self.lost is None:
+            self.lost = _lost(self.path, self.token)
+        if self.lost is not None:
+            raise LeaseLost(f"{self.lost}; not writing ({what})")
+
     def _beat(self) -> None:
         holder = _read(self.path)
         if not holder or holder.get("token") != self.token:
             who = describe(holder) if holder else "nobody (the lease file was removed)"
             self.lost = f"the workdir lease {self.path} is now held by {who}"
             return
-        rec = dict(self._record, heartbeat=time.time())
+        self._beats += 1
+        rec = dict(self._record, heartbeat=time.time(), beat=self._beats)
         tmp = f"{self.path}.{self.token}.tmp"
         with open(tmp, "w") as f:
             json.dump(rec, f)

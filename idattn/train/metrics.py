@@ -15,9 +15,11 @@ On a device kind not in the table (e.g. CPU) MFU is null unless train.peak_tflop
 """
 from __future__ import annotations
 
+import base64
 import json
 import math
 import os
+import zlib
 import sys
 import time
 from typing import Any
@@ -64,11 +66,11 @@ def format_bytes(x: float) -> str:
     return f"{x:.0f} B"
 
 
-def truncate_jsonl(path: str, max_step: int) -> int:
-    """Keeps only records with step <= max_step (after a resume the run repeats the steps past its checkpoint)."""
+def _read_records(path: str) -> list[tuple[int, str]]:
+    """(step, line) of every well-formed line of a metrics.jsonl; a line cut by a kill is skipped."""
+    out = []
     if not os.path.exists(path):
-        return 0
-    keep = []
+        return out
     with open(path) as f:
         for line in f:
             line = line.strip()
@@ -78,28 +80,95 @@ def truncate_jsonl(path: str, max_step: int) -> int:
                 rec = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill
                 continue
-            if int(rec.get("step", -1)) <= max_step:
-                keep.append(line)
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                out.append((int(rec["step"]), line))
+    return out
+
+
+def _write_lines(path: str, lines: list[str]) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        f.write("".join(l + "\n" for l in keep))
+        f.write("".join(l + "\n" for l in lines))
     os.replace(tmp, path)
+
+
+def truncate_jsonl(path: str, max_step: int) -> int:
+    """Keeps only records with step <= max_step (after a resume the run repeats the steps past its checkpoint)."""
+    if not os.path.exists(path):
+        return 0
+    keep = [line for step, line in _read_records(path) if step <= max_step]
+    _write_lines(path, keep)
     return len(keep)
 
 
+def pack_lines(lines: list[str]) -> str:
+    """metrics.jsonl lines as one compact string for a checkpoint's meta (zlib + base64: ~60 bytes a line)."""
+    return base64.b64encode(zlib.compress("\n".join(lines).encode(), 6)).decode("ascii")
+
+
+def unpack_lines(packed: str | None) -> list[str] | None:
+    """The lines `pack_lines` packed; None when there are none (a checkpoint from before the copy existed)."""
+    if not packed:
+        return None
+    text = zlib.decompress(base64.b64decode(packed)).decode()
+    return [l for l in text.split("\n") if l]
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 7, 8] -> "1-3, 7-8"."""
+    out, start, prev = [], None, None
+    for x in sorted(steps):
+        if start is None:
+            start = prev = x
+        elif x == prev + 1:
+            prev = x
+        else:
+            out.append(f"{start}-{prev}" if prev != start else f"{start}")
+            start = prev = x
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev != start else f"{start}")
+    return ", ".join(out)
+
+
+def reconcile(path: str, resume_step: int, saved_lines: list[str] | None) -> str | None:
+    """Makes metrics.jsonl the record of steps 1..resume_step: drops lines past it (repeated after a resume) and
+    restores, from the copy the checkpoint holds (`saved_lines`), every line the file lost (cut mid-line, lines
+    removed, the file deleted). Returns one sentence saying what was restored or what is missing, or None."""
+    have = [(s, l) for s, l in _read_records(path) if s <= resume_step]
+    saved = [] if saved_lines is None else [(int(json.loads(l)["step"]), l) for l in saved_lines]
+    present = {s for s, _ in have}
+    restored = [(s, l) for s, l in saved if s <= resume_step and s not in present]
+    merged = sorted(have + restored, key=lambda x: x[0])
+    if os.path.exists(path) or merged:
+        _write_lines(path, [l for _, l in merged])
+    if restored:
+        return (f"{os.path.basename(path)}: restored {len(restored)} line(s) (steps "
+                f"{_ranges([s for s, _ in restored])}) from checkpoint {resume_step}'s copy")
+    if saved_lines is None and resume_step > 0 and not present:
+        return (f"{os.path.basename(path)} has no lines up to step {resume_step} (deleted?) and checkpoint "
+                f"{resume_step} holds no copy of it (written by an older version): those steps are not in the log")
+    return None
+
+
 class MetricsWriter:
-    """Writes on process 0 only; every other process is silent."""
+    """Writes on process 0 only; every other process is silent. `guard(what)` runs before every write (the
+    workdir lease's fencing check); `lines_up_to(step)` is the log so far (copied into every checkpoint)."""
 
     def __init__(self, workdir: str, *, enabled: bool, total_steps: int, resume_step: int = 0,
-                 tensorboard: bool = True):
+                 tensorboard: bool = True, saved_lines: list[str] | None = None, guard=None, log=print):
         self.enabled = enabled
         self.total_steps = total_steps
         self.path = os.path.join(workdir, "metrics.jsonl")
+        self._guard = guard or (lambda what: None)
         self._tb = None
         self._file = None
+        self._lines: list[tuple[int, str]] = []
         if not enabled:
             return
-        truncate_jsonl(self.path, resume_step)
+        said = reconcile(self.path, resume_step, saved_lines)
+        if said:
+            log(said)
+        self._lines = _read_records(self.path)
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
             try:
@@ -109,13 +178,19 @@ class MetricsWriter:
                 print("tensorboardX not installed: no TensorBoard events (metrics.jsonl is still written)",
                       file=sys.stderr)
 
+    def lines_up_to(self, step: int) -> list[str]:
+        return [l for s, l in self._lines if s <= step]
+
     def write(self, step: int, metrics: dict[str, Any], *, console: bool = True, prefix: str = "train") -> None:
         if not self.enabled:
             return
         rec = {"step": int(step)}
         for k, v in metrics.items():  # JSON has no NaN / inf: write null (mfu is null on unknown devices)
             rec[k] = None if (isinstance(v, float) and not math.isfinite(v)) else v
-        self._file.write(json.dumps(rec, sort_keys=False) + "\n")
+        line = json.dumps(rec, sort_keys=False)
+        self._guard(f"metrics line of step {step}")
+        self._file.write(line + "\n")
+        self._lines.append((int(step), line))
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -137,6 +212,7 @@ class MetricsWriter:
 
     def scalar(self, tag: str, value: float, step: int) -> None:
         if self.enabled and self._tb is not None:
+            self._guard(f"TensorBoard event {tag} of step {step}")
             self._tb.add_scalar(tag, value, step)
             self._tb.flush()
 

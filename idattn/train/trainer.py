@@ -46,6 +46,9 @@ from idattn.train.step import BATCH_KEYS, TrainState, make_eval_step, make_train
 
 # Keys that must not change when a run resumes (the checkpoint would not match them).
 _RESUME_LOCKED = ("model", "data.tokenizer")
+# Keys that must not change when a run with checkpoints resumes unless train.allow_data_change: the checkpoint's
+# data position is a stream index into this data (in another corpus it would land on an unrelated document).
+_DATA_LOCKED = ("data.source", "data.path")
 
 
 class TrainingError(RuntimeError):
@@ -95,9 +98,29 @@ def _same_parameter_shapes(saved_model, live_model) -> bool:
         return False
 
 
+def load_saved_config(workdir: str):
+    """The run's saved config.json, checked like a command's config; a damaged or hand-edited file is refused
+    naming the file and the key (not the command's flags, which may not have set it)."""
+    path = os.path.join(workdir, layout.CONFIG_FILE)
+    try:
+        saved = layout.load_config(workdir)
+    except ValueError as e:
+        raise TrainingError(f"refusing to resume {workdir}: {e}") from None
+    try:
+        validate.check_values(saved)
+        derive_steps(saved)
+    except (validate.ConfigError, ValueError, KeyError, TypeError) as e:
+        first = _first_line(e).split("; set --config.")[0].split("; add --config.")[0]
+        raise TrainingError(f"refusing to resume {workdir}: its saved config {path} is invalid ({first}); the "
+                            f"file was changed after the run wrote it, not by this command's flags: restore the "
+                            f"value the run was trained with in {path}") from None
+    return saved
+
+
 def check_resume_compatible(workdir: str, config) -> dict | None:
-    """Refuses a changed model config / tokenizer against the run saved in `workdir`, and a changed LR schedule
-    unless train.allow_schedule_change. Returns the other diffs (None: no saved run)."""
+    """Refuses a changed model config / tokenizer against the run saved in `workdir`, a changed data.path /
+    data.source unless train.allow_data_change, and a changed LR schedule unless train.allow_schedule_change.
+    Returns the other diffs (None: no saved run)."""
     path = os.path.join(workdir, layout.CONFIG_FILE)
     if not os.path.exists(path):
         if layout.committed_steps(workdir):
@@ -105,13 +128,14 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
                                 f"{layout.committed_steps(workdir)} but no {layout.CONFIG_FILE}, so the model config "
                                 f"cannot be checked; restore the file or use a new --workdir")
         return None
-    saved = layout.config_to_dict(layout.load_config(workdir))
+    saved_config = load_saved_config(workdir)
+    saved = layout.config_to_dict(saved_config)
     live = layout.config_to_dict(config)
     diffs = layout.diff_dicts(saved, live)
     locked = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in _RESUME_LOCKED)]
     if locked:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in locked)
-        if _same_parameter_shapes(layout.load_config(workdir).model, config.model):
+        if _same_parameter_shapes(saved_config.model, config.model):
             start = f"(to start from this run's parameters use --config.train.init_from={workdir})"
         else:  # init_from needs the same parameter tree; a new size or mixer starts fresh
             start = "(its parameters do not fit the new model, so it starts from scratch there)"
@@ -119,7 +143,19 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
             f"refusing to resume {workdir}: its checkpoints were trained with a different config:\n{lines}\n"
             f"  Fix: rerun with the saved values (see {path}), or use a new --workdir {start}.")
     steps = layout.committed_steps(workdir)
-    jump = check_schedule_change(layout.load_config(workdir), config, steps[-1] if steps else None)
+    moved = [(k, a, b) for k, a, b in diffs if k in _DATA_LOCKED and not (
+        k == "data.path" and a and b and os.path.realpath(str(a)) == os.path.realpath(str(b)))]
+    if moved and steps and not bool(config.train.get("allow_data_change", False)):
+        what = "; ".join(f"{k}: saved {a!r}, now {b!r}" for k, a, b in moved)
+        raise TrainingError(
+            f"refusing to resume {workdir}: its checkpoints hold a position in other data ({what}). Rerun with the "
+            f"saved value (see {path}), start a new --workdir (--config.train.init_from={workdir} starts from this "
+            f"run's parameters), or add --config.train.allow_data_change=true to continue this run on the new data "
+            f"(the same folder moved keeps its position; another corpus continues at an unrelated document).")
+    if moved and steps:
+        log("warning: the data changed under the run (" + "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in moved)
+            + "), allowed by train.allow_data_change")
+    jump = check_schedule_change(saved_config, config, steps[-1] if steps else None)
     if jump and not bool(config.train.get("allow_schedule_change", False)):
         raise TrainingError(
             f"refusing to resume {workdir}: {jump}. To accept the jump, add "
@@ -365,23 +401,49 @@ def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmu
 
 # ------------------------------------------------------------------------------------------------------ run
 class _Preemption:
-    """SIGTERM sets a flag; the loop saves at the next step boundary and exits."""
+    """SIGTERM, and a first SIGINT (Ctrl-C), set a flag; the loop saves at the next step boundary and exits (143
+    for SIGTERM, 130 for SIGINT). A second SIGINT aborts at once (KeyboardInterrupt: nothing more is saved)."""
 
     def __init__(self):
         self.flag = threading.Event()
-        self._old = None
+        self.interrupted = False
+        self._old: dict = {}
 
     def install(self):
         if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._old[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGINT:
+            if self.interrupted:
+                raise KeyboardInterrupt
+            self.interrupted = True
+            print("interrupt: saving at the next step boundary, then exiting (Ctrl-C again to abort without "
+                  "saving)", file=sys.stderr, flush=True)
         self.flag.set()
 
+    def what(self) -> str:
+        return "interrupt (SIGINT)" if self.interrupted else "preemption signal"
+
     def uninstall(self):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-            self._old = None
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old = {}
+
+
+def _time_to_save(every_s: float, last: float, step: int, process_count: int, log_every: int) -> bool:
+    """train.checkpoint_minutes: True when that much wall time passed since the last save. With several
+    processes process 0's clock decides, read at log_every boundaries (one broadcast), so that all save together."""
+    if every_s <= 0:
+        return False
+    if process_count == 1:
+        return time.monotonic() - last >= every_s
+    if step % max(1, log_every):
+        return False
+    from jax.experimental import multihost_utils
+    due = np.asarray(time.monotonic() - last >= every_s, np.int32)
+    return bool(multihost_utils.broadcast_one_to_all(due))
 
 
 def _should_stop(preempt: _Preemption, mngr, step: int, process_count: int, log_every: int) -> bool:
@@ -481,20 +543,39 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     if not ckpt.all_processes_agree(held is None):
         raise TrainingError(held or "process 0 could not take the workdir lease (its log says why)")
     try:
-        if is_main:
-            if other_diffs is None:
-                layout.save_config(workdir, config)
-            elif other_diffs:
-                log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
-                    + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
-                layout.archive_config(workdir, layout.committed_steps(workdir))
-                layout.save_config(workdir, config)
-        return _train(config, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, lease=lease,
-                      num_steps=num_steps, warmup_steps=warmup_steps, tokens_per_step=tokens_per_step,
-                      branch=branch)
+        token = _broadcast_token(lease.token if lease is not None else None)
+        fence = lease if lease is not None else lease_lib.Fence(workdir, token)
+        return _train(config, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence,
+                      tag=token[:12], num_steps=num_steps, warmup_steps=warmup_steps,
+                      tokens_per_step=tokens_per_step, branch=branch, other_diffs=other_diffs)
     finally:
         if lease is not None:
             lease.release()
+
+
+def _broadcast_token(token: str | None) -> str:
+    """Process 0's lease token on every process (the fencing token and the name of its in-flight checkpoints)."""
+    if jax.process_count() == 1:
+        return str(token)
+    from jax.experimental import multihost_utils
+    raw = np.frombuffer(bytes.fromhex(token), np.uint8) if token else np.zeros(16, np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw), np.uint8)).hex()
+
+
+def _write_config(workdir: str, config, other_diffs, fence) -> None:
+    """config.json, written only once every check of this start has passed (restore included), so a refused
+    rerun leaves the file as the run wrote it."""
+    if jax.process_index() != 0:
+        return
+    if other_diffs is None:
+        fence.check("config.json")
+        layout.save_config(workdir, config)
+    elif other_diffs:
+        log("config changes against the saved run (allowed; model and tokenizer are unchanged): "
+            + ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in other_diffs.items()))
+        fence.check("config.json")
+        layout.archive_config(workdir, layout.committed_steps(workdir))
+        layout.save_config(workdir, config)
 
 
 def _branch_source(spec: str) -> str:
@@ -533,17 +614,26 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
     return src, step
 
 
-def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, lease, num_steps: int,
-           warmup_steps: int, tokens_per_step: int, branch) -> dict[str, Any]:
-    """The phases of a run once it may write: report, restore (or branch / init), the loop, the summary."""
+def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, fence, tag: str,
+           num_steps: int, warmup_steps: int, tokens_per_step: int, branch, other_diffs) -> dict[str, Any]:
+    """The phases of a run once it may write: report, restore (or branch / init), config.json, the metrics log,
+    what a finished run still owes or the loop, the summary."""
     _log_startup(config, workdir, setup, tokenizer, micro, num_steps, warmup_steps)
-    loop = _Loop(config, workdir, setup=setup, tokenizer=tokenizer, micro=micro, lease=lease, num_steps=num_steps,
-                 tokens_per_step=tokens_per_step)
-    loop.restore(branch)
-    if loop.start_step >= num_steps:
-        log(f"run already complete at step {loop.start_step} (train.num_steps={num_steps})")
+    loop = _Loop(config, workdir, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence, tag=tag,
+                 num_steps=num_steps, tokens_per_step=tokens_per_step)
+    try:
+        loop.restore(branch)
+        _write_config(workdir, config, other_diffs, fence)
+        loop.open_writer()
+    except lease_lib.LeaseLost as e:
         loop.close()
-        return dict(loop.summary, status="already_done", wall_time=time.time() - t0)
+        raise TrainingError(f"stopping before training: {e}") from None
+    except BaseException:
+        loop.close()
+        raise
+    if loop.start_step >= num_steps:
+        summary = loop.finish_owed()
+        return dict(summary, wall_time=time.time() - t0)
     summary = loop.run()
     summary.update(bad_steps=loop.bad_steps, wall_time=time.time() - t0)
     if jax.process_count() > 1 or os.environ.get("IDATTN_LOG_ALL_PROCESSES"):
@@ -581,17 +671,18 @@ class _Loop:
     log / checkpoint / eval steps), with `save`, `evaluate`, `check_finite` and `check_saves` as the fault
     boundaries: each either completes or stops the run naming the last committed checkpoint."""
 
-    def __init__(self, config, workdir: str, *, setup: "Setup", tokenizer, micro: int, lease, num_steps: int,
-                 tokens_per_step: int):
+    def __init__(self, config, workdir: str, *, setup: "Setup", tokenizer, micro: int, fence, tag: str,
+                 num_steps: int, tokens_per_step: int):
         from idattn.data import pipeline
 
         self.config, self.t, self.workdir, self.setup = config, config.train, workdir, setup
-        self.tokenizer, self.micro, self.lease = tokenizer, micro, lease
+        self.tokenizer, self.micro, self.fence = tokenizer, micro, fence
         self.num_steps, self.tokens_per_step = num_steps, tokens_per_step
         self.seq_len = int(config.data.seq_len)
         self.mesh = setup.mesh
         self.is_main = jax.process_index() == 0
-        self.mngr = ckpt.make_manager(workdir, self.t)
+        self.mngr = ckpt.make_manager(workdir, self.t, fence=fence.check, tag=tag)
+        self.restored_meta: dict = {}
         self.data_iter = pipeline.make_train_iterator(
             config.data, tokenizer, global_batch_size=int(self.t.batch_size), seq_len=self.seq_len,
             seed=int(config.data.shuffle_seed), process_index=jax.process_index(),
@@ -623,10 +714,12 @@ class _Loop:
                 log(f"branched from {os.path.join(branch[0], layout.CKPT_DIR, str(branch[1]))} (full state: "
                     f"parameters, optimiser, data position; step {branch[1]})")
         except ckpt.CheckpointError as e:
-            self.mngr.close()
-            raise TrainingError(str(e)) from e
+            raise TrainingError(str(e)) from None
+        if restored is None and branch is None:
+            self.refuse_restart_from_zero()
         if restored is not None:
             latest, params, opt_state, meta, data_state = restored
+            self.restored_meta = dict(meta)
             state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
             self.state = jax.device_put(state, setup.state_sh)
             self.data_iter.set_state(data_state)
@@ -644,8 +737,46 @@ class _Loop:
                 log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
             self.start_step = 0
         self.summary["step"] = self.start_step
-        self.writer = metrics_lib.MetricsWriter(workdir, enabled=self.is_main, total_steps=self.num_steps,
-                                                resume_step=self.start_step)
+
+    def refuse_restart_from_zero(self) -> None:
+        """A workdir that has committed a checkpoint never silently trains from step 0 again (its checkpoints were
+        all rejected, or removed): refused unless train.restart_from_scratch, naming what is left."""
+        if bool(self.t.get("restart_from_scratch", False)):
+            return
+        workdir = self.workdir
+        progress = layout.read_progress(workdir)
+        rejected_dir = os.path.join(workdir, layout.REJECTED_DIR)
+        rejected = sorted((n for n in os.listdir(rejected_dir) if not n.endswith(".reason.txt")),
+                          key=lambda n: int(n.split(".")[0]) if n.split(".")[0].isdigit() else -1
+                          ) if os.path.isdir(rejected_dir) else []
+        best = layout.best_info(workdir)
+        if not (progress.get("committed_step") or rejected or best):
+            return
+        what = []
+        if progress.get("committed_step"):
+            what.append(f"it committed checkpoint {progress['committed_step']} before")
+        if best:
+            what.append(f"best/ holds step {best.get('step')}")
+        if rejected:
+            newest = rejected[-1]
+            step = newest.split(".")[0]
+            what.append(f"{len(rejected)} checkpoint(s) were moved to {rejected_dir}/ ({', '.join(rejected[-3:])}); "
+                        f"to resume from the newest: mv {os.path.join(rejected_dir, newest)} "
+                        f"{os.path.join(workdir, layout.CKPT_DIR, step)} and rerun (its reason is in "
+                        f"{os.path.join(rejected_dir, newest)}.reason.txt)")
+        raise TrainingError(f"refusing to train {workdir} from step 0: no checkpoint of it restores, but "
+                            + "; ".join(what) + ". To start over deliberately (metrics.jsonl is truncated), add "
+                            "--config.train.restart_from_scratch=true, or use a new --workdir.")
+
+    def open_writer(self) -> None:
+        """metrics.jsonl (and TensorBoard) from the restored step on: lines past it are dropped (the run repeats
+        those steps), lines missing before it (a file cut or deleted) are restored from the checkpoint's copy."""
+        saved = metrics_lib.unpack_lines(self.restored_meta.get("metrics_log"))
+        if self.is_main:
+            self.fence.check("metrics.jsonl")
+        self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_main, total_steps=self.num_steps,
+                                                resume_step=self.start_step, saved_lines=saved,
+                                                guard=self.fence.check, log=log)
 
     def close(self) -> None:
         """Waits for pending saves (a failure here is reported, never masking the error being raised), then
@@ -694,39 +825,105 @@ class _Loop:
                              f"so that no more work is lost; last committed checkpoint: {self.last_committed()}. "
                              f"Free space or fix the workdir's permissions, then rerun (it resumes from there).")
 
+    def fenced(self, s: int, what: str) -> None:
+        """The lease check before a write (train/lease.py): a trainer that was taken over stops here, writing
+        nothing more."""
+        try:
+            self.fence.check(what)
+        except lease_lib.LeaseLost as e:
+            raise self._fenced_out(s, e) from None
+
+    def _fenced_out(self, s: int, e: BaseException) -> TrainingError:
+        return TrainingError(f"stopping at step {s} without writing: {e}. Another trainer took over {self.workdir}; "
+                             f"this process wrote nothing after that (its in-flight checkpoint, if any, is "
+                             f"discarded) and the new owner's files are untouched.")
+
     def check_saves(self, s: int) -> None:
-        """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept."""
+        """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept;
+        so does a lease another trainer took over."""
         try:
             err = ckpt.background_error(self.mngr)
-            if err is not None:
-                raise err
+        except lease_lib.LeaseLost as e:
+            raise self._fenced_out(s, e) from None
         except Exception as e:
-            raise self._save_failed(s, e) from e
-        if self.lease is not None and self.lease.lost:
-            raise TrainingError(f"stopping at step {s} without saving: {self.lease.lost}. Another trainer took over "
-                                f"{self.workdir}; this run's checkpoints up to {self.last_committed()} are kept.")
+            err = e
+        if isinstance(err, lease_lib.LeaseLost) or getattr(self.fence, "lost", None):
+            raise self._fenced_out(s, err if isinstance(err, lease_lib.LeaseLost) else self.fence.lost)
+        if err is not None:
+            raise self._save_failed(s, err) from None
+
+    def _record_progress(self) -> None:
+        """progress.json: the newest committed step (cheap listing; written when it moved)."""
+        if not self.is_main:
+            return
+        steps = layout.committed_steps(self.workdir)
+        if steps and steps[-1] > int(layout.read_progress(self.workdir).get("committed_step", 0) or 0):
+            self.fence.check("progress.json")
+            layout.write_progress(self.workdir, steps[-1])
+
+    def _rotation_victims(self, s: int) -> list[int]:
+        """Committed steps that the rotation after saving step `s` deletes anyway (train.keep_last newest are kept,
+        counting `s`; keep_every multiples and checkpoint_steps never go)."""
+        keep_last = max(1, int(self.t.keep_last))
+        keep_every = int(self.t.keep_every)
+        pinned = {int(x) for x in (self.t.get("checkpoint_steps", ()) or ())}
+        steps = [x for x in layout.committed_steps(self.workdir) if x != s]
+        keep = set(steps[-(keep_last - 1):]) if keep_last > 1 else set()
+        return [x for x in steps if x not in keep and x not in pinned and not (keep_every > 0 and x % keep_every == 0)]
+
+    def _make_room(self, s: int) -> int | None:
+        """Free bytes for checkpoint `s`, after deleting first what its rotation would delete after it (so that a
+        lowered train.keep_last takes effect on a full disk); None when the free space cannot be read."""
+        free = _maybe(ckpt.disk_free_bytes, os.path.join(self.workdir, layout.CKPT_DIR))
+        if not isinstance(free, int) or free >= 1.1 * self.state_bytes:
+            return free if isinstance(free, int) else None
+        victims = self._rotation_victims(s)
+        if victims:
+            self.mngr.wait_until_finished()
+            self.fenced(s, f"deleting rotated checkpoints {victims}")
+            for v in victims:
+                self.mngr.delete(v)
+            log(f"low on disk space: deleted checkpoint(s) {victims} before saving step {s} instead of after "
+                f"(train.keep_last={int(self.t.keep_last)})")
+            free = _maybe(ckpt.disk_free_bytes, os.path.join(self.workdir, layout.CKPT_DIR))
+        return free if isinstance(free, int) else None
 
     def save(self, s: int, data_state, *, force: bool = False) -> None:
         self.check_saves(s)
+        self.fenced(s, f"checkpoint {s}")
+        self._record_progress()
         fmt = metrics_lib.format_bytes
-        free = _maybe(ckpt.disk_free_bytes, os.path.join(self.workdir, layout.CKPT_DIR))
-        if isinstance(free, int):
+        free = self._make_room(s)
+        if free is not None:
             if free < 1.1 * self.state_bytes:
+                more = len(layout.committed_steps(self.workdir))
+                advice = (f" (or lower train.keep_last, now {int(self.t.keep_last)}: the rerun deletes the "
+                          f"checkpoints beyond it before its first save; {more} are kept now)"
+                          if more > 1 else "")
                 raise TrainingError(f"not enough disk space for checkpoint {s}: {fmt(free)} free in {self.workdir}, "
                                     f"the checkpoint needs about {fmt(self.state_bytes)}. Stopping; last committed "
-                                    f"checkpoint: {self.last_committed()}. Free space (or lower train.keep_last), "
-                                    f"then rerun.")
+                                    f"checkpoint: {self.last_committed()}. Free space{advice}, then rerun.")
             if free < 3 * self.state_bytes:
                 log(f"warning: {fmt(free)} free in {self.workdir}: room for fewer than 3 more checkpoints of "
                     f"{fmt(self.state_bytes)}")
+        meta = {"time": time.time(), "loss": self.summary["loss"], "bad_steps": self.bad_steps}
+        if self.writer is not None and self.is_main:
+            meta["metrics_log"] = metrics_lib.pack_lines(self.writer.lines_up_to(s))
         try:
-            ckpt.save(self.mngr, s, self.state, data_state, {"time": time.time(), "loss": self.summary["loss"],
-                                                             "bad_steps": self.bad_steps}, force=force)
+            ckpt.save(self.mngr, s, self.state, data_state, meta, force=force)
         except ckpt.NonFiniteState as e:
             raise TrainingError(f"{e}. Stopping; last finite checkpoint: {self.last_committed()}. Lower "
                                 f"train.peak_lr or check the data, then rerun.") from e
+        except lease_lib.LeaseLost as e:
+            raise self._fenced_out(s, e) from None
         except Exception as e:
-            raise self._save_failed(s, e) from e
+            raise self._save_failed(s, e) from None
+        self.last_save_time = time.monotonic()
+
+    def write_failed(self, s: int, what: str, e: OSError) -> TrainingError:
+        return TrainingError(f"could not write {what} at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
+                             f"so that no more work is lost; last committed checkpoint: {self.last_committed()}. "
+                             f"Free space or fix the workdir's permissions, then rerun (it resumes from there).")
 
     # ---- evaluation
     def evaluate(self, step: int) -> tuple[float, float]:
@@ -747,12 +944,54 @@ class _Loop:
         loss = nll / max(cnt, 1.0)
         ppl = math.exp(min(loss, 700.0))
         if self.is_main:
-            write_result(self.workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=self.run_info,
-                         details={"tokens": cnt, "batches": len(self.eval_data), "seq_len": self.seq_len})
-        self.writer.scalar("validation/loss", loss, step)
-        self.writer.scalar("validation/ppl", ppl, step)
+            self.fenced(step, f"eval/ result of step {step}")
+            try:
+                write_result(self.workdir, "validation", step, {"loss": loss, "ppl": ppl}, run=self.run_info,
+                             details={"tokens": cnt, "batches": len(self.eval_data), "seq_len": self.seq_len})
+                self.writer.scalar("validation/loss", loss, step)
+                self.writer.scalar("validation/ppl", ppl, step)
+            except lease_lib.LeaseLost as e:
+                raise self._fenced_out(step, e) from None
+            except OSError as e:
+                raise self.write_failed(step, "the validation result", e) from None
         log(f"validation step {step}: loss {loss:.4f} ppl {ppl:.3f} ({int(cnt)} tokens)")
         return loss, ppl
+
+    def best_step(self, step: int, val_loss: float, best_loss: float) -> float:
+        """Keeps the parameters of `step` in best/ when its validation loss is the best so far."""
+        if not bool(self.t.keep_best) or val_loss >= best_loss:
+            return best_loss
+        self.fenced(step, f"best/ at step {step}")
+        where = ckpt.save_best(self.workdir, step, self.state.params, val_loss)
+        log(f"best validation loss so far: kept step {step} in {where}")
+        return val_loss
+
+    def finish_owed(self) -> dict[str, Any]:
+        """A rerun of a finished run: what it still owes when it was killed between its last checkpoint and its
+        end (the final validation, best/), then "already_done"."""
+        from idattn.rundir.schema import read_results
+
+        step = self.start_step
+        try:
+            done = any(int(r["step"]) == step for r in read_results(self.workdir, "validation"))
+        except (OSError, ValueError):
+            done = False
+        best = layout.best_info(self.workdir) if bool(self.t.keep_best) else None
+        owed = ([] if done else ["the final validation"]) + (["best/"] if bool(self.t.keep_best) and best is None
+                                                              else [])
+        try:
+            if not owed:
+                log(f"run already complete at step {step} (train.num_steps={self.num_steps})")
+                return dict(self.summary, status="already_done")
+            log(f"run trained to step {step} (train.num_steps={self.num_steps}) but was stopped before "
+                f"{' and '.join(owed)}: finishing that now")
+            val_loss, val_ppl = self.evaluate(step)
+            self.summary.update(val_loss=val_loss, val_ppl=val_ppl,
+                                loss=self.restored_meta.get("loss", self.summary["loss"]))
+            self.best_step(step, val_loss, float(best["val_loss"]) if best else math.inf)
+            return dict(self.summary, status="done")
+        finally:
+            self.close()
 
     # ---- the steps
     def run(self) -> dict[str, Any]:
@@ -765,6 +1004,8 @@ class _Loop:
         train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
         preempt = _Preemption()
         preempt.install()
+        save_every_s = 60.0 * float(t.get("checkpoint_minutes", 0.0) or 0.0)
+        self.last_save_time = time.monotonic()
         debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
         pinned = {int(x) for x in (t.get("checkpoint_steps", ()) or ())}
         pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
@@ -779,12 +1020,13 @@ class _Loop:
                     if pending is not None:
                         self.check_finite(*pending)
                         pending = None
-                    log(f"preemption signal: saving step {step} and exiting")
+                    log(f"{preempt.what()}: saving step {step} and exiting")
                     if step not in layout.committed_steps(self.workdir) and self.mngr.latest_step() != step:
                         self.save(step, data_state, force=True)
                     self.mngr.wait_until_finished()
                     self.check_saves(step)
-                    summary.update(status="preempted", step=step)
+                    self._record_progress()
+                    summary.update(status="interrupted" if preempt.interrupted else "preempted", step=step)
                     break
                 tw = time.perf_counter()
                 batch_np = next(self.data_iter)
@@ -808,29 +1050,34 @@ class _Loop:
                 self.check_saves(step)
 
                 is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
-                is_ckpt = step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
+                is_ckpt = (step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
+                           or _time_to_save(save_every_s, self.last_save_time, step, jax.process_count(),
+                                            int(t.log_every)))
                 is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
                 if is_log or is_ckpt or is_eval:
                     summary.update(step=step, loss=self.check_finite(*pending))
                     pending = None
                 if is_log:
                     dt = (time.perf_counter() - win_t) / win_steps if win_steps else first_dt
-                    self._log_step(step, m, dt, win_wait / max(1, win_steps), peak, train_flops_tok)
+                    try:
+                        self._log_step(step, m, dt, win_wait / max(1, win_steps), peak, train_flops_tok)
+                    except lease_lib.LeaseLost as e:
+                        raise self._fenced_out(step, e) from None
+                    except OSError as e:
+                        raise self.write_failed(step, self.writer.path, e) from None
                     win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
                 if is_ckpt:
                     self.save(step, data_state)
                 if is_eval:
                     summary["val_loss"], summary["val_ppl"] = self.evaluate(step)
-                    if bool(t.keep_best) and summary["val_loss"] < best_loss:
-                        best_loss = summary["val_loss"]
-                        where = ckpt.save_best(self.workdir, step, self.state.params, summary["val_loss"])
-                        log(f"best validation loss so far: kept step {step} in {where}")
+                    best_loss = self.best_step(step, summary["val_loss"], best_loss)
                     win_t = time.perf_counter()  # evaluation time is not step time
             else:
                 if pending is not None:
                     summary["loss"] = self.check_finite(*pending)
             self.mngr.wait_until_finished()
             self.check_saves(step)
+            self._record_progress()
         finally:
             preempt.uninstall()
             self.close()
