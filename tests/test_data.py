@@ -193,6 +193,32 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
     assert formats.read_doc_hashes(tmp_path / "out", "val").tolist() == [h[t] for t in val_texts]
 
 
+@pytest.mark.parametrize("promote", [False, True])
+def test_prepare_records_every_shards_checksum(tmp_path, kjv, small_tok, promote):
+    """meta.json's "shards" table holds each shard file's true record count, token count, size and SHA-256
+    (recomputed here from the files as moved into place), also when the held-out guarantee rewrote the training
+    shards; the split totals are its sums."""
+    from array_record.python.array_record_module import ArrayRecordReader
+    _write_parquet(tmp_path / "src", [_texts(kjv)])
+    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=small_tok, val_fraction=0.05,
+                           docs_per_shard=16, num_proc=0, log=lambda s: None, min_val_docs=1,
+                           min_val_tokens=2000 if promote else 1)
+    assert (meta["val_promoted"] > 0) == promote
+    table = formats.shard_table(meta)
+    assert sorted(table) == sorted(meta["train_shards"] + meta["val_shards"])
+    for split in ("train", "val"):
+        for name in meta[f"{split}_shards"]:
+            path = tmp_path / "out" / name
+            r = ArrayRecordReader(str(path))
+            recs = r.read(list(range(r.num_records())))
+            r.close()
+            assert table[name] == {"records": len(recs), "tokens": sum(len(x) for x in recs) // 2,
+                                   "bytes": path.stat().st_size,
+                                   "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}, name
+        assert sum(table[n]["tokens"] for n in meta[f"{split}_shards"]) == meta[f"{split}_tokens"]
+        assert sum(table[n]["records"] for n in meta[f"{split}_shards"]) == meta[f"{split}_docs"]
+
+
 def test_prepare_max_docs_and_cli(tmp_path, kjv, small_tok, capsys):
     _write_parquet(tmp_path / "src", [_texts(kjv)])
     model = tmp_path / "tok.model"
