@@ -116,7 +116,8 @@ def test_changed_shard_with_the_same_record_count_is_refused_before_any_write(tm
         other = other_dir / other_meta["train_shards"][1]
         assert _records(other) == _records(shard) == 10
         shutil.copyfile(other, shard)
-        what = r"its (size is \d+ bytes|SHA-256 is [0-9a-f]{64}), meta\.json recorded (\d+|[0-9a-f]{64}) at prepare time"
+        what = (r"its (size is \d+ bytes|SHA-256 is [0-9a-f]{64}), meta\.json recorded (\d+|[0-9a-f]{64}) at "
+                r"prepare time")
     else:  # one flipped byte: same size, same record count (check_shards' header read cannot see it)
         want, size = hashlib.sha256(shard.read_bytes()).hexdigest(), shard.stat().st_size
         _flip_byte(shard)

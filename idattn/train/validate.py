@@ -275,9 +275,10 @@ def check_shards(config) -> None:
             raise ConfigError(f"data.path={path}: meta.json says {split}_tokens={said} but the {split} shards hold "
                               f"{have} tokens ({how}); meta.json or a shard changed after prepare: {fix}")
     if table is None:
-        _say(f"  data: {path}: {OLD_FOLDER_NOTE}; its shards are not checked for changes"
+        _say(f"note: data.path={path}: {OLD_FOLDER_NOTE}; its shards are not checked for changes"
              + (f" and its {'/'.join(uncounted)} token counts are not verified" if uncounted else "")
              + "; prepare it again (--overwrite) to record them")
     elif dt >= 1.0:
-        _say(f"  data: {len(to_hash)} shards ({sum(os.path.getsize(s) for s, _ in to_hash) / 1e9:.1f} GB) match "
-             f"the SHA-256 recorded at prepare time (checked in {dt:.1f} s)")
+        gb = sum(os.path.getsize(shard) for shard, _ in to_hash) / 1e9
+        _say(f"data.path={path}: {len(to_hash)} shards ({gb:.1f} GB) match the SHA-256 recorded at prepare time "
+             f"(checked in {dt:.1f} s)")
