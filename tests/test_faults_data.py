@@ -16,6 +16,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -107,10 +109,11 @@ def _flip_byte(path):
 
 # ---------------------------------------------------------------------------------------------- changed shards
 @pytest.mark.parametrize("change", ["other_corpus", "bit_flip"])
-def test_changed_shard_with_the_same_record_count_is_refused_before_any_write(tmp_path, corpora, in_process,
+def test_changed_shard_with_the_same_record_count_is_refused_before_any_write(tmp_path, corpora, in_process, env,
                                                                               change):
     data, meta = _copy(corpora, "long", tmp_path / "data")
     shard = data / meta["train_shards"][1]
+    want = hashlib.sha256(shard.read_bytes()).hexdigest()
     if change == "other_corpus":  # another corpus's shard with as many documents
         other_dir, other_meta = corpora["short"]
         other = other_dir / other_meta["train_shards"][1]
@@ -119,16 +122,25 @@ def test_changed_shard_with_the_same_record_count_is_refused_before_any_write(tm
         what = (r"its (size is \d+ bytes|SHA-256 is [0-9a-f]{64}), meta\.json recorded (\d+|[0-9a-f]{64}) at "
                 r"prepare time")
     else:  # one flipped byte: same size, same record count (check_shards' header read cannot see it)
-        want, size = hashlib.sha256(shard.read_bytes()).hexdigest(), shard.stat().st_size
+        size = shard.stat().st_size
         _flip_byte(shard)
         assert shard.stat().st_size == size and _records(shard) == 10
         what = rf"its SHA-256 is [0-9a-f]{{64}}, meta\.json recorded {want} at prepare time"
     wd = tmp_path / "never"
     with pytest.raises(in_process.TrainingError,
                        match=rf"^shard {shard}: {what}; re-prepare the data \(python -m idattn\.data\.prepare "
-                             rf"--source=.* --out={data} --overwrite\) or restore the shard$"):
+                             rf"--source=\S+ --out={data} --overwrite --tokenizer=train:512 --val_fraction=0\.2 "
+                             rf"--max_val_docs=6 --min_val_tokens=100 --docs_per_shard=10\) or restore the shard$"
+                       ) as e:
         in_process.run(_cfg(data), str(wd))
     assert not wd.exists()
+    if change == "bit_flip":  # the advice works: the command it names writes the very shards again
+        cmd = shlex.split(re.search(r"\((python -m idattn\.data\.prepare .*)\) or restore", str(e.value)).group(1))
+        proc = subprocess.run([sys.executable, *cmd[1:]], cwd=T.REPO, env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert hashlib.sha256(shard.read_bytes()).hexdigest() == want
+        assert json.loads((data / "meta.json").read_text())["shards"] == meta["shards"]
 
 
 def test_inflated_meta_token_count_is_refused(tmp_path, corpora, in_process):

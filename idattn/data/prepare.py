@@ -346,6 +346,38 @@ def training_hashes(data_cfg) -> tuple[np.ndarray | None, str]:
     return None, f"data.source={source!r} records no document hashes"
 
 
+def reprepare_command(meta: dict, out) -> str:
+    """The `python -m idattn.data.prepare ... --overwrite` command that writes `out` again as its meta.json says it
+    was written (prepare is deterministic: the same shards, byte for byte, from the same inputs): the source, the
+    tokenizer option and every recorded setting that is not the default."""
+    import codecs
+    import shlex
+
+    src = meta.get("source") or {}
+    tok = meta.get("tokenizer") or {}
+    args = [f"--source={src.get('source') or '<your texts>'}"]
+    if src.get("subset"):
+        args.append(f"--subset={src['subset']}")
+    args += [f"--out={out}", "--overwrite"]
+    if (tok.get("trained") or {}).get("vocab_size"):
+        args.append(f"--train_tokenizer={tok['trained']['vocab_size']}")
+    elif tok.get("name") and tok["name"] != "mistral":
+        args.append(f"--tokenizer={tok['name']}")
+    defaults = {"val_fraction": 0.0005, "max_val_docs": 10_000, "min_val_docs": 2, "min_val_tokens": 2048}
+    args += [f"--{k}={meta[k]}" for k, v in defaults.items() if meta.get(k) is not None and meta[k] != v]
+    shards, table = meta.get("train_shards") or [], meta.get(formats.SHARDS) or {}
+    if len(shards) > 1 and isinstance(table.get(shards[0]), dict):  # the first of several shards is a full one
+        per = table[shards[0]].get("records")
+        if per and per != 100_000:
+            args.append(f"--docs_per_shard={per}")
+    if src.get("text_field") not in (None, "text"):
+        args.append(f"--text_field={src['text_field']}")
+    if src.get("separator"):
+        args.append(f"--separator={codecs.encode(src['separator'], 'unicode_escape').decode()}")
+    args += [f"--{k}={src[k]}" for k in ("max_docs", "max_tokens") if src.get(k) is not None]
+    return shlex.join(["python", "-m", "idattn.data.prepare", *args])
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Output folder checks
 # ----------------------------------------------------------------------------------------------------------

@@ -173,8 +173,8 @@ def _say(msg: str) -> None:
 
 
 def _reprepare(path, meta) -> str:
-    src = (meta.get("source") or {}).get("source") or "<your texts>"
-    return f"re-prepare the data (python -m idattn.data.prepare --source={src} --out={path} --overwrite)"
+    from idattn.data.prepare import reprepare_command
+    return f"re-prepare the data ({reprepare_command(meta, path)})"
 
 
 def _count_tokens(shards, itemsize: int) -> int:
