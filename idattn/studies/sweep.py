@@ -124,39 +124,13 @@ def run_status(workdir: str) -> dict[str, Any]:
 
 
 def lease_holder(workdir: str) -> dict | None:
-    """The record of the live trainer holding `workdir`'s lease (train/lease.py's lease.json), or None. A run
-    held by a trainer this sweep did not start (another sweep on the same root, a run started by hand) is
-    "running elsewhere": never started a second time, never reported failed."""
+    """The record of the live trainer holding `workdir`'s lease (train/lease.py's lease.json, judged by
+    `lease.holder_alive`: the holder's pid on this host, else the lease's age against the holder's declared
+    stale_s), or None. A run held by a trainer this sweep did not start (another sweep on the same root, a run
+    started by hand) is "running elsewhere": never started a second time, never reported failed."""
     from idattn.train import lease as lease_lib
 
-    judge = getattr(lease_lib, "holder_alive", None)
-    if judge is not None:
-        return judge(workdir)
-    return _holder_alive(workdir)
-
-
-def _holder_alive(workdir: str, default_stale_s: float = 600.0) -> dict | None:
-    """lease_holder for a lease module without holder_alive: same host -> the pid is alive; another host -> the
-    lease file was rewritten (heartbeat) within its declared stale_s (the file's age: immune to the holder's
-    clock)."""
-    import socket
-
-    from idattn.train import lease as lease_lib
-
-    path = os.path.join(workdir, lease_lib.LEASE_FILE)
-    holder = lease_lib._read(path)
-    if holder is None:
-        return None
-    if not holder:
-        return {"host": "?", "pid": "?"}  # being written: someone is there
-    if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
-        return holder if _alive(holder["pid"]) else None
-    try:
-        age = time.time() - os.path.getmtime(path)
-        limit = float(holder.get("stale_s") or default_stale_s)
-    except (OSError, TypeError, ValueError):
-        return None
-    return holder if age <= limit else None
+    return lease_lib.holder_alive(workdir)
 
 
 def _alive(pid) -> bool:
