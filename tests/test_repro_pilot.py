@@ -141,3 +141,52 @@ def test_pilot_cells_are_the_small_model_at_batch_16():
     # `small` keeps its recipe (the previous study's runs stay valid)
     c = exp.get_config("interdomain,small,paper,0")
     assert (c.train.peak_lr, c.train.batch_size, c.train.num_steps, c.train.log_every) == (3e-3, 8, 200, 50)
+
+
+def test_recipe_cost_is_steps_times_measured_step_time_and_spans_the_ladder():
+    exp = runs.load_experiment()
+    rows = pilot.recipe_rows(exp)
+    assert [r["size"] for r in rows] == list(exp.CLIMB) and len(rows) >= 4
+    r0 = rows[0]
+    z = exp.SIZES[r0["size"]]
+    s, measured = pilot.step_seconds(exp, z["model"]["d_model"], z["model"]["num_layers"], "interdomain")
+    assert measured and r0["run_s"]["interdomain"] == pytest.approx(z["num_steps"] * s + exp.RUN_OVERHEAD_S)
+    assert r0["cost_s"] == pytest.approx(len(exp.SEEDS[r0["size"]]) * sum(r0["run_s"].values()))
+    # climbs: compute grows point by point, upward from `small` (8.8e11 FLOPs), over >= 1.5 decades
+    flops = [r["flops"] for r in rows]
+    assert flops == sorted(flops) and flops[0] > 6 * 356_944 * 200 * 8 * 256
+    assert math.log10(flops[-1] / flops[0]) >= 1.5
+    # >= 3 seeds everywhere, 5 at the top two
+    assert [r["seeds"] for r in rows][-2:] == [5, 5] and min(r["seeds"] for r in rows) >= 3
+    # a mixer not measured at a size: Interdomain's time there times the mixer's ratio at the nearest measured size
+    fake = type("E", (), {"STEP_S": {"64x4": {"interdomain": 1.0, "softmax": 0.5}, "96x4": {"interdomain": 3.0}}})
+    assert pilot.step_seconds(fake, 96, 4, "softmax") == (pytest.approx(1.5), False)
+
+
+def test_climb_trains_three_seeds_everywhere_before_the_top_points_fourth_and_reads_per_point_seeds(tmp_path):
+    exp = runs.load_experiment()
+    order = repro.climb_order(exp, {0, 1, 2, 3, 4})
+    k = 3 * len(exp.CLIMB)
+    assert order[:k] == [(z, s) for z in exp.CLIMB for s in (0, 1, 2)]
+    assert order[k:] == [(z, s) for z in exp.CLIMB if len(exp.SEEDS[z]) == 5 for s in (3, 4)]
+    # the table on constructed records: a seed a point does not have is not "missing"
+    def _fake_run(ctx, mixer, seed, ppl, params):
+        _fake(ctx, mixer, seed, ppl, ppl, [])
+
+    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    for i, z in enumerate(exp.CLIMB):
+        c = top.for_size(z)
+        for s in exp.SEEDS[z]:
+            for m, f in (("softmax", 1.0), ("interdomain", 0.99), ("s4d_only", 1.2 + 0.01 * s)):
+                _fake_run(c, m, s, 50.0 / (1 + i) * (1 + 0.2 * s) * f, params=100_000 * 2 ** i)
+    data = repro.table_climb(top)
+    assert data["missing"] == [] and data["table"] == "climb"
+    assert [p["interval"]["n"] for p in data["claims"]["a"]["points"]] == [len(exp.SEEDS[z]) for z in exp.CLIMB]
+    md = open(os.path.join(str(tmp_path), "climb.md")).read()
+    assert "CLIMB" in md and "Not available yet" not in md
+    assert not os.path.exists(os.path.join(str(tmp_path), "ladder-climb-tmp.md"))
+    # one top-point run removed: named missing
+    import shutil
+    shutil.rmtree(top.for_size(exp.CLIMB[-1]).lm_dir("softmax", exp.PRIMARY_DT, 4))
+    data = repro.table_climb(top)
+    assert data["missing"] == [f"{exp.CLIMB[-1]}/softmax-scaled-s4"]

@@ -138,6 +138,37 @@ for _n, _lr in PILOT["cells"]:
     SIZES[pilot_size(_n, _lr)] = _lm_size(PILOT["size"], batch_size=PILOT["batch_size"], num_steps=_n, peak_lr=_lr,
                                           warmup_frac=PILOT["warmup_frac"])
 
+# Measured seconds per training step at batch 16 x 256 tokens, one process pinned to core 1 (`taskset -c 1`) of
+# this project's 2-core machine, steady state (the mean of the trainer's two 10-step windows after compilation),
+# 2026-12-02, float32, paper Δ; the other core (and at times core 1) busy with the test suites and other trainers,
+# so the windows differ by up to 25%. The cost estimates of the pilot's recipe table read them
+# (idattn.studies.repro_pilot.recipe_rows); a mixer missing at a size is estimated from Interdomain's time there.
+STEP_S = {
+    "64x4": {"interdomain": 0.70, "softmax": 0.61, "s4d_only": 0.49},
+    "96x4": {"interdomain": 1.23, "softmax": 1.25},
+    "128x4": {"interdomain": 1.93},
+    "128x6": {"interdomain": 2.56, "softmax": 2.43, "s4d_only": 1.98},
+    "192x6": {"interdomain": 5.97, "softmax": 4.10},
+}
+# Per run, beyond its steps: compilation (persistent cache after the first seed), the 1x and 4x evaluations and
+# checkpoints (the pilot's runs: see the pilot table's compute against its steps).
+RUN_OVERHEAD_S = 45.0
+
+# The new ladder (issue 32; `python -m idattn.repro climb`): the `ppl` protocol (Softmax, Interdomain, S4D-only,
+# paper Δ) at points that climb from the pilot's cell, each with its own steps, batch, warmup and peak LR, chosen by
+# the pilot's rule (docs/reproduction.md "Issue 32"). LADDER above stays the previous recipe's (its runs and table
+# are kept). Tokens grow with the parameters; the peak LR falls with width as the paper's does with size.
+# (name, d_model, layers, steps at batch 16, peak LR)
+CLIMB_POINTS = (("climb64", 64, 4, 400, 3e-3), ("climb96", 96, 4, 600, 2.5e-3), ("climb128", 128, 6, 900, 2e-3),
+                ("climb192", 192, 6, 1400, 1.5e-3))
+# The same ladder cut to the ~10 CPU-hour budget: the lower three points, and a fourth below climb128.
+CLIMB_BUDGET_POINTS = (("climb128b", 128, 4, 600, 2e-3),)
+for _name, _d, _l, _n, _lr in CLIMB_POINTS + CLIMB_BUDGET_POINTS:
+    SIZES[_name] = _lm_size("small", batch_size=16, num_steps=_n, peak_lr=_lr, warmup_frac=0.1, d_model=_d,
+                            num_layers=_l, num_heads=_d // 16, ffn_dim=3 * _d)
+CLIMB = tuple(p[0] for p in CLIMB_POINTS)
+CLIMB_BUDGET = ("climb64", "climb96", "climb128b", "climb128")
+
 # The long-document corpus of the `length` table (issue 20, item 3): the `small` model and schedule trained on the
 # running interpreter's standard-library source (idattn/data/stdlib_corpus.py; data.source = "stdlib", its own
 # 1024-piece SentencePiece vocabulary trained on the training files only, "stdlib:1024"), evaluated on the
@@ -162,7 +193,7 @@ LENGTH_RATIOS = (1.0, 2.0, 3.5, 4.0)
 # Held-out tokens scored at every length (the same stream prefix at every length; a multiple of every length).
 EVAL_TOKENS = {"small": 7 * 1024 * 4, "toy": 7 * 128 * 2, "ladder32": 7 * 1024 * 4, "ladder48": 7 * 1024 * 4,
                "stdlib": 7 * 1024 * 4}
-EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES})
+EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES + CLIMB + CLIMB_BUDGET})
 
 # Recall at small size. MQAR: Zoology's task with the `experiments/mqar.py` model and recipe (d 64, 2 layers,
 # 256-token vocabulary, the paper's Δ range; 3000 steps x 64, AdamW at 1e-3, 100 warmup steps, cosine), the same
@@ -187,6 +218,9 @@ TEXT_RECALL = {
 # idattn/studies/repro_verdicts.py). Seed s varies both the init (42 + s) and the data order (shuffle seed s).
 SEEDS = {size: (0, 1, 2) for size in ("small", "toy", "stdlib") + LADDER}
 SEEDS.update({z: tuple(PILOT["seeds"]) for z in PILOT_SIZES})
+# 3 seeds at every point of a ladder, 5 at its top two (issue 32)
+SEEDS.update({z: (0, 1, 2) for z in CLIMB + CLIMB_BUDGET})
+SEEDS.update({z: (0, 1, 2, 3, 4) for z in CLIMB[-2:] + CLIMB_BUDGET[-2:]})
 
 # MAD (idattn.eval.mad; Poli et al. 2024), sized to its share of the ~3 CPU-hour study (docs/reproduction.md
 # "Budget": ~80 min for 5 tasks x 9 cells x 3 seeds = 135 runs, ~35 s a run with compilation, data and scoring).

@@ -7,20 +7,27 @@
                      and Softmax's perplexity by position bucket ((c)'s precondition)
             recall   Table 9 at small size: MQAR per mixer, S-NIAH-1 and phonebook on the `ppl` models
             mad      the MAD synthetic tasks (Poli et al. 2024) for Softmax and every cube cell; (d), (e) per task
-            ladder   the Fig. 2 protocol at the compute points of LADDER, ratios and their trend against compute
-            all      the six, in the order ppl, cube, length, ladder, mad, recall (no ladder at toy size)
+            ladder   the Fig. 2 protocol at the compute points of LADDER (the previous recipe, issue 20), ratios
+                     and their trend against compute
+            pilot    issue 32: the seed spread of Softmax and Interdomain at the new ladder's lowest point for a
+                     few (steps, peak LR) cells of PILOT, and the rule's predicted interval half-widths
+                     (idattn/studies/repro_pilot.py)
+            climb    the new ladder (issue 32): the `ladder` table over CLIMB, each point with its own recipe
+            all      pilot, ppl, cube, length, ladder, mad, recall, climb (no pilot and no ladders at toy size)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
 corpus (the `length` table: the stdlib corpus), one recipe for every mixer, seeds 0, 1, 2 (init seed 42 + s,
-data order seed s). Run folders (`<size>`: small, stdlib, ladder32, ladder48, toy):
+data order seed s). Run folders (`<size>`: small, stdlib, ladder32, ladder48, toy, the pilot's pilot-s<steps>-lr<lr>
+and CLIMB's sizes):
 
     <root>/runs/<size>/lm/<mixer>-<dt>-s<seed>/     trainer workdir + eval/*.json + repro.json (below)
     <root>/runs/<size>/mqar/<mixer>-s<seed>/        eval/recall-*.json + repro.json
     <root>/runs/<size>/mad/<cell>-<task>-s<seed>/   eval/mad-*.json + repro.json
     <root>/<table>[-toy].md, <root>/<table>[-toy].json
 
-Reuse and resumption: a run whose `repro.json` says `done` is reused; an interrupted one resumes from its last
+Reuse and resumption: a run whose `repro.json` says `done` is reused (a language-model run that recorded its
+recipe, experiments/repro.py SIZES[size], only with the same recipe; it also records its logged loss curve); an interrupted one resumes from its last
 checkpoint (the trainer resumes; MQAR runs, which keep no checkpoint, start over); an evaluation result already
 in `eval/` is read instead of recomputed. A reused run must still be the same model: `repro.json` records a hash
 of the model code (idattn/ops, idattn/layers, idattn/models). When the code has changed since, a finished
@@ -547,24 +554,54 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
     return pilot(ctx)
 
 
+def climb_order(exp, seeds) -> list[tuple[str, int]]:
+    """(size, seed) in training order: first the seeds every point has (SEEDS[size], within `seeds`), point by
+    point from the bottom, then the extra seeds of the points that have more (the top two: 5), again bottom-up;
+    so a stop leaves a complete 3-seed ladder before any fourth seed."""
+    sizes = tuple(getattr(exp, "CLIMB", ()))
+    if not sizes:
+        return []
+    own = {z: [s for s in exp.SEEDS[z] if s in seeds] for z in sizes}
+    base = min(len(v) for v in own.values())
+    return ([(z, s) for z in sizes for s in own[z][:base]] + [(z, s) for z in sizes for s in own[z][base:]])
+
+
 def table_climb(ctx: Ctx) -> dict[str, Any]:
-    """The new ladder (issue 32): idattn.studies.ladder's table over experiments/repro.py CLIMB (each point its own
-    recipe: steps, batch, warmup, peak LR), written as <root>/climb.md / .json / .png."""
+    """The new ladder (issue 32): idattn.studies.ladder's table over experiments/repro.py CLIMB, each point with
+    its own recipe (steps, batch, warmup, peak LR) and its own seeds (SEEDS[size]), trained in climb_order, written
+    as <root>/climb.md / .json / .png. `--seeds` limits the seeds trained and shown (default: every point's own)."""
     import shutil
     import types
 
     from idattn.studies.ladder import table_ladder as ladder
+    sizes = tuple(getattr(ctx.exp, "CLIMB", ())) if ctx.size != "toy" else ()
+    chosen = set(ctx.seeds) if ctx.seeds_given else {s for z in sizes for s in ctx.exp.SEEDS[z]}
+    for size, s in climb_order(ctx.exp, chosen) if sizes else []:
+        c = ctx.for_size(size)
+        for m in MIXERS3:
+            lm_ppl(c, m, ctx.exp.PRIMARY_DT, s, [c.train_len()])
+    every = sorted({s for z in sizes for s in ctx.exp.SEEDS[z] if s in chosen})
     top = ctx.for_size(ctx.size)
+    top.seeds = tuple(every) or tuple(ctx.seeds)
+    top.render_only = True  # trained above; the table reads
     top.exp = types.SimpleNamespace(**{k: v for k, v in vars(ctx.exp).items() if not k.startswith("__")})
-    top.exp.LADDER = tuple(getattr(ctx.exp, "CLIMB", ()))
+    top.exp.LADDER = sizes
     top.table_size = "climb-tmp"  # ladder writes ladder-climb-tmp.*; renamed below
     data = ladder(top)
-    md = open(top.table_path("ladder", "md")).read()
+    md = open(top.table_path("ladder", "md")).read().rstrip("\n")
+    # a seed a point does not have is not missing (SEEDS: 3 at the lower points, 5 at the top two)
+    own = {z: set(ctx.exp.SEEDS[z]) for z in sizes}
+    missing = [m for m in data["missing"] if int(m.rsplit("-s", 1)[1]) in own.get(m.split("/")[0], set())]
+    if data["missing"]:
+        md = md[:md.index("\n\nNot available yet")]
+        if missing:
+            md += ("\n\nNot available yet (rerun without --render_only to train them): " + ", ".join(missing) + ".")
+    data["missing"] = missing
     md = md.replace("## Scale ladder: the Fig. 2 protocol at several compute points",
                     "## Scale ladder, the new recipe (issue 32): the Fig. 2 protocol at the points of CLIMB")
     md = md.replace("the `ppl` table's recipe at each size of experiments/repro.py LADDER",
                     "the recipe of each point of experiments/repro.py CLIMB (its own steps, batch, warmup and peak "
-                    "LR, chosen by the pilot's rule; SIZES lists them)")
+                    "LR, chosen by the pilot's rule; the pilot table lists them) and its own seeds (SEEDS)")
     png = data.get("figure")
     if png and os.path.exists(png):
         dst = ctx.table_path("climb", "png")
@@ -575,7 +612,7 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
         if os.path.exists(top.table_path("ladder", ext)):
             os.remove(top.table_path("ladder", ext))
     data["table"] = "climb"
-    write_table(ctx, "climb", md.rstrip("\n"), data)
+    write_table(ctx, "climb", md, data)
     return data
 
 
@@ -631,6 +668,7 @@ def main(argv=None) -> int:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
         ctx.train_dt = args.train_dt
+        ctx.seeds_given = bool(args.seeds)
         ctx.archive = args.archive  # recorded after every finished run too, so a stop loses nothing
         if args.restore:
             log(f"restored {restore_runs(args.restore, ctx.root)} runs from {args.restore} into {ctx.root}")

@@ -203,11 +203,80 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["cell", "ln(ppl_I / ppl_S) per seed", "sd", "ln R_S − ln R_I per seed", "sd",
                         "sd ln R_I"] + [f"({c}) h(3) / h(5) vs {T[c]['effect'] / 2:.4f}" for c in RULE_CLAIMS + ("b",)],
                        prow), "",
+        *((["The new ladder's recipe (experiments/repro.py CLIMB, fixed from this table before its runs; "
+             "docs/reproduction.md states how) and its estimated cost:", "", recipe_md(ctx.exp), ""])
+          if getattr(ctx.exp, "CLIMB", ()) else []),
+        *((["The alternative that fits the ~10 CPU-hour budget (experiments/repro.py CLIMB_BUDGET; not the recipe "
+             "of record):", "", recipe_md(ctx.exp, ctx.exp.CLIMB_BUDGET), ""])
+          if getattr(ctx.exp, "CLIMB_BUDGET", ()) else []),
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{(time.time() - t0) / 60:.1f} min)."
         + ("" if not missing else "\n\nNot available yet (rerun without --render_only to train them): "
            + ", ".join(missing) + ".")])
     data = {"table": "pilot", "cells": cells, "rule": rule, "targets": T, "compute_s": cost,
+            "recipe": recipe_rows(ctx.exp) if getattr(ctx.exp, "CLIMB", ()) else [],
             "wall_s": time.time() - t0, "missing": missing}
     write_table(ctx, "pilot", md, data)
     return data
+
+
+# ------------------------------------------------------------------------------------------------ the recipe's cost
+
+def step_seconds(exp, d_model: int, num_layers: int, mixer: str) -> tuple[float, bool]:
+    """(seconds per training step at 16 x 256 tokens on one core, measured?) from experiments/repro.py STEP_S; a
+    mixer not measured at that size is estimated from Interdomain's time there and the mixer's ratio to
+    Interdomain at the nearest size where both were measured (measured = False)."""
+    key = f"{d_model}x{num_layers}"
+    row = exp.STEP_S[key]
+    if mixer in row:
+        return float(row[mixer]), True
+    both = [k for k, r in exp.STEP_S.items() if mixer in r and "interdomain" in r]
+    near = min(both, key=lambda k: abs(int(k.split("x")[0]) * int(k.split("x")[1]) - d_model * num_layers))
+    return float(row["interdomain"]) * exp.STEP_S[near][mixer] / exp.STEP_S[near]["interdomain"], False
+
+
+def recipe_rows(exp, sizes=None) -> list[dict[str, Any]]:
+    """Per ladder point (default experiments/repro.py CLIMB): its recipe, parameters (Interdomain, closed form),
+    6·N·D, seeds, and the estimated cost of its runs (the ladder's three mixers; steps x measured step time x
+    batch / 16 + RUN_OVERHEAD_S per run)."""
+    from idattn.models.counting import count_params_closed
+    out = []
+    for size in (getattr(exp, "CLIMB", ()) if sizes is None else sizes):
+        z = exp.SIZES[size]
+        m = z["model"]
+        n = count_params_closed(exp.get_config(f"interdomain,{size},{exp.PRIMARY_DT},0").model)
+        tokens = int(z["num_steps"]) * int(z["batch_size"]) * int(z["seq_len"])
+        per_mixer, measured = {}, True
+        for mx in ("softmax", "interdomain", "s4d_only"):
+            s, ok = step_seconds(exp, m["d_model"], m["num_layers"], mx)
+            measured &= ok
+            per_mixer[mx] = int(z["num_steps"]) * s * int(z["batch_size"]) / 16 + exp.RUN_OVERHEAD_S
+        seeds = len(exp.SEEDS[size])
+        out.append({"size": size, "d_model": m["d_model"], "num_layers": m["num_layers"], "steps": int(z["num_steps"]),
+                    "batch": int(z["batch_size"]), "warmup": int(z["warmup_steps"]), "peak_lr": float(z["peak_lr"]),
+                    "tokens": tokens, "params_interdomain": n, "flops": 6.0 * n * tokens, "seeds": seeds,
+                    "run_s": per_mixer, "all_measured": measured, "cost_s": seeds * sum(per_mixer.values())})
+    return out
+
+
+def recipe_md(exp, sizes=None) -> str:
+    rows = recipe_rows(exp, sizes)
+    if not rows:
+        return ""
+    f0 = rows[0]["flops"]
+    body = [[r["size"], f"{r['d_model']} x {r['num_layers']}", f"{r['steps']} x {r['batch']} x 256",
+             f"{r['tokens'] / 1e6:.2f}M", str(r["warmup"]), f"{r['peak_lr']:g}", f"{r['params_interdomain']:,}",
+             f"{r['flops']:.2e} ({r['flops'] / f0:.1f}x)", str(r["seeds"]),
+             " / ".join(f"{r['run_s'][m] / 60:.1f}" for m in ("softmax", "interdomain", "s4d_only"))
+             + ("" if r["all_measured"] else " *"), f"{r['cost_s'] / 60:.0f}"] for r in rows]
+    total = sum(r["cost_s"] for r in rows)
+    span = math.log10(rows[-1]["flops"] / f0)
+    return "\n".join([
+        markdown_table(["point", "d_model x layers", "steps x batch x context", "tokens", "warmup", "peak LR",
+                        "params (Interdomain)", "6·N·D FLOPs", "seeds", "min per run (S / I / S4D)",
+                        "min, all runs"], body), "",
+        f"Span {span:.2f} decades of 6·N·D; estimated {total / 60:.0f} min ({total / 3600:.1f} CPU-hours) for the "
+        f"{sum(3 * r['seeds'] for r in rows)} runs (3 mixers x seeds), from experiments/repro.py STEP_S (seconds "
+        f"per step measured on one core) + {exp.RUN_OVERHEAD_S:.0f} s per run (compilation, evaluation, "
+        "checkpoints). * a mixer's step time estimated from Interdomain's at that size (STEP_S says which).",
+    ])

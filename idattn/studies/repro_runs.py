@@ -147,6 +147,7 @@ class Ctx:
         self.render_only, self.keep_stale = render_only, keep_stale
         self.tok = None
         self.archive = ""  # --archive: the record every finished run is written to as soon as it finishes
+        self.seeds_given = False  # --seeds named the seeds (else each table's default)
 
     def skip(self, mixer: str, dt: str | None = None) -> bool:
         """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
@@ -184,6 +185,7 @@ class Ctx:
         c = Ctx(self.root, size, self.seeds, self.render_only, self.keep_stale, ())
         c.only, c.train_dt, c.unverified = self.only, self.train_dt, self.unverified
         c.archive = self.archive
+        c.seeds_given = self.seeds_given
         c.judged = self.judged
         c.table_size = self.table_size
         return c
