@@ -28,6 +28,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}; use --config, --config.<key>=<value>, --workdir")
     if not flags.FLAGS["verbosity"].present:  # orbax logs every file it writes at INFO
         logging.set_verbosity(logging.WARNING)
+        # a failed background save: orbax logs each thread's traceback (30-500 lines) before the trainer's own
+        # one-line error; keep their first lines only (--verbosity=0 or higher shows them whole)
+        logging.get_absl_logger().addFilter(_one_line_orbax_errors)
     from idattn.train import distributed
     try:
         distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
@@ -63,6 +66,14 @@ def main(argv):
         sys.exit(143)
     if summary["status"] == "interrupted":
         sys.exit(130)
+
+
+def _one_line_orbax_errors(record) -> bool:
+    if "orbax" in str(getattr(record, "pathname", "")) and record.exc_info:
+        exc = record.exc_info[1]
+        record.msg = f"{str(record.getMessage()).splitlines()[0][:300]} ({type(exc).__name__}; traceback with --verbosity=0)"
+        record.args, record.exc_info, record.exc_text = (), None, None
+    return True
 
 
 def _is_peer_failure(e: BaseException) -> bool:

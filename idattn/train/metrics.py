@@ -195,7 +195,7 @@ class MetricsWriter:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(f"{prefix}/{k}", v, step)
-            self._tb.flush()
+            self._flush_tb()
         if console:
             print(self.progress_line(step, metrics), flush=True)
 
@@ -214,7 +214,21 @@ class MetricsWriter:
         if self.enabled and self._tb is not None:
             self._guard(f"TensorBoard event {tag} of step {step}")
             self._tb.add_scalar(tag, value, step)
-            self._tb.flush()
+            self._flush_tb()
+
+    def _flush_tb(self, timeout_s: float = 2.0) -> None:
+        """Flushes TensorBoard and waits (bounded) until tensorboardX's writer thread has drained its queue, so
+        that no event is left to be written later by that thread (after this trainer may have lost its lease:
+        every write happens behind the guard)."""
+        self._tb.flush()
+        try:
+            q = self._tb._get_file_writer().event_writer._event_queue  # noqa: SLF001 (tensorboardX internals)
+        except AttributeError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while q is not None and not q.empty() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        self._tb.flush()
 
     def close(self) -> None:
         if self._file is not None:
