@@ -8,12 +8,15 @@ Order of work, so that a refused start writes nothing:
   3. if the workdir holds a run: compare its saved config (model section and data.tokenizer must match; a
      changed LR schedule only with train.allow_schedule_change);
   4. build the mesh and check that it divides the batch;
-  5. only then create the workdir, take its lease (one trainer per workdir, train/lease.py), save config.json,
-     build/restore the state (verified, falling back past damaged checkpoints) and train.
+  5. only then create the workdir, take its lease (one trainer per workdir, train/lease.py), build/restore the
+     state (verified, falling back past damaged checkpoints; a shape mismatch or a workdir that committed before
+     but has nothing to restore is refused), and only once that passed write config.json, reconcile
+     metrics.jsonl with the checkpoint's copy, and train (or finish what a finished run owes).
 
 Faults (docs/training.md, "Faults and what survives them"): a non-finite step is never applied (train/step.py)
-and stops the run unless train.max_bad_steps allows dropping it; a failed checkpoint save stops the run at the
-next step naming the last committed checkpoint; a lost lease stops it before it writes again.
+and stops the run unless train.max_bad_steps allows dropping it; a failed checkpoint save or metrics write stops
+the run at the next step naming the last committed checkpoint; every write is fenced by the lease (a trainer that
+was taken over stops before it writes again); SIGTERM and a first SIGINT save at the next step boundary.
 
 State placement (the pjit pattern): the model's boxed parameters are traced with `jax.eval_shape`, their logical
 axis names mapped to mesh shardings with `config.logical_axis_rules`, and the state is created by a `jax.jit`
