@@ -136,7 +136,12 @@ def base_config() -> ml_collections.ConfigDict:
     m.num_heads = 12
     m.head_dim = 64
     m.ffn_dim = 2048
-    m.mixer = "interdomain"  # softmax | interdomain | s4d_only | <input>-<readout>-<rope> cube cell
+    m.mixer = "interdomain"  # softmax | swa | interdomain | s4d_only | <input>-<readout>-<rope> cube cell
+    # Hybrid stacks (issue 35; docs/model.md "Hybrid stacks"): comma-separated mixer names repeated to the depth,
+    # e.g. "interdomain,interdomain,interdomain,softmax" (num_layers a multiple of its length). "" = every layer is
+    # `mixer` (checkpoints and counts unchanged). `window`: tokens a `swa` (sliding-window attention) layer sees.
+    m.layer_pattern = ""
+    m.window = 0
     m.input = "dualkv"  # dualkv | generic      (filled from `mixer` by the experiment configs)
     m.readout = "query"  # query | linear
     m.rope = True

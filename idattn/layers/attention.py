@@ -25,6 +25,16 @@ queries only. Exact against the unsplit call (tests/test_sequence_parallel.py).
 
 Decoding: a KV cache {"k", "v": [B, S_max, H, d_h]}; a chunk of C tokens at `cache_index` is written into the
 cache and attends to cache positions ≤ its own (one document per row while decoding).
+
+Sliding window (`window` = W > 0, the `swa` mixer; docs/model.md "Hybrid stacks"): query i attends to key j iff
+j ≤ i, i − j < W and both are in the same document (W = 1: each token sees itself only; W ≥ T: global causal
+attention, and then the very same code path as `window=0`). Backends: XLA applies the banded mask
+(`window_mask`, [B, 1, T, T]: compute is still T², memory the mask's); cuDNN gets `local_window_size=(W−1, 0)`
+plus the document mask (XLA fallback as for global attention); TPU: no windowed Pallas kernel here, so `auto`
+runs the XLA banded mask (logged once per trace) and `attn_impl=pallas_tpu` is refused in one line; under a
+sequence-split mesh the XLA all_gather path with the band on global offsets (K/V of the whole sequence are
+gathered, not only W). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
+p mod size: the cache is O(W) whatever the context.
 """
 from __future__ import annotations
 
@@ -45,6 +55,26 @@ def _segment_mask(doc: jax.Array) -> jax.Array:
     causal = jnp.tril(jnp.ones((t, t), bool))
     same = doc[:, :, None] == doc[:, None, :]
     return (causal[None] & same)[:, None]
+
+
+def window_mask(doc, t: int, window: int) -> jax.Array:
+    """[B | 1, 1, T, T] bool: M[i, j] = (j ≤ i) ∧ (i − j < window) ∧ (doc_i = doc_j) (no document test when doc is
+    None). window ≤ 0 means no band (global causal)."""
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+    band = (j <= i) & ((i - j < window) if window > 0 else True)
+    if doc is None:
+        return band[None, None]
+    return (band[None] & (doc[:, :, None] == doc[:, None, :]))[:, None]
+
+
+def _window_xla(q, k, v, doc, window):
+    return jax.nn.dot_product_attention(q, k, v, mask=window_mask(doc, q.shape[1], window), implementation="xla")
+
+
+def _window_cudnn(q, k, v, doc, window):
+    mask = None if doc is None else _segment_mask(doc)
+    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, local_window_size=(window - 1, 0),
+                                        implementation="cudnn")
 
 
 def _xla_attention(q, k, v, doc):
@@ -102,14 +132,17 @@ def _or_xla(fn, name, platform):
 _PLATFORM_IMPL = {"cudnn": ("cuda", _cudnn, "cuDNN"), "pallas_tpu": ("tpu", _tpu_flash, "Pallas TPU flash")}
 
 
-def causal_attention(q, k, v, doc=None, impl: str = "auto"):
+def causal_attention(q, k, v, doc=None, impl: str = "auto", window: int = 0):
     """q, k, v [B, T, H, D]; doc [B, T] document index or None. Returns [B, T, H, D].
 
     The kernel is chosen when the program is lowered (see the module docstring): `impl` names which kernels may
-    be used ("auto": cuDNN on CUDA and flash attention on TPU), XLA on every other platform."""
+    be used ("auto": cuDNN on CUDA and flash attention on TPU), XLA on every other platform. `window` W > 0:
+    sliding-window attention (query i sees keys i − W < j ≤ i of its document); W ≥ T is global attention."""
     from idattn.ops.sequence import sequence_partition
 
     plan = sequence_partition(q.shape[0], q.shape[2], q.shape[1])
+    if 0 < window < q.shape[1]:
+        return _windowed_attention(q, k, v, doc, impl, window, plan)
     if impl == "xla":
         return _xla_attention(q, k, v, doc) if plan is None else sequence_attention(q, k, v, doc, plan)
     if impl == "auto":
@@ -136,6 +169,35 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto"):
                 _log.warning("splash attention refused (%s); using XLA attention on the [S, T] scores", e)
         return sequence_attention(q, k, v, doc, plan)
     return branches.get(plat, _xla_attention)(q, k, v, doc)
+
+
+def _windowed_attention(q, k, v, doc, impl, window, plan):
+    """causal_attention with a band of `window` < T keys (module docstring: which backend does what)."""
+    import functools
+
+    from idattn.ops.pallas.op import context_platform
+
+    if impl not in ("auto", "xla", "cudnn", "pallas_tpu"):
+        raise ValueError(f"attention impl: got {impl!r}; expected one of auto, xla, cudnn, pallas_tpu")
+    if impl == "pallas_tpu":
+        raise ValueError(f"model.attn_impl: 'pallas_tpu' has no sliding-window kernel here (swa, window={window}); "
+                         "use attn_impl=auto or xla (the XLA banded mask)")
+    if plan is not None:
+        return sequence_attention(q, k, v, doc, plan, local=functools.partial(_sequence_local_xla, window=window))
+    plat = context_platform() or _default_platform()
+    if plat == "cuda" and impl in ("auto", "cudnn"):
+        return _or_xla_window(q, k, v, doc, window)
+    if plat == "tpu" and impl == "auto":
+        _log.info("sliding-window attention on TPU: XLA banded mask (no windowed Pallas kernel here)")
+    return _window_xla(q, k, v, doc, window)
+
+
+def _or_xla_window(q, k, v, doc, window):
+    try:
+        return _window_cudnn(q, k, v, doc, window)
+    except Exception as e:  # noqa: BLE001  cuDNN takes a subset of shapes / masks
+        _log.warning("cuDNN sliding-window attention refused (%s); using the XLA banded mask", e)
+        return _window_xla(q, k, v, doc, window)
 
 
 def sequence_attention(q, k, v, doc, plan, local=None):
@@ -258,10 +320,14 @@ def causal_block_mask(t: int):
     return FastCausalMask((int(t), int(t)))
 
 
-def _sequence_local_xla(q, k, v, doc_q, doc_kv, offset):
-    """[B, S] queries at global positions offset + i against [B, T] keys: causal on global positions, same document."""
+def _sequence_local_xla(q, k, v, doc_q, doc_kv, offset, window: int = 0):
+    """[B, S] queries at global positions offset + i against [B, T] keys: causal on global positions, same
+    document (and, with window W > 0, within the last W positions)."""
     qpos = offset + jnp.arange(q.shape[1])
-    causal = jnp.arange(k.shape[1])[None, :] <= qpos[:, None]  # [S, T]
+    kpos = jnp.arange(k.shape[1])[None, :]
+    causal = kpos <= qpos[:, None]  # [S, T]
+    if window > 0:
+        causal = causal & (qpos[:, None] - kpos < window)
     mask = causal[None] & (doc_q[:, :, None] == doc_kv[:, None, :])
     return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
 
@@ -281,6 +347,7 @@ class SoftmaxAttention(nn.Module):
     impl: str = "auto"
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    window: int = 0  # > 0: sliding-window attention over the last `window` tokens (the swa mixer)
 
     @nn.compact
     def __call__(self, x, doc, positions, cache=None, cache_index=None):
@@ -292,7 +359,9 @@ class SoftmaxAttention(nn.Module):
         q, k = rope(q, positions, self.rope_base), rope(k, positions, self.rope_base)
         new_cache = None
         if cache is None:
-            o = causal_attention(q, k, v, doc, self.impl)
+            o = causal_attention(q, k, v, doc, self.impl, self.window)
+        elif self.window > 0:
+            o, new_cache = self._ring_step(q, k, v, cache, cache_index)
         else:
             t = x.shape[1]
             ck = jax.lax.dynamic_update_slice_in_dim(cache["k"], k.astype(cache["k"].dtype), cache_index, 1)
@@ -305,3 +374,26 @@ class SoftmaxAttention(nn.Module):
             new_cache = {"k": ck, "v": cv}
         y = Dense((h, dh), (d,), ("heads", "kv", "embed"), self.out_std, name="wo", **kw)(o)
         return y, new_cache
+
+    def _ring_step(self, q, k, v, cache, cache_index):
+        """Decoding with a ring buffer of S = min(W, max_len) slots (position p in slot p mod S). A chunk of C
+        tokens at positions idx..idx+C−1 attends to [the ring as it was | its own keys]: slot s holds the position
+        p_s = idx − 1 − ((idx − 1 − s) mod S) (valid iff p_s ≥ 0), and query position i sees key position j iff
+        j ≤ i and i − j < W. Then the chunk's last min(C, S) keys are written to their slots.
+        q, k, v [B, C, H, d_h]; cache {"k", "v": [B, S, H, d_h]}. Returns (o [B, C, H, d_h], new cache)."""
+        ck, cv = cache["k"], cache["v"]
+        size, c, w = ck.shape[1], q.shape[1], self.window
+        slot_pos = cache_index - 1 - jnp.mod(cache_index - 1 - jnp.arange(size), size)  # [S]
+        qpos = cache_index + jnp.arange(c)
+        m_ring = (slot_pos[None, :] >= 0) & (qpos[:, None] - slot_pos[None, :] < w)  # [C, S]
+        i = jnp.arange(c)
+        m_new = (i[None, :] <= i[:, None]) & (i[:, None] - i[None, :] < w)  # [C, C]
+        mask = jnp.concatenate([m_ring, m_new], axis=1)[None, None]
+        keys = jnp.concatenate([ck.astype(q.dtype), k], axis=1)
+        vals = jnp.concatenate([cv.astype(q.dtype), v], axis=1)
+        o = jax.nn.dot_product_attention(q, keys, vals, mask=mask, implementation="xla")
+        n = min(c, size)
+        slots = jnp.mod(cache_index + c - n + jnp.arange(n), size)
+        new_cache = {"k": ck.at[:, slots].set(k[:, c - n:].astype(ck.dtype)),
+                     "v": cv.at[:, slots].set(v[:, c - n:].astype(cv.dtype))}
+        return o, new_cache

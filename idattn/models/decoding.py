@@ -5,6 +5,8 @@ Cache (one document per batch row):
   softmax:      {"k", "v": [L, B, max_len, H, d_h]}                         grows with context (KV cache)
   recurrent:    {"conv_<n>": [L, B, K−1, H, d_h], "xk": [L, B, H, M, R] complex64, "xv": [L, B, H, M, d_h]}
                 constant in the context length
+  swa:          {"k", "v": [L, B, min(W, max_len), H, d_h]}                 a ring buffer of the last W tokens
+  hybrid:       {"block_<j>": the cache above of pattern entry j, stacked on [L / P]}   (model.layer_pattern)
 `prefill` feeds the prompt in chunks of `chunk_size` tokens (one jitted function per chunk length), so that
 activation memory is O(chunk) and, for the recurrent mixers, the whole prefill is independent of the prompt
 length. `decode_step` takes one token per row; for the recurrent mixers it runs `interdomain_step` (query
@@ -19,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from idattn.models.spec import ModelSpec, conv_names, spec_from_config
+from idattn.models.spec import ModelSpec, conv_names, layer_specs, spec_from_config
 
 
 def _spec(model_or_cfg) -> ModelSpec:
@@ -28,26 +30,50 @@ def _spec(model_or_cfg) -> ModelSpec:
 
 
 def init_cache(model_or_cfg: Any, batch_size: int, max_len: int | None = None, dtype=None) -> dict:
-    """Empty cache. `max_len` (prompt + new tokens) is required for softmax, ignored by the recurrent mixers.
+    """Empty cache. `max_len` (prompt + new tokens) is required for softmax (and hybrids with a softmax layer),
+    optional for swa (the ring then has min(W, max_len) slots), ignored by the recurrent mixers.
     `dtype` (KV cache and short-conv states) defaults to the model's compute dtype; the S4D states are always
     complex64."""
     s = _spec(model_or_cfg)
     dtype = jnp.dtype(s.dtype) if dtype is None else dtype
-    n, b, h, dh, m = s.num_layers, batch_size, s.num_heads, s.head_dim, s.num_modes
     if s.theory:
         raise NotImplementedError("model.theory=True has no decoding path (time-varying LegS basis); "
                                   "use the S4D mixer (theory=False)")
+    if s.family == "hybrid":
+        specs = layer_specs(s)
+        n = s.num_layers // len(specs)
+        layers = {f"block_{j}": _layer_cache(ls, n, batch_size, max_len, dtype) for j, ls in enumerate(specs)}
+    else:
+        layers = _layer_cache(s, s.num_layers, batch_size, max_len, dtype)
+    return {"index": jnp.zeros((), jnp.int32), "layers": layers}
+
+
+def _layer_cache(s: ModelSpec, n: int, b: int, max_len, dtype) -> dict:
+    """The cache of n stacked layers of one (non-hybrid) spec s."""
+    h, dh, m = s.num_heads, s.head_dim, s.num_modes
     if s.family == "softmax":
         if not max_len or max_len <= 0:
             raise ValueError(f"init_cache: max_len={max_len!r}; softmax needs the KV cache length "
                              "(prompt length + new tokens)")
         shape = (n, b, max_len, h, dh)
-        layers = {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
-    else:
-        layers = {name: jnp.zeros((n, b, s.short_conv - 1, h, dh), dtype) for name in conv_names(s)}
-        layers["xk"] = jnp.zeros((n, b, h, m, dh), jnp.complex64)
-        layers["xv"] = jnp.zeros((n, b, h, m, dh), jnp.complex64)
-    return {"index": jnp.zeros((), jnp.int32), "layers": layers}
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    if s.family == "swa":
+        size = s.window if not max_len or max_len <= 0 else min(s.window, int(max_len))
+        shape = (n, b, size, h, dh)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype)}
+    layers = {name: jnp.zeros((n, b, s.short_conv - 1, h, dh), dtype) for name in conv_names(s)}
+    layers["xk"] = jnp.zeros((n, b, h, m, dh), jnp.complex64)
+    layers["xv"] = jnp.zeros((n, b, h, m, dh), jnp.complex64)
+    return layers
+
+
+def cache_bytes(model_or_cfg: Any, context: int, batch_size: int = 1) -> int:
+    """Bytes of the decoding cache `init_cache` allocates for `batch_size` sequences of `context` tokens
+    (`jax.eval_shape`: nothing is allocated), the index scalar included."""
+    import numpy as np
+
+    shapes = jax.eval_shape(lambda: init_cache(model_or_cfg, batch_size, context))
+    return int(sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(shapes)))
 
 
 @functools.lru_cache(maxsize=32)
@@ -61,8 +87,13 @@ def _chunk_fn(model):
 
 def _check_room(model, cache, extra: int) -> None:
     s = _spec(model)
+    caps = []
     if s.family == "softmax":
-        cap = cache["layers"]["k"].shape[2]
+        caps = [cache["layers"]["k"].shape[2]]
+    elif s.family == "hybrid":
+        caps = [cache["layers"][f"block_{j}"]["k"].shape[2] for j, ls in enumerate(layer_specs(s))
+                if ls.family == "softmax"]
+    for cap in caps[:1]:
         used = int(cache["index"])
         if used + extra > cap:
             raise ValueError(f"softmax KV cache: {used} + {extra} tokens exceed max_len={cap}; "

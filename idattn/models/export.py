@@ -16,6 +16,10 @@ Recurrent mixers (interdomain, s4d_only, cube cells) -> `model.safetensors` with
 layer (`layers.{i}.mixer.ssm_c_re`, ... in our [in, out] layout; complex values as the stored real pairs) and a
 `config.json` with `"architectures": ["IdattnForCausalLM"]` and every mixer setting.
 
+Sliding-window (swa) and hybrid stacks (model.layer_pattern) -> the same own format: Llama's layout has no window
+and one mixer for every layer, so it cannot hold them; `layers.{i}.*` is layer i whatever its mixer (layer i of a
+scanned hybrid is `layers/block_<i mod P>` at index i // P).
+
 Both write `idattn_config.json` (the full model config), from which `import_export(out)` rebuilds the exact
 parameter tree (tested: export -> import gives identical weights).
 """
@@ -38,6 +42,10 @@ def _to_numpy(params):
 
 
 def _layer_trees(params, spec: ModelSpec) -> list[dict]:
+    if "layers" in params and spec.family == "hybrid":
+        p = len(spec.layer_pattern)
+        return [jax.tree_util.tree_map(lambda a, i=i: a[i // p], params["layers"][f"block_{i % p}"])
+                for i in range(spec.num_layers)]
     if "layers" in params:
         return [jax.tree_util.tree_map(lambda a, i=i: a[i], params["layers"]) for i in range(spec.num_layers)]
     return [params[f"layers_{i}"] for i in range(spec.num_layers)]
@@ -145,7 +153,11 @@ def import_export(out_dir: str) -> tuple[dict, dict]:
         for i in range(spec.num_layers):
             pre = f"layers.{i}."
             layers.append(_unflatten({k[len(pre):]: v for k, v in t.items() if k.startswith(pre)}))
-    if spec.scan_layers:
+    if spec.scan_layers and spec.family == "hybrid":
+        p = len(spec.layer_pattern)
+        params["layers"] = {f"block_{j}": jax.tree_util.tree_map(lambda *a: np.stack(a), *layers[j::p])
+                            for j in range(p)}
+    elif spec.scan_layers:
         params["layers"] = jax.tree_util.tree_map(lambda *a: np.stack(a), *layers)
     else:
         params.update({f"layers_{i}": lp for i, lp in enumerate(layers)})

@@ -5,7 +5,9 @@ logits = W_head RMSNorm(x)   (untied head, no biases, no dropout; logits float32
 
 Blocks are stacked with `nn.scan` (parameters get a leading `layers` axis) under a remat policy
 (none | full | dots), so that compile time does not grow with depth; `scan_layers=False` unrolls them
-(parameters `layers_0`, `layers_1`, ...). Parameters are float32, compute in `dtype` (bf16 by default); norms,
+(parameters `layers_0`, `layers_1`, ...). A hybrid stack (`model.layer_pattern` of P mixers, docs/model.md
+"Hybrid stacks") scans a group of P blocks `num_layers / P` times: parameters `layers/block_<j>/...` with a leading
+axis of length num_layers / P (layer i = group i // P, position j = i mod P); unrolled, `layers_<i>` as above. Parameters are float32, compute in `dtype` (bf16 by default); norms,
 the recurrence and the readout accumulate in float32 / complex64.
 
 Call: `model.apply({"params": p}, tokens [B, T] int32, segment_ids=None, positions=None) -> logits [B, T, V]`.
@@ -32,7 +34,7 @@ import optax
 from idattn.layers.attention import SoftmaxAttention
 from idattn.layers.common import RMSNorm, SwiGLU, check_segment_ids, param, positions_from_segments
 from idattn.layers.interdomain import InterdomainMixer
-from idattn.models.spec import ModelSpec, spec_from_config
+from idattn.models.spec import ATTENTION_FAMILIES, ModelSpec, layer_specs, spec_from_config
 from idattn.ops.interdomain import document_index
 
 
@@ -42,6 +44,10 @@ def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
                   param_dtype=jnp.dtype(spec.param_dtype), name=name)
     if spec.family == "softmax":
         return SoftmaxAttention(impl=spec.attn_impl, **common)
+    if spec.family == "swa":
+        return SoftmaxAttention(impl=spec.attn_impl, window=spec.window, **common)
+    if spec.family == "hybrid":
+        raise ValueError("make_mixer: a hybrid spec has one mixer per pattern entry; use layer_specs(spec)")
     return InterdomainMixer(num_modes=spec.num_modes, input=spec.input, readout=spec.readout, use_rope=spec.rope,
                             output_gate=spec.output_gate, linear_contraction=spec.linear_contraction,
                             conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
@@ -111,7 +117,7 @@ class Block(nn.Module):
         dt, pdt = jnp.dtype(s.dtype), jnp.dtype(s.param_dtype)
         h = RMSNorm(s.norm_eps, dt, pdt, name="attn_norm")(x)
         mixer = make_mixer(s)
-        if s.family == "softmax":
+        if s.family in ATTENTION_FAMILIES:
             y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index)
         else:
             y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index,
@@ -127,6 +133,22 @@ def _remat(spec: ModelSpec, cls):
         return cls
     policy = None if spec.remat == "full" else jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims
     return nn.remat(cls, policy=policy, prevent_cse=not spec.scan_layers)
+
+
+class BlockGroup(nn.Module):
+    """One repetition of a hybrid pattern: blocks `block_0` .. `block_<P−1>`, block j with the mixer of pattern
+    entry j (`layer_specs`). Scan-compatible like Block; the cache is {"block_<j>": that block's cache}."""
+    spec: ModelSpec
+
+    @nn.compact
+    def __call__(self, x, doc, positions, segment_ids, cache, cache_index):
+        block = _remat(self.spec, Block)
+        new = {}
+        for j, ls in enumerate(layer_specs(self.spec)):
+            name = f"block_{j}"
+            x, new[name] = block(ls, name=name)(x, doc, positions, segment_ids,
+                                                None if cache is None else cache[name], cache_index)
+        return x, (None if cache is None else new)
 
 
 class Decoder(nn.Module):
@@ -158,7 +180,9 @@ class Decoder(nn.Module):
         x = constrain(jnp.take(emb, tokens, axis=0).astype(dt), RESIDUAL_AXES)
 
         block = _remat(s, Block)
-        if s.scan_layers:
+        if s.family == "hybrid":
+            x, new_layer_cache = self._hybrid(x, doc, positions, segment_ids, layer_cache, cache_index)
+        elif s.scan_layers:
             stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                             in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
                             length=s.num_layers, metadata_params={nn.PARTITION_NAME: "layers"})
@@ -187,6 +211,29 @@ class Decoder(nn.Module):
         if cache is None:
             return logits
         return logits, {"index": cache_index + t, "layers": new_layer_cache}
+
+
+    def _hybrid(self, x, doc, positions, segment_ids, layer_cache, cache_index):
+        """The hybrid stack: scanned over groups of P blocks, or unrolled (`layers_<i>`, pattern entry i mod P).
+        The cache is {"block_<j>": [num_layers / P, ...] stacked per pattern position} either way."""
+        s = self.spec
+        specs = layer_specs(s)
+        p = len(specs)
+        if s.scan_layers:
+            stack = nn.scan(BlockGroup, variable_axes={"params": 0}, split_rngs={"params": True},
+                            in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0, nn.broadcast),
+                            length=s.num_layers // p, metadata_params={nn.PARTITION_NAME: "layers"})
+            return stack(s, name="layers")(x, doc, positions, segment_ids, layer_cache, cache_index)
+        block = _remat(s, Block)
+        outs = {f"block_{j}": [] for j in range(p)}
+        for i in range(s.num_layers):
+            name, g = f"block_{i % p}", i // p
+            lc = None if layer_cache is None else jax.tree_util.tree_map(lambda a: a[g], layer_cache[name])
+            x, nc = block(specs[i % p], name=f"layers_{i}")(x, doc, positions, segment_ids, lc, cache_index)
+            outs[name].append(nc)
+        if layer_cache is None:
+            return x, None
+        return x, {k: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *v) for k, v in outs.items()}
 
 
 def build_model(model_cfg) -> nn.Module:

@@ -8,8 +8,17 @@ Mixer names (`model.mixer`):
                                rope ∈ {rope, norope}; e.g. generic-query-rope, dualkv-linear-norope
                                (readout `query`: Re(ξ(q)ᵀ U^H Γ); `linear`: S4D's Re(c·X), linear in the
                                state, then C_out; see idattn.layers.interdomain and docs/model.md)
+  swa                          sliding-window causal softmax attention over the last `model.window` tokens
+                               (Samba / RecurrentGemma style local attention, document-masked)
 The name is the single source of truth: `model.input`, `model.readout` and `model.rope` must agree with it
 (`apply_mixer_name` fills them); a disagreement is an error rather than a silently different model.
+
+Hybrid stacks (`model.layer_pattern`, docs/model.md "Hybrid stacks"): a comma-separated list of mixer names,
+repeated to the depth (layer i has mixer pattern[i mod P]; `num_layers` must be a multiple of P). Empty (the
+default): every layer is `model.mixer`. A pattern whose entries are all the same name is that homogeneous model
+exactly (same spec, parameter tree and loss). A mixed pattern gives family "hybrid" (`spec.mixer` stays
+`model.mixer`, which no layer then uses); `layer_specs(spec)` returns one ModelSpec per pattern position (its
+mixer, family and cube switches; every other field shared).
 """
 from __future__ import annotations
 
@@ -19,6 +28,7 @@ from typing import Any
 from idattn.layers.interdomain import INPUTS, READOUTS  # the layer owns its switches
 
 ALIASES = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}
+ATTENTION_FAMILIES = ("softmax", "swa")  # KV-cache mixers (swa: a ring buffer of model.window tokens)
 S4D_INITS = ("inv", "lin", "legs", "inv_paper")
 REMATS = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -33,15 +43,15 @@ def cube_cells() -> list[str]:
 
 
 def parse_mixer(name: str) -> tuple[str, str | None, str | None, bool | None]:
-    """name -> (family, input, readout, rope); family ∈ {softmax, interdomain}."""
-    if name == "softmax":
-        return "softmax", None, None, None
+    """name -> (family, input, readout, rope); family ∈ {softmax, swa, interdomain}."""
+    if name in ATTENTION_FAMILIES:
+        return name, None, None, None
     if name in ALIASES:
         return ("interdomain", *ALIASES[name])
     parts = str(name).split("-")
     if len(parts) == 3 and parts[0] in INPUTS and parts[1] in READOUTS and parts[2] in ("rope", "norope"):
         return "interdomain", parts[0], parts[1], parts[2] == "rope"
-    raise ValueError(f"model.mixer: got {name!r}; expected softmax, interdomain, s4d_only or a cube cell "
+    raise ValueError(f"model.mixer: got {name!r}; expected softmax, swa, interdomain, s4d_only or a cube cell "
                      f"<input>-<readout>-<rope> with input in {INPUTS}, readout in {READOUTS}, rope in "
                      f"(rope, norope), e.g. {', '.join(cube_cells()[:3])}")
 
@@ -50,7 +60,7 @@ def apply_mixer_name(model_cfg: Any, name: str) -> Any:
     """Set model.mixer = name and fill the cube switches (input, readout, rope) from it. Returns model_cfg."""
     family, inp, readout, use_rope = parse_mixer(name)
     model_cfg.mixer = name
-    if family != "softmax":
+    if family not in ATTENTION_FAMILIES:
         model_cfg.input, model_cfg.readout, model_cfg.rope = inp, readout, use_rope
     return model_cfg
 
@@ -88,6 +98,8 @@ class ModelSpec:
     scan_layers: bool
     remat: str
     attn_impl: str = "auto"
+    layer_pattern: tuple = ()  # () = homogeneous (every layer `mixer`); else the mixer names of one group (hybrid)
+    window: int = 0  # swa layers: attend to the last `window` tokens (the current one included)
 
     @property
     def out_std(self) -> float:
@@ -117,7 +129,7 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
     g = lambda k, d=None: _get(model_cfg, k, d)  # noqa: E731
     mixer = str(g("mixer"))
     family, inp, readout, use_rope = parse_mixer(mixer)
-    if family == "softmax":
+    if family in ATTENTION_FAMILIES:
         inp, readout, use_rope = g("input", "dualkv"), g("readout", "query"), True
     else:
         for key, want in (("input", inp), ("readout", readout), ("rope", use_rope)):
@@ -154,10 +166,18 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
         raise _err("linear_contraction", contraction, f"one of {LINEAR_CONTRACTIONS}",
                    "mean: c_h = (1/M) 1ᵀ C_h (default); sum: c_h = 1ᵀ C_h (docs/model.md, the linear readout).")
     theory = bool(g("theory", False))
-    if theory and (family != "interdomain" or inp != "dualkv" or readout != "query"):
-        raise _err("theory", True, "False unless mixer is interdomain / dualkv-query-*",
+    pattern = parse_layer_pattern(g("layer_pattern", ""), g("num_layers"))
+    window = g("window", 0)
+    if not isinstance(window, int) or isinstance(window, bool) or window < 0:
+        raise _err("window", window, "a non-negative integer (tokens; > 0 where a layer is swa)",
+                   "Set --config.model.window=<tokens>, e.g. 2048.")
+    if window == 0 and "swa" in (pattern or (mixer,)):
+        raise _err("window", window, "a positive number of tokens for the swa layers",
+                   "Set --config.model.window=<tokens>, e.g. --config.model.window=2048.")
+    if theory and any(parse_mixer(e)[:3] != ("interdomain", "dualkv", "query") for e in (pattern or (mixer,))):
+        raise _err("theory", True, "False unless every layer is interdomain / dualkv-query-*",
                    "The LegS theory mode exists for the full layer only.")
-    return ModelSpec(
+    base = ModelSpec(
         vocab_size=g("vocab_size"), d_model=d, num_layers=g("num_layers"), num_heads=h, head_dim=dh,
         ffn_dim=g("ffn_dim"), mixer=mixer, family=family, input=inp, readout=readout, rope=bool(use_rope),
         output_gate=bool(g("output_gate", False)), linear_contraction=contraction, conj=bool(g("conj", True)), theory=theory,
@@ -165,12 +185,55 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
         rope_base=float(g("rope_base", 10000.0)), short_conv=g("short_conv", 4), impl=g("impl", "auto"),
         chunk_size=g("chunk_size", 64), norm_eps=float(g("norm_eps", 1e-5)), init_std=float(g("init_std", 0.02)),
         dtype=g("dtype", "bfloat16"), param_dtype=g("param_dtype", "float32"),
-        scan_layers=bool(g("scan_layers", True)), remat=g("remat", "full"), attn_impl=g("attn_impl", "auto"))
+        scan_layers=bool(g("scan_layers", True)), remat=g("remat", "full"), attn_impl=g("attn_impl", "auto"),
+        window=window)
+    if not pattern:
+        return base
+    if len(set(pattern)) == 1:  # one type: exactly the homogeneous model of that mixer (same tree, same loss)
+        return _layer_spec(base, pattern[0])
+    return base.replace(family="hybrid", layer_pattern=pattern)  # `mixer` keeps model.mixer (unused by layers)
+
+
+def parse_layer_pattern(value: Any, num_layers: int) -> tuple[str, ...]:
+    """`model.layer_pattern` ("a,b,c", or a list / tuple from a saved config) -> the tuple of mixer names of one
+    group; () when empty. Each entry must be a mixer name (`parse_mixer`) and the group length must divide
+    `num_layers`; the refusal names the bad entry and its position."""
+    if value is None or value == "" or (isinstance(value, (list, tuple)) and not value):
+        return ()
+    items = [str(e).strip() for e in (value.split(",") if isinstance(value, str) else value)]
+    for i, e in enumerate(items):
+        try:
+            parse_mixer(e)
+        except ValueError:
+            raise ValueError(f"model.layer_pattern: entry {i} is {e!r}; expected a mixer name (softmax, swa, "
+                             f"interdomain, s4d_only or a cube cell <input>-<readout>-<rope>). Fix it, e.g. "
+                             f"--config.model.layer_pattern=interdomain,interdomain,interdomain,softmax") from None
+    if num_layers % len(items):
+        raise ValueError(f"model.layer_pattern: {len(items)} entries ({','.join(items)}) do not divide "
+                         f"model.num_layers={num_layers}; expected a group length that divides the depth. Fix "
+                         f"the pattern or num_layers (e.g. num_layers={len(items) * max(1, num_layers // len(items))}).")
+    return tuple(items)
+
+
+def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
+    """The spec of one layer of mixer `name` in a stack described by `base` (every other field shared)."""
+    family, inp, readout, use_rope = parse_mixer(name)
+    if family in ATTENTION_FAMILIES:
+        inp, readout, use_rope = base.input, base.readout, True
+    return base.replace(mixer=name, family=family, input=inp, readout=readout, rope=bool(use_rope), layer_pattern=())
+
+
+def layer_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
+    """One spec per position of the repeated group: (spec,) for a homogeneous model; for a hybrid, the spec of
+    every pattern entry (layer i of the stack is layer_specs(spec)[i % P])."""
+    if spec.family != "hybrid":
+        return (spec,)
+    return tuple(_layer_spec(spec, e) for e in spec.layer_pattern)
 
 
 def conv_names(spec: ModelSpec) -> tuple[str, ...]:
     """Names of the short convolutions of a recurrent mixer (one [K, H, d_h] kernel each)."""
-    if spec.family == "softmax":
+    if spec.family in ATTENTION_FAMILIES or spec.family == "hybrid":
         return ()
     names = ["conv_q"] if spec.readout == "query" else []
     names += ["conv_k"] if spec.input == "dualkv" else ["conv_1", "conv_2"]
