@@ -14,6 +14,10 @@ K short-conv kernel):
   paper cube cells: generic input + L·(4d + H·M), linear readout − L·4d      (App. B.1 range, Table 3 S4D-only)
 
 `differences(spec)` itemises ours − paper; `table3_equivalent = params − Σ differences`.
+
+swa (sliding-window attention) has softmax's parameters. A hybrid stack (model.layer_pattern, P entries repeated
+L/P times) counts each layer with its own mixer: mixer terms = Σ_types (layers of that type)·(that mixer's
+per-layer count), and the paper's count / the differences likewise per type over the shared 2·V·d + d.
 """
 from __future__ import annotations
 
@@ -26,13 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from idattn.models.llama import build_model
-from idattn.models.spec import ModelSpec, conv_names, spec_from_config
+from idattn.models.spec import ATTENTION_FAMILIES, ModelSpec, conv_names, layer_specs, spec_from_config
 
 
 def _mixer_counts(s: ModelSpec) -> dict[str, int]:
     d, h, dh, m = s.d_model, s.num_heads, s.head_dim, s.num_modes
     hd = h * dh
-    if s.family == "softmax":
+    if s.family in ATTENTION_FAMILIES:
         return {"projections (W_Q, W_K, W_V, W_O)": 4 * d * hd}
     out: dict[str, int] = {}
     n_mat = 3 + int(s.output_gate)  # two input maps + W_O (+ gate)
@@ -56,9 +60,26 @@ def param_breakdown(model_cfg: Any) -> dict[str, int]:
     s = spec_from_config(model_cfg)
     v, d, n, f = s.vocab_size, s.d_model, s.num_layers, s.ffn_dim
     out = {"embedding": v * d, "lm_head": d * v, "final_norm": d, "block norms": n * 2 * d, "SwiGLU": n * 3 * d * f}
+    if s.family == "hybrid":
+        for ls, count in layer_types(s):
+            for k, c in _mixer_counts(ls).items():
+                out[f"mixer {ls.mixer} ({count} layers): {k}"] = count * c
+        return out
     for k, c in _mixer_counts(s).items():
         out[f"mixer: {k}"] = n * c
     return out
+
+
+def layer_types(model_cfg: Any) -> list[tuple[ModelSpec, int]]:
+    """[(spec of a layer type, number of layers of that type)] in pattern order; one entry for a homogeneous
+    model. The specs carry num_layers of the whole stack (the residual init scale), not the type's count."""
+    s = spec_from_config(model_cfg)
+    specs = layer_specs(s)
+    reps = s.num_layers // len(specs)
+    out: dict[str, list] = {}
+    for ls in specs:
+        out.setdefault(ls.mixer, [ls, 0])[1] += reps
+    return [(ls, c) for ls, c in out.values()]
 
 
 def count_params_closed(model_cfg: Any) -> int:
@@ -89,8 +110,11 @@ def paper_count(model_cfg: Any) -> int:
     the other cube cells the App. B.1 / Table 3 deltas (generic input +4d + H·M, linear readout −4d per layer)."""
     s = spec_from_config(model_cfg)
     v, d, n, f = s.vocab_size, s.d_model, s.num_layers, s.ffn_dim
+    if s.family == "hybrid":  # per layer type, the shared embedding / head / final norm once
+        shared = 2 * v * d + d
+        return shared + sum(paper_count(ls.replace(num_layers=c)) - shared for ls, c in layer_types(s))
     softmax = 2 * v * d + n * (4 * d * d + 3 * d * f + 2 * d) + d
-    if s.family == "softmax":
+    if s.family in ATTENTION_FAMILIES:
         return softmax
     return softmax - n * 4 * d * d + n * sum(_paper_layer_terms(s).values())
 
@@ -99,7 +123,10 @@ def differences(model_cfg: Any) -> list[tuple[str, int]]:
     """Itemised differences from the paper's parameterisation: (description, ours − paper), totals over layers.
     `count_params_closed − Σ differences == paper_count` for every cell (checked in tests/test_params.py)."""
     s = spec_from_config(model_cfg)
-    if s.family == "softmax":
+    if s.family == "hybrid":
+        return [(f"[{ls.mixer} layers] {desc}", c) for ls, n_type in layer_types(s)
+                for desc, c in differences(ls.replace(num_layers=n_type))]
+    if s.family in ATTENTION_FAMILIES:
         return []
     d, n, h, dh, m = s.d_model, s.num_layers, s.num_heads, s.head_dim, s.num_modes
     r = dh
@@ -150,11 +177,16 @@ def state_budget(model_cfg: Any) -> int:
     """Recurrent state per layer in real numbers (complex counted twice, Mamba-3 accounting).
 
     Interdomain / S4D-only / cube cells: H·2(R + d_h)·M (1.3B: 524,288). Theory mode (real LegS basis with the
-    denominator channel): H·M·(R + d_h + 1). Softmax: the KV cache, 2·H·d_h real numbers **per token**.
+    denominator channel): H·M·(R + d_h + 1). Softmax: the KV cache, 2·H·d_h real numbers **per token**; swa the
+    same per token, for at most `window` tokens. Hybrid: the fixed state of one of its recurrent layers (the
+    largest; 2·H·d_h per token when it has none); `report` and `cache_bytes` give every type.
     """
     s = spec_from_config(model_cfg)
     h, dh, m = s.num_heads, s.head_dim, s.num_modes
-    if s.family == "softmax":
+    if s.family == "hybrid":
+        rec = [state_budget(ls) for ls, _ in layer_types(s) if ls.family not in ATTENTION_FAMILIES]
+        return max(rec) if rec else 2 * h * dh
+    if s.family in ATTENTION_FAMILIES:
         return 2 * h * dh
     if s.theory:
         return h * m * (dh + dh + 1)
@@ -179,14 +211,27 @@ def flops_per_token(model_cfg: Any, seq_len: int) -> float:
     """
     s = spec_from_config(model_cfg)
     n = count_params_closed(s) - s.vocab_size * s.d_model
-    if s.family == "softmax":
-        mix = 6.0 * seq_len * s.num_heads * s.head_dim
-    else:
-        mix = 6.0 * s.num_heads * mixer_macs_per_token_head(s, seq_len)
-    return 6.0 * n + s.num_layers * mix
+    return 6.0 * n + sum(count * mixer_flops_per_token(ls, seq_len) for ls, count in layer_types(s))
+
+
+def mixer_flops_per_token(layer_spec: ModelSpec, seq_len: int) -> float:
+    """Training FLOPs per token of one layer's sequence mixing (the part not in 6·N).
+
+    softmax: 6·T·H·d_h (4·H·d_h per query-key pair forward, T/2 keys per query on average, ×3 for training).
+    swa (window W < T): the band's mean keys per query, W − W²/(2T) (continuous area of the band over T), in
+    place of T/2: 12·H·d_h·(W − W²/(2T)); W ≥ T is softmax's count. These are the useful FLOPs: the XLA path
+    computes the full T² scores under the mask. Recurrent: 6·H·(the operator's MACs per token-head)."""
+    s, t = layer_spec, seq_len
+    if s.family == "softmax" or (s.family == "swa" and s.window >= t):
+        return 6.0 * t * s.num_heads * s.head_dim
+    if s.family == "swa":
+        w = s.window
+        return 12.0 * s.num_heads * s.head_dim * (w - w * w / (2.0 * t))
+    return 6.0 * s.num_heads * mixer_macs_per_token_head(s, seq_len)
 
 
 # ------------------------------------------------------------- the report of `python -m idattn.params`
+DECODE_CONTEXTS = (4096, 32768, 131072)  # the decode-memory table's context lengths (docs/model.md)
 def module_breakdown(model_cfg) -> "collections.OrderedDict[str, int]":
     """Counts grouped by module path (layers summed over depth), from eval_shape of the built model."""
     model = build_model(model_cfg)
@@ -209,15 +254,33 @@ def report(model_cfg) -> list[str]:
     closed = count_params_closed(model_cfg)
     if total != closed:
         raise AssertionError(f"eval_shape count {total} != closed form {closed}: update this module's closed form")
-    lines = [f"model: mixer={spec.mixer} input={spec.input} readout={spec.readout} rope={spec.rope} "
-             f"gate={spec.output_gate} theory={spec.theory} d={spec.d_model} layers={spec.num_layers} "
-             f"heads={spec.num_heads}x{spec.head_dim} ffn={spec.ffn_dim} M={spec.num_modes} V={spec.vocab_size}",
+    mixer = (f"layer_pattern={','.join(spec.layer_pattern)} (hybrid)" if spec.family == "hybrid" else
+             f"mixer={spec.mixer} input={spec.input} readout={spec.readout} rope={spec.rope}")
+    lines = [f"model: {mixer} gate={spec.output_gate} theory={spec.theory} d={spec.d_model} "
+             f"layers={spec.num_layers} heads={spec.num_heads}x{spec.head_dim} ffn={spec.ffn_dim} "
+             f"M={spec.num_modes} V={spec.vocab_size}" + (f" window={spec.window}" if spec.window else ""),
              "parameters by module (summed over layers):"]
     w = max(len(k) for k in rows)
     lines += [f"  {k:<{w}}  {v:>15,}" for k, v in rows.items()]
-    sb = state_budget(model_cfg)
-    unit = "per token (KV cache), per layer" if spec.family == "softmax" else "per layer (constant in context)"
-    lines.append(f"state budget: {sb:,} real numbers {unit}")
+    types = layer_types(spec)
+    if spec.family == "hybrid":
+        lines.append("parameters per layer type (mixer + norms + SwiGLU, per layer; layers; total):")
+        shared = 2 * spec.d_model + 3 * spec.d_model * spec.ffn_dim
+        for ls, count in types:
+            per = sum(_mixer_counts(ls).values()) + shared
+            lines.append(f"  {ls.mixer:<24} {per:>13,} x {count:>3} = {per * count:>15,}")
+    for ls, count in types:
+        sb = state_budget(ls)
+        unit = {"softmax": "per token (KV cache), per layer",
+                "swa": f"per token for the last {ls.window} tokens (ring buffer), per layer"}.get(
+                    ls.family, "per layer (constant in context)")
+        who = f" [{ls.mixer}, {count} layers]" if spec.family == "hybrid" else ""
+        lines.append(f"state budget{who}: {sb:,} real numbers {unit}")
+    if not spec.theory:
+        from idattn.models.decoding import cache_bytes
+
+        lines.append("decode cache per sequence (bytes, init_cache): " + ", ".join(
+            f"{t // 1024}K: {cache_bytes(spec, t):,}" for t in DECODE_CONTEXTS))
     diffs = differences(model_cfg)
     lines.append(f"differences from the paper's parameterisation (ours − paper): {len(diffs)} items")
     for desc, n in diffs:
