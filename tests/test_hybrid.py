@@ -1,0 +1,291 @@
+"""Hybrid stacks (issue 35; docs/model.md "Hybrid stacks"): `model.layer_pattern`, the `swa` mixer, mixed caches.
+
+Each check compares against something built independently of the code under test:
+  * a pattern of one type against the homogeneous model of that mixer (parameter tree, values, count, loss: bit
+    for bit), with `model.mixer` set to another mixer so that the pattern has to win;
+  * a mixed pattern's forward against a stack assembled in this file from the layer modules (`InterdomainMixer`,
+    `SoftmaxAttention`, RMSNorm, SwiGLU) with the parameters of layer i taken from `layers/block_<i mod P>` at
+    index i // P, and the unrolled model (`scan_layers=False`, `layers_<i>`) against the scanned one;
+  * the sliding-window mask and attention against a float64 NumPy loop (W ∈ {1, 7, T}, with documents);
+  * decoding of a mixed model (Interdomain, swa and global softmax layers, two groups) against its packed full
+    forward at every position of both documents, with prefill chunks longer and shorter than the window;
+  * refusals: one line, naming the entry / key, from the model and from the trainer before its workdir exists;
+  * counts: eval_shape against the closed form, FLOPs and decode-cache bytes against formulas written here.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from idattn.configs import base_config
+from idattn.models import build_model, count_params, count_params_closed, decoding, flops_per_token
+from idattn.models.spec import apply_mixer_name
+from test_model import _fast_compile  # noqa: F401  (module fixture re-used: fast CPU compiles)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+T = 16
+
+
+def cfg(mixer="s4d_only", **kw):
+    c = base_config().model
+    c.update(dict(vocab_size=64, d_model=32, num_layers=2, num_heads=2, head_dim=16, ffn_dim=64, num_modes=4,
+                  dtype="float32", chunk_size=8, remat="none", impl="sequential"))
+    apply_mixer_name(c, mixer)
+    c.update(kw)
+    return c
+
+
+def _init(model, seed=0):
+    return nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.zeros((1, T), jnp.int32))["params"])
+
+
+def _rows():
+    r = np.random.RandomState(3)
+    tok = r.randint(0, 64, (2, T)).astype(np.int32)
+    seg = np.array([[1] * 6 + [2] * 10, [7] * 11 + [8] * 5], np.int32)
+    return jnp.asarray(tok), jnp.asarray(seg)
+
+
+def _loss(model, params, tok, seg):
+    return jax.jit(lambda p: model.apply({"params": p}, tok, segment_ids=seg, targets=jnp.roll(tok, -1, 1)).mean())(
+        params)
+
+
+@pytest.mark.parametrize("entry", ["softmax", "interdomain"])
+def test_one_type_pattern_is_the_homogeneous_model(entry):
+    """`layer_pattern=<m>,<m>` with model.mixer = s4d_only == model.mixer = <m>: same tree, values, count, loss."""
+    pat = build_model(cfg("s4d_only", layer_pattern=f"{entry},{entry}"))
+    hom = build_model(cfg(entry))
+    p_pat, p_hom = _init(pat), _init(hom)
+    assert jax.tree_util.tree_structure(p_pat) == jax.tree_util.tree_structure(p_hom)
+    for a, b in zip(jax.tree_util.tree_leaves(p_pat), jax.tree_util.tree_leaves(p_hom)):
+        assert a.shape == b.shape and np.array_equal(np.asarray(a), np.asarray(b))
+    assert count_params(cfg("s4d_only", layer_pattern=f"{entry},{entry}")) == count_params(cfg(entry))
+    tok, seg = _rows()
+    assert float(_loss(pat, p_pat, tok, seg)) == float(_loss(hom, p_hom, tok, seg))
+    # the pattern did win over model.mixer (s4d_only has c_out, neither entry has)
+    assert "c_out" not in p_pat["layers"]["mixer"]
+
+
+def _hand_stack(spec_cfg, pattern, window):
+    """The forward of a stack assembled here from the layer modules, layer i = pattern[i % P]."""
+    from idattn.layers.attention import SoftmaxAttention
+    from idattn.layers.common import RMSNorm, SwiGLU, positions_from_segments
+    from idattn.layers.interdomain import InterdomainMixer
+    from idattn.ops.interdomain import document_index
+
+    c = spec_cfg
+    p = len(pattern)
+    common = dict(d_model=c.d_model, num_heads=c.num_heads, head_dim=c.head_dim)
+
+    def mixer(name):
+        if name in ("softmax", "swa"):
+            return SoftmaxAttention(window=window if name == "swa" else 0, impl="xla", **common)
+        inp, readout, rope = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}[name]
+        return InterdomainMixer(num_modes=c.num_modes, input=inp, readout=readout, use_rope=rope, impl="sequential",
+                                chunk_size=c.chunk_size, **common)
+
+    def run(params, tok, seg):
+        b, t = tok.shape
+        doc, pos = document_index(seg, b, t), positions_from_segments(seg, b, t)
+        x = params["embedding"][tok]
+        for i in range(c.num_layers):
+            lp = jax.tree_util.tree_map(lambda a: a[i // p], params["layers"][f"block_{i % p}"])
+            h = RMSNorm().apply({"params": lp["attn_norm"]}, x)
+            name = pattern[i % p]
+            kw = {} if name in ("softmax", "swa") else {"segment_ids": seg}
+            y, _ = mixer(name).apply({"params": lp["mixer"]}, h, doc, pos, **kw)
+            x = x + y
+            x = x + SwiGLU(c.d_model, c.ffn_dim).apply({"params": lp["mlp"]}, RMSNorm().apply(
+                {"params": lp["mlp_norm"]}, x))
+        x = RMSNorm().apply({"params": params["final_norm"]}, x)
+        return x @ params["lm_head"]["kernel"]
+    return jax.jit(run)
+
+
+def test_mixed_pattern_equals_a_hand_built_stack():
+    """interdomain,swa,softmax,s4d_only over 8 layers (two scanned groups) == the stack built above; the unrolled
+    model (layers_<i>) with the same weights == the scanned one."""
+    pattern = ("interdomain", "swa", "softmax", "s4d_only")
+    c = cfg("interdomain", num_layers=8, layer_pattern=",".join(pattern), window=3)
+    model = build_model(c)
+    params = _init(model)
+    assert set(params["layers"]) == {f"block_{j}" for j in range(4)}
+    assert params["layers"]["block_1"]["mixer"]["wq"]["kernel"].shape[0] == 2  # 8 layers / 4 = 2 groups
+    tok, seg = _rows()
+    got = np.asarray(jax.jit(lambda p: model.apply({"params": p}, tok, segment_ids=seg))(params))
+    ref = np.asarray(_hand_stack(c, pattern, 3)(params, tok, seg))
+    scale = np.max(np.abs(ref))
+    assert np.max(np.abs(got - ref)) <= 1e-5 * scale, np.max(np.abs(got - ref)) / scale
+    # the window matters here (else the swa layer could be global attention and still pass): row 1's first
+    # document has 11 tokens > W, and the hand-built stack with a global layer differs
+    ref_global = np.asarray(_hand_stack(c, ("interdomain", "softmax", "softmax", "s4d_only"), 3)(params, tok, seg))
+    assert np.max(np.abs(ref_global - ref)) > 1e-3 * scale
+
+    c_un = cfg("interdomain", num_layers=8, layer_pattern=",".join(pattern), window=3, scan_layers=False)
+    un = build_model(c_un)
+    p_un = {k: v for k, v in params.items() if k != "layers"}
+    for i in range(8):
+        p_un[f"layers_{i}"] = jax.tree_util.tree_map(lambda a: a[i // 4], params["layers"][f"block_{i % 4}"])
+    shapes = jax.eval_shape(lambda: un.init(jax.random.PRNGKey(0), jnp.zeros((1, T), jnp.int32)))["params"]
+    assert jax.tree_util.tree_structure(p_un) == jax.tree_util.tree_structure(nn.meta.unbox(shapes))
+    got_un = np.asarray(jax.jit(lambda p: un.apply({"params": p}, tok, segment_ids=seg))(p_un))
+    assert np.max(np.abs(got_un - got)) <= 1e-5 * scale
+
+
+def _attention_f64(q, k, v, doc, w):
+    b, t, h, d = q.shape
+    out = np.zeros_like(q)
+    for bi in range(b):
+        for hi in range(h):
+            for i in range(t):
+                js = [j for j in range(t) if j <= i and i - j < w and doc[bi, j] == doc[bi, i]]
+                s = np.array([q[bi, i, hi] @ k[bi, j, hi] for j in js]) / np.sqrt(d)
+                pr = np.exp(s - s.max())
+                pr /= pr.sum()
+                out[bi, i, hi] = sum(pj * v[bi, j, hi] for pj, j in zip(pr, js))
+    return out
+
+
+@pytest.mark.parametrize("w", [1, 7, T])
+def test_window_attention_against_float64_reference(w):
+    """causal_attention(window=W) (XLA path) and window_mask against a float64 loop, documents [0, 5), [5, 9),
+    [9, 16) in row 0 and one document in row 1; W = T is the global call exactly. The mask is compared exactly;
+    the attention to 1e-6 (jax's softmax runs in float32 whatever the input dtype)."""
+    from idattn.layers.attention import causal_attention, window_mask
+
+    r = np.random.RandomState(w)
+    q, k, v = (r.normal(size=(2, T, 2, 4)) for _ in range(3))
+    doc = np.zeros((2, T), np.int32)
+    doc[0, 5:], doc[0, 9:] = 1, 2
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    want_mask = (j <= i) & (i - j < w) & (doc[:, :, None] == doc[:, None, :])
+    assert np.array_equal(np.asarray(window_mask(jnp.asarray(doc), T, w))[:, 0], want_mask)
+    ref = _attention_f64(q, k, v, doc, w)
+    with jax.enable_x64(True):
+        got = np.asarray(causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(doc),
+                                          impl="xla", window=w))
+        assert got.dtype == np.float64
+        glob = np.asarray(causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(doc),
+                                           impl="xla"))
+    # jax.nn.dot_product_attention takes its softmax in float32 even for float64 inputs: 1e-6, not 1e-12
+    assert np.max(np.abs(got - ref)) < 1e-6
+    if w == T:
+        assert np.array_equal(got, glob)
+    else:
+        assert np.max(np.abs(glob - ref)) > 1e-3  # the band is not the global mask
+
+
+def test_mixed_decode_equals_full_forward_with_documents():
+    """interdomain,swa,softmax over 6 layers (two groups), W = 3: the packed forward of [A | B] (segment ids)
+    == decoding A and then B, each from a fresh cache (one document per row), token by token for A and, for B,
+    a prefill in chunks of 4 (> W: the ring is overwritten inside a chunk) then one-token steps."""
+    c = cfg("interdomain", num_layers=6, layer_pattern="interdomain,swa,softmax", window=3, impl="chunked",
+            chunk_size=4)
+    model = build_model(c)
+    params = _init(model, seed=1)
+    tok, seg = _rows()
+    full = np.asarray(jax.jit(lambda p: model.apply({"params": p}, tok, segment_ids=seg))(params))[0]
+    row = np.asarray(tok[0])
+    cache = decoding.init_cache(model, 1, T)
+    assert cache["layers"]["block_1"]["k"].shape == (2, 1, 3, 2, 16)   # ring of W for the swa layers
+    assert cache["layers"]["block_2"]["k"].shape == (2, 1, T, 2, 16)   # KV cache of max_len for softmax
+    assert cache["layers"]["block_0"]["xk"].shape == (2, 1, 2, 4, 16)  # fixed state for Interdomain
+    dec = []
+    for t in range(6):  # document A
+        lg, cache = decoding.decode_step(model, params, jnp.asarray(row[t:t + 1]), cache)
+        dec.append(np.asarray(lg[0]))
+    cache = decoding.init_cache(model, 1, T)  # document B from a fresh cache
+    lg, cache = decoding.prefill(model, params, jnp.asarray(row[None, 6:15]), cache, chunk_size=4)
+    # prefill returns the last position's logits only: compare those, then step the rest
+    np.testing.assert_allclose(np.asarray(lg[0]), full[14], atol=1e-4 * np.max(np.abs(full)))
+    lg, cache = decoding.decode_step(model, params, jnp.asarray(row[15:16]), cache)
+    scale = np.max(np.abs(full))
+    assert np.max(np.abs(np.stack(dec) - full[:6])) <= 1e-4 * scale
+    assert np.max(np.abs(np.asarray(lg[0]) - full[15])) <= 1e-4 * scale
+    # every position of B, one token at a time from a fresh cache
+    cache = decoding.init_cache(model, 1, T)
+    dec_b = []
+    for t in range(6, T):
+        lg, cache = decoding.decode_step(model, params, jnp.asarray(row[t:t + 1]), cache)
+        dec_b.append(np.asarray(lg[0]))
+    assert np.max(np.abs(np.stack(dec_b) - full[6:])) <= 1e-4 * scale
+
+
+def _one_line_error(fn, *match):
+    with pytest.raises(ValueError) as e:
+        fn()
+    msg = str(e.value)
+    assert "\n" not in msg, msg
+    for m in match:
+        assert m in msg, msg
+    return msg
+
+
+def test_bad_patterns_are_refused_in_one_line():
+    from idattn.layers.attention import causal_attention
+
+    _one_line_error(lambda: build_model(cfg(num_layers=4, layer_pattern="interdomain,mamba")),
+                    "model.layer_pattern", "entry 1 is 'mamba'", "--config.model.layer_pattern=")
+    _one_line_error(lambda: build_model(cfg(num_layers=4, layer_pattern="interdomain,,softmax")),
+                    "model.layer_pattern", "entry 1 is ''")
+    _one_line_error(lambda: build_model(cfg(num_layers=4, layer_pattern="interdomain,swa,softmax")),
+                    "model.layer_pattern", "do not divide model.num_layers=4")
+    _one_line_error(lambda: build_model(cfg(num_layers=4, layer_pattern="interdomain,swa")),
+                    "model.window: got 0", "--config.model.window=")
+    _one_line_error(lambda: build_model(cfg(num_layers=4, layer_pattern="interdomain,softmax", theory=True)),
+                    "model.theory")
+    q = jnp.zeros((1, 8, 1, 4))
+    _one_line_error(lambda: causal_attention(q, q, q, None, impl="pallas_tpu", window=3),
+                    "model.attn_impl", "sliding-window")
+
+
+def test_trainer_refuses_a_bad_pattern_before_writing(tmp_path):
+    """The trainer's one-line refusal, exit 1, and no workdir (the model is built before the first write)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import train_helpers as TH
+
+    wd = str(tmp_path / "never")
+    proc = TH.run_train(wd, overrides={"model.layer_pattern": "softmax,bogus", "model.num_layers": 2},
+                        env=TH.cached_env(tmp_path), check=False)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert not os.path.exists(wd)
+    last = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()][-1]
+    assert "model.layer_pattern: entry 1 is 'bogus'" in last, proc.stderr[-2000:]
+
+
+def test_counts_flops_and_decode_cache_bytes():
+    """eval_shape == closed form for hybrids; FLOPs = the per-type sum written here; the decode cache bytes of a
+    1:3 hybrid, swa hybrid, Softmax and Interdomain at 4K / 32K / 128K == the sizes of the caches by hand."""
+    from idattn.models.counting import mixer_flops_per_token
+
+    for pat in ("interdomain,interdomain,interdomain,softmax", "s4d_only,swa", "swa,softmax"):
+        c = cfg("interdomain", num_layers=4, layer_pattern=pat, window=5)
+        assert count_params(c) == count_params_closed(c), pat
+    hyb = cfg("interdomain", num_layers=4, layer_pattern="interdomain,interdomain,interdomain,swa", window=5)
+    soft, inter = cfg("softmax", num_layers=4), cfg("interdomain", num_layers=4)
+    n_inter, n_soft = count_params(inter), count_params(soft)
+    d, h, dh = 32, 2, 16
+    # params: 3 Interdomain layers and one softmax-sized swa layer
+    assert count_params(hyb) == n_soft + 3 * (n_inter - n_soft) // 4
+    for t in (8, 64):
+        swa_mix = 12 * h * dh * (5 - 25 / (2 * t))  # band of 5 keys, continuous area
+        inter_mix = mixer_flops_per_token(build_model(inter).spec, t)
+        want = 6 * (count_params(hyb) - 64 * d) + 3 * inter_mix + swa_mix
+        assert flops_per_token(hyb, t) == pytest.approx(want)
+    # decode cache bytes per sequence (float32 compute dtype here: 4 bytes; complex64: 8); index scalar: 4
+    conv = 3 * h * dh * 4  # K−1 = 3 inputs of one short conv
+    rec = 2 * conv + 2 * h * 4 * dh * 8  # conv_q, conv_k, xk, xv
+    for t in (4096, 32768, 131072):
+        assert decoding.cache_bytes(soft, t) == 4 * 2 * t * h * dh * 4 + 4
+        assert decoding.cache_bytes(inter, t) == 4 * rec + 4
+        assert decoding.cache_bytes(hyb, t) == 3 * rec + 2 * 5 * h * dh * 4 + 4
+        g = cfg("interdomain", num_layers=4, layer_pattern="interdomain,interdomain,interdomain,softmax")
+        assert decoding.cache_bytes(g, t) == 3 * rec + 2 * t * h * dh * 4 + 4
