@@ -49,7 +49,9 @@ without c, 57K), against about T·D for causal softmax attention at context T.
 """
 from __future__ import annotations
 
+import math
 import os
+import warnings
 from typing import Optional
 
 import jax
@@ -115,14 +117,17 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     if zv.shape[:3] != (bsz, t, h):
         raise ValueError(f"zv must be [B, T, H, D] = [{bsz}, {t}, {h}, D] like fq; got {tuple(zv.shape)}")
     for name, x in (("lam", lam), ("b", b)):
-        if x.ndim != 2 or x.shape[0] != h:
-            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {shape_str(x)}")
+        if not ((x.ndim == 2 and x.shape[0] == h) or (x.ndim == 4 and tuple(x.shape[:3]) == (bsz, t, h))):
+            raise ValueError(f"{name} must be [H, M] = [{h}, M] (time invariant) or [B, T, H, M] = [{bsz}, {t}, {h}, M] "
+                             f"(one value per token) complex; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
                             f"idattn.ops.s4d.discretize or jax.lax.complex(re, im)")
-    m = lam.shape[1]
-    if b.shape != lam.shape:
-        raise ValueError(f"b must match lam's [H, M] = {tuple(lam.shape)}; got {tuple(b.shape)}")
+    m = lam.shape[-1]
+    if b.shape[-1] != m:
+        raise ValueError(f"b must have lam's M = {m} modes in its last axis; got b {tuple(b.shape)}, "
+                         f"lam {tuple(lam.shape)}")
+    selective = lam.ndim == 4 or b.ndim == 4
     if c is not None:
         if tuple(c.shape) != (h, m, m) or not jnp.issubdtype(c.dtype, jnp.complexfloating):
             raise ValueError(f"c must be complex [H, M, M] = [{h}, {m}, {m}] or None; got {shape_str(c)}")
@@ -144,6 +149,10 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     # Value checks when the inputs are concrete (not under jit tracing).
+    if selective:
+        if is_concrete(lam):
+            _check_selective_lam(lam, real_dtype(fq, zv, lam))
+        return selective
     if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
@@ -157,6 +166,27 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
                     f"at chunk_size={chunk_size} (its power tables reach |lam|^-(L-1)). Keep the S4D decay bound "
                     f"Re(Δ·A) ≥ -κ (idattn.ops.s4d.discretize, κ = {s4d.DEFAULT_KAPPA} allows chunks up to "
                     f"{s4d.max_chunk_size()}), use a smaller chunk_size, or impl='sequential'")
+    return selective
+
+
+def _check_selective_lam(lam, rdt):
+    """Concrete per-token lam: |lam| <= 1 and one magnitude per (row, token, head) across the modes."""
+    lam = np.asarray(lam)
+    mag = np.abs(lam)
+    if not np.all(np.isfinite(mag)) or mag.max() > 1.0:
+        raise ValueError(f"lam (per token) must satisfy |lam| <= 1; saw max |lam| = {mag.max():.8g}. Build it as "
+                         f"exp(Δ_t·A + iθ_t) with Δ_t >= 0 and Re A <= 0")
+    if lam.ndim != 4:
+        return
+    tiny = float(np.finfo(np.float32 if jnp.dtype(rdt) == jnp.dtype(jnp.float32) else np.float64).tiny)
+    logm = np.log(np.maximum(mag, tiny)).astype(np.float64)
+    spread = np.abs(logm - logm.mean(axis=-1, keepdims=True)).max(axis=-1)
+    tol = math.sqrt(float(jnp.finfo(rdt).eps)) * (1.0 + np.abs(logm).mean(axis=-1))
+    if np.any(spread > tol):
+        i = np.unravel_index(int(np.argmax(spread - tol)), spread.shape)
+        raise ValueError(f"lam (per token) must have one magnitude per (row, token, head) across its M modes "
+                         f"(Re A tied within a head); at [b, t, h] = {list(map(int, i))} log|lam| spreads by "
+                         f"{spread[i]:.3g}. Build lam_t = exp(Δ_t·a_h + iφ_t,m) with one real a_h per head")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -209,33 +239,46 @@ def _zero_state(bsz, h, m, r, d, cdt):
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def per_token(lam, b, bsz: int, t: int):
+    """(lam, b) broadcast to [B, T, H, M] (either may be [H, M] or [B, T, H, M])."""
+    h, m = lam.shape[-2], lam.shape[-1]
+    return (jnp.broadcast_to(lam, (bsz, t, h, m)), jnp.broadcast_to(b, (bsz, t, h, m)))
+
+
 def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
     cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
+    selective = lam.ndim == 4 or b.ndim == 4
     c = None if c is None else c.astype(cdt)
     state = _zero_state(bsz, h, m, r, d, cdt) if initial_state is None else tuple(s.astype(cdt) for s in initial_state)
     resets = document_starts(segment_ids, bsz, t)
 
     def step(carry, xs):
         xk, xv = carry
-        fq_t, zk_t, zv_t, reset_t = xs
+        fq_t, zk_t, zv_t, reset_t = xs[:4]
+        lam_t, b_t = xs[4:] if selective else (lam, b)  # [B, H, M] per token, else [H, M]
         keep = ~reset_t[:, None, None, None]
         xk = jnp.where(keep, xk, 0)
         xv = jnp.where(keep, xv, 0)
-        o_t, (xk, xv) = _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt)
+        o_t, (xk, xv) = _step(xk, xv, fq_t, zk_t, zv_t, lam_t, b_t, c, conj, rdt)
         return (xk, xv), o_t
 
     xs = (jnp.moveaxis(fq, 1, 0), jnp.moveaxis(zk, 1, 0), jnp.moveaxis(zv, 1, 0), jnp.moveaxis(resets, 1, 0))
+    if selective:
+        xs = xs + tuple(jnp.moveaxis(x, 1, 0) for x in per_token(lam, b, bsz, t))
     state, o = lax.scan(step, state, xs)
     return jnp.moveaxis(o, 0, 1), state
 
 
 def _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt):
+    """One token: lam, b [H, M] (time invariant) or [B, H, M] (this token's)."""
     cdt = xk.dtype
-    xk = lam[None, :, :, None] * xk + b[None, :, :, None] * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
-    xv = lam[None, :, :, None] * xv + b[None, :, :, None] * zv_t.astype(rdt)[:, :, None, :].astype(cdt)
+    lam = lam[..., None] if lam.ndim == 3 else lam[None, :, :, None]
+    b = b[..., None] if b.ndim == 3 else b[None, :, :, None]
+    xk = lam * xk + b * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
+    xv = lam * xv + b * zv_t.astype(rdt)[:, :, None, :].astype(cdt)
     o_t = _readout_literal(xk, xv, fq_t.astype(rdt), c, conj)
     return o_t, (xk, xv)
 
@@ -265,15 +308,15 @@ def _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rd
             f"{_ASSOCIATIVE_MAX_BYTES / 2**30:.2f} GiB. Use impl='chunked' (memory O(T/L · state)), or raise the bound "
             f"with IDATTN_ASSOCIATIVE_MAX_BYTES / idattn.ops.interdomain.set_associative_max_bytes")
     cdt = complex_dtype(rdt)
-    lam, b = lam.astype(cdt), b.astype(cdt)
+    lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)  # [B, T, H, M]: lam_t, b_t (constant: broadcast)
     c = None if c is None else c.astype(cdt)
     z = jnp.concatenate([zk, zv], axis=-1).astype(rdt).astype(cdt)  # [B, T, H, R+D]
-    x = b[None, None, :, :, None] * z[:, :, :, None, :]  # [B, T, H, M, R+D]
+    x = b[..., None] * z[:, :, :, None, :]  # [B, T, H, M, R+D]
     if initial_state is not None:
         x0 = jnp.concatenate([s.astype(cdt) for s in initial_state], axis=-1)  # [B, H, M, R+D]
-        x = x.at[:, 0].add(lam[None, :, :, None] * x0)
+        x = x.at[:, 0].add(lam[:, 0, :, :, None] * x0)
     resets = document_starts(segment_ids, bsz, t)
-    a = jnp.where(resets[:, :, None, None], jnp.zeros((), cdt), lam[None, None])  # [B, T, H, M]
+    a = jnp.where(resets[:, :, None, None], jnp.zeros((), cdt), lam)  # [B, T, H, M]
     a = a[..., None]
 
     def combine(left, right):
@@ -437,6 +480,136 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# Chunked, selective: per-token lam_t = exp(g_t + iφ_t,m) with one log-decay g_t per (row, token, head)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def log_decay_angle(lam, rdt):
+    """Per-token lam [..., M] complex -> (g [...], φ [..., M]) in `rdt`: g = mean_m log|lam_m| (one log-decay per
+    row, token and head: the magnitudes are tied across the modes) and φ = angle(lam) ∈ (−π, π] (principal branch:
+    every token's phase increment is already wrapped). A lam below the dtype's smallest normal number (an
+    underflowed decay) reads as g = log(tiny), φ = 0, with zero gradient: no NaN from log 0 or angle 0.
+
+    Gradients with respect to lam are those of the tied form: a perturbation that breaks the tie is averaged over
+    the modes. Build lam from (Δ_t, a_h, φ_t) and differentiate those (the layer does)."""
+    lam = lam.astype(complex_dtype(rdt))
+    tiny = float(jnp.finfo(rdt).tiny)
+    ok = lax.stop_gradient(jnp.abs(lam)) > tiny
+    safe = jnp.where(ok, lam, jnp.ones((), lam.dtype))
+    logm = jnp.where(ok, jnp.log(jnp.abs(safe)), math.log(tiny)).astype(rdt)
+    ang = jnp.where(ok, jnp.angle(safe), 0).astype(rdt)
+    return jnp.mean(logm, axis=-1), ang
+
+
+def _chunk_body_selective(carry, xs, kblock, conj):
+    """One chunk of the selective form (module docstring). carry as `_chunk_body`; xs: fq, zk [B,H,l,R],
+    zv [B,H,l,D], d [B,l], g [B,H,l] (log-decay), ph [B,H,l,M] (angles), b_r, b_i [B,H,l,M]."""
+    xk_r, xk_i, xv_r, xv_i, d_prev = carry
+    fq, zk, zv, dch, g, ph, b_r, b_i = xs
+    l, m = fq.shape[2], xk_r.shape[2]
+    lc = jnp.cumsum(g, axis=-1)  # Λ_i = Σ_{s≤i} g_s [B, H, l]: non-increasing, ≤ 0
+    phc = jnp.cumsum(ph, axis=-2)  # Φ_i = Σ_{s≤i} φ_s [B, H, l, M]: |Φ| ≤ l·π (within the chunk only)
+    er, ei = jnp.cos(phc), jnp.sin(phc)  # e^{iΦ_i}: unit modulus
+
+    same_doc = dch[:, :, None] == dch[:, None, :]
+    causal = jnp.tril(jnp.ones((l, l), bool))
+    mask = (same_doc & causal)[:, None]  # [B, 1, l, l]
+    carried = (dch == d_prev[:, None])[:, None, :, None]
+    last_doc = (dch == dch[:, -1:])[:, None, :, None]
+    reset_in_chunk = (dch[:, -1] != d_prev)[:, None, None, None]
+
+    # Decay matrix D[i, j] = e^{Λ_i − Λ_j} on i ≥ j (same document): every exponent is ≤ 0 before exp (masked
+    # entries are set to 0 before exp and to 0 after), so nothing overflows whatever Δ_t.
+    diff = lc[..., :, None] - lc[..., None, :]
+    dec = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)  # [B, H, l, l]
+    gd = jnp.einsum("bhir,bhjr->bhij", fq, zk, precision=_HI) * dec
+    ps_r, ps_i = _cmul(b_r, b_i, er, -ei)  # Ps[j] = b_j e^{−iΦ_j}
+    ps2 = jnp.concatenate([ps_r, ps_i], axis=-1)  # [B, H, l, 2M]
+    gps = jnp.einsum("bhij,bhjm->bhim", gd, ps2, precision=_HI)
+    p_r, p_i = _cmul(er, ei, gps[..., :m], gps[..., m:])  # e^{iΦ_i} ∘ ((G∘D) · Ps)
+    ein = jnp.exp(lc)[..., None]  # e^{Λ_i} ≤ 1
+    pin_r, pin_i = ein * er, ein * ei  # Pin[i] = e^{Λ_i + iΦ_i}: the decay of the carried state to token i
+    xk2 = jnp.concatenate([xk_r, xk_i], axis=2)
+    fx = jnp.einsum("bhlr,bhmr->bhlm", fq, xk2, precision=_HI)
+    c_r, c_i = _cmul(pin_r, pin_i, fx[..., :m], fx[..., m:])
+    p_r = p_r + jnp.where(carried, c_r, 0)
+    p_i = p_i + jnp.where(carried, c_i, 0)
+    q_r, q_i = (p_r, -p_i) if conj else (p_r, p_i)
+    if kblock is None:
+        w_r, w_i = q_r, q_i
+    else:
+        w2 = jnp.einsum("bhlm,hmn->bhln", jnp.concatenate([q_r, q_i], -1), kblock, precision=_HI)
+        w_r, w_i = w2[..., :m], w2[..., m:]
+    a_r, a_i = _cmul(w_r, w_i, pin_r, pin_i)
+    xv2 = jnp.concatenate([xv_r, xv_i], axis=2)
+    o_carry = jnp.einsum("bhlm,bhmd->bhld", jnp.concatenate([a_r, -a_i], -1), xv2, precision=_HI)
+    e_r, e_i = _cmul(w_r, w_i, er, ei)
+    sc = jnp.einsum("bhim,bhjm->bhij", jnp.concatenate([e_r, -e_i], -1), ps2, precision=_HI) * dec
+    o = jnp.einsum("bhij,bhjd->bhid", sc, zv, precision=_HI) + jnp.where(carried, o_carry, 0)
+    # Carry: X1 = e^{Λ_{l−1} + iΦ_{l−1}} ∘ X0 (no reset in the chunk) + Σ_j Pe[j] ⊗ z_j (last document),
+    # Pe[j] = e^{Λ_{l−1} − Λ_j} · e^{iΦ_{l−1}} · Ps[j]  (exponent ≤ 0; the phase by complex multiplication).
+    last_r, last_i = er[:, :, -1:], ei[:, :, -1:]  # [B, H, 1, M]
+    tail = jnp.exp(lc[..., -1:] - lc)[..., None]  # [B, H, l, 1]
+    pe_r, pe_i = _cmul(ps_r, ps_i, last_r, last_i)
+    pe2 = jnp.concatenate([pe_r * tail, pe_i * tail], axis=-1)
+    zk_last = jnp.where(last_doc, zk, 0)
+    zv_last = jnp.where(last_doc, zv, 0)
+    nk = jnp.einsum("bhlm,bhlr->bhmr", pe2, zk_last, precision=_HI)
+    nv = jnp.einsum("bhlm,bhld->bhmd", pe2, zv_last, precision=_HI)
+    tot = jnp.exp(lc[..., -1])[..., None]  # [B, H, 1]
+    tr, ti = (tot * last_r[:, :, 0])[..., None], (tot * last_i[:, :, 0])[..., None]  # [B, H, M, 1]
+    dk_r, dk_i = _cmul(tr, ti, xk_r, xk_i)
+    dv_r, dv_i = _cmul(tr, ti, xv_r, xv_i)
+    keep = ~reset_in_chunk
+    new = (jnp.where(keep, dk_r, 0) + nk[:, :, :m], jnp.where(keep, dk_i, 0) + nk[:, :, m:],
+           jnp.where(keep, dv_r, 0) + nv[:, :, :m], jnp.where(keep, dv_i, 0) + nv[:, :, m:], dch[:, -1])
+    return new, o
+
+
+def _selective_chunks(x, n, big_l, pad, fill=0):
+    """[B, T, H, ...] -> [n, B, H, L, ...] with `pad` tokens of value `fill` appended at the end."""
+    if pad:
+        x = jnp.concatenate([x, jnp.full((x.shape[0], pad) + x.shape[2:], fill, x.dtype)], axis=1)
+    x = x.reshape((x.shape[0], n, big_l) + x.shape[2:])  # [B, n, L, H, ...]
+    return jnp.moveaxis(jnp.swapaxes(x, 2, 3), 1, 0)  # [n, B, H, L, ...]
+
+
+def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
+    """The chunked form with per-token lam_t, b_t (module docstring, "Selective"). A ragged last chunk is padded
+    with identity tokens (lam = 1, b = 0, z = 0, the last document's index): they leave the state unchanged, so
+    the returned state is exact."""
+    bsz, t, h, r = fq.shape
+    d, m = zv.shape[-1], lam.shape[-1]
+    cdt = complex_dtype(rdt)
+    lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)
+    kblock = _fold_c(None if c is None else c.astype(cdt), conj, rdt)
+    docs = document_index(segment_ids, bsz, t)
+    g, ph = log_decay_angle(lam, rdt)  # [B, T, H], [B, T, H, M]
+    if initial_state is None:
+        xk0 = jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, r), rdt)
+        xv0 = jnp.zeros((bsz, h, m, d), rdt), jnp.zeros((bsz, h, m, d), rdt)
+    else:
+        xk0 = jnp.real(initial_state[0]).astype(rdt), jnp.imag(initial_state[0]).astype(rdt)
+        xv0 = jnp.real(initial_state[1]).astype(rdt), jnp.imag(initial_state[1]).astype(rdt)
+    carry = (*xk0, *xv0, jnp.zeros((bsz,), jnp.int32))
+    big_l = min(chunk_size, t)
+    n = -(-t // big_l)
+    pad = n * big_l - t
+    ch = lambda x: _selective_chunks(x, n, big_l, pad)  # noqa: E731
+    dpad = jnp.concatenate([docs, jnp.broadcast_to(docs[:, -1:], (bsz, pad))], axis=1) if pad else docs
+    dsplit = jnp.moveaxis(dpad.reshape(bsz, n, big_l), 1, 0)  # [n, B, L]
+    gs = ch(g[..., None])[..., 0]  # [n, B, H, L]
+    xs = (ch(fq.astype(rdt)), ch(zk.astype(rdt)), ch(zv.astype(rdt)), dsplit, gs, ch(ph),
+          ch(jnp.real(b).astype(rdt)), ch(jnp.imag(b).astype(rdt)))
+    body = lambda cr, x: _chunk_body_selective(cr, x, kblock, conj)  # noqa: E731
+    carry, o = lax.scan(body, carry, xs)  # o [n, B, H, L, D]
+    o = jnp.moveaxis(o, 0, 2).reshape(bsz, h, n * big_l, d)[:, :, :t]
+    xk_r, xk_i, xv_r, xv_i, _ = carry
+    state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
+    return jnp.swapaxes(o, 1, 2), state
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------------
 
@@ -451,10 +624,25 @@ def _pallas_module():
     return pallas_ops
 
 
-def resolve_impl(impl: str, chunk_size: int = 64) -> str:
-    """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU) and take this chunk size, else 'chunked'."""
+_PALLAS_FALLBACK_WARNED = False
+
+
+def warn_pallas_fallback():
+    """One warning per process: impl='pallas' with a per-token lam / b runs the chunked XLA form."""
+    global _PALLAS_FALLBACK_WARNED
+    if not _PALLAS_FALLBACK_WARNED:
+        _PALLAS_FALLBACK_WARNED = True
+        warnings.warn("interdomain_mix: impl='pallas' has no kernel for a per-token (selective) lam / b; running "
+                      "the chunked XLA form instead (docs/kernels.md)", stacklevel=3)
+
+
+def resolve_impl(impl: str, chunk_size: int = 64, selective: bool = False) -> str:
+    """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU) and take this chunk size, else 'chunked'.
+    With a per-token lam (`selective`), 'auto' is 'chunked' (the kernels are LTI only)."""
     if impl != "auto":
         return impl
+    if selective:
+        return "chunked"
     try:
         pallas_ops = _pallas_module()
     except NotImplementedError:
@@ -472,7 +660,9 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
       fq: [B, T, H, R] float: query features ξ(q_t).
       zk: [B, T, H, R] float: key half of the SSM input (k̃_t).
       zv: [B, T, H, D] float: value half (ṽ_t).
-      lam, b: [H, M] complex: discrete decay (|lam| < 1) and input gain.
+      lam, b: [H, M] complex: discrete decay (|lam| < 1) and input gain; or [B, T, H, M] complex, one value per
+        token (selective: lam_t acts on the state before token t enters; |lam_t| <= 1 and one magnitude per
+        (row, token, head) across the modes; either may stay [H, M]). See "Selective" in the module docstring.
       c: [H, M, M] complex readout mixing, or None for identity.
       conj: conjugate the query projection (Re(ξ(q)ᵀ U^H Γ)) or not (Re(ξ(q)ᵀ Uᵀ Γ)).
       impl: "auto" | "sequential" | "associative" | "chunked" | "pallas".
@@ -487,11 +677,17 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
     fq, zk, zv = jnp.asarray(fq), jnp.asarray(zk), jnp.asarray(zv)
     lam, b = jnp.asarray(lam), jnp.asarray(b)
     c = None if c is None else jnp.asarray(c)
-    _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
+    selective = _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
     out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = real_dtype(fq, zk, zv, lam, b)
-    impl = resolve_impl(impl, int(chunk_size))
-    if impl == "sequential":
+    impl = resolve_impl(impl, int(chunk_size), selective=selective)
+    if selective and impl == "pallas":
+        warn_pallas_fallback()
+        impl = "chunked"
+    if selective and impl == "chunked":
+        o, state = _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt,
+                                          int(chunk_size))
+    elif impl == "sequential":
         o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
     elif impl == "associative":
         o, state = _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
@@ -514,12 +710,19 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
 
 def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = True):
     """One decoding step: (o_t [B, H, D], new_state) from state (Xk [B, H, M, R], Xv [B, H, M, D]) complex and
-    fq_t, zk_t [B, H, R], zv_t [B, H, D]. Cost and memory do not depend on the context length."""
+    fq_t, zk_t [B, H, R], zv_t [B, H, D]. lam, b: [H, M] (time invariant) or this token's [B, H, M] (also
+    accepted as [B, 1, H, M]): X ← lam_t ⊙ X + b_t ⊗ z_t. Cost and memory do not depend on the context length."""
     xk, xv = state
     if fq_t.ndim != 3 or zk_t.shape != fq_t.shape or zv_t.ndim != 3 or zv_t.shape[:2] != fq_t.shape[:2]:
         raise ValueError(f"interdomain_step wants fq_t, zk_t [B, H, R] and zv_t [B, H, D]; got fq_t "
                          f"{tuple(fq_t.shape)}, zk_t {tuple(zk_t.shape)}, zv_t {tuple(zv_t.shape)}")
     bsz, h, r = fq_t.shape
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    lam, b = (x[:, 0] if x.ndim == 4 and x.shape[1] == 1 else x for x in (lam, b))
+    for name, x in (("lam", lam), ("b", b)):
+        if tuple(x.shape[:-1]) not in ((h,), (bsz, h)):
+            raise ValueError(f"interdomain_step: {name} must be [H, M] = [{h}, M] or this token's [B, H, M] = "
+                             f"[{bsz}, {h}, M]; got {tuple(x.shape)}")
     m = lam.shape[-1]
     if tuple(xk.shape) != (bsz, h, m, r) or tuple(xv.shape) != (bsz, h, m, zv_t.shape[-1]):
         raise ValueError(f"state must be (Xk [{bsz}, {h}, {m}, {r}], Xv [{bsz}, {h}, {m}, {zv_t.shape[-1]}]); got "
@@ -537,6 +740,6 @@ def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True) -
     return chunk * (r + d) + 4 * m * (chunk + r + d) + (4 * m * m if with_c else 0)
 
 
-__all__ = ["interdomain_mix", "interdomain_step", "document_index", "associative_bytes", "set_associative_max_bytes",
+__all__ = ["interdomain_mix", "interdomain_step", "document_index", "log_decay_angle", "per_token", "associative_bytes", "set_associative_max_bytes",
            "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "IMPLS"]
 
