@@ -443,3 +443,24 @@ def test_a_damaged_config_json_is_named_with_its_key(tmp_path, finished, in_proc
     assert path in msg and "\n" not in msg and "set --config" not in msg, msg
     assert ("config.train.peak_lr=-1.0" in msg) if damage == "bad_value" else ("not valid JSON" in msg)
     assert _snapshot(wd) == before
+
+
+def test_a_run_saved_before_a_key_existed_resumes(tmp_path, finished, in_process):
+    """A key a later version added (absent from the run's config.json) at its default is no change: the run
+    resumes (a new model key refused every existing run's resume before)."""
+    from idattn.configs import base_config
+    wd = _copy(finished, tmp_path)
+    path = os.path.join(wd, "config.json")
+    cfg = json.load(open(path))
+    base = layout.config_to_dict(base_config())
+    dropped = [k for k in cfg["model"] if k in base["model"] and cfg["model"][k] == base["model"][k]][:2]
+    assert dropped, "no model key at its default to drop"
+    for k in dropped:
+        del cfg["model"][k]
+    del cfg["train"]["checkpoint_minutes"]
+    json.dump(cfg, open(path, "w"), indent=1)
+    assert in_process.check_resume_compatible(wd, T.tiny_config()) is not None  # no refusal
+    cfg["model"][dropped[0]] = "something else"
+    json.dump(cfg, open(path, "w"), indent=1)
+    with pytest.raises(in_process.TrainingError, match=rf"model.{dropped[0]}: saved 'something else'"):
+        in_process.check_resume_compatible(wd, T.tiny_config())

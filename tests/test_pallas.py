@@ -362,24 +362,3 @@ def test_jax_without_triton_degrades_to_chunked_with_one_warning(monkeypatch):
             lowering_platforms=("cuda",))
     o_ref, _, _ = ref_numpy(fq, zk, zv, lam, b, c, True, seg, None)
     assert _rel(jax.jit(f)(fq, zk, zv, lam, b, c), o_ref) <= 1e-4
-
-
-def test_mosaic_gpu_interpret_mode_runs_on_this_host():
-    """docs/kernels.md's claim that a Mosaic GPU kernel (the Triton backend's successor) can be tested on a CPU
-    host: jax's GPU interpret mode (InterpretGPUParams: simulated shared memory, threads, barriers) runs a
-    plgpu-parameterised kernel with a bf16 dot here and matches XLA. Trivial BlockSpecs only (jax 0.10.2)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-    from jax.experimental import pallas as pl
-    try:
-        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-    except ImportError:  # pragma: no cover - moved in a later jax
-        pytest.skip("this jax has no Mosaic GPU interpret mode")
-
-    def kernel(a_ref, b_ref, o_ref):
-        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32) + 1.0
-
-    a = jax.random.normal(jax.random.PRNGKey(0), (64, 64), jnp.bfloat16)
-    f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((64, 64), jnp.float32),
-                       compiler_params=plgpu.CompilerParams(), interpret=InterpretGPUParams())
-    ref = jnp.dot(a, a, preferred_element_type=jnp.float32) + 1.0
-    assert float(jnp.max(jnp.abs(f(a, a) - ref))) <= 1e-5

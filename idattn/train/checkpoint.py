@@ -163,9 +163,9 @@ def make_manager(workdir: str, train_cfg, *, read_only: bool = False, fence=None
                  tag: str | None = None) -> ocp.CheckpointManager:
     """The run's orbax manager (rotation from train.keep_last / keep_every / checkpoint_steps). `fence(what)` and
     `tag`: the lease's fencing check and token (fenced_temporary_path_class); None for tools that only read."""
-    t = train_cfg
+    t = train_cfg  # a RunPlan (idattn.train.plan), or a saved run's config.train for tools that read
     keep_every = int(t.keep_every) if int(t.keep_every) > 0 else None
-    pinned = sorted(int(s) for s in (t.get("checkpoint_steps", ()) or ()))
+    pinned = sorted(int(s) for s in (getattr(t, "checkpoint_steps", ()) or ()))
     rotation: dict = dict(max_to_keep=max(1, int(t.keep_last)), keep_period=keep_every)
     if pinned:  # train.checkpoint_steps are kept whatever the rotation says
         from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
@@ -247,13 +247,29 @@ def shape_mismatch(mngr: ocp.CheckpointManager, step: int, abstract_state) -> st
         return None
     if not flat_saved:
         return None
-    flat_now = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in
-                jax.tree_util.tree_flatten_with_path(abstract_state.params)[0]}
+    return _compare_shapes(flat_saved, abstract_state.params)
+
+
+def _compare_shapes(flat_saved: dict, target) -> str | None:
+    flat_now = {jax.tree_util.keystr(k): tuple(v.shape) for k, v in jax.tree_util.tree_flatten_with_path(target)[0]}
     for k in sorted(set(flat_saved) | set(flat_now)):
         a, b = flat_saved.get(k), flat_now.get(k)
         if a != b:
             return f"params{k}: saved {a if a is not None else 'absent'}, now {b if b is not None else 'absent'}"
     return None
+
+
+def _tree_shape_mismatch(restored, target) -> str | None:
+    return _compare_shapes({jax.tree_util.keystr(k): tuple(v.shape) for k, v in
+                            jax.tree_util.tree_flatten_with_path(restored)[0]}, target)
+
+
+def _config_mismatch(where: str, workdir: str, mismatch: str) -> "ConfigMismatch":
+    """A config that does not match the run, not damage: never moved aside."""
+    return ConfigMismatch(
+        f"checkpoint {where} holds other parameter shapes than this config builds ({mismatch}): the config is not "
+        f"the one the run was trained with (was {os.path.join(workdir, 'config.json')} edited?). Nothing was "
+        f"moved; rerun with the config the run was trained with, or use a new --workdir.")
 
 
 def all_processes_agree(ok: bool) -> bool:
@@ -290,15 +306,18 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
     rejected = []
     for step in steps:
         where = os.path.join(workdir, CKPT_DIR, str(step))
-        mismatch = shape_mismatch(mngr, step, abstract_state)
-        if mismatch:  # a config that does not match the run, not damage: never moved aside
-            raise ConfigMismatch(
-                f"checkpoint {where} holds other parameter shapes than this config builds ({mismatch}): the config "
-                f"is not the one the run was trained with (was {os.path.join(workdir, 'config.json')} edited?). "
-                f"Nothing was moved; rerun with the config the run was trained with, or use a new --workdir.")
+        mismatch = shape_mismatch(mngr, step, abstract_state)  # from the metadata: before loading anything
+        if mismatch:
+            raise _config_mismatch(where, workdir, mismatch)
         try:
             params, opt_state, meta, data_state = restore(mngr, step, abstract_state)
+            # orbax restores an array at its saved shape whatever the target says: check again on the arrays
+            mismatch = _tree_shape_mismatch(params, abstract_state.params)
+            if mismatch:
+                raise _config_mismatch(where, workdir, mismatch)
             reason = check_restored(params, opt_state, meta, data_state)
+        except ConfigMismatch:
+            raise
         except Exception as e:  # orbax / tensorstore / JSON errors: any of them means this one is unusable
             params = opt_state = meta = data_state = None
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""

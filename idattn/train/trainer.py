@@ -45,6 +45,7 @@ from idattn.train import metrics as metrics_lib
 from idattn.train import optim
 from idattn.train import sharding as shd
 from idattn.train import validate
+from idattn.train.plan import RunPlan
 from idattn.train.step import BATCH_KEYS, TrainState, make_eval_step, make_train_step
 
 # Keys that must not change when a run resumes (the checkpoint would not match them).
@@ -65,21 +66,9 @@ def log(msg: str) -> None:
 
 # ------------------------------------------------------------------------------------------------- schedule
 def derive_steps(config) -> tuple[int, int, int]:
-    """(num_steps, warmup_steps, tokens_per_step) from train.{num_steps,total_tokens,warmup_*} and data.seq_len."""
-    validate.check_values(config)
-    t = config.train
-    seq_len = int(config.data.seq_len)
-    if seq_len <= 0 or int(t.batch_size) <= 0:
-        raise ValueError(f"config.data.seq_len={seq_len} and config.train.batch_size={t.batch_size} must be > 0")
-    tokens_per_step = int(t.batch_size) * seq_len
-    num_steps = int(t.num_steps) if int(t.num_steps) > 0 else math.ceil(int(t.total_tokens) / tokens_per_step)
-    if num_steps <= 0:
-        raise ValueError(f"config.train.num_steps={t.num_steps}, total_tokens={t.total_tokens}: no steps to run; "
-                         f"set train.num_steps > 0 or train.total_tokens > 0")
-    warmup = int(t.warmup_steps) if int(t.warmup_steps) >= 0 else round(int(t.warmup_tokens) / tokens_per_step)
-    warmup = min(warmup, num_steps)
-    validate.check_warmup(config, num_steps, warmup)
-    return num_steps, warmup, tokens_per_step
+    """(num_steps, warmup_steps, tokens_per_step) of `config` (idattn.train.plan: checks every value first)."""
+    p = RunPlan.from_config(config)
+    return p.num_steps, p.warmup_steps, p.tokens_per_step
 
 
 # ---------------------------------------------------------------------------------------------- refusals
@@ -120,6 +109,20 @@ def load_saved_config(workdir: str):
     return saved
 
 
+def _new_key_at_default(key: str, saved, live) -> bool:
+    """A key a later version added (absent from the saved config.json) whose live value is its default: the run
+    was trained with that behaviour, so it is no change (a new model key must default to the old behaviour)."""
+    if saved != "<missing>":
+        return False
+    from idattn.configs import base_config
+    node = layout.config_to_dict(base_config())
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return node == live
+
+
 def check_resume_compatible(workdir: str, config) -> dict | None:
     """Refuses a changed model config / tokenizer against the run saved in `workdir`, a changed data.path /
     data.source unless train.allow_data_change, and a changed LR schedule unless train.allow_schedule_change.
@@ -134,7 +137,7 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
     saved_config = load_saved_config(workdir)
     saved = layout.config_to_dict(saved_config)
     live = layout.config_to_dict(config)
-    diffs = layout.diff_dicts(saved, live)
+    diffs = [d for d in layout.diff_dicts(saved, live) if not _new_key_at_default(*d)]
     locked = [d for d in diffs if any(d[0] == k or d[0].startswith(k + ".") for k in _RESUME_LOCKED)]
     if locked:
         lines = "\n".join(f"    {k}: saved {a!r}, now {b!r}" for k, a, b in locked)
@@ -276,21 +279,21 @@ def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     one layer's working set (~ 10 d + 3 ffn + 4 H d_h values per token) plus float32 logits and their gradient
     (of one train.loss_chunk of positions when the loss is chunked)."""
     m = config.model
-    t = config.train
+    plan = RunPlan.from_config(config)
     n_dev = mesh.size
     param_shards = mesh.shape["fsdp"] * mesh.shape["tensor"]
     cbytes = 2 if str(m.dtype) in ("bfloat16", "float16") else 4
     params = 4 * n_params / param_shards
     opt = 8 * n_params / param_shards
     grads = 4 * n_params / param_shards
-    micro_tokens = int(t.batch_size) // max(1, int(t.grad_accum)) * int(config.data.seq_len)
+    micro_tokens = plan.batch_size // max(1, plan.grad_accum) * plan.seq_len
     tok_dev = micro_tokens / shd.batch_size_per_shard(mesh) / int(dict(mesh.shape).get("sequence", 1))
     d, ffn, h, dh = int(m.d_model), int(m.ffn_dim), int(m.num_heads), int(m.head_dim)
     remat = str(m.get("remat", "full"))
     per_layer_saved = d if remat == "full" else (10 * d + 3 * ffn + 4 * h * dh)
     act = tok_dev * cbytes * (int(m.num_layers) * per_layer_saved + 10 * d + 3 * ffn + 4 * h * dh)
     seq = int(config.data.seq_len)
-    lc = int(t.get("loss_chunk", 0) or 0)
+    lc = plan.loss_chunk
     live = min(lc, seq) / seq if lc > 0 else 1.0  # chunked loss: one chunk of logits (+ gradient) at a time
     logits = tok_dev * live * int(m.vocab_size) * 4 * 2 / mesh.shape["tensor"]
     del n_dev
@@ -359,9 +362,10 @@ def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmu
     """Abstract state via `jax.eval_shape`, logical -> mesh shardings, and the jitted init / train / eval."""
     from idattn import models
 
-    t = config.train
+    plan = RunPlan.from_config(config)
+    t = config.train  # the optimiser's section (train/optim.py reads its own keys)
     if num_steps is None or warmup_steps is None:
-        num_steps, warmup_steps, _ = derive_steps(config)
+        num_steps, warmup_steps = plan.num_steps, plan.warmup_steps
     model = model if model is not None else models.build_model(config.model)
     rules = shd.normalize_rules(config.logical_axis_rules)
     init_tokens = jnp.zeros((1, min(int(config.data.seq_len), 16)), jnp.int32)
@@ -389,8 +393,8 @@ def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmu
     def micro_constraint(mb):
         return {k: jax.lax.with_sharding_constraint(v, batch_sh) for k, v in mb.items()}
 
-    loss_chunk = int(t.get("loss_chunk", 0))
-    train_step = make_train_step(model.apply, tx, grad_accum=int(t.grad_accum), lr_fn=schedules["decay"],
+    loss_chunk = plan.loss_chunk
+    train_step = make_train_step(model.apply, tx, grad_accum=plan.grad_accum, lr_fn=schedules["decay"],
                                  micro_constraint=micro_constraint, loss_chunk=loss_chunk)
     eval_step = make_eval_step(model.apply, loss_chunk)
     p_init = jax.jit(init_state, out_shardings=state_sh)
@@ -478,13 +482,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         raise TrainingError(f"--workdir={workdir!r}: a URL; the trainer needs a filesystem path (mount the bucket, "
                             f"e.g. with gcsfuse, and pass the mount point)")
     workdir = os.path.abspath(workdir)
-    t = config.train
     try:
-        num_steps, warmup_steps, tokens_per_step = derive_steps(config)
+        plan = RunPlan.from_config(config)  # every value checked once; below, the loop reads only the plan
         validate.check_workdir(workdir)
-    except validate.ConfigError as e:
+    except (validate.ConfigError, ValueError) as e:
         raise TrainingError(str(e)) from e
-    seq_len = int(config.data.seq_len)
 
     # ---- refusals: nothing is written before these pass
     check_data_choice(config)
@@ -499,34 +501,34 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         raise TrainingError(str(e)) from e
     other_diffs = check_resume_compatible(workdir, config)
     # a branch is read once, into an empty workdir; its resumes do not need the trunk any more
-    if t.get("branch_from") and _branch_source(str(t.branch_from)) == workdir:
-        raise TrainingError(f"config.train.branch_from={t.branch_from!r} is the workdir itself; branch into a new "
+    if plan.branch_from and _branch_source(plan.branch_from) == workdir:
+        raise TrainingError(f"config.train.branch_from={plan.branch_from!r} is the workdir itself; branch into a new "
                             f"--workdir")
-    branch = (_check_branch(config, workdir) if t.get("branch_from") and not layout.committed_steps(workdir)
+    branch = (_check_branch(config, workdir) if plan.branch_from and not layout.committed_steps(workdir)
               else None)
-    if t.init_from and os.path.abspath(t.init_from) == workdir:
-        raise TrainingError(f"config.train.init_from={t.init_from!r} is the workdir itself; resuming happens by "
+    if plan.init_from and os.path.abspath(plan.init_from) == workdir:
+        raise TrainingError(f"config.train.init_from={plan.init_from!r} is the workdir itself; resuming happens by "
                             f"rerunning the same command, init_from is for starting from another run")
-    if t.init_from:
+    if plan.init_from:
         try:
-            src_model = layout.config_to_dict(layout.load_config(t.init_from).model)
+            src_model = layout.config_to_dict(layout.load_config(plan.init_from).model)
         except FileNotFoundError as e:
-            raise TrainingError(f"config.train.init_from={t.init_from!r}: {e}") from e
+            raise TrainingError(f"config.train.init_from={plan.init_from!r}: {e}") from e
         diffs = layout.diff_dicts(src_model, layout.config_to_dict(config.model))
         if diffs:
-            raise TrainingError(f"config.train.init_from={t.init_from!r}: that run's model config differs: "
+            raise TrainingError(f"config.train.init_from={plan.init_from!r}: that run's model config differs: "
                                 + ", ".join(f"model.{k}: {a!r} there, {b!r} here" for k, a, b in diffs))
-        if not layout.committed_steps(t.init_from):
-            raise TrainingError(f"config.train.init_from={t.init_from!r} has no committed checkpoint")
+        if not layout.committed_steps(plan.init_from):
+            raise TrainingError(f"config.train.init_from={plan.init_from!r} has no committed checkpoint")
     process_count, process_index = jax.process_count(), jax.process_index()
     try:
         pipeline.check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation always runs
         mesh = shd.make_mesh(config.mesh, devices)
-        micro = shd.check_batch_divisible(int(t.batch_size), int(t.grad_accum), mesh, process_count)
+        micro = shd.check_batch_divisible(plan.batch_size, plan.grad_accum, mesh, process_count)
         shd.check_sequence_split(int(config.data.seq_len), mesh)
         model = models.build_model(config.model)
         # abstract: traces shapes only, allocates nothing
-        setup = build_setup(config, mesh, model, num_steps=num_steps, warmup_steps=warmup_steps)
+        setup = build_setup(config, mesh, model, num_steps=plan.num_steps, warmup_steps=plan.warmup_steps)
     except (ValueError, KeyError) as e:
         raise TrainingError(str(e)) from e
 
@@ -536,7 +538,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     if is_main:
         os.makedirs(workdir, exist_ok=True)
         try:
-            lease = lease_lib.Lease(workdir, heartbeat_s=float(t.lease_heartbeat_s), stale_s=float(t.lease_stale_s),
+            lease = lease_lib.Lease(workdir, heartbeat_s=plan.lease_heartbeat_s, stale_s=plan.lease_stale_s,
                                     log=log).acquire()
             held = None
         except lease_lib.LeaseHeld as e:
@@ -548,9 +550,8 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     try:
         token = _broadcast_token(lease.token if lease is not None else None)
         fence = lease if lease is not None else lease_lib.Fence(workdir, token)
-        return _train(config, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence,
-                      tag=token[:12], num_steps=num_steps, warmup_steps=warmup_steps,
-                      tokens_per_step=tokens_per_step, branch=branch, other_diffs=other_diffs)
+        return _train(config, plan, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence,
+                      tag=token[:12], branch=branch, other_diffs=other_diffs)
     finally:
         if lease is not None:
             lease.release()
@@ -617,13 +618,12 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
     return src, step
 
 
-def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, fence, tag: str,
-           num_steps: int, warmup_steps: int, tokens_per_step: int, branch, other_diffs) -> dict[str, Any]:
+def _train(config, plan: RunPlan, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, fence, tag: str,
+           branch, other_diffs) -> dict[str, Any]:
     """The phases of a run once it may write: report, restore (or branch / init), config.json, the metrics log,
     what a finished run still owes or the loop, the summary."""
-    _log_startup(config, workdir, setup, tokenizer, micro, num_steps, warmup_steps)
-    loop = _Loop(config, workdir, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence, tag=tag,
-                 num_steps=num_steps, tokens_per_step=tokens_per_step)
+    _log_startup(config, plan, workdir, setup, tokenizer, micro)
+    loop = _Loop(config, plan, workdir, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence, tag=tag)
     try:
         loop.restore(branch)
         _write_config(workdir, config, other_diffs, fence)
@@ -634,7 +634,7 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
     except BaseException:
         loop.close()
         raise
-    if loop.start_step >= num_steps:
+    if loop.start_step >= plan.num_steps:
         summary = loop.finish_owed()
         return dict(summary, wall_time=time.time() - t0)
     summary = loop.run()
@@ -644,11 +644,10 @@ def _train(config, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro:
     return summary
 
 
-def _log_startup(config, workdir: str, setup: "Setup", tokenizer, micro: int, num_steps: int,
-                 warmup_steps: int) -> None:
+def _log_startup(config, plan: RunPlan, workdir: str, setup: "Setup", tokenizer, micro: int) -> None:
     from idattn import models
 
-    t, mesh, n_params = config.train, setup.mesh, setup.n_params
+    mesh, n_params = setup.mesh, setup.n_params
     est = hbm_estimate(n_params, config, mesh)
     fmt = metrics_lib.format_bytes
     log(f"idattn.train: workdir {workdir}")
@@ -660,9 +659,9 @@ def _log_startup(config, workdir: str, setup: "Setup", tokenizer, micro: int, nu
     log(f"  HBM estimate per device: params {fmt(est['params'])} + opt state {fmt(est['opt_state'])} + grads "
         f"{fmt(est['grads'])} + activations {fmt(est['activations'])} = {fmt(est['total'])}")
     log(describe_data(config, tokenizer))
-    log(f"  schedule: {num_steps} steps x {int(t.batch_size)} x {int(config.data.seq_len)} tokens (grad_accum "
-        f"{int(t.grad_accum)}, microbatch {micro}), warmup {warmup_steps}, peak lr {float(t.peak_lr):g} (ssm "
-        f"{min(float(t.peak_lr), float(t.ssm_lr_cap)):g}) -> {float(t.end_lr):g}")
+    log(f"  schedule: {plan.num_steps} steps x {plan.batch_size} x {plan.seq_len} tokens (grad_accum "
+        f"{plan.grad_accum}, microbatch {micro}), warmup {plan.warmup_steps}, peak lr {plan.peak_lr:g} (ssm "
+        f"{min(plan.peak_lr, plan.ssm_lr_cap):g}) -> {plan.end_lr:g}")
 
 
 class _Loop:
@@ -674,26 +673,26 @@ class _Loop:
     log / checkpoint / eval steps), with `save`, `evaluate`, `check_finite` and `check_saves` as the fault
     boundaries: each either completes or stops the run naming the last committed checkpoint."""
 
-    def __init__(self, config, workdir: str, *, setup: "Setup", tokenizer, micro: int, fence, tag: str,
-                 num_steps: int, tokens_per_step: int):
+    def __init__(self, config, plan: RunPlan, workdir: str, *, setup: "Setup", tokenizer, micro: int, fence,
+                 tag: str):
         from idattn.data import pipeline
 
-        self.config, self.t, self.workdir, self.setup = config, config.train, workdir, setup
+        self.config, self.plan, self.workdir, self.setup = config, plan, workdir, setup
         self.tokenizer, self.micro, self.fence = tokenizer, micro, fence
-        self.num_steps, self.tokens_per_step = num_steps, tokens_per_step
-        self.seq_len = int(config.data.seq_len)
+        self.num_steps, self.tokens_per_step = plan.num_steps, plan.tokens_per_step
+        self.seq_len = plan.seq_len
         self.mesh = setup.mesh
         self.is_main = jax.process_index() == 0
-        self.mngr = ckpt.make_manager(workdir, self.t, fence=fence.check, tag=tag)
+        self.mngr = ckpt.make_manager(workdir, plan, fence=fence.check, tag=tag)
         self.restored_meta: dict = {}
         self.data_iter = pipeline.make_train_iterator(
-            config.data, tokenizer, global_batch_size=int(self.t.batch_size), seq_len=self.seq_len,
+            config.data, tokenizer, global_batch_size=plan.batch_size, seq_len=self.seq_len,
             seed=int(config.data.shuffle_seed), process_index=jax.process_index(),
             process_count=jax.process_count())
         self.state = None
         self.start_step = 0
         self.bad_steps = 0
-        self.max_bad = int(self.t.max_bad_steps)
+        self.max_bad = plan.max_bad_steps
         self.eval_data = None
         self.state_bytes = _state_nbytes(setup.abstract_state)
         self.run_info = {"workdir": workdir, "mixer": str(config.model.mixer), "params": setup.n_params}
@@ -703,12 +702,12 @@ class _Loop:
 
     # ---- state
     def restore(self, branch) -> None:
-        t, workdir, setup = self.t, self.workdir, self.setup
+        plan, workdir, setup = self.plan, self.workdir, self.setup
         try:
             restored = ckpt.restore_verified(self.mngr, workdir, setup.abstract_state,
-                                             fallback=bool(t.checkpoint_fallback), log=log)
+                                             fallback=plan.checkpoint_fallback, log=log)
             if restored is None and branch is not None:
-                src_mngr = ckpt.make_manager(branch[0], t, read_only=True)
+                src_mngr = ckpt.make_manager(branch[0], plan, read_only=True)
                 try:
                     restored = ckpt.restore_verified(src_mngr, branch[0], setup.abstract_state, fallback=False,
                                                      log=log, step=branch[1])
@@ -734,17 +733,17 @@ class _Loop:
         else:
             with setup.context():
                 self.state = setup.init(jax.random.PRNGKey(int(self.config.seed)))
-            if t.init_from:
-                _, src_params = loading.load_params(t.init_from, shardings=setup.param_sh)
+            if plan.init_from:
+                _, src_params = loading.load_params(plan.init_from, shardings=setup.param_sh)
                 self.state = self.state.replace(params=src_params)
-                log(f"initialised parameters from {t.init_from} (fresh optimiser state, step 0)")
+                log(f"initialised parameters from {plan.init_from} (fresh optimiser state, step 0)")
             self.start_step = 0
         self.summary["step"] = self.start_step
 
     def refuse_restart_from_zero(self) -> None:
         """A workdir that has committed a checkpoint never silently trains from step 0 again (its checkpoints were
         all rejected, or removed): refused unless train.restart_from_scratch, naming what is left."""
-        if bool(self.t.get("restart_from_scratch", False)):
+        if self.plan.restart_from_scratch:
             return
         workdir = self.workdir
         progress = layout.read_progress(workdir)
@@ -867,9 +866,7 @@ class _Loop:
     def _rotation_victims(self, s: int) -> list[int]:
         """Committed steps that the rotation after saving step `s` deletes anyway (train.keep_last newest are kept,
         counting `s`; keep_every multiples and checkpoint_steps never go)."""
-        keep_last = max(1, int(self.t.keep_last))
-        keep_every = int(self.t.keep_every)
-        pinned = {int(x) for x in (self.t.get("checkpoint_steps", ()) or ())}
+        keep_last, keep_every, pinned = self.plan.keep_last, self.plan.keep_every, set(self.plan.checkpoint_steps)
         steps = [x for x in layout.committed_steps(self.workdir) if x != s]
         keep = set(steps[-(keep_last - 1):]) if keep_last > 1 else set()
         return [x for x in steps if x not in keep and x not in pinned and not (keep_every > 0 and x % keep_every == 0)]
@@ -887,7 +884,7 @@ class _Loop:
             for v in victims:
                 self.mngr.delete(v)
             log(f"low on disk space: deleted checkpoint(s) {victims} before saving step {s} instead of after "
-                f"(train.keep_last={int(self.t.keep_last)})")
+                f"(train.keep_last={self.plan.keep_last})")
             free = _maybe(ckpt.disk_free_bytes, os.path.join(self.workdir, layout.CKPT_DIR))
         return free if isinstance(free, int) else None
 
@@ -900,7 +897,7 @@ class _Loop:
         if free is not None:
             if free < 1.1 * self.state_bytes:
                 more = len(layout.committed_steps(self.workdir))
-                advice = (f" (or lower train.keep_last, now {int(self.t.keep_last)}: the rerun deletes the "
+                advice = (f" (or lower train.keep_last, now {self.plan.keep_last}: the rerun deletes the "
                           f"checkpoints beyond it before its first save; {more} are kept now)"
                           if more > 1 else "")
                 raise TrainingError(f"not enough disk space for checkpoint {s}: {fmt(free)} free in {self.workdir}, "
@@ -936,7 +933,7 @@ class _Loop:
 
         if self.eval_data is None:
             self.eval_data = pipeline.make_eval_batches(self.config.data, self.tokenizer, batch_size=self.micro,
-                                                        seq_len=self.seq_len, num_batches=int(self.t.eval_batches))
+                                                        seq_len=self.seq_len, num_batches=self.plan.eval_batches)
         nll, cnt = 0.0, 0.0
         with self.setup.context():
             for b in self.eval_data:
@@ -962,7 +959,7 @@ class _Loop:
 
     def best_step(self, step: int, val_loss: float, best_loss: float) -> float:
         """Keeps the parameters of `step` in best/ when its validation loss is the best so far."""
-        if not bool(self.t.keep_best) or val_loss >= best_loss:
+        if not self.plan.keep_best or val_loss >= best_loss:
             return best_loss
         self.fenced(step, f"best/ at step {step}")
         where = ckpt.save_best(self.workdir, step, self.state.params, val_loss)
@@ -979,8 +976,8 @@ class _Loop:
             done = any(int(r["step"]) == step for r in read_results(self.workdir, "validation"))
         except (OSError, ValueError):
             done = False
-        best = layout.best_info(self.workdir) if bool(self.t.keep_best) else None
-        owed = ([] if done else ["the final validation"]) + (["best/"] if bool(self.t.keep_best) and best is None
+        best = layout.best_info(self.workdir) if self.plan.keep_best else None
+        owed = ([] if done else ["the final validation"]) + (["best/"] if self.plan.keep_best and best is None
                                                               else [])
         try:
             if not owed:
@@ -1000,26 +997,26 @@ class _Loop:
     def run(self) -> dict[str, Any]:
         from idattn import models
 
-        t, summary, num_steps = self.t, self.summary, self.num_steps
+        plan, summary, num_steps = self.plan, self.summary, self.num_steps
         peak = metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind,
-                                                 float(t.get("peak_tflops_per_device", 0.0)))
+                                                 plan.peak_tflops_per_device)
         flops_tok = _maybe(models.flops_per_token, self.config.model, self.seq_len)  # fwd + bwd FLOPs per token
         train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
         preempt = _Preemption()
         preempt.install()
-        save_every_s = 60.0 * float(t.get("checkpoint_minutes", 0.0) or 0.0)
+        save_every_s = 60.0 * plan.checkpoint_minutes
         self.last_save_time = time.monotonic()
         debug_sleep = float(os.environ.get("IDATTN_DEBUG_STEP_SLEEP", "0") or 0)  # tests: make a run slow to kill
-        pinned = {int(x) for x in (t.get("checkpoint_steps", ()) or ())}
+        pinned = set(plan.checkpoint_steps)
         pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
         win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
         step, first_dt = self.start_step, float("nan")
         data_state = self.data_iter.get_state()
-        best = layout.best_info(self.workdir) if bool(t.keep_best) else None
+        best = layout.best_info(self.workdir) if plan.keep_best else None
         best_loss = float(best["val_loss"]) if best else math.inf
         try:
             while step < num_steps:
-                if _should_stop(preempt, self.mngr, step, jax.process_count(), int(t.log_every)):
+                if _should_stop(preempt, self.mngr, step, jax.process_count(), plan.log_every):
                     if pending is not None:
                         self.check_finite(*pending)
                         pending = None
@@ -1052,11 +1049,11 @@ class _Loop:
                     time.sleep(debug_sleep)
                 self.check_saves(step)
 
-                is_log = step % max(1, int(t.log_every)) == 0 or step == num_steps
-                is_ckpt = (step % max(1, int(t.checkpoint_every)) == 0 or step == num_steps or step in pinned
+                is_log = step % plan.log_every == 0 or step == num_steps
+                is_ckpt = (step % plan.checkpoint_every == 0 or step == num_steps or step in pinned
                            or _time_to_save(save_every_s, self.last_save_time, step, jax.process_count(),
-                                            int(t.log_every)))
-                is_eval = (int(t.eval_every) > 0 and step % int(t.eval_every) == 0) or step == num_steps
+                                            plan.log_every))
+                is_eval = (plan.eval_every > 0 and step % plan.eval_every == 0) or step == num_steps
                 if is_log or is_ckpt or is_eval:
                     summary.update(step=step, loss=self.check_finite(*pending))
                     pending = None
