@@ -28,3 +28,16 @@ def pytest_runtest_makereport(item, call):
         return
     report.outcome = "failed"
     report.longrepr = f"skipped under CI=true ({reason}): CI must install what the tests need (.ci/run)"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a whole module skipped at collection (a module-level importorskip)."""
+    outcome = yield
+    report = outcome.get_result()
+    if os.environ.get("CI", "").lower() != "true" or not report.skipped:
+        return
+    reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+    if not any(s in reason for s in _HOST_SKIPS):
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true ({reason}): CI must install what the tests need (.ci/run)"
