@@ -8,7 +8,7 @@ attention layer every k + 1 layers, with the scaling study's full recipe (idattn
                  (attention last in each group of k + 1 layers, as in Qwen3-Next / Kimi Linear's 3:1);
                  k + 1 must divide the depth: 1:3 fits every paper size, 1:7 the 24-layer ones (350M-1.3B),
                  125M (12 layers) takes 1:3, 1:5 or 1:11
-      size:      tiny | 125m | 350m | 760m | 1.3b
+      size:      tiny | 125m | 350m | 760m | 1.3b   (tiny: the CPU model with k + 1 layers, one group)
     swa's window: model.window = 2048 (Samba's at 4K training context; --config.model.window=<tokens>)
 
 Examples:
@@ -49,6 +49,8 @@ def get_config(arg: str = "interdomain,softmax,1:3,125m") -> ml_collections.Conf
         raise ValueError(f"experiments/hybrid.py: ratio {ratio!r}; expected 1:<k> with k >= 1 ({want})")
     c = scaling_config(f"{recurrent},{size}")
     k = int(den)
+    if size == "tiny":  # the CPU model: one group of k + 1 layers
+        c.model.num_layers = k + 1
     if c.model.num_layers % (k + 1):
         ok = [f"1:{j - 1}" for j in range(2, c.model.num_layers + 1) if c.model.num_layers % j == 0]
         raise ValueError(f"experiments/hybrid.py: ratio 1:{k} needs a depth divisible by {k + 1}; {size} has "
