@@ -289,3 +289,20 @@ def test_counts_flops_and_decode_cache_bytes():
         assert decoding.cache_bytes(hyb, t) == 3 * rec + 2 * 5 * h * dh * 4 + 4
         g = cfg("interdomain", num_layers=4, layer_pattern="interdomain,interdomain,interdomain,softmax")
         assert decoding.cache_bytes(g, t) == 3 * rec + 2 * t * h * dh * 4 + 4
+
+
+@pytest.mark.slow  # ~1-2 min on 2 cores: two trainer setups of a 3-layer tiny hybrid, one on 8 fake CPU devices
+def test_mixed_pattern_split_over_the_sequence_equals_one_device():
+    """interdomain,swa,softmax (W = 20, crossing the shard boundaries of 32) on sequence 4 x fsdp 2: the loss
+    and every gradient of the tiny model equal one device's (tests/test_sequence_parallel.py's model check)."""
+    import json
+
+    import test_sequence_parallel as SP
+
+    edit = ('apply_mixer_name(cfg.model, mixer); cfg.model.num_layers = 3; '
+            'cfg.model.layer_pattern = "interdomain,swa,softmax"; cfg.model.window = 20')
+    script = SP.MODEL.replace("apply_mixer_name(cfg.model, mixer)", edit)
+    assert script != SP.MODEL
+    res = SP._run(script, json.dumps([["interdomain", "chunked"]]), json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "0")
+    assert set(res) == {"interdomain/chunked/seq4xfsdp2"}
+    SP._check_model(res, steps=0)
