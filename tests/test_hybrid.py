@@ -306,3 +306,31 @@ def test_mixed_pattern_split_over_the_sequence_equals_one_device():
     res = SP._run(script, json.dumps([["interdomain", "chunked"]]), json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "0")
     assert set(res) == {"interdomain/chunked/seq4xfsdp2"}
     SP._check_model(res, steps=0)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_hybrid_export_roundtrip(tmp_path, scan):
+    """swa/hybrid go to the own format: layers.{i}.* is layer i (block_<i mod P>[i // P] when scanned), and
+    import_export rebuilds the identical tree from idattn_config.json."""
+    import json
+
+    from idattn.models import export as ex
+    from safetensors.numpy import load_file
+
+    c = cfg("softmax", num_layers=4, layer_pattern="interdomain,swa", window=5, scan_layers=scan)
+    model = build_model(c)
+    shapes = nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
+                           ["params"])
+    leaves, tree = jax.tree_util.tree_flatten(shapes)
+    r = np.random.RandomState(0)
+    params = jax.tree_util.tree_unflatten(tree, [r.normal(size=a.shape).astype(np.float32) for a in leaves])
+    ex.export(params, c, str(tmp_path))
+    hf = json.load(open(tmp_path / "config.json"))
+    assert hf["architectures"] == ["IdattnForCausalLM"] and hf["idattn"]["layer_pattern"] == ["interdomain", "swa"]
+    t = load_file(str(tmp_path / "model.safetensors"))
+    want = params["layers"]["block_1"]["mixer"]["wq"]["kernel"][1] if scan else params["layers_3"]["mixer"]["wq"]["kernel"]
+    np.testing.assert_array_equal(t["layers.3.mixer.wq.kernel"], want)  # layer 3 = swa, group 1
+    assert "layers.2.mixer.ssm_c_re" in t and "layers.3.mixer.ssm_c_re" not in t
+    _, back = ex.import_export(str(tmp_path))
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
