@@ -58,16 +58,18 @@ def _loss(model, params, tok, seg):
         params)
 
 
-@pytest.mark.parametrize("entry", ["softmax", "interdomain"])
+@pytest.mark.parametrize("entry", ["softmax", "interdomain", "swa"])
 def test_one_type_pattern_is_the_homogeneous_model(entry):
     """`layer_pattern=<m>,<m>` with model.mixer = s4d_only == model.mixer = <m>: same tree, values, count, loss."""
-    pat = build_model(cfg("s4d_only", layer_pattern=f"{entry},{entry}"))
-    hom = build_model(cfg(entry))
+    pat = build_model(cfg("s4d_only", layer_pattern=f"{entry},{entry}", window=5))
+    hom = build_model(cfg(entry, window=5))
     p_pat, p_hom = _init(pat), _init(hom)
     assert jax.tree_util.tree_structure(p_pat) == jax.tree_util.tree_structure(p_hom)
     for a, b in zip(jax.tree_util.tree_leaves(p_pat), jax.tree_util.tree_leaves(p_hom)):
         assert a.shape == b.shape and np.array_equal(np.asarray(a), np.asarray(b))
-    assert count_params(cfg("s4d_only", layer_pattern=f"{entry},{entry}")) == count_params(cfg(entry))
+    assert count_params(cfg("s4d_only", layer_pattern=f"{entry},{entry}", window=5)) == count_params(
+        cfg(entry, window=5))
+    assert pat.spec == hom.spec
     tok, seg = _rows()
     assert float(_loss(pat, p_pat, tok, seg)) == float(_loss(hom, p_hom, tok, seg))
     # the pattern did win over model.mixer (s4d_only has c_out, neither entry has)
@@ -245,6 +247,13 @@ def test_bad_patterns_are_refused_in_one_line():
     q = jnp.zeros((1, 8, 1, 4))
     _one_line_error(lambda: causal_attention(q, q, q, None, impl="pallas_tpu", window=3),
                     "model.attn_impl", "sliding-window")
+    # a hybrid's global KV cache has a length; its swa ring and recurrent state do not
+    m = build_model(cfg(num_layers=4, layer_pattern="interdomain,swa,interdomain,softmax", window=2))
+    _one_line_error(lambda: decoding.prefill(m, None, jnp.zeros((1, 5), jnp.int32), decoding.init_cache(m, 1, 4)),
+                    "exceed max_len=4")
+    _one_line_error(lambda: decoding.init_cache(m, 1, None), "max_len")
+    ring = decoding.init_cache(build_model(cfg(num_layers=2, layer_pattern="interdomain,swa", window=2)), 1, None)
+    assert ring["layers"]["block_1"]["k"].shape[2] == 2
 
 
 def test_trainer_refuses_a_bad_pattern_before_writing(tmp_path):

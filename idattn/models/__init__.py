@@ -4,7 +4,8 @@
                                             positions=None) -> logits [B,T,V] float32
   param_labels(params) -> pytree of str    "ssm" | "decay" | "no_decay" (optimiser groups)
   count_params, state_budget, flops_per_token, apply_mixer_name, parse_mixer, cube_cells
-  decoding: init_cache, prefill, decode_step, generate (idattn.models.decoding)
+  layer_specs, layer_types                  hybrid stacks (model.layer_pattern): one spec per pattern entry / type
+  decoding: init_cache, prefill, decode_step, generate, cache_bytes (idattn.models.decoding)
 
 `model_cfg` is `config.model` of `idattn.configs.base_config()` (keys documented there and in docs/model.md).
 """
@@ -15,10 +16,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 
-from idattn.models.counting import (count_params, count_params_closed, differences, flops_per_token,
+from idattn.models.counting import (count_params, count_params_closed, differences, flops_per_token, layer_types,
                                     param_breakdown, paper_count, state_budget, table3_equivalent)
 from idattn.models.llama import Block, Decoder, build_model
-from idattn.models.spec import ModelSpec, apply_mixer_name, conv_names, cube_cells, parse_mixer, spec_from_config
+from idattn.models.spec import (ModelSpec, apply_mixer_name, conv_names, cube_cells, layer_specs, parse_mixer,
+                                spec_from_config)
 
 
 _DECAY_NAMES = ("kernel", "embedding")
@@ -42,7 +44,8 @@ def param_labels(params: Any) -> Any:
 __all__ = ["build_model", "param_labels", "count_params", "count_params_closed", "state_budget",
            "flops_per_token", "apply_mixer_name", "parse_mixer", "cube_cells", "param_breakdown", "paper_count",
            "differences", "table3_equivalent", "spec_from_config", "ModelSpec", "Decoder", "Block", "conv_names",
-           "decoding", "init_cache", "prefill", "decode_step", "generate", "sample_logits"]
+           "decoding", "init_cache", "prefill", "decode_step", "generate", "sample_logits", "layer_specs",
+           "layer_types", "cache_bytes"]
 
 from idattn.models import decoding  # noqa: E402
-from idattn.models.decoding import decode_step, generate, init_cache, prefill, sample_logits  # noqa: E402
+from idattn.models.decoding import cache_bytes, decode_step, generate, init_cache, prefill, sample_logits  # noqa: E402

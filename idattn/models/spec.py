@@ -218,8 +218,8 @@ def parse_layer_pattern(value: Any, num_layers: int) -> tuple[str, ...]:
 def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
     """The spec of one layer of mixer `name` in a stack described by `base` (every other field shared)."""
     family, inp, readout, use_rope = parse_mixer(name)
-    if family in ATTENTION_FAMILIES:
-        inp, readout, use_rope = base.input, base.readout, True
+    if family in ATTENTION_FAMILIES:  # unused by attention; base_config's values, as a softmax config has them
+        inp, readout, use_rope = "dualkv", "query", True
     return base.replace(mixer=name, family=family, input=inp, readout=readout, rope=bool(use_rope), layer_pattern=())
 
 
