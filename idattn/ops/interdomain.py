@@ -173,7 +173,7 @@ def _check_selective_lam(lam, rdt):
     """Concrete per-token lam: |lam| <= 1 and one magnitude per (row, token, head) across the modes."""
     lam = np.asarray(lam)
     mag = np.abs(lam)
-    if not np.all(np.isfinite(mag)) or mag.max() > 1.0:
+    if not np.all(np.isfinite(mag)) or mag.max() > 1.0 + 8 * float(jnp.finfo(rdt).eps):  # rounding of |e^{iθ}|
         raise ValueError(f"lam (per token) must satisfy |lam| <= 1; saw max |lam| = {mag.max():.8g}. Build it as "
                          f"exp(Δ_t·A + iθ_t) with Δ_t >= 0 and Re A <= 0")
     if lam.ndim != 4:
@@ -487,16 +487,20 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
 def log_decay_angle(lam, rdt):
     """Per-token lam [..., M] complex -> (g [...], φ [..., M]) in `rdt`: g = mean_m log|lam_m| (one log-decay per
     row, token and head: the magnitudes are tied across the modes) and φ = angle(lam) ∈ (−π, π] (principal branch:
-    every token's phase increment is already wrapped). A lam below the dtype's smallest normal number (an
-    underflowed decay) reads as g = log(tiny), φ = 0, with zero gradient: no NaN from log 0 or angle 0.
+    every token's phase increment is already wrapped). A |lam| below √tiny of the dtype (1.1e-19 in float32,
+    1.5e-154 in float64; an underflowed decay, lam = 0, included) reads as g = log √tiny, φ = 0, with zero
+    gradient: no NaN from log 0 or angle 0, and the backward's 1/lam stays far from overflow. Such a decay
+    multiplies the carried state by ≤ √tiny, below the dtype's resolution next to any fresh token.
 
     Gradients with respect to lam are those of the tied form: a perturbation that breaks the tie is averaged over
-    the modes. Build lam from (Δ_t, a_h, φ_t) and differentiate those (the layer does)."""
+    the modes. Build lam from (Δ_t, a_h, φ_t) and differentiate those (the layer does): d lam/dΔ = A·lam cancels
+    the 1/lam of the log, so dΔ keeps full precision however small the decay, whereas the gradient with respect to
+    lam itself loses relative precision as 1/|lam|."""
     lam = lam.astype(complex_dtype(rdt))
-    tiny = float(jnp.finfo(rdt).tiny)
-    ok = lax.stop_gradient(jnp.abs(lam)) > tiny
+    floor = math.sqrt(float(jnp.finfo(rdt).tiny))
+    ok = lax.stop_gradient(jnp.abs(lam)) > floor
     safe = jnp.where(ok, lam, jnp.ones((), lam.dtype))
-    logm = jnp.where(ok, jnp.log(jnp.abs(safe)), math.log(tiny)).astype(rdt)
+    logm = jnp.where(ok, jnp.log(jnp.abs(safe)), math.log(floor)).astype(rdt)
     ang = jnp.where(ok, jnp.angle(safe), 0).astype(rdt)
     return jnp.mean(logm, axis=-1), ang
 

@@ -73,10 +73,65 @@ def end_state(z, lam, b, segment_ids=None, chunk_size: int = 64):
     return lax.complex(x_r, x_i).astype(cdt)
 
 
-def incoming_state(x_end, segment_ids, lam, shard_len: int, axis):
+def end_state_selective(z, lam, b, segment_ids=None, chunk_size: int = 64):
+    """Per-token lam_t, b_t [B, T, H, M] (either may be [H, M]): (X_end [B, H, M, W], Π_t lam_t [B, H, M]), the
+    zero-initialised end state of X_t = lam_t ⊙ X_{t-1} + b_t ⊗ z_t restarted at every document start (only the
+    last document contributes) and the product of all the tokens' decays (the shard's transition when it holds
+    no document start). Chunked as the operator's selective form: per chunk, with Λ_i = Σ_{s≤i} g_s and
+    Φ_i = Σ_{s≤i} φ_s (`log_decay_angle`), X ← e^{Λ_{l−1}+iΦ_{l−1}} ∘ X + Σ_j b_j e^{Λ_{l−1}−Λ_j}
+    e^{i(Φ_{l−1}−Φ_j)} ⊗ z_j (exponents ≤ 0). The product across chunks is a complex multiplication: no angle
+    is summed beyond one chunk. Identity tokens (lam = 1, b = 0, z = 0) are prepended to make T a multiple of L."""
+    from idattn.ops.interdomain import complex_dtype, log_decay_angle, per_token
+
+    z = jnp.asarray(z)
+    bsz, t, h, w = z.shape
+    rdt = real_dtype(z, lam, b)
+    cdt = complex_dtype(rdt)
+    lam, b = per_token(jnp.asarray(lam).astype(cdt), jnp.asarray(b).astype(cdt), bsz, t)
+    m = lam.shape[-1]
+    docs = document_index(segment_ids, bsz, t)
+    z = jnp.where((docs == docs[:, -1:])[:, :, None, None], z.astype(rdt), 0)  # the last document only
+    g, ph = log_decay_angle(lam, rdt)
+    br, bi = jnp.real(b).astype(rdt), jnp.imag(b).astype(rdt)
+    big_l = max(1, min(int(chunk_size), t))
+    pad = (-t) % big_l
+    n = (t + pad) // big_l
+
+    def chunks(x):  # [B, T, ...] -> [n, B, L, ...] with `pad` zeros in front
+        if pad:
+            x = jnp.concatenate([jnp.zeros((bsz, pad) + x.shape[2:], x.dtype), x], axis=1)
+        return jnp.moveaxis(x.reshape((bsz, n, big_l) + x.shape[2:]), 1, 0)
+
+    def body(carry, xs):
+        x_r, x_i, p_r, p_i = carry  # state [B, H, M, W], product [B, H, M]
+        zc, gc, pc, brc, bic = xs  # [B, L, H, W], [B, L, H], [B, L, H, M] ×3
+        lc = jnp.cumsum(gc, axis=1)
+        phc = jnp.cumsum(pc, axis=1)
+        er, ei = jnp.cos(phc), jnp.sin(phc)
+        tail = jnp.exp(lc[:, -1:] - lc)[..., None]  # [B, L, H, 1]
+        dr, di = er[:, -1:] * er + ei[:, -1:] * ei, ei[:, -1:] * er - er[:, -1:] * ei  # e^{i(Φ_{l−1} − Φ_j)}
+        pe_r, pe_i = (brc * dr - bic * di) * tail, (brc * di + bic * dr) * tail
+        pe2 = jnp.concatenate([pe_r, pe_i], axis=-1)  # [B, L, H, 2M]
+        add = jnp.einsum("blhm,blhw->bhmw", pe2, zc, precision=_HI)
+        tot = jnp.exp(lc[:, -1])[..., None]  # [B, H, 1]
+        tr, ti = tot * er[:, -1], tot * ei[:, -1]  # [B, H, M]
+        x_r, x_i = (tr[..., None] * x_r - ti[..., None] * x_i + add[:, :, :m],
+                    tr[..., None] * x_i + ti[..., None] * x_r + add[:, :, m:])
+        return (x_r, x_i, tr * p_r - ti * p_i, tr * p_i + ti * p_r), None
+
+    zero = jnp.zeros((bsz, h, m, w), rdt)
+    one, nil = jnp.ones((bsz, h, m), rdt), jnp.zeros((bsz, h, m), rdt)
+    (x_r, x_i, p_r, p_i), _ = lax.scan(body, (zero, zero, one, nil),
+                                       (chunks(z), chunks(g), chunks(ph), chunks(br), chunks(bi)))
+    return lax.complex(x_r, x_i).astype(cdt), lax.complex(p_r, p_i).astype(cdt)
+
+
+def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=None):
     """Inside `shard_map` over the sequence axes `axis`: the state entering this shard (X_in(p) in the module
     docstring), from every shard's zero-initialised end state `x_end` [B, H, M, W] and this shard's segment ids
-    [B, S]. Collectives: one all_gather of the end states (as real planes) and of the first / last segment ids."""
+    [B, S]. Collectives: one all_gather of the end states (as real planes) and of the first / last segment ids.
+    `transition` [B, H, M] complex: this shard's Π_t lam_t for a per-token lam (then `lam` is unused and the
+    transitions are gathered too); None: lam^S from the time-invariant lam [H, M]."""
     rdt = jnp.float64 if x_end.dtype == jnp.complex128 else jnp.float32
     planes = lax.all_gather(jnp.stack([jnp.real(x_end), jnp.imag(x_end)]).astype(rdt), axis)  # [P, 2, B, H, M, W]
     seg = jnp.asarray(segment_ids)
@@ -84,18 +139,23 @@ def incoming_state(x_end, segment_ids, lam, shard_len: int, axis):
     inside = lax.all_gather(jnp.any(seg[:, 1:] != seg[:, :-1], axis=1), axis)  # [P, B]
     starts = jnp.concatenate([jnp.zeros_like(firsts[:1], bool), firsts[1:] != lasts[:-1]], axis=0)  # [P, B]
     passes = ~(starts | inside)
-    decay = jnp.exp(float(shard_len) * jnp.log(lam.astype(x_end.dtype)))  # lam^S [H, M]
-    d_r, d_i = jnp.real(decay)[None, :, :, None].astype(rdt), jnp.imag(decay)[None, :, :, None].astype(rdt)
+    if transition is None:
+        decay = jnp.exp(float(shard_len) * jnp.log(lam.astype(x_end.dtype)))  # lam^S [H, M]
+        dplanes = jnp.broadcast_to(jnp.stack([jnp.real(decay), jnp.imag(decay)]).astype(rdt)[None, :, None],
+                                   (planes.shape[0], 2, 1) + decay.shape)  # [P, 2, 1, H, M]
+    else:  # the pair (Π lam_t, E_p) of every shard
+        dplanes = lax.all_gather(jnp.stack([jnp.real(transition), jnp.imag(transition)]).astype(rdt), axis)
 
     def fold(x, xs):  # X_out(j) = A_j ∘ X_out(j−1) + E_j
-        (x_r, x_i), (e, ok) = x, xs
+        (x_r, x_i), (e, dp, ok) = x, xs
+        d_r, d_i = dp[0][..., None], dp[1][..., None]
         keep = ok[:, None, None, None]
         x_r, x_i = (jnp.where(keep, d_r * x_r - d_i * x_i, 0) + e[0],
                     jnp.where(keep, d_r * x_i + d_i * x_r, 0) + e[1])
         return (x_r, x_i), (x_r, x_i)
 
     zero = jnp.zeros(planes.shape[2:], rdt)
-    _, (outs_r, outs_i) = lax.scan(fold, (zero, zero), (planes, passes))  # [P, B, H, M, W] each
+    _, (outs_r, outs_i) = lax.scan(fold, (zero, zero), (planes, dplanes, passes))  # [P, B, H, M, W] each
     p = lax.axis_index(axis)
     prev = jnp.maximum(p - 1, 0)
     x_r, x_i = outs_r[prev], outs_i[prev]
@@ -151,20 +211,29 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     tok, per_head, per_head2, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
     has_c = c is not None
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    selective = lam.ndim == 4 or b.ndim == 4
 
     def local(fq, zk, zv, lam, b, c, seg):
-        x_end = end_state(jnp.concatenate([zk, zv], axis=-1), lam, b, seg, chunk_size)
-        x_in = incoming_state(x_end, seg, lam, fq.shape[1], sx)
+        z = jnp.concatenate([zk, zv], axis=-1)
+        if selective:  # a shard's transition is the product of its tokens' decays
+            x_end, trans = end_state_selective(z, lam, b, seg, chunk_size)
+            x_in = incoming_state(x_end, seg, None, fq.shape[1], sx, transition=trans)
+        else:
+            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, fq.shape[1], sx)
         init = (x_in[..., :r], x_in[..., r:])
         c = c if has_c else None
-        if _resolved(impl, chunk_size) == "pallas":  # already inside shard_map: the kernel call must not nest one
+        # Inside shard_map the kernel call must not nest one. A per-token lam has no kernel: interdomain_mix warns
+        # once and runs the chunked XLA form.
+        if not selective and _resolved(impl, chunk_size) == "pallas":
             from idattn.ops.pallas.op import interdomain_mix_pallas
             return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
                                           initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
         return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
 
     c_arg = c if has_c else jnp.zeros((h, 1, 1), jnp.complex64)
-    return jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, per_head, per_head, per_head2, rows),
+    lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, b_spec, per_head2, rows),
                          out_specs=tok, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg)
 
 
@@ -191,6 +260,6 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
                          check_vma=False)(z, lam, b, c, seg)
 
 
-def _resolved(impl: str, chunk_size: int) -> str:
+def _resolved(impl: str, chunk_size: int, selective: bool = False) -> str:
     from idattn.ops.interdomain import resolve_impl
-    return resolve_impl(impl, int(chunk_size))
+    return resolve_impl(impl, int(chunk_size), selective=selective)
