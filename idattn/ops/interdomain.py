@@ -46,6 +46,35 @@ when the inputs are float64 under x64); matmuls use precision=HIGHEST.
 
 Cost per token-head (real MACs, complex counted as real planes): L(R+D) + 4M(L+R+D) + 4M² (R=D=M=L=64: ~74K;
 without c, 57K), against about T·D for causal softmax attention at context T.
+
+Selective (per-token lam_t, b_t [B, T, H, M]; ../shared/BEYOND.md §1.3c and §3.2). The recurrence is
+
+    Xk_t = lam_t ⊙ Xk_{t-1} + b_t ⊗ zk_t,   Xv_t = lam_t ⊙ Xv_{t-1} + b_t ⊗ zv_t
+
+(lam_t acts on the state before token t enters, exactly where the constant lam does; a reset zeroes the state
+before that). lam_t must have one magnitude per (row, token, head) across the modes, lam_t,m = e^{g_t + iφ_t,m}
+with g_t ≤ 0 (|lam_t| ≤ 1; Re A tied within a head, as simple GLA / SSD) and free per-mode angles φ; a concrete
+lam that breaks the tie is refused. `log_decay_angle` reads g_t = mean_m log|lam_t,m| and φ_t,m = angle(lam_t,m)
+∈ (−π, π]. Within a chunk, with Λ_i = Σ_{s≤i} g_s (one real cumsum per head) and Φ_i,m = Σ_{s≤i} φ_s,m:
+
+    D[i,j]  = e^{Λ_i − Λ_j} on i ≥ j in one document, else 0    exponents ≤ 0 (masked to 0 before exp)
+    Pin[i]  = e^{Λ_i + iΦ_i}   Pt[i] = e^{iΦ_i}   Ps[j] = b_j e^{−iΦ_j}   Pe[j] = e^{Λ_{l−1} − Λ_j} e^{iΦ_{l−1}} Ps[j]
+    p0      = Pt ∘ ((G ∘ D) · Ps) + carried ∘ Pin ∘ (FQ · Xk0ᵀ)
+    o       = carried ∘ Re((w ∘ Pin) · Xv0) + (Re((w ∘ Pt) · Psᵀ) ∘ D) · ZV
+    Xk1     = [no reset in chunk] e^{Λ_{l−1} + iΦ_{l−1}} ∘ Xk0 + Peᵀ · (last_doc ∘ ZK)          (same for Xv1)
+
+with G, w, K, the masks and resets as above. Every magnitude is ≤ 1 (times |b|): nothing is centred, nothing
+overflows whatever Δ_t, and the chunk length has no decay bound (a decay to 1e-30 inside one chunk is finite in
+float32). The decay enters the L×L score matrices elementwise (one extra L² multiply and L² exps per chunk and
+head: ~L real flops and L exps per token-head beside the LTI count) and the phases as unit-modulus M-wide tables
+(2M cos/sin per token-head). Angles: every token's φ is the principal-branch angle of lam_t (wrapped per token),
+the cumsum Φ runs within one chunk only (|Φ| ≤ L·π), and the phase carried across chunks lives in the complex
+state itself (multiplied in as e^{iΦ_{l−1}}), so no angle grows with the sequence length. A ragged last chunk is
+padded with identity tokens (lam = 1, b = 0, z = 0), which leave the state unchanged. A constant lam_t = lam is
+today's function (the tables then equal the LTI ones up to rounding). `sequential` and `associative` take lam_t
+per step literally; the decode step takes this token's lam_t, b_t [B, H, M]; `impl='pallas'` (no kernel yet)
+runs this chunked form with one warning. The sequence split (idattn/ops/sequence.py) folds the pairs
+(Π_{t∈shard} lam_t, E_shard).
 """
 from __future__ import annotations
 

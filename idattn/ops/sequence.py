@@ -19,6 +19,12 @@ crosses a boundary is one document and a reset exactly at a boundary resets. Gra
 `shard_map`'s collectives (the all_gather transposes to a reduce-scatter) and the operators' initial-state
 cotangent; nothing is recomputed across devices.
 
+A per-token (selective) lam_t [B, T, H, M] changes only A_p: the product Π_{t in p} lam_t of the shard's
+decays (0 when the shard holds a document start), per row and head. E_p comes from `end_state_selective`
+(exponents ≤ 0, the phase product by complex multiplication, never by summing angles over the shard), and the
+pairs (A_j, E_j) still combine associatively: (A, E)∘(A', E') = (A'A, A'E + E'). The transitions are
+all_gathered with the end states (2·H·M more real numbers per row and shard).
+
 `sequence_partition` reads the mesh in context and the logical axis rules ("batch", "length", "heads"; the
 trainer sets them), so the layers call `interdomain_mix_sequence` / `s4d_linear_mix_sequence` and fall back to
 the plain operators when no mesh axis splits the length.
