@@ -132,9 +132,33 @@ def test_stdlib_is_a_data_source_with_its_held_out_files(tmp_path):
     cfg = ml_collections.ConfigDict(dict(source="stdlib", seq_len=256, shuffle_seed=0, num_workers=0, prefetch=0,
                                          packing="concat", path="", tokenizer="bytes"))
     train, val = S.split()
-    it = pipeline.make_train_iterator(cfg, tok, global_batch_size=2, seq_len=256, seed=0)
-    text = tok.decode(next(it)["inputs"].ravel())
-    assert "def " in text or "import " in text or "class " in text, text[:200]
+    train_hash = {doc_hash(t) for _, t in train}
+    val_hash = {doc_hash(t) for _, t in val}
+    train_bytes = b"\x00".join(t.encode() for _, t in train)  # bytes: a cut may split a UTF-8 character
+    val_bytes = b"\x00".join(t.encode() for _, t in val)
+    # Every row split at its document boundaries (segment_ids); a piece that starts with BOS and ends with EOS is
+    # a whole document: its hash is a training file's and no held-out file's. A cut piece (the row started or
+    # ended inside its document) is a substring of the training files' text, and, when long, of no held-out file.
+    it = pipeline.make_train_iterator(cfg, tok, global_batch_size=4, seq_len=16384, seed=0)
+    whole, pieces = 0, 0
+    for _ in range(4):
+        batch = next(it)
+        for inp, tgt, seg in zip(batch["inputs"], batch["targets"], batch["segment_ids"]):
+            for sid in np.unique(seg[seg > 0]):
+                x, y = inp[seg == sid], tgt[seg == sid]
+                assert np.array_equal(x[1:], y[:-1])  # one contiguous piece of one document
+                if x[0] == tok.bos_id and y[-1] == tok.eos_id:
+                    h = doc_hash(tok.decode(y[:-1]))
+                    assert h in train_hash and h not in val_hash, ("a whole document in a training batch is "
+                                                                   f"not a training file: {tok.decode(y[:-1])[:80]!r}")
+                    whole += 1
+                else:
+                    piece = bytes(int(i) for i in np.concatenate([x[:1], y]) if i < 256)  # without BOS / EOS
+                    assert piece in train_bytes, f"a piece of a training row is in no training file: {piece[:80]!r}"
+                    if len(piece) >= 2048:
+                        assert piece not in val_bytes, f"a piece of a training row is held-out text: {piece[:80]!r}"
+                    pieces += 1
+    assert whole >= 3 and pieces >= 2, (whole, pieces)  # both kinds were checked
     ev = pipeline.make_eval_batches(cfg, tok, batch_size=2, seq_len=256, num_batches=1)
     first_val = tok.decode(ev[0]["inputs"][0][:64])
     assert first_val and first_val in val[0][1][:1000], first_val
