@@ -24,6 +24,16 @@ Complex parameters are stored as pairs of real float32 arrays. All SSM parameter
 log Δ, A, B, C) have names starting with `ssm_` so that `idattn.models.param_labels` puts them in the SSM
 optimiser group.
 
+Selective core (`core`, ../shared/BEYOND.md §1.3c and §3.2; docs/model.md "Selective core"), query readout only:
+  Δ_t = softplus(x_t·W_Δ + β_Δ) ∈ R^H      (W_Δ [d, H] normal(init_std); β_Δ = softplus⁻¹(Δ0), log Δ0 ~ U[log dt_min,
+                                            log dt_max]: at W_Δ = 0 the LTI layer's Δ range)
+  A_h,m = a_h + iω_h,m,  a_h = −exp(ssm_log_a_re_h)   (Re A tied within a head: [H], not [H, M]; ω as the LTI A)
+  lam_t = exp(Δ_t·A) · exp(iΔ_t·ϑ_t)         ϑ_t = π·tanh(x_t·W_θ) ∈ R^M (shared by the heads; selective+phase
+                                            only, W_θ [d, M])
+  b_t   = (exp(Δ_t·A) − 1)/A · B             (ZOH of A, without the rotation)
+  o     = interdomain_mix(f_q, k̃, ṽ, lam_t, b_t, C_h)   (lam_t, b_t [B, T, H, M]; no κ bound: exponents ≤ 0)
+The state (Xk, Xv) and the decoding cache are the LTI layer's: the state size per layer is unchanged.
+
 Theory mode (`theory=True`, dualkv + query only): the dense real HiPPO-LegS basis with the Nadaraya-Watson
 denominator, `idattn.ops.theory.legs_interdomain(elu(q)+1, elu(k)+1, v, M)`; it has no SSM parameters.
 
@@ -42,6 +52,7 @@ from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, head_sum, pa
 
 INPUTS = ("dualkv", "generic")
 READOUTS = ("query", "linear")
+CORES = ("lti", "selective", "selective+phase")  # the recurrence: time invariant, or per-token Δ_t (and θ_t)
 
 
 def xi(x: jax.Array, eps: float = 1e-6, num_heads: int | None = None) -> jax.Array:
@@ -70,6 +81,7 @@ class InterdomainMixer(nn.Module):
     use_rope: bool = True
     output_gate: bool = False
     linear_contraction: str = "mean"  # linear readout: c_h = mean (default) or sum over the modes of C_h
+    core: str = "lti"  # lti | selective | selective+phase (module docstring, "Selective core")
     conj: bool = True
     theory: bool = False
     s4d_init: str = "inv"
@@ -120,8 +132,59 @@ class InterdomainMixer(nn.Module):
         c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
         return lam, b, c
 
+    def selective_params(self, x):
+        """(lam_t, b_t) [B, T, H, M] complex64 and C [H, M, M] for core = selective / selective+phase (module
+        docstring, "Selective core"); x [B, T, d]."""
+        from idattn.ops.s4d import init_log_dt, init_s4d_a
+
+        h, m, d = self.num_heads, self.num_modes, self.d_model
+        log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
+        pd, f32 = self.param_dtype, jnp.float32
+
+        def dt_bias_init(key, shape, dtype=pd):  # softplus(bias) = Δ0, log Δ0 ~ U[log dt_min, log dt_max]
+            dt0 = jnp.exp(init_log_dt(key, shape, self.dt_min, self.dt_max))
+            return (dt0 + jnp.log(-jnp.expm1(-dt0))).astype(dtype)  # softplus⁻¹(Δ0) = log(e^Δ0 − 1)
+
+        dt_bias = param(self, "ssm_dt_bias", dt_bias_init, (h,), ("heads",), pd)
+        # Re A tied within a head: one log(−Re A) per head (every init starts at Re A = −1/2).
+        log_a_re = param(self, "ssm_log_a_re", _const_init(np.float32(np.mean(log_a_re0))), (h,), ("heads",), pd)
+        a_im = param(self, "ssm_a_im", _const_init(a_im0), (h, m), ("heads", "modes"), pd)
+        b_re = param(self, "ssm_b_re", nn.initializers.ones, (h, m), ("heads", "modes"), pd)
+        b_im = param(self, "ssm_b_im", nn.initializers.zeros, (h, m), ("heads", "modes"), pd)
+        eye = np.eye(m, dtype=np.float32)
+        c_re = param(self, "ssm_c_re", _const_init(eye), (h, m, m), ("heads", "modes", None), pd)
+        c_im = param(self, "ssm_c_im", nn.initializers.zeros, (h, m, m), ("heads", "modes", None), pd)
+        dense = lambda name, n, axes: Dense((d,), (n,), ("embed", axes), self.init_std, dtype=self.dtype,  # noqa
+                                            param_dtype=pd, out_fp32=True, name=name)(x)
+        dt = jax.nn.softplus(dense("w_dt", h, "heads") + dt_bias.astype(f32))  # Δ_t [B, T, H] > 0
+        a = -jnp.exp(log_a_re.astype(f32))  # [H] < 0
+        w = a_im.astype(f32)  # [H, M]
+        z_re = dt * a  # Δ_t·a_h [B, T, H]: the one log-decay per token and head
+        z_im = dt[..., None] * w  # Δ_t·ω_h,m [B, T, H, M]
+        mag = jnp.exp(z_re)[..., None]
+        # ZOH gain of A = a + iω (without the rotation): b_t = (e^{Δ_t A} − 1)/A · B, with e^z − 1 formed as
+        # expm1(Re z)·cos(Im z) − 2 sin²(Im z / 2) + i e^{Re z} sin(Im z) (no cancellation at small Δ_t·|A|).
+        em1 = jax.lax.complex(jnp.expm1(z_re)[..., None] * jnp.cos(z_im) - 2 * jnp.sin(z_im / 2) ** 2,
+                              mag * jnp.sin(z_im))
+        big_b = jax.lax.complex(b_re.astype(f32), b_im.astype(f32))
+        b = em1 / jax.lax.complex(jnp.broadcast_to(a[:, None], w.shape), w) * big_b
+        phase = z_im
+        if self.core == "selective+phase":  # Mamba-3's data-dependent rotation: angle Δ_t·ϑ_t,m, ϑ = π tanh(x W_θ)
+            theta = jnp.pi * jnp.tanh(dense("w_theta", m, "modes"))  # [B, T, M], shared by the heads
+            phase = z_im + dt[..., None] * theta[:, :, None, :]
+        lam = jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
+        c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
+        return lam, b, c
+
     @nn.compact
     def __call__(self, x, doc, positions, cache=None, cache_index=None, segment_ids=None):
+        if self.core not in CORES:
+            raise ValueError(f"model.core: got {self.core!r}; expected one of {CORES} (a mixer-name suffix, e.g. "
+                             f"interdomain-selective)")
+        if self.core != "lti" and (self.readout != "query" or self.theory):
+            raise ValueError(f"model.core={self.core!r} needs readout='query' and theory=False (got readout="
+                             f"{self.readout!r}, theory={self.theory}); the linear readout's operator "
+                             f"(s4d_linear_mix) is time invariant only. Use a query cell, e.g. interdomain-selective")
         if self.input not in INPUTS:
             raise ValueError(f"model.input: got {self.input!r}; expected one of {INPUTS}")
         if self.readout not in READOUTS:
@@ -161,7 +224,7 @@ class InterdomainMixer(nn.Module):
             zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(h1)
             zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(h2)
 
-        lam, b, c = self.ssm_params()
+        lam, b, c = self.ssm_params() if self.core == "lti" else self.selective_params(x)
         if self.readout == "linear":
             o = self._linear(heads(zk), heads(zv), lam, b, c, cache, new_cache, segment_ids)
             return self._output(x, o.reshape(bsz, t, -1)), new_cache
@@ -173,7 +236,8 @@ class InterdomainMixer(nn.Module):
             o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
                                          chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype)
         elif t == 1:
-            o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam, b, c,
+            lam_t, b_t = (lam, b) if self.core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
+            o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam_t, b_t, c,
                                              conj=self.conj)
             o = o_t[:, None].astype(self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv

@@ -10,6 +10,10 @@ Mixer names (`model.mixer`):
                                state, then C_out; see idattn.layers.interdomain and docs/model.md)
   swa                          sliding-window causal softmax attention over the last `model.window` tokens
                                (Samba / RecurrentGemma style local attention, document-masked)
+  <interdomain name>-<core>    the recurrence of a query-readout Interdomain mixer: core ∈ {selective,
+                               selective+phase} (per-token Δ_t, and Mamba-3's rotation θ_t); no suffix = lti
+                               (time invariant); e.g. interdomain-selective, dualkv-query-norope-selective+phase
+                               (idattn.layers.interdomain, docs/model.md "Selective core")
 The name is the single source of truth: `model.input`, `model.readout` and `model.rope` must agree with it
 (`apply_mixer_name` fills them); a disagreement is an error rather than a silently different model.
 
@@ -25,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from idattn.layers.interdomain import INPUTS, READOUTS  # the layer owns its switches
+from idattn.layers.interdomain import CORES, INPUTS, READOUTS  # the layer owns its switches
 
 ALIASES = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}
 ATTENTION_FAMILIES = ("softmax", "swa")  # KV-cache mixers (swa: a ring buffer of model.window tokens)
@@ -42,8 +46,21 @@ def cube_cells() -> list[str]:
     return [f"{i}-{r}-{p}" for i in INPUTS for r in READOUTS for p in ("rope", "norope")]
 
 
+def mixer_core(name: str) -> tuple[str, str]:
+    """name -> (the name without its core suffix, core): "interdomain-selective" -> ("interdomain", "selective");
+    a name without a suffix has core "lti"."""
+    base, _, last = str(name).rpartition("-")
+    if base and last in CORES and last != "lti":
+        return base, last
+    return str(name), "lti"
+
+
 def parse_mixer(name: str) -> tuple[str, str | None, str | None, bool | None]:
-    """name -> (family, input, readout, rope); family ∈ {softmax, swa, interdomain}."""
+    """name -> (family, input, readout, rope); family ∈ {softmax, swa, interdomain}. A core suffix
+    (`mixer_core`) is read by `mixer_core` and ignored here."""
+    name, core = mixer_core(name)
+    if core != "lti" and name in ATTENTION_FAMILIES:
+        raise ValueError(f"model.mixer: got {name}-{core!r}; the core suffix applies to Interdomain mixers only")
     if name in ATTENTION_FAMILIES:
         return name, None, None, None
     if name in ALIASES:
@@ -100,6 +117,7 @@ class ModelSpec:
     attn_impl: str = "auto"
     layer_pattern: tuple = ()  # () = homogeneous (every layer `mixer`); else the mixer names of one group (hybrid)
     window: int = 0  # swa layers: attend to the last `window` tokens (the current one included)
+    core: str = "lti"  # lti | selective | selective+phase: from the mixer name's suffix (`mixer_core`)
 
     @property
     def out_std(self) -> float:
@@ -186,7 +204,7 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
         chunk_size=g("chunk_size", 64), norm_eps=float(g("norm_eps", 1e-5)), init_std=float(g("init_std", 0.02)),
         dtype=g("dtype", "bfloat16"), param_dtype=g("param_dtype", "float32"),
         scan_layers=bool(g("scan_layers", True)), remat=g("remat", "full"), attn_impl=g("attn_impl", "auto"),
-        window=window)
+        window=window, core=_core_of(mixer, g("core", None), readout, theory))
     if not pattern:
         return base
     if len(set(pattern)) == 1:  # one type: exactly the homogeneous model of that mixer (same tree, same loss)
@@ -220,7 +238,34 @@ def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
     family, inp, readout, use_rope = parse_mixer(name)
     if family in ATTENTION_FAMILIES:  # unused by attention; base_config's values, as a softmax config has them
         inp, readout, use_rope = "dualkv", "query", True
-    return base.replace(mixer=name, family=family, input=inp, readout=readout, rope=bool(use_rope), layer_pattern=())
+    return base.replace(mixer=name, family=family, input=inp, readout=readout, rope=bool(use_rope), layer_pattern=(),
+                        core=_core_of(name, None, readout, base.theory))
+
+
+def _core_of(name: str, configured, readout, theory) -> str:
+    """The core of mixer `name` (its suffix), checked against `model.core` when a config sets it, against the
+    readout (the selective cores need the query readout) and against the model factory (which must pass it)."""
+    core = mixer_core(name)[1]
+    if configured is not None and configured != core:
+        raise _err("core", configured, f"{core!r} for mixer {name!r}",
+                   "The core is the mixer name's suffix: e.g. --config.model.mixer=interdomain-selective.")
+    if core == "lti":
+        return core
+    if readout != "query" or theory:
+        raise _err("mixer", name, "a query-readout Interdomain cell for a selective core (the linear readout's "
+                   "operator is time invariant only)", "Use e.g. interdomain-selective or generic-query-rope-selective.")
+    from idattn.models import llama  # the factory must build what the name says (never a silent LTI layer)
+    probe = ModelSpec(vocab_size=8, d_model=8, num_layers=1, num_heads=1, head_dim=8, ffn_dim=8, mixer=name,
+                      family="interdomain", input="dualkv", readout="query", rope=True, output_gate=False,
+                      linear_contraction="mean", conj=True, theory=False, num_modes=2, s4d_init="inv", kappa=0.25,
+                      dt_min=1e-3, dt_max=1e-1, rope_base=1e4, short_conv=4, impl="auto", chunk_size=8,
+                      norm_eps=1e-5, init_std=0.02, dtype="float32", param_dtype="float32", scan_layers=False,
+                      remat="none", core=core)
+    if getattr(llama.make_mixer(probe), "core", "lti") != core:
+        raise _err("mixer", name, f"a model factory that builds core {core!r}", "idattn.models.llama.make_mixer "
+                   "does not pass spec.core to InterdomainMixer yet: add core=spec.core to its InterdomainMixer(...) "
+                   "call (docs/model.md, Selective core)")
+    return core
 
 
 def layer_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
