@@ -36,17 +36,45 @@ def test_prefill_chunks_and_greedy_generate(mixer, kw):
     np.testing.assert_array_equal(gen[0, 6:], ref[5:8].argmax(-1))
 
 
+def _band(draws, p, n_draws, z=5.0):
+    """Per category, the observed frequency against p within z binomial standard deviations (z = 5 over four
+    categories: a false failure about once in 10^6 seeds; the keys are fixed, so the test is deterministic)."""
+    freq = np.bincount(draws, minlength=p.shape[0]) / n_draws
+    sd = np.sqrt(p * (1 - p) / n_draws)
+    return freq, np.abs(freq - p) <= z * sd + 1e-12
+
+
 def test_sampling_top_p_and_temperature():
-    logits = jnp.log(jnp.asarray([[0.5, 0.3, 0.15, 0.05]]))
-    keys = jax.random.split(jax.random.PRNGKey(0), 400)
-    draws = np.asarray(jax.vmap(lambda k: decoding.sample_logits(k, logits, 1.0, 0.7))(keys))[:, 0]
-    assert set(np.unique(draws)) == {0, 1}  # the nucleus of mass 0.7 is {0, 1}
-    assert 0.5 < np.mean(draws == 0) < 0.75  # 0.5 / 0.8 = 0.625 after renormalisation
+    """Sample frequencies against softmax(logits / T), computed here in float64, within a binomial band: T = 0.5
+    and 2 (p ∝ p₀² and √p₀, far from p₀ itself), and the nucleus taken after the temperature (at T = 0.5 the
+    top-0.9 nucleus is {0, 1}; before it, it would be {0, 1, 2})."""
+    p0 = np.asarray([0.5, 0.3, 0.15, 0.05])
+    logits = jnp.log(jnp.asarray(p0, jnp.float32))[None]
+    n = 20000
+    keys = jax.random.split(jax.random.PRNGKey(0), n)
+
+    def draw(temperature, top_p=1.0):
+        one = jax.vmap(lambda k: decoding.sample_logits(k, logits, temperature, top_p))
+        return np.asarray(jax.jit(one)(keys))[:, 0]
+
+    for temp in (0.5, 2.0):
+        z = np.log(p0) / temp
+        want = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+        freq, ok = _band(draw(temp), want, n)
+        assert ok.all(), (temp, freq, want)
+    # nucleus after the temperature: the kept tokens renormalised
+    z = np.log(p0) / 0.5
+    pt = np.exp(z) / np.exp(z).sum()
+    keep = (np.cumsum(pt) - pt) < 0.9
+    assert keep.tolist() == [True, True, False, False]
+    want = np.where(keep, pt, 0) / pt[keep].sum()
+    draws = draw(0.5, 0.9)
+    assert set(np.unique(draws)) == {0, 1}
+    freq, ok = _band(draws, want, n)
+    assert ok.all(), (freq, want)
     assert int(decoding.sample_logits(None, logits, 0.0)[0]) == 0
     with pytest.raises(ValueError, match="top_p"):
         decoding.sample_logits(keys[0], logits, 1.0, 0.0)
-
-
 
 
 def test_recurrent_cache_is_constant_in_context():
