@@ -31,7 +31,7 @@ j ≤ i, i − j < W and both are in the same document (W = 1: each token sees i
 attention, and then the very same code path as `window=0`). Backends: XLA applies the banded mask
 (`window_mask`, [B, 1, T, T]: compute is still T², memory the mask's); cuDNN gets `local_window_size=(W−1, 0)`
 plus the document mask (XLA fallback as for global attention); TPU: no windowed Pallas kernel here, so `auto`
-runs the XLA banded mask (logged once per trace) and `attn_impl=pallas_tpu` is refused in one line; under a
+runs the XLA banded mask (an info log per trace) and `attn_impl=pallas_tpu` is refused in one line; under a
 sequence-split mesh the XLA all_gather path with the band on global offsets (K/V of the whole sequence are
 gathered, not only W). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
 p mod size: the cache is O(W) whatever the context.
