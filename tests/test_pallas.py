@@ -4,6 +4,8 @@ References written here, independent of the library: a numpy float64 loop (forwa
 float64 ``lax.scan`` loop under ``jax.enable_x64`` (for full gradients of every input). Shapes are tiny:
 interpret mode executes the kernels op by op. One jit per case (outputs and the VJP of a random cotangent).
 """
+import re
+
 import numpy as np
 import pytest
 
@@ -277,16 +279,42 @@ def _lower(platform, family):
     return jax.jit(g).trace(fq, fq, zv, lam, lam, c).lower(lowering_platforms=(platform,)).as_text()
 
 
-def test_lowers_for_cuda_triton():
-    """Forward + backward lower to Triton kernels for CUDA on a CPU-only jaxlib (PTX compilation itself only
-    happens on the device)."""
-    txt = _lower("cuda", "gpu")
-    assert "triton" in txt.lower()
+def _kernel_names(txt: str) -> list[str]:
+    """The idattn kernels in a lowered program: Triton's `name = "idattn_..."`, Mosaic's `kernel_name = ...`."""
+    return sorted(re.findall(r'\b(?:kernel_)?name = "(idattn_\w+)"', txt))
 
 
-def test_lowers_for_tpu_mosaic():
-    txt = _lower("tpu", "tpu")
-    assert "tpu_custom_call" in txt
+# What the operator's design (idattn/ops/pallas/op.py) runs for forward + backward with a mixing matrix c, T below
+# the GPU's chunk-parallel forward threshold: the forward's kernels, then the backward's, each exactly once.
+#   GPU: fwd_p, fwd_mix (w = conj(p)·K, a kernel of its own), fwd_o; backward scan_rev_v, bwd_o on the saved w,
+#        bwd_mix (dw -> dp, dK), scan_rev_k, bwd_p.
+#   TPU: fwd_p, fwd_o (mixes p itself); backward scan_rev_v, bwd_o, scan_rev_k, bwd_p.
+#   Unless the forward saved the chunk states, the backward recomputes them first: scan_fwd_v and scan_fwd_k.
+_GPU_KERNELS = {"fwd_p", "fwd_mix", "fwd_o", "scan_rev_v", "bwd_o", "bwd_mix", "scan_rev_k", "bwd_p"}
+_TPU_KERNELS = {"fwd_p", "fwd_o", "scan_rev_v", "bwd_o", "scan_rev_k", "bwd_p"}
+_RECOMPUTE = {"scan_fwd_v", "scan_fwd_k"}
+
+
+@pytest.mark.parametrize("family,save_states", [("gpu", None), ("gpu", False), ("tpu", None), ("tpu", True)])
+def test_lowered_program_holds_exactly_the_kernels(family, save_states):
+    """Forward + backward lower to the family's kernels and nothing else: Triton kernels for CUDA, Mosaic for TPU,
+    on a CPU-only jaxlib (PTX / TPU compilation itself only happens on the device). save_states None is the
+    family's default (GPU saves the chunk states, TPU recomputes them)."""
+    from idattn.ops.pallas import op
+
+    platform, prefix, call = {"gpu": ("cuda", "idattn_", "__gpu"), "tpu": ("tpu", "idattn_tpu_", "tpu_custom_call")}[
+        family]
+    prev = op.set_save_states(save_states)
+    try:
+        txt = _lower(platform, family)
+    finally:
+        op.set_save_states(prev)
+    saves = {"gpu": True, "tpu": False}[family] if save_states is None else save_states  # documented defaults
+    want = (_GPU_KERNELS if family == "gpu" else _TPU_KERNELS) | (set() if saves else _RECOMPUTE)
+    got, want = _kernel_names(txt), sorted(prefix + k for k in want)
+    extra = sorted(set(got) - set(want)) or got
+    assert got == want, f"missing {sorted(set(want) - set(got))}, extra or repeated {extra}"
+    assert f"custom_call @{call}" in txt
 
 
 def test_bad_chunk_size_is_refused():
