@@ -65,9 +65,36 @@ def test_trained_tokenizer_round_trip_cache_and_path(tmp_path, monkeypatch, smal
     assert small_tok.identity() != tok.identity()
 
 
-def test_train_sentencepiece_is_deterministic(kjv):
-    a = train_sentencepiece(kjv[0][:4], 384)
-    assert train_sentencepiece(kjv[0][:4], 384) == a  # hosts training "train:<vocab>" agree
+_TRAIN_ON_A_HOST = r"""
+import hashlib, os, sys
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:int(sys.argv[1])])  # this host's cores
+from idattn.data import corpus
+from idattn.data.tokenizer import train_sentencepiece
+print(len(os.sched_getaffinity(0)), hashlib.sha256(train_sentencepiece(corpus.kjv_documents()[0][:4], 384)).hexdigest())
+"""
+
+
+def test_train_sentencepiece_is_deterministic_across_hosts(kjv):
+    """Hosts training "train:<vocab>" agree: two subprocesses standing in for two hosts (one core and one BLAS/
+    OpenMP thread against every core of this machine and as many threads, different hash seeds) train
+    byte-identical models, identical to this process's."""
+    import os
+    import subprocess
+    import sys
+
+    want = hashlib.sha256(train_sentencepiece(kjv[0][:4], 384)).hexdigest()
+    cores = len(os.sched_getaffinity(0))
+    got = []
+    for n, seed in ((1, "1"), (cores, "2")):
+        env = dict(os.environ, OMP_NUM_THREADS=str(n), OPENBLAS_NUM_THREADS=str(n), PYTHONHASHSEED=seed,
+                   PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+        out = subprocess.run([sys.executable, "-c", _TRAIN_ON_A_HOST, str(n)], env=env, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        ncpu, sha = out.stdout.split()
+        assert int(ncpu) == n
+        got.append(sha)
+    assert got == [want, want], (got, want)
 
 
 def test_train_sentencepiece_writes_model_file(tmp_path, kjv):
