@@ -25,6 +25,15 @@ from tests import train_helpers as T
 from tests.test_ops import ref_mix, rel_err
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _fast_compile():
+    """Compile time dominates on CPU (as in tests/test_model.py): most XLA optimisations off for this module."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
 def ref_mix_selective(fq, zk, zv, lam, b, c=None, conj=True, seg=None, x0=None):
     """float64 loop with per-token lam [B, T, H, M], b [B, T, H, M]: o [B, T, H, D] and the final (Xk, Xv)."""
     bsz, t, h, r = fq.shape
@@ -137,8 +146,9 @@ GRAD_NAMES = ("fq", "zk", "zv", "log_dt", "log(-a)", "omega", "theta", "B_re", "
               "xk0_im", "xv0_re", "xv0_im")
 
 
-@pytest.mark.parametrize("impl,chunk,conj", [("chunked", 1, True), ("chunked", 5, False), ("chunked", 16, True),
-                                             ("chunked", 64, False), ("associative", 64, True)])
+@pytest.mark.parametrize("impl,chunk,conj", [
+    pytest.param("chunked", 1, True, marks=pytest.mark.slow), ("chunked", 5, False), ("chunked", 16, True),
+    pytest.param("chunked", 64, False, marks=pytest.mark.slow), ("associative", 64, True)])
 def test_gradients_match_sequential(impl, chunk, conj):
     """Every gradient (inputs, Δ_t, a, ω, θ_t, B, c, initial state) of the chunked / associative paths against the
     sequential scan, ≤ 1e-10 relative (max |Δg| / max |g| per argument); T = 21 ragged for L = 5, 16."""
@@ -191,7 +201,7 @@ def test_sequential_gradients_against_finite_differences_of_the_numpy_loop():
 # LTI as a special case, decode, float32 extremes
 # ---------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("chunk", [5, 16])
+@pytest.mark.parametrize("chunk", [5, pytest.param(16, marks=pytest.mark.slow)])
 def test_constant_per_token_lam_reproduces_lti(chunk):
     """lam_t = lam, b_t = b for every token (today's [H, M] values, broadcast to [B, T, H, M]) gives today's outputs
     and state: float64 ≤ 1e-10 against the LTI chunked path and the LTI NumPy loop; float32 ≤ 1e-5."""
@@ -201,20 +211,20 @@ def test_constant_per_token_lam_reproduces_lti(chunk):
     lam_t = np.broadcast_to(x["lam"], (bsz, t) + x["lam"].shape)
     b_t = np.broadcast_to(x["b"], (bsz, t) + x["b"].shape)
     ref, _ = ref_mix(x["fq"], x["zk"], x["zv"], x["lam"], x["b"], x["c"], True, LTI_SEG, x["x0"])
-    kw = dict(impl="chunked", chunk_size=chunk, segment_ids=LTI_SEG, initial_state=x["x0"], return_state=True)
+    kw = dict(impl="chunked", chunk_size=chunk, segment_ids=LTI_SEG, return_state=True)
+    mix = jax.jit(lambda *a: interdomain_mix(*a[:6], initial_state=a[6], **kw))
     with jax.enable_x64(True):
-        o_lti, s_lti = interdomain_mix(x["fq"], x["zk"], x["zv"], x["lam"], x["b"], x["c"], **kw)
-        o_sel, s_sel = interdomain_mix(x["fq"], x["zk"], x["zv"], lam_t, b_t, x["c"], **kw)
+        o_lti, s_lti = mix(x["fq"], x["zk"], x["zv"], x["lam"], x["b"], x["c"], x["x0"])
+        o_sel, s_sel = mix(x["fq"], x["zk"], x["zv"], lam_t, b_t, x["c"], x["x0"])
     e64 = max(rel_err(o_sel, o_lti), rel_err(o_sel, ref))
     assert e64 <= 1e-10
     for a, r in zip(s_sel, s_lti):
         np.testing.assert_allclose(np.asarray(a), np.asarray(r), rtol=1e-10, atol=1e-12)
     f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
     c64 = lambda a: np.asarray(a, np.complex64)  # noqa: E731
-    o32_lti = interdomain_mix(f32(x["fq"]), f32(x["zk"]), f32(x["zv"]), c64(x["lam"]), c64(x["b"]), c64(x["c"]),
-                              impl="chunked", chunk_size=chunk, segment_ids=LTI_SEG)
-    o32_sel = interdomain_mix(f32(x["fq"]), f32(x["zk"]), f32(x["zv"]), c64(lam_t), c64(b_t), c64(x["c"]),
-                              impl="chunked", chunk_size=chunk, segment_ids=LTI_SEG)
+    mix32 = jax.jit(lambda *a: interdomain_mix(*a, impl="chunked", chunk_size=chunk, segment_ids=LTI_SEG))
+    o32_lti = mix32(f32(x["fq"]), f32(x["zk"]), f32(x["zv"]), c64(x["lam"]), c64(x["b"]), c64(x["c"]))
+    o32_sel = mix32(f32(x["fq"]), f32(x["zk"]), f32(x["zv"]), c64(lam_t), c64(b_t), c64(x["c"]))
     e32 = rel_err(o32_sel, o32_lti)
     print(f"\nconstant lam_t vs LTI, L={chunk}: float64 {e64:.2e}, float32 {e32:.2e}")
     assert e32 <= 1e-5
@@ -276,10 +286,10 @@ def test_large_decay_stays_finite_in_float32():
 
 def test_float32_long_sequence_with_phases():
     """float32, T = 4096, M = 16, uniformly random phase increments θ_t ∈ (−π, π] (the worst case for the angle
-    cumsum, which runs within a chunk only) and frequencies up to ω·Δ ≈ 60 rad per step: chunked (L = 64) and
+    cumsum, which runs within a chunk only) and frequencies up to ω·Δ ≈ 1e3 rad per step: chunked (L = 64) and
     the sequence split's end state against the float64 loop, ≤ 1e-4."""
     x = make_selective(bsz=1, t=4096, h=2, r=8, d=8, m=16, seed=17)
-    w = x["w"] * 20  # up to ~ 20·15 + noise rad per unit Δ
+    w = x["w"] * 20  # up to ~20·(15π + noise) ≈ 1e3 rad per unit Δ (Δ ≤ 1)
     lam, b = build_lam_b(x["dt"], x["a"], w, x["theta"], x["bc"])
     seg = np.repeat(np.array([[1, 2, 1, 3]]), 1024, axis=1)
     ref, (rk, _) = ref_mix_selective(x["fq"], x["zk"], x["zv"], lam, b, x["c"], True, seg)
@@ -445,8 +455,8 @@ def test_layer_with_constant_delta_is_the_lti_layer():
     pos = jnp.broadcast_to(jnp.arange(t), (bsz, t))
     kw = dict(d_model=d, num_heads=h, head_dim=dh, num_modes=m, chunk_size=8, impl="chunked")
     sel, lti = InterdomainMixer(core="selective", **kw), InterdomainMixer(**kw)
-    ps = _unbox(sel.init(jax.random.PRNGKey(1), x, None, pos)["params"])
-    pl = _unbox(lti.init(jax.random.PRNGKey(1), x, None, pos)["params"])
+    ps = _unbox(jax.jit(sel.init)(jax.random.PRNGKey(1), x, None, pos)["params"])
+    pl = _unbox(jax.jit(lti.init)(jax.random.PRNGKey(1), x, None, pos)["params"])
     assert ps["w_dt"]["kernel"].shape == (d, h) and ps["ssm_dt_bias"].shape == (h,)
     assert ps["ssm_log_a_re"].shape == (h,) and "ssm_log_dt" not in ps
     ps = dict(ps, w_dt={"kernel": jnp.zeros((d, h))})
@@ -456,8 +466,8 @@ def test_layer_with_constant_delta_is_the_lti_layer():
         ps[k] = pl[k]
     pl = dict(pl, ssm_log_dt=jnp.log(jax.nn.softplus(ps["ssm_dt_bias"])),
               ssm_log_a_re=jnp.broadcast_to(ps["ssm_log_a_re"][:, None], (h, m)))
-    ys, _ = sel.apply({"params": ps}, x, None, pos)
-    yl, _ = lti.apply({"params": pl}, x, None, pos)
+    ys, _ = jax.jit(sel.apply)({"params": ps}, x, None, pos)
+    yl, _ = jax.jit(lti.apply)({"params": pl}, x, None, pos)
     err = float(jnp.linalg.norm(ys - yl) / jnp.linalg.norm(yl))
     print(f"\nselective layer with W_Δ = 0 vs LTI layer: {err:.2e}")
     assert err <= 1e-5
@@ -478,7 +488,8 @@ def selective_factory(monkeypatch):
     return use
 
 
-@pytest.mark.parametrize("mixer", ["interdomain-selective", "generic-query-norope-selective+phase"])
+@pytest.mark.parametrize("mixer", ["dualkv-query-rope-selective+phase",
+                                   pytest.param("generic-query-norope-selective", marks=pytest.mark.slow)])
 def test_tiny_selective_model_decodes_packs_and_trains(mixer, selective_factory):
     """The full model with a selective core: token-by-token decoding equals the forward (≤ 1e-4 of the logit
     scale), a packed document is blind to the one before it, gradients are finite (non-zero for W_Δ, β_Δ and,
