@@ -120,7 +120,7 @@ def env(tmp_path_factory):
 
 
 RUN = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2, "train.warmup_steps": 2,
-       "train.eval_batches": 2}
+       "train.eval_batches": 2, "train.peak_tflops_per_device": 0.25}  # CPU: no table entry, MFU from the override
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +150,45 @@ def test_run_outputs(run_dir):
     assert [r["step"] for r in res] == [2, 4]
     for r in res:
         assert r["metrics"]["ppl"] == pytest.approx(math.exp(r["metrics"]["loss"]), rel=1e-9)
+
+
+def test_mfu_value_in_the_metrics(run_dir):
+    """Every step line's MFU is tokens/s/device · flops_per_token(model, seq_len) / the device's peak FLOP/s, with
+    tokens/s = batch · seq_len / step time and the per-device rate over the devices of the run (metrics.py's
+    formula; train.peak_tflops_per_device = 0.25 TFLOP/s here, CPU having no table entry)."""
+    from idattn import models
+
+    wd, _ = run_dir
+    cfg = json.load(open(os.path.join(wd, "config.json")))
+    seq_len, batch = cfg["data"]["seq_len"], cfg["train"]["batch_size"]
+    import ml_collections
+
+    flops = models.flops_per_token(ml_collections.ConfigDict(cfg["model"]), seq_len)
+    devices = jax.device_count()  # the run's subprocess sees the same CPU devices as this one
+    for r in T.read_metrics(wd):
+        assert r["tokens_per_sec"] == pytest.approx(batch * seq_len / r["step_time"], rel=1e-9)
+        assert r["tokens_per_sec_per_device"] == pytest.approx(r["tokens_per_sec"] / devices, rel=1e-9)
+        want = r["tokens_per_sec_per_device"] * flops / 0.25e12
+        assert r["mfu"] == pytest.approx(want, rel=1e-9), (r["step"], r["mfu"], want)
+        assert 0 < r["mfu"] < 1
+
+
+@pytest.mark.parametrize("kind,tflops", [
+    # device_kind strings as JAX reports them -> the vendor's dense bf16 peak per device (spec sheets)
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA GH200 480GB", 989.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA B200", 2250.0), ("NVIDIA L40S", 362.0),
+    ("TPU v4", 275.0), ("TPU v5 lite", 197.0), ("TPU v5e", 197.0), ("TPU v5p", 459.0), ("TPU v5", 459.0),
+    ("TPU v6 lite", 918.0), ("TPU7x", 2307.0),
+    ("cpu", None), ("TFRT_CPU_0", None), ("Tesla T4", None),
+])
+def test_peak_flops_table_lookup(kind, tflops):
+    """The device kind picks its own entry, the longest name first ("TPU v5 lite" is not "TPU v5", "GH200" not
+    "H200"); a kind not in the table gives None (MFU null) unless train.peak_tflops_per_device overrides it."""
+    from idattn.train.metrics import peak_flops_per_device
+
+    got = peak_flops_per_device(kind)
+    assert got == (None if tflops is None else tflops * 1e12), (kind, got)
+    assert peak_flops_per_device(kind, 123.0) == 123.0e12
 
 
 def test_load_params_reproduces_validation(run_dir, env, monkeypatch):
