@@ -30,10 +30,11 @@ Sliding window (`window` = W > 0, the `swa` mixer; docs/model.md "Hybrid stacks"
 j ≤ i, i − j < W and both are in the same document (W = 1: each token sees itself only; W ≥ T: global causal
 attention, and then the very same code path as `window=0`). Backends: XLA applies the banded mask
 (`window_mask`, [B, 1, T, T]: compute is still T², memory the mask's); cuDNN gets `local_window_size=(W−1, 0)`
-plus the document mask (XLA fallback as for global attention); TPU: no windowed Pallas kernel here, so `auto`
-runs the XLA banded mask (an info log per trace) and `attn_impl=pallas_tpu` is refused in one line; under a
+plus the document mask (XLA fallback as for global attention); TPU: splash attention with `LocalMask((W−1, 0))`
+and the document index as segment ids (`tpu_splash_window`: blocks outside the band skipped), the XLA band when
+it refuses the shapes (T not a multiple of 128; `attn_impl=pallas_tpu` refuses instead, in one line); under a
 sequence-split mesh the XLA all_gather path with the band on global offsets (K/V of the whole sequence are
-gathered, not only W). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
+gathered, not only W; `pallas_tpu` refused there). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
 p mod size: the cache is O(W) whatever the context.
 """
 from __future__ import annotations
@@ -43,6 +44,7 @@ import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from idattn.layers.common import Dense, Dtype, rope
 
@@ -179,17 +181,66 @@ def _windowed_attention(q, k, v, doc, impl, window, plan):
 
     if impl not in ("auto", "xla", "cudnn", "pallas_tpu"):
         raise ValueError(f"attention impl: got {impl!r}; expected one of auto, xla, cudnn, pallas_tpu")
-    if impl == "pallas_tpu":
-        raise ValueError(f"model.attn_impl: 'pallas_tpu' has no sliding-window kernel here (swa, window={window}); "
-                         "use attn_impl=auto or xla (the XLA banded mask)")
+    if impl == "pallas_tpu" and (context_platform() or _default_platform()) != "tpu":
+        raise ValueError(f"model.attn_impl: 'pallas_tpu' sliding-window attention (swa, window={window}) needs a TPU "
+                         "target; use attn_impl=auto or xla (the XLA banded mask)")
+    if impl == "pallas_tpu" and plan is not None:
+        raise ValueError(f"model.attn_impl: 'pallas_tpu' sliding-window attention (swa, window={window}) under a "
+                         "sequence-split mesh is not implemented; use attn_impl=auto (XLA all_gather with the band)")
     if plan is not None:
         return sequence_attention(q, k, v, doc, plan, local=functools.partial(_sequence_local_xla, window=window))
     plat = context_platform() or _default_platform()
     if plat == "cuda" and impl in ("auto", "cudnn"):
         return _or_xla_window(q, k, v, doc, window)
-    if plat == "tpu" and impl == "auto":
-        _log.info("sliding-window attention on TPU: XLA banded mask (no windowed Pallas kernel here)")
+    if plat == "tpu" and impl in ("auto", "pallas_tpu"):
+        try:
+            return tpu_splash_window(q, k, v, doc, window)
+        except Exception as e:  # noqa: BLE001  shapes the kernel does not take (T not a multiple of 128)
+            if impl == "pallas_tpu":
+                raise ValueError(f"model.attn_impl: 'pallas_tpu' sliding-window (splash LocalMask) refused these "
+                                 f"shapes ({str(e).splitlines()[0]}); use attn_impl=auto (XLA fallback)") from None
+            _log.warning("splash sliding-window attention refused (%s); using the XLA banded mask", e)
     return _window_xla(q, k, v, doc, window)
+
+
+def tpu_splash_window(q, k, v, doc, window: int, interpret: bool = False, block: int = 512):
+    """TPU: sliding-window attention with the splash kernel's `LocalMask` (window (W − 1, 0): key j is seen by
+    query i iff i − W < j ≤ i) and the document index as splash segment ids; blocks outside the band are skipped,
+    so the work is O(T·W), not O(T²). Under a device mesh it runs inside `shard_map` over the batch and head axes
+    (as the flash kernel). q, k, v [B, T, H, D] (T a multiple of 128), doc [B, T] or None -> [B, T, H, D]."""
+    from idattn.ops.pallas.op import mesh_partition, partition_spec
+
+    b, t, h, d = q.shape
+    if t % 128:
+        raise ValueError(f"sequence length {t} is not a multiple of 128")
+    plan = mesh_partition(b, h)
+    doc = jnp.zeros((b, t), jnp.int32) if doc is None else doc.astype(jnp.int32)
+    if plan is None:
+        return _splash_window_local(q, k, v, doc, window, h, interpret, block)
+    mesh, bx, hx = plan
+    nh = int(np.prod([dict(mesh.shape)[a] for a in hx])) if hx else 1
+    qs = partition_spec(bx, (), hx, ())
+    return jax.shard_map(lambda q, k, v, doc: _splash_window_local(q, k, v, doc, window, h // nh, interpret, block),
+                         mesh=mesh, in_specs=(qs, qs, qs, partition_spec(bx, ())), out_specs=qs,
+                         check_vma=False)(q, k, v, doc)
+
+
+def _splash_window_local(q, k, v, doc, window, heads, interpret, block):
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    t = q.shape[1]
+    bs = min(block, t)
+    sizes = sk.BlockSizes(block_q=bs, block_kv=bs, block_kv_compute=bs, block_q_dkv=bs, block_kv_dkv=bs,
+                          block_kv_dkv_compute=bs, block_q_dq=bs, block_kv_dq=bs)
+    one = sm.LocalMask((t, t), window_size=(window - 1, 0), offset=0)
+    kernel = sk.make_splash_mha(sm.MultiHeadMask([one] * heads), head_shards=1, q_seq_shards=1, block_sizes=sizes,
+                                interpret=bool(interpret))
+    qt, kt, vt = (jnp.swapaxes(a, 1, 2) for a in (q * q.shape[-1] ** -0.5, k, v))  # [B, H, T, D]
+
+    def one_row(qr, kr, vr, dr):
+        return kernel(qr, kr, vr, segment_ids=sk.SegmentIds(q=dr, kv=dr))
+    return jnp.swapaxes(jax.vmap(one_row)(qt, kt, vt, doc), 1, 2).astype(q.dtype)
 
 
 def _or_xla_window(q, k, v, doc, window):
