@@ -33,8 +33,9 @@ attention, and then the very same code path as `window=0`). Backends: XLA applie
 plus the document mask (XLA fallback as for global attention); TPU: splash attention with `LocalMask((W−1, 0))`
 and the document index as segment ids (`tpu_splash_window`: blocks outside the band skipped), the XLA band when
 it refuses the shapes (T not a multiple of 128; `attn_impl=pallas_tpu` refuses instead, in one line); under a
-sequence-split mesh the XLA all_gather path with the band on global offsets (K/V of the whole sequence are
-gathered, not only W; `pallas_tpu` refused there). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
+sequence-split mesh, when W − 1 ≤ S (the shard length), each device receives only the previous shard's last
+W − 1 keys / values / document ids (`sequence_window_attention`, one ppermute), else the XLA all_gather path with
+the band on global offsets (`pallas_tpu` refused there). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
 p mod size: the cache is O(W) whatever the context.
 """
 from __future__ import annotations
@@ -188,6 +189,10 @@ def _windowed_attention(q, k, v, doc, impl, window, plan):
         raise ValueError(f"model.attn_impl: 'pallas_tpu' sliding-window attention (swa, window={window}) under a "
                          "sequence-split mesh is not implemented; use attn_impl=auto (XLA all_gather with the band)")
     if plan is not None:
+        mesh, _, sx, _ = plan
+        shards = int(np.prod([dict(mesh.shape)[a] for a in sx]))
+        if window - 1 <= q.shape[1] // shards:  # the band reaches into the previous shard only: pass W − 1 tokens
+            return sequence_window_attention(q, k, v, doc, plan, window)
         return sequence_attention(q, k, v, doc, plan, local=functools.partial(_sequence_local_xla, window=window))
     plat = context_platform() or _default_platform()
     if plat == "cuda" and impl in ("auto", "cudnn"):
@@ -270,6 +275,39 @@ def sequence_attention(q, k, v, doc, plan, local=None):
         gather = lambda a: jax.lax.all_gather(a, sx, axis=1, tiled=True)  # noqa: E731
         offset = jax.lax.axis_index(sx) * q.shape[1]
         return local(q, gather(k), gather(v), doc, gather(doc), offset)
+
+    return jax.shard_map(shard, mesh=mesh, in_specs=(qs, qs, qs, rows), out_specs=qs, check_vma=False)(q, k, v, doc)
+
+
+def sequence_window_attention(q, k, v, doc, plan, window: int):
+    """Sliding-window attention with the length split over the sequence axes, W − 1 ≤ S (the shard length): each
+    device receives only the last W − 1 keys, values and document ids of the previous shard (one `ppermute` over
+    the sequence axes, shard p − 1 -> p; shard 0 receives zeros, masked by position), instead of the whole
+    sequence. Local keys are [halo (positions pS − W + 1 .. pS − 1) | own (pS .. pS + S − 1)]; query pS + i sees
+    key position j iff j ≥ 0, j ≤ pS + i, pS + i − j < W and the documents agree. Exact against the unsplit call
+    (tests/test_hybrid.py)."""
+    from idattn.ops.pallas.op import partition_spec
+
+    mesh, bx, sx, hx = plan
+    n = int(np.prod([dict(mesh.shape)[a] for a in sx]))
+    qs, rows = partition_spec(bx, sx, hx, ()), partition_spec(bx, sx)
+    doc = jnp.zeros(q.shape[:2], jnp.int32) if doc is None else doc.astype(jnp.int32)
+    halo = window - 1
+    perm = [(i, i + 1) for i in range(n - 1)]
+
+    def shard(q, k, v, doc):
+        s_len = q.shape[1]
+        p = jax.lax.axis_index(sx)
+        prev = lambda a: jax.lax.ppermute(a[:, s_len - halo:], sx, perm)  # noqa: E731
+        if halo:
+            k, v, dk = (jnp.concatenate([prev(a), a], axis=1) for a in (k, v, doc))
+        else:
+            dk = doc
+        qpos = p * s_len + jnp.arange(s_len)
+        kpos = p * s_len - halo + jnp.arange(s_len + halo)
+        band = ((kpos[None, :] >= 0) & (kpos[None, :] <= qpos[:, None]) & (qpos[:, None] - kpos[None, :] < window))
+        mask = band[None] & (doc[:, :, None] == dk[:, None, :])
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], implementation="xla")
 
     return jax.shard_map(shard, mesh=mesh, in_specs=(qs, qs, qs, rows), out_specs=qs, check_vma=False)(q, k, v, doc)
 
