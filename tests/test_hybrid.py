@@ -249,8 +249,13 @@ def test_bad_patterns_are_refused_in_one_line():
     _one_line_error(lambda: decoding.prefill(m, None, jnp.zeros((1, 5), jnp.int32), decoding.init_cache(m, 1, 4)),
                     "exceed max_len=4")
     _one_line_error(lambda: decoding.init_cache(m, 1, None), "max_len")
-    ring = decoding.init_cache(build_model(cfg(num_layers=2, layer_pattern="interdomain,swa", window=2)), 1, None)
-    assert ring["layers"]["block_1"]["k"].shape[2] == 2
+    m2 = build_model(cfg(num_layers=2, layer_pattern="interdomain,swa", window=2))
+    assert decoding.init_cache(m2, 1, None)["layers"]["block_1"]["k"].shape[2] == 2
+    decoding._check_room(m2, decoding.init_cache(m2, 1, None), 50)  # a full ring of W: any length
+    # a ring cut to max_len = 3 < W = 4 would silently drop keys inside the window past max_len: refused
+    m3 = build_model(cfg(num_layers=2, layer_pattern="interdomain,swa", window=4))
+    _one_line_error(lambda: decoding.prefill(m3, None, jnp.zeros((1, 4), jnp.int32), decoding.init_cache(m3, 1, 3)),
+                    "exceed max_len=3")
 
 
 def test_trainer_refuses_a_bad_pattern_before_writing(tmp_path):

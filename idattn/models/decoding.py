@@ -87,16 +87,21 @@ def _chunk_fn(model):
 
 def _check_room(model, cache, extra: int) -> None:
     s = _spec(model)
-    caps = []
-    if s.family == "softmax":
-        caps = [cache["layers"]["k"].shape[2]]
+    caps = []  # a softmax KV cache, or an swa ring cut to max_len < W, holds at most its length
+    if s.family in ("softmax", "swa"):
+        pairs = [(s, cache["layers"])]
     elif s.family == "hybrid":
-        caps = [cache["layers"][f"block_{j}"]["k"].shape[2] for j, ls in enumerate(layer_specs(s))
-                if ls.family == "softmax"]
-    for cap in caps[:1]:
+        pairs = [(ls, cache["layers"][f"block_{j}"]) for j, ls in enumerate(layer_specs(s))]
+    else:
+        pairs = []
+    for ls, lc in pairs:
+        size = lc["k"].shape[2] if ls.family in ("softmax", "swa") else None
+        if size is not None and (ls.family == "softmax" or size < ls.window):
+            caps.append(size)
+    for cap in sorted(caps)[:1]:
         used = int(cache["index"])
         if used + extra > cap:
-            raise ValueError(f"softmax KV cache: {used} + {extra} tokens exceed max_len={cap}; "
+            raise ValueError(f"KV cache: {used} + {extra} tokens exceed max_len={cap}; "
                              "call init_cache with a larger max_len")
 
 
