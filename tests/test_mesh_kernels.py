@@ -1,8 +1,9 @@
 """The operator's paths on a device mesh: Interdomain on a 2x2x2
 (data, fsdp, tensor) mesh of 8 fake CPU devices match one device, with impl="chunked" (XLA partitions it) and
 impl="pallas" (the kernels in interpret mode, run inside shard_map over the batch and head axes; Interdomain only:
-the linear readout runs the same convolution for every impl); and (under -m slow) every one
-of the eight cube cells takes a training step on that mesh.
+the linear readout runs the same convolution for every impl); and (under -m slow) the other seven cube cells
+match one device the same way (impl="pallas" too for the query-readout cells) and take a training step on that
+mesh.
 
 One subprocess (8 fake devices must be set before jax starts), one jit per (mixer, impl, mesh); the one-device
 reference is impl="chunked" for both (an independent implementation for the pallas path; the kernels
@@ -131,7 +132,7 @@ for mixer, p0, (state, m) in zip(cells, p0s, res):
 print("RESULT" + json.dumps(out))
 """
 
-GRAD_MIXERS = ("interdomain",)  # the linear cells: the slow cells test and tests/test_sequence_parallel.py
+GRAD_MIXERS = ("interdomain",)  # the other seven cells: the slow cells test (and tests/test_sequence_parallel.py)
 
 
 def _run_script(tmp_path_factory, mixers, cells):
@@ -151,32 +152,47 @@ def mesh_run(tmp_path_factory):
 def mesh_cells(tmp_path_factory):
     from idattn.models.spec import cube_cells
     cells = [c for c in cube_cells() if c != "dualkv-query-rope"]
-    return _run_script(tmp_path_factory, [], cells)
+    return _run_script(tmp_path_factory, cells, cells)
+
+
+def _assert_matches_one_device(r, name):
+    """The mesh's loss and every parameter's gradient against one device (tolerances: the module docstring)."""
+    (l1, g1), (l8, g8) = r["one"], r["mesh"]
+    assert np.isfinite(l1) and l1 > 1.0, name
+    np.testing.assert_allclose(l8, l1, rtol=1e-5, err_msg=name)
+    assert set(g1) == set(g8), name
+    for k in g1:
+        a, b = np.asarray(g1[k]), np.asarray(g8[k])
+        ref = np.linalg.norm(a)
+        assert np.linalg.norm(b - a) <= 1e-4 * ref + 1e-9, (name, k, float(np.linalg.norm(b - a)), float(ref))
+    ssm = [k for k in g1 if "ssm_log_dt" in k]
+    assert ssm and all(np.linalg.norm(g1[k]) > 0 for k in ssm), name  # the S4D parameters get gradient
 
 
 @pytest.mark.parametrize("mixer,impl", [(m, "chunked") for m in GRAD_MIXERS] + [("interdomain", "pallas")])
 def test_mesh_2x2x2_loss_and_grads_match_one_device(mesh_run, mixer, impl):
-    r = mesh_run["grads"][f"{mixer}/{impl}"]
-    (l1, g1), (l8, g8) = r["one"], r["mesh"]
-    assert np.isfinite(l1) and l1 > 1.0
-    np.testing.assert_allclose(l8, l1, rtol=1e-5)
-    assert set(g1) == set(g8)
-    for k in g1:
-        a, b = np.asarray(g1[k]), np.asarray(g8[k])
-        ref = np.linalg.norm(a)
-        assert np.linalg.norm(b - a) <= 1e-4 * ref + 1e-9, (k, float(np.linalg.norm(b - a)), float(ref))
-    ssm = [k for k in g1 if "ssm_log_dt" in k]
-    assert ssm and all(np.linalg.norm(g1[k]) > 0 for k in ssm)  # the S4D parameters get gradient
+    _assert_matches_one_device(mesh_run["grads"][f"{mixer}/{impl}"], f"{mixer}/{impl}")
     if impl == "pallas":
         # the kernels really ran (Interdomain's query readout), inside shard_map
         assert mesh_run["pallas_call"] and mesh_run["shard_map"]
 
 
-@pytest.mark.slow  # a second program of five train steps on 8 devices: most of this file's compile time
-def test_every_cube_cell_trains_on_the_mesh(mesh_cells):
-    """The five cells not covered above take one optimiser step on the 2x2x2 mesh: finite loss, parameters move."""
+@pytest.mark.slow  # two more programs on 8 devices (gradients, five+ train steps): most of this file's compile time
+def test_every_cube_cell_matches_one_device_and_trains_on_the_mesh(mesh_cells):
+    """The seven cells not covered above, as Interdomain is: on the 2x2x2 mesh, the loss and every parameter's
+    gradient equal one device's (impl="chunked", and impl="pallas" where it selects other code: the query
+    readout); and one optimiser step on the mesh: finite loss, parameters move."""
+    from idattn.models.spec import cube_cells
+
     cells = mesh_cells["cells"]
+    assert sorted(cells) == sorted(c for c in cube_cells() if c != "dualkv-query-rope")
     assert len(cells) + len(GRAD_MIXERS) == 8
+    grads = mesh_cells["grads"]
+    want = {f"{c}/chunked" for c in cells} | {f"{c}/pallas" for c in cells if "query" in c}
+    assert set(grads) == want, sorted(grads)
+    for name, r in sorted(grads.items()):
+        _assert_matches_one_device(r, name)
+    assert mesh_cells["pallas_call"] and mesh_cells["shard_map"]
     for name, r in cells.items():
         assert np.isfinite(r["loss"]) and r["loss"] > 1.0, (name, r)
         assert r["step"] == 1 and r["moved"] > 0, (name, r)
