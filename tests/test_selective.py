@@ -533,3 +533,26 @@ def test_mixer_names_carry_the_core():
     from idattn.models.spec import spec_from_config
     with pytest.raises(ValueError, match="query-readout Interdomain cell for a selective core"):
         spec_from_config(apply_mixer_name(base_config().model, "s4d_only-selective"))
+
+
+PATCH_FACTORY = r"""
+import sys
+from idattn.layers.interdomain import InterdomainMixer
+from idattn.models import llama
+if "core=spec.core" not in open(llama.__file__).read():  # until make_mixer passes spec.core
+    llama.InterdomainMixer = type("SelectiveMixer", (InterdomainMixer,),
+                                  {"__annotations__": {"core": str}, "core": "selective+phase"})
+"""
+
+
+@pytest.mark.slow  # ~2-3 min on 2 cores: two tiny-model programs on 8 fake devices, three train steps each
+def test_selective_model_split_over_the_sequence_equals_one_device_and_trains():
+    """The tiny model with core selective+phase (chunked) through the trainer's setup: loss and every gradient on
+    a sequence 4 x fsdp 2 mesh equal one device (tests/test_sequence_parallel.py's MODEL script and checks), and
+    three train steps lower the loss identically on both."""
+    from tests.test_sequence_parallel import MODEL, _check_model, _run
+    res = _run(PATCH_FACTORY + MODEL, json.dumps([["interdomain-selective+phase", "chunked"]]),
+               json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "3")
+    print(f"\nselective model split: {json.dumps(res)[:600]}")
+    assert len(res) == 1
+    _check_model(res, steps=3)

@@ -516,7 +516,7 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
 def log_decay_angle(lam, rdt):
     """Per-token lam [..., M] complex -> (g [...], φ [..., M]) in `rdt`: g = mean_m log|lam_m| (one log-decay per
     row, token and head: the magnitudes are tied across the modes) and φ = angle(lam) ∈ (−π, π] (principal branch:
-    every token's phase increment is already wrapped). A |lam| below √tiny of the dtype (1.1e-19 in float32,
+    every token's phase increment is already wrapped); g is clamped to ≤ 0. A |lam| below √tiny of the dtype (1.1e-19 in float32,
     1.5e-154 in float64; an underflowed decay, lam = 0, included) reads as g = log √tiny, φ = 0, with zero
     gradient: no NaN from log 0 or angle 0, and the backward's 1/lam stays far from overflow. Such a decay
     multiplies the carried state by ≤ √tiny, below the dtype's resolution next to any fresh token.
@@ -531,7 +531,10 @@ def log_decay_angle(lam, rdt):
     safe = jnp.where(ok, lam, jnp.ones((), lam.dtype))
     logm = jnp.where(ok, jnp.log(jnp.abs(safe)), math.log(floor)).astype(rdt)
     ang = jnp.where(ok, jnp.angle(safe), 0).astype(rdt)
-    return jnp.mean(logm, axis=-1), ang
+    g = jnp.mean(logm, axis=-1)
+    # g ≤ 0 by construction (a |lam| of 1 + rounding reads as 1; the gradient passes where g ≤ 0), so every
+    # cumulated exponent Λ_i − Λ_j (i ≥ j), Λ_i and Λ_{l−1} − Λ_j is ≤ 0 in floating point too.
+    return jnp.where(g <= 0, g, 0), ang
 
 
 def _chunk_body_selective(carry, xs, kblock, conj):
