@@ -63,15 +63,74 @@ def _check_resumed(wd, rerun_out, straight, min_step):
     return restored
 
 
+def _tb_events(wd) -> list[list]:
+    """Every event file of the run (oldest first), each a list of its events (tensorboardX protos), read as
+    TFRecords: 8-byte length, 4-byte CRC, the record, 4-byte CRC."""
+    import glob
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    files = []
+    for path in sorted(glob.glob(os.path.join(wd, "tb", "events.out.tfevents.*")),
+                       key=lambda p: int(os.path.basename(p).split(".")[3])):
+        data, events, i = open(path, "rb").read(), [], 0
+        while i + 12 <= len(data):
+            (n,) = struct.unpack("<Q", data[i:i + 8])
+            events.append(Event.FromString(data[i + 12:i + 12 + n]))
+            i += 12 + n + 4
+        files.append(events)
+    return files
+
+
+def _tb_scalars(files, tag, purge=True) -> list[tuple[int, float]]:
+    """(step, value) of `tag` as TensorBoard shows it: a SessionLog START at step s (tensorboardX's purge_step)
+    expires every earlier event at step >= s (TensorBoard's orphaned-data purge); purge=False: the raw events."""
+    from tensorboardX.proto.event_pb2 import SessionLog
+
+    out = []
+    for events in files:
+        for e in events:
+            if purge and e.HasField("session_log") and e.session_log.status == SessionLog.START:
+                out = [(st, v) for st, v in out if st < e.step]
+            for v in e.summary.value:
+                if v.tag == tag:
+                    out.append((e.step, v.simple_value))
+    return out
+
+
 def test_sigkill_then_rerun_matches_straight_run(tmp_path, env, straight):
+    """Also TensorBoard's purge on resume: the killed run logged steps past its last checkpoint, which the rerun
+    logs again; its event file starts with a purge at restored + 1, so TensorBoard shows every step once, with
+    the rerun's values (metrics.jsonl's)."""
     wd = str(tmp_path / "killed")
     slow, proc = _start_slow(wd, env)
-    _wait_for(lambda: any(s >= 10 for s in committed_steps(wd)), proc)
+
+    def past_a_checkpoint():  # two steps past a committed step >= 10, the next commit three steps away
+        c = [s for s in committed_steps(wd) if s >= 10]
+        return bool(c) and os.path.exists(os.path.join(wd, "metrics.jsonl")) and max(
+            r["step"] for r in T.read_metrics(wd)) >= max(c) + 2
+
+    _wait_for(past_a_checkpoint, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert max(committed_steps(wd)) < 20, "the run finished before it was killed; the test proves nothing"
+    killed_last = max(r["step"] for r in T.read_metrics(wd))
     rerun = T.run_train(wd, env=slow)
-    _check_resumed(wd, rerun.stdout + rerun.stderr, straight, min_step=10)
+    restored = _check_resumed(wd, rerun.stdout + rerun.stderr, straight, min_step=10)
+
+    files = _tb_events(wd)
+    assert len(files) == 2, [len(f) for f in files]
+    raw = [st for st, _ in _tb_scalars(files, "train/loss", purge=False)]
+    twice = sorted({st for st in raw if raw.count(st) == 2})
+    assert twice and twice == list(range(restored + 1, killed_last + 1)), (restored, killed_last, twice)
+    shown = _tb_scalars(files, "train/loss")
+    steps = [st for st, _ in shown]
+    assert steps == list(range(1, 21)), ("TensorBoard shows", sorted({st for st in steps if steps.count(st) > 1}),
+                                         "more than once; restored", restored)
+    jsonl = {r["step"]: r["loss"] for r in T.read_metrics(wd)}
+    for st, v in shown:
+        assert v == pytest.approx(jsonl[st], rel=1e-6), (st, v, jsonl[st])
 
 
 @pytest.mark.slow  # the default suite's budget; tests/test_faults.py's slow launcher test also stops runs with
