@@ -339,7 +339,8 @@ def test_hybrid_export_roundtrip(tmp_path, scan):
     hf = json.load(open(tmp_path / "config.json"))
     assert hf["architectures"] == ["IdattnForCausalLM"] and hf["idattn"]["layer_pattern"] == ["interdomain", "swa"]
     t = load_file(str(tmp_path / "model.safetensors"))
-    want = params["layers"]["block_1"]["mixer"]["wq"]["kernel"][1] if scan else params["layers_3"]["mixer"]["wq"]["kernel"]
+    layer3 = jax.tree_util.tree_map(lambda a: a[1], params["layers"]["block_1"]) if scan else params["layers_3"]
+    want = layer3["mixer"]["wq"]["kernel"]
     np.testing.assert_array_equal(t["layers.3.mixer.wq.kernel"], want)  # layer 3 = swa, group 1
     assert "layers.2.mixer.ssm_c_re" in t and "layers.3.mixer.ssm_c_re" not in t
     _, back = ex.import_export(str(tmp_path))
@@ -390,7 +391,8 @@ for W in (1, 5, 17, 40):
         c = jax.jit(jax.value_and_grad(f, argnums=(0, 1, 2))).lower(q, k, v).compile()
         got = c(q, k, v)
     txt = c.as_text()
-    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b)))) for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
+    err = max(float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+              for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(got)))
     out[W] = {"err": err, "permutes": txt.count("collective-permute"), "gathers": txt.count("all-gather")}
 print("RESULT" + json.dumps(out))
 """

@@ -35,8 +35,8 @@ and the document index as segment ids (`tpu_splash_window`: blocks outside the b
 it refuses the shapes (T not a multiple of 128; `attn_impl=pallas_tpu` refuses instead, in one line); under a
 sequence-split mesh, when W − 1 ≤ S (the shard length), each device receives only the previous shard's last
 W − 1 keys / values / document ids (`sequence_window_attention`, one ppermute), else the XLA all_gather path with
-the band on global offsets (`pallas_tpu` refused there). Decoding: a ring buffer {"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot
-p mod size: the cache is O(W) whatever the context.
+the band on global offsets (`pallas_tpu` refused there). Decoding: a ring buffer
+{"k", "v": [B, min(W, max_len), H, d_h]}, position p in slot p mod size: the cache is O(W) whatever the context.
 """
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ def _segment_mask(doc: jax.Array) -> jax.Array:
 
 
 def window_mask(doc, t: int, window: int) -> jax.Array:
-    """[B | 1, 1, T, T] bool: M[i, j] = (j ≤ i) ∧ (i − j < window) ∧ (doc_i = doc_j) (no document test when doc is
-    None). window ≤ 0 means no band (global causal)."""
+    """[B | 1, 1, T, T] bool: M[i, j] = (j ≤ i) ∧ (i − j < window) ∧ (doc_i = doc_j) (no document test when doc
+    is None). window ≤ 0 means no band (global causal)."""
     i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
     band = (j <= i) & ((i - j < window) if window > 0 else True)
     if doc is None:

@@ -227,9 +227,10 @@ def parse_layer_pattern(value: Any, num_layers: int) -> tuple[str, ...]:
                              f"interdomain, s4d_only or a cube cell <input>-<readout>-<rope>). Fix it, e.g. "
                              f"--config.model.layer_pattern=interdomain,interdomain,interdomain,softmax") from None
     if num_layers % len(items):
+        fit = len(items) * max(1, num_layers // len(items))
         raise ValueError(f"model.layer_pattern: {len(items)} entries ({','.join(items)}) do not divide "
                          f"model.num_layers={num_layers}; expected a group length that divides the depth. Fix "
-                         f"the pattern or num_layers (e.g. num_layers={len(items) * max(1, num_layers // len(items))}).")
+                         f"the pattern or num_layers (e.g. num_layers={fit}).")
     return tuple(items)
 
 
