@@ -220,6 +220,48 @@ def test_prepare_round_trip(tmp_path, kjv, small_tok, num_proc):
     assert formats.read_doc_hashes(tmp_path / "out", "val").tolist() == [h[t] for t in val_texts]
 
 
+def _wide_tokenizer(small_tok, vocab_size: int) -> Tokenizer:
+    """small_tok's model with user-defined pieces <w{id}> appended up to `vocab_size` (SentencePiece always
+    segments a user-defined piece as itself, so a text holding "<w70000>" encodes to id 70000)."""
+    from sentencepiece import sentencepiece_model_pb2 as mp
+
+    m = mp.ModelProto.FromString(small_tok.model_proto)
+    for i in range(len(m.pieces), vocab_size):
+        p = m.pieces.add()
+        p.piece, p.score, p.type = f"<w{i}>", 0.0, mp.ModelProto.SentencePiece.USER_DEFINED
+    return Tokenizer(m.SerializeToString(), name=f"wide{vocab_size}")
+
+
+def test_prepare_int32_shards_for_a_vocabulary_over_65536(tmp_path, kjv, small_tok):
+    """A vocabulary of 70,000 pieces: prepare writes int32 shards (meta.json says so, 4 bytes a token) and the
+    training pipeline's reader gives back every document's ids exactly, ids past 65,535 included (in uint16
+    they would not fit: 65,536 would read back as 0)."""
+    import ml_collections
+
+    from idattn.data import pipeline
+
+    tok = _wide_tokenizer(small_tok, 70_000)
+    assert tok.vocab_size == 70_000
+    high = [65_535, 65_536, 65_537, 69_999]
+    assert [tok.encode(f"<w{i}>")[-1] for i in high] == high
+    texts = [f"{t} <w{high[i % 4]}> <w{66_000 + i}>" for i, t in enumerate(_texts(kjv, 40))]
+    _write_parquet(tmp_path / "src", [texts])
+    meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), tokenizer=tok, val_fraction=0.2,
+                           max_val_docs=8, docs_per_shard=16, num_proc=0, log=lambda s: None, min_val_docs=1,
+                           min_val_tokens=1)
+    assert meta["dtype"] == "int32"
+    ref_train, ref_val = _reference_split(tok, texts, 0.2, 8)
+    assert max(max(d) for d in ref_train) >= 65_536 and ref_val
+    table = formats.shard_table(meta)
+    assert sum(r["tokens"] for n, r in table.items() if n in meta["train_shards"]) == sum(map(len, ref_train))
+    assert sum(r["bytes"] for r in table.values()) >= 4 * (meta["train_tokens"] + meta["val_tokens"])
+    cfg = ml_collections.ConfigDict(dict(source="arrayrecord", path=str(tmp_path / "out")))
+    for split, ref in (("train", ref_train), ("val", ref_val)):
+        ds, _ = pipeline._doc_dataset(cfg, tok, split)
+        got = [np.asarray(ds[i]).tolist() for i in range(len(ds))]
+        assert got == ref, split
+
+
 @pytest.mark.parametrize("promote", [False, True])
 def test_prepare_records_every_shards_checksum(tmp_path, kjv, small_tok, promote):
     """meta.json's "shards" table holds each shard file's true record count, token count, size and SHA-256
