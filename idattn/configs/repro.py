@@ -110,11 +110,14 @@ SIZES["ladder48"] = dict(model=dict(vocab_size=1024, d_model=48, num_layers=4, n
 # `ppl` protocol on KJV, paper Δ) at the new ladder's lowest point (the `small` model, d 64 x 4, batch raised to
 # 16 x 256) for a few step counts and peak LRs, 3 seeds, to measure the seed spread of ln ppl and of the paired
 # log-ratio ln(ppl_Interdomain / ppl_Softmax) against steps and LR (idattn/studies/repro_pilot.py; `python -m
-# idattn.repro pilot`). Cells in training order (the most informative first, so a stop leaves them); warmup 10%
-# of the steps, cosine to 1e-4 as in `small`. Sized from a measured step (one core, `taskset -c 1`, 16 x 256
-# tokens: Interdomain 0.70 s, Softmax 0.60 s, 2026-12-02) to ~72 CPU-minutes: 18 runs, 1.3 s per step of a pair.
+# idattn.repro pilot`). Cells in training order (the most informative first, so a stop leaves them): three step
+# counts at the paper's 125M peak LR 3e-3 (400 = 1.64M tokens, 200 = 0.82M, 100 = 0.41M: the previous `small`'s
+# tokens and compute); warmup 10% of the steps, cosine to 1e-4 as in `small`. Sized from a measured step (one core,
+# `taskset -c 1`, 16 x 256 tokens: Interdomain 0.70 s, Softmax 0.61 s, 2026-12-02) to ~60 CPU-minutes unloaded:
+# 18 runs, 700 steps of a pair per seed at ~1.3 s, + ~30 s a run (the shared machine made it ~85 min). A second LR
+# (200 steps at 1e-3) was planned and dropped for time: the machine's load made every step up to 2x slower.
 PILOT = dict(size="small", batch_size=16, mixers=("softmax", "interdomain"), seeds=(0, 1, 2), warmup_frac=0.1,
-             cells=((400, 3e-3), (400, 1e-3), (200, 3e-3)))
+             cells=((400, 3e-3), (200, 3e-3), (100, 3e-3)))
 
 
 def pilot_size(steps: int, lr: float) -> str:
@@ -155,19 +158,22 @@ STEP_S = {
 RUN_OVERHEAD_S = 45.0
 
 # The new ladder (issue 32; `python -m idattn.repro climb`): the `ppl` protocol (Softmax, Interdomain, S4D-only,
-# paper Δ) at points that climb from the pilot's cell, each with its own steps, batch, warmup and peak LR, chosen by
-# the pilot's rule (docs/reproduction.md "Issue 32"). LADDER above stays the previous recipe's (its runs and table
-# are kept). Tokens grow with the parameters; the peak LR falls with width as the paper's does with size.
-# (name, d_model, layers, steps at batch 16, peak LR)
-CLIMB_POINTS = (("climb64", 64, 4, 400, 3e-3), ("climb96", 96, 4, 600, 2.5e-3), ("climb128", 128, 6, 900, 2e-3),
-                ("climb192", 192, 6, 1400, 1.5e-3))
-# The same ladder cut to the ~10 CPU-hour budget: the lower three points, and a fourth below climb128.
-CLIMB_BUDGET_POINTS = (("climb128b", 128, 4, 600, 2e-3),)
+# paper Δ) at points that climb from the pilot's passing cell, each with its own steps, batch, warmup and peak LR,
+# chosen by the pilot's rule (docs/reproduction.md "Issue 32"): batch 16 x 256 and warmup 10% everywhere; tokens
+# never below the pilot cell's 1.64M; peak LR 3e-3 x 64 / d_model (3e-3, 2e-3, 1.5e-3, 1e-3), as the paper's falls
+# from 3e-3 at d 768 to 1e-3 at d 1536-2048. LADDER above stays the previous recipe's (its runs and table are kept;
+# tests/test_ladder.py builds it as 3 points).
+# The lowest point IS the pilot's cell pilot-s400-lr0.003: its Softmax and Interdomain runs are the pilot's (the
+# runs that fixed the recipe; only S4D-only is new there). (name, d_model, layers, steps at batch 16, peak LR):
+CLIMB_POINTS = (("climb96", 96, 4, 600, 2e-3), ("climb128", 128, 6, 900, 1.5e-3), ("climb192", 192, 6, 1400, 1e-3))
+# A cut that fits the ~10 CPU-hour budget (0.74 decades instead of 1.51): the same two lower points, then d 128
+# x 4 and x 6 at 500 steps. Not the recipe of record; docs/reproduction.md gives both costs.
+CLIMB_BUDGET_POINTS = (("climb128x4b", 128, 4, 500, 1.5e-3), ("climb128x6b", 128, 6, 500, 1.5e-3))
 for _name, _d, _l, _n, _lr in CLIMB_POINTS + CLIMB_BUDGET_POINTS:
     SIZES[_name] = _lm_size("small", batch_size=16, num_steps=_n, peak_lr=_lr, warmup_frac=0.1, d_model=_d,
                             num_layers=_l, num_heads=_d // 16, ffn_dim=3 * _d)
-CLIMB = tuple(p[0] for p in CLIMB_POINTS)
-CLIMB_BUDGET = ("climb64", "climb96", "climb128b", "climb128")
+CLIMB = (pilot_size(400, 3e-3),) + tuple(p[0] for p in CLIMB_POINTS)
+CLIMB_BUDGET = CLIMB[:2] + tuple(p[0] for p in CLIMB_BUDGET_POINTS)
 
 # The long-document corpus of the `length` table (issue 20, item 3): the `small` model and schedule trained on the
 # running interpreter's standard-library source (idattn/data/stdlib_corpus.py; data.source = "stdlib", its own
@@ -219,7 +225,7 @@ TEXT_RECALL = {
 SEEDS = {size: (0, 1, 2) for size in ("small", "toy", "stdlib") + LADDER}
 SEEDS.update({z: tuple(PILOT["seeds"]) for z in PILOT_SIZES})
 # 3 seeds at every point of a ladder, 5 at its top two (issue 32)
-SEEDS.update({z: (0, 1, 2) for z in CLIMB + CLIMB_BUDGET})
+SEEDS.update({z: (0, 1, 2) for z in CLIMB_BUDGET[2:] + CLIMB[1:]})  # CLIMB[0] is a pilot cell: seeds 0-2
 SEEDS.update({z: (0, 1, 2, 3, 4) for z in CLIMB[-2:] + CLIMB_BUDGET[-2:]})
 
 # MAD (idattn.eval.mad; Poli et al. 2024), sized to its share of the ~3 CPU-hour study (docs/reproduction.md
