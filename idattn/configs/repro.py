@@ -18,6 +18,11 @@ What it should produce (docs/reproduction.md holds the measured runs):
   mad     the MAD tasks (Poli et al. 2024) for Softmax and the 8 cube cells, 3 seeds: (d) and (e) per task.
   recall  Table 9 at small size: MQAR (Zoology's task, trained per mixer, 3 seeds) and the paper's text suites
           (S-NIAH-1 and phonebook, at contexts of this scale) scored on the `ppl` models. Outside the budget below.
+  pilot   issue 32: Softmax and Interdomain at the new ladder's lowest point (PILOT's cells of steps x peak LR,
+          3 seeds): the seed spread that fixes the new recipe by the rule of docs/reproduction.md.
+  climb   issue 32: the new ladder (CLIMB: 1.51 decades of 6·N·D, 3 seeds at the lower two points, 5 at the top
+          two, ~40 CPU-hours estimated from STEP_S; CLIMB_BUDGET is the ~11 CPU-hour cut). The tables above and
+          the budget below are the previous recipe's (issue 20).
 
 Budget (issue 20: the whole study in about 3 CPU-hours of training). Measured on this project's 2-core machine,
 one process pinned to one core (`taskset -c 1`, XLA single-threaded), steady state after compilation: the `small`
