@@ -162,8 +162,8 @@ def _lost(path: str, token: str) -> str | None:
 
 
 class Fence:
-    """The fencing check on a process that does not hold the lease itself (processes 1.. of a multi-process run,
-    which receive process 0's token): the same `check(what)` as `Lease.check`."""
+    """The fencing check of a process that does not hold the lease itself but knows its token (a tool acting for
+    a run): the same `check(what)` as `Lease.check`."""
 
     def __init__(self, workdir: str, token: str):
         self.path, self.token, self.lost = os.path.join(workdir, LEASE_FILE), token, None
@@ -173,6 +173,17 @@ class Fence:
             self.lost = _lost(self.path, self.token)
         if self.lost is not None:
             raise LeaseLost(f"{self.lost}; not writing ({what})")
+
+
+class _NoFence:
+    """Processes 1.. of a multi-process run: process 0 fences the run's writes (trainer.run says why)."""
+    lost = None
+
+    def check(self, what: str = "write") -> None:
+        return None
+
+
+NO_FENCE = _NoFence()
 
 
 class Lease:

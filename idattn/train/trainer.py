@@ -549,7 +549,11 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         raise TrainingError(held or "process 0 could not take the workdir lease (its log says why)")
     try:
         token = _broadcast_token(lease.token if lease is not None else None)
-        fence = lease if lease is not None else lease_lib.Fence(workdir, token)
+        # Process 0 holds the lease and makes every write a fence guards (metadata, the commit's rename); the
+        # others only write their array shards into process 0's uniquely named folder. Their checks would be
+        # collective-breaking (one process raising before a collective save while the others enter it), so
+        # they do not fence: a fenced-out process 0 stops, and the others lose contact with it and stop.
+        fence = lease if lease is not None else lease_lib.NO_FENCE
         return _train(config, plan, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence,
                       tag=token[:12], branch=branch, other_diffs=other_diffs)
     finally:
