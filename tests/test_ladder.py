@@ -84,3 +84,21 @@ def test_trend_on_constructed_points():
     down = verdicts.trend([(15, [0.1, 0.11]), (16, [0.05, 0.06]), (17, [0.0, 0.01])])
     assert down["sign"] == "−"
     assert verdicts.trend([(15, [0.1, 0.2]), (16, [0.3, 0.4])])["sign"] is None
+
+
+def test_ladder_figure_waits_for_paired_seeds_and_draws_the_claims_that_have_them(tmp_path):
+    """The first runs of a ladder have no paired seeds for some claim (a mixer's seed 0 still training): the figure
+    must not crash on an empty log axis (it did, through matplotlib) — no figure at all until some claim has data,
+    then an empty panel for the claims still without."""
+    pytest.importorskip("matplotlib")
+    nan = {"softmax": [None], "interdomain": [None], "s4d_only": [None]}
+    points = [{"size": "d64", "flops": 1e12, "ppl": nan, "judged": True},
+              {"size": "d96", "flops": 3e12, "ppl": dict(nan), "judged": True}]
+    assert ladder._plot(str(tmp_path / "none.png"), points, ladder.claim_stats(points)) is None
+    assert not (tmp_path / "none.png").exists()
+    points[0]["ppl"] = {"softmax": [20.0], "interdomain": [19.0], "s4d_only": [None]}
+    stats = ladder.claim_stats(points)
+    assert any(pp["interval"]["n"] for st in stats.values() for pp in st["points"])
+    assert not all(pp["interval"]["n"] for st in stats.values() for pp in st["points"])
+    out = ladder._plot(str(tmp_path / "some.png"), points, stats)
+    assert out == str(tmp_path / "some.png") and os.path.getsize(out) > 1000

@@ -340,14 +340,15 @@ def test_pallas_with_per_token_lam_falls_back_with_one_warning():
         warnings.simplefilter("always")
         o1 = interdomain_mix(*args, impl="pallas", chunk_size=16)
         o2 = interdomain_mix(*args, impl="pallas", chunk_size=16)
-        from idattn.ops.pallas import interdomain_mix_pallas
-        o3 = interdomain_mix_pallas(*args, chunk_size=16)
     msgs = [str(w.message) for w in rec if "per-token" in str(w.message)]
     assert len(msgs) == 1, msgs
     ref = interdomain_mix(*args, impl="chunked", chunk_size=16)
-    for o in (o1, o2, o3):
+    for o in (o1, o2):
         np.testing.assert_array_equal(np.asarray(o), np.asarray(ref))
     assert op.resolve_impl("auto", 64, selective=True) == "chunked"
+    from idattn.ops.pallas import interdomain_mix_pallas  # the kernel entry itself refuses, naming the dispatcher
+    with pytest.raises(ValueError, match="interdomain_mix_pallas: lam/b must be \\[H, M\\].*call idattn.ops.interdomain_mix"):
+        interdomain_mix_pallas(*args, chunk_size=16)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -473,24 +474,9 @@ def test_layer_with_constant_delta_is_the_lti_layer():
     assert err <= 1e-5
 
 
-@pytest.fixture
-def selective_factory(monkeypatch):
-    """Until idattn.models.llama.make_mixer passes spec.core, build the model with an InterdomainMixer whose
-    default core is the one asked for (spec_from_config refuses a factory that would build an LTI layer)."""
-    from idattn.layers.interdomain import InterdomainMixer
-    from idattn.models import llama
-
-    def use(core):
-        if "core=spec.core" in open(llama.__file__).read():
-            return
-        cls = type("SelectiveMixer", (InterdomainMixer,), {"__annotations__": {"core": str}, "core": core})
-        monkeypatch.setattr(llama, "InterdomainMixer", cls)
-    return use
-
-
 @pytest.mark.parametrize("mixer", ["dualkv-query-rope-selective+phase",
                                    pytest.param("generic-query-norope-selective", marks=pytest.mark.slow)])
-def test_tiny_selective_model_decodes_packs_and_trains(mixer, selective_factory):
+def test_tiny_selective_model_decodes_packs_and_trains(mixer):
     """The full model with a selective core: token-by-token decoding equals the forward (≤ 1e-4 of the logit
     scale), a packed document is blind to the one before it, gradients are finite (non-zero for W_Δ, β_Δ and,
     with the phase, W_θ) and four Adam steps lower the loss (tests/test_model.py's checks)."""
@@ -498,7 +484,6 @@ def test_tiny_selective_model_decodes_packs_and_trains(mixer, selective_factory)
     from idattn.models import build_model
     from idattn.models.spec import mixer_core, spec_from_config
 
-    selective_factory(mixer_core(mixer)[1])
     cfg = small_cfg(mixer, impl="chunked")
     assert spec_from_config(cfg).core == mixer_core(mixer)[1]
     model = build_model(cfg)
@@ -535,23 +520,13 @@ def test_mixer_names_carry_the_core():
         spec_from_config(apply_mixer_name(base_config().model, "s4d_only-selective"))
 
 
-PATCH_FACTORY = r"""
-import sys
-from idattn.layers.interdomain import InterdomainMixer
-from idattn.models import llama
-if "core=spec.core" not in open(llama.__file__).read():  # until make_mixer passes spec.core
-    llama.InterdomainMixer = type("SelectiveMixer", (InterdomainMixer,),
-                                  {"__annotations__": {"core": str}, "core": "selective+phase"})
-"""
-
-
 @pytest.mark.slow  # ~2-3 min on 2 cores: two tiny-model programs on 8 fake devices, three train steps each
 def test_selective_model_split_over_the_sequence_equals_one_device_and_trains():
     """The tiny model with core selective+phase (chunked) through the trainer's setup: loss and every gradient on
     a sequence 4 x fsdp 2 mesh equal one device (tests/test_sequence_parallel.py's MODEL script and checks), and
     three train steps lower the loss identically on both."""
     from tests.test_sequence_parallel import MODEL, _check_model, _run
-    res = _run(PATCH_FACTORY + MODEL, json.dumps([["interdomain-selective+phase", "chunked"]]),
+    res = _run(MODEL, json.dumps([["interdomain-selective+phase", "chunked"]]),
                json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "3")
     print(f"\nselective model split: {json.dumps(res)[:600]}")
     assert len(res) == 1

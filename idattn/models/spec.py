@@ -245,7 +245,7 @@ def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
 
 def _core_of(name: str, configured, readout, theory) -> str:
     """The core of mixer `name` (its suffix), checked against `model.core` when a config sets it, against the
-    readout (the selective cores need the query readout) and against the model factory (which must pass it)."""
+    readout (the selective cores need the query readout)."""
     core = mixer_core(name)[1]
     if configured is not None and configured != core:
         raise _err("core", configured, f"{core!r} for mixer {name!r}",
@@ -255,17 +255,6 @@ def _core_of(name: str, configured, readout, theory) -> str:
     if readout != "query" or theory:
         raise _err("mixer", name, "a query-readout Interdomain cell for a selective core (the linear readout's "
                    "operator is time invariant only)", "Use e.g. interdomain-selective or generic-query-rope-selective.")
-    from idattn.models import llama  # the factory must build what the name says (never a silent LTI layer)
-    probe = ModelSpec(vocab_size=8, d_model=8, num_layers=1, num_heads=1, head_dim=8, ffn_dim=8, mixer=name,
-                      family="interdomain", input="dualkv", readout="query", rope=True, output_gate=False,
-                      linear_contraction="mean", conj=True, theory=False, num_modes=2, s4d_init="inv", kappa=0.25,
-                      dt_min=1e-3, dt_max=1e-1, rope_base=1e4, short_conv=4, impl="auto", chunk_size=8,
-                      norm_eps=1e-5, init_std=0.02, dtype="float32", param_dtype="float32", scan_layers=False,
-                      remat="none", core=core)
-    if getattr(llama.make_mixer(probe), "core", "lti") != core:
-        raise _err("mixer", name, f"a model factory that builds core {core!r}", "idattn.models.llama.make_mixer "
-                   "does not pass spec.core to InterdomainMixer yet: add core=spec.core to its InterdomainMixer(...) "
-                   "call (docs/model.md, Selective core)")
     return core
 
 

@@ -82,6 +82,10 @@ def claim_stats(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _plot(path: str, points, stats) -> str | None:
+    """The ladder figure: one panel per claim, ratio against compute. None without matplotlib, or while no claim
+    has a paired seed at any point yet (the first runs of a ladder: nothing to put on a log axis)."""
+    if not any(p["flops"] and pp["interval"]["n"] for st in stats.values() for p, pp in zip(points, st["points"])):
+        return None
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -98,13 +102,16 @@ def _plot(path: str, points, stats) -> str | None:
                 ys.append(math.exp(iv["mean"]))
                 lo.append(math.exp(iv["mean"]) - math.exp(iv["lo"] if iv["lo"] is not None else iv["mean"]))
                 hi.append(math.exp(iv["hi"] if iv["hi"] is not None else iv["mean"]) - math.exp(iv["mean"]))
+        ax.set_title(f"claim ({c})")
+        if not xs:  # this claim has no paired seed yet: an empty panel, not a log axis with nothing on it
+            ax.text(0.5, 0.5, "no paired seeds yet", ha="center", va="center", transform=ax.transAxes)
+            continue
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3, label="ours (mean of per-seed log-ratios, 95% t)")
         ax.axhline(math.exp(st["line"]), color="grey", ls=":", label="claim's line")
         ax.axhline(st["paper"], color="tab:red", ls="--", label="paper 125M (FineWeb-Edu; not comparable in size)")
         ax.set_xscale("log")
         ax.set_xlabel("training compute (FLOPs, 6·N·D)")
         ax.set_ylabel(st["label"])
-        ax.set_title(f"claim ({c})")
         ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -587,25 +587,7 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
     top.exp = types.SimpleNamespace(**{k: v for k, v in vars(ctx.exp).items() if not k.startswith("__")})
     top.exp.LADDER = sizes
     top.table_size = "climb-tmp"  # ladder writes ladder-climb-tmp.*; renamed below
-    # idattn.studies.ladder._plot raises (matplotlib: nothing to log-scale) when a claim has no paired seeds at any
-    # point yet, e.g. the first runs of a ladder: then the table goes without its figure until there is data
-    from idattn.studies import ladder as ladder_mod
-    plot = ladder_mod._plot
-
-    def _plot_or_none(path, points, stats):
-        try:
-            return plot(path, points, stats)
-        except ValueError as e:
-            import matplotlib.pyplot as plt
-            plt.close("all")
-            log(f"climb: no figure yet ({e})")
-            return None
-
-    ladder_mod._plot = _plot_or_none
-    try:
-        data = ladder(top)
-    finally:
-        ladder_mod._plot = plot
+    data = ladder(top)
     md = open(top.table_path("ladder", "md")).read().rstrip("\n")
     # a seed a point does not have is not missing (SEEDS: 3 at the lower points, 5 at the top two)
     own = {z: set(ctx.exp.SEEDS[z]) for z in sizes}

@@ -726,6 +726,9 @@ class _Loop:
         if restored is not None:
             latest, params, opt_state, meta, data_state = restored
             self.restored_meta = dict(meta)
+            if branch is not None and not layout.committed_steps(workdir):
+                # the trunk's metrics stay in the trunk: a branch's metrics.jsonl starts at its first own step
+                self.restored_meta.pop("metrics_log", None)
             state = TrainState(step=jnp.asarray(latest, jnp.int32), params=params, opt_state=opt_state)
             self.state = jax.device_put(state, setup.state_sh)
             self.data_iter.set_state(data_state)

@@ -589,12 +589,10 @@ def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=
     when return_state. Matmul operands are bf16 when the inputs are bf16 (else float32 at HIGHEST precision);
     the state and all accumulation are float32 (float64 inputs are computed in float32).
     """
-    if jnp.ndim(lam) == 4 or jnp.ndim(b) == 4:  # a per-token (selective) lam: no kernel; the chunked XLA form
-        from idattn.ops.interdomain import interdomain_mix, warn_pallas_fallback
-        warn_pallas_fallback()
-        return interdomain_mix(fq, zk, zv, lam, b, c, conj=conj, impl="chunked", chunk_size=chunk_size,
-                               segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
-                               out_dtype=out_dtype)
+    if jnp.ndim(lam) == 4 or jnp.ndim(b) == 4:  # the kernels are time invariant; the dispatcher owns the fallback
+        raise ValueError(f"interdomain_mix_pallas: lam/b must be [H, M] (time invariant); got lam {jnp.shape(lam)}, "
+                         f"b {jnp.shape(b)}. A per-token (selective) lam has no kernel: call "
+                         "idattn.ops.interdomain_mix(..., impl='pallas' or 'chunked'), which runs the chunked form")
     B, T, H, _ = fq.shape
     L = int(chunk_size)
     if family == "gpu" and not chunk_size_supported(L, "gpu"):
