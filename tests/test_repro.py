@@ -308,6 +308,45 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
         fresh_hash()
 
 
+def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeypatch):
+    """Editing the loss (train/step.py), the optimiser (train/optim.py), packing (data/pipeline.py) or the
+    tokenizer changes train_code_hash; a finished run recorded with another one is trained again even though
+    evaluating its parameters would pass (that check cannot see a training change); a marker from before the hash
+    existed is stamped, not retrained."""
+    import shutil
+
+    pkg = tmp_path / "idattn"
+    for rel in runs.TRAIN_FILES:
+        (pkg / os.path.dirname(rel)).mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(runs.PACKAGE, rel), pkg / rel)
+    monkeypatch.setattr(runs, "PACKAGE", str(pkg))
+
+    def fresh_hash():
+        monkeypatch.setattr(runs, "_TRAIN_SRC", [])
+        return runs.train_code_hash()
+
+    base = fresh_hash()
+    seen = {base}
+    for rel in runs.TRAIN_FILES:
+        original = (pkg / rel).read_bytes()
+        (pkg / rel).write_bytes(original + b"\n# a change\n")
+        seen.add(fresh_hash())
+        (pkg / rel).write_bytes(original)
+        assert fresh_hash() == base
+    assert len(seen) == 1 + len(runs.TRAIN_FILES)
+
+    wd = str(tmp_path / "run")
+    runs.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
+    verified = []
+    rec = runs.check_reuse(wd, "m1", False, verify=lambda: verified.append(1) or (True, "same"), train_src=base)
+    assert rec == {} and not os.path.exists(wd) and glob.glob(wd + ".stale-*") and not verified
+    runs.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
+    assert runs.check_reuse(wd, "m1", True, train_src=base)["stale"] is True  # --keep_stale keeps it, marked
+    runs.write_marker(wd, {"status": "done", "src": "m1"})  # recorded before the training code was hashed
+    rec = runs.check_reuse(wd, "m1", False, train_src=base)
+    assert rec["status"] == "done" and runs.read_marker(wd)["train_src"] == base
+
+
 def test_context_buckets_measure_the_context_each_token_had():
     """(c)'s precondition: tokens are bucketed by the context they had, which restarts at a document boundary
     inside a packed row; padding (mask 0) is not counted."""

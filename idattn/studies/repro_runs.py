@@ -100,6 +100,29 @@ def source_hash() -> str:
     return _SRC[0]
 
 
+# What decides a run's numbers besides the model: the loss and the update (train/step.py), the optimiser and the
+# schedule (train/optim.py), packing (data/pipeline.py) and the token ids (data/tokenizer.py). A change here cannot
+# be re-verified by evaluating the trained parameters (their perplexity is that of the old training), so a finished
+# run trained with other training code is trained again (check_reuse); files are named, not globbed, because the
+# rest of idattn/train (checkpointing, leases, metrics) moves no number.
+TRAIN_FILES = (os.path.join("train", "step.py"), os.path.join("train", "optim.py"),
+               os.path.join("data", "pipeline.py"), os.path.join("data", "tokenizer.py"))
+_TRAIN_SRC: list[str] = []
+
+
+def train_code_hash() -> str:
+    """sha1 (10 hex) of TRAIN_FILES' contents, in their listed order."""
+    if not _TRAIN_SRC:
+        h = hashlib.sha1()
+        for rel in TRAIN_FILES:
+            path = os.path.join(PACKAGE, rel)
+            if not os.path.isfile(path):
+                raise ReproError(f"no training code at {path} to hash (TRAIN_FILES in {__name__})")
+            h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
+        _TRAIN_SRC.append(h.hexdigest()[:10])
+    return _TRAIN_SRC[0]
+
+
 def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
     dst = f"{wd}.stale-{rec.get('src', 'unknown')}"
     shutil.rmtree(dst, ignore_errors=True)
@@ -108,14 +131,28 @@ def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
     return {}
 
 
-def check_reuse(wd: str, src: str, keep_stale: bool, verify=None) -> dict[str, Any]:
+def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str | None = None) -> dict[str, Any]:
     """The run's marker when it may be reused or resumed with the current model code, else {} (moved aside).
 
     Same source hash: reuse / resume. Other source hash: a finished run whose `verify()` returns True (its
     trained parameters give the recorded perplexity with the current code) is reused and re-stamped; an
     unfinished one, or one that fails the check, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
-    kept and marked stale)."""
+    kept and marked stale). With `train_src` (train_code_hash): a run recorded with other training code is
+    moved aside (kept and marked stale with --keep_stale) whatever `verify` would say; a marker written before the
+    training code was hashed (no `train_src`) is stamped with the current one, and the log says so."""
     rec = read_marker(wd)
+    if rec and train_src is not None:
+        if "train_src" not in rec:
+            rec["train_src"] = train_src
+            write_marker(wd, rec)
+            log(f"{wd}: recorded before the training code was hashed; stamped with the current {train_src}")
+        elif rec["train_src"] != train_src:
+            if keep_stale:
+                log(f"{wd}: trained with other training code ({rec['train_src']} != {train_src}); kept "
+                    "(--keep_stale)")
+                return dict(rec, stale=True)
+            return move_aside(wd, rec, f"trained with other training code (loss, optimiser, packing or tokenizer: "
+                                       f"{rec['train_src']} != {train_src}; evaluation cannot re-verify that)")
     if not rec or rec.get("src") == src:
         return rec
     if keep_stale:
@@ -269,13 +306,15 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     # none and are judged by their model code alone, as before
     if old and "recipe" in old and old["recipe"] != recipe and not ctx.keep_stale:
         move_aside(wd, old, f"trained with another recipe ({old['recipe']} != {recipe})")
-    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_lm(ctx, wd, read_marker(wd)))
+    train_src = train_code_hash()
+    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_lm(ctx, wd, read_marker(wd)),
+                      train_src=train_src)
     if rec.get("status") == "done":
         return rec
     from idattn.train import run
     log(f"train {os.path.basename(wd)}: python -m idattn.train --config={REPRO_CONFIG}:{mixer},{ctx.size},{dt},"
         f"{seed} --workdir={wd}")
-    rec = dict(rec or {}, src=src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
+    rec = dict(rec or {}, src=src, train_src=train_src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
                dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)], recipe=recipe)
     write_marker(wd, rec)
     t0 = time.time()
