@@ -141,12 +141,47 @@ def test_cube_axis_effects_are_main_effects():
     assert max(abs(x) for x in pax["rope"]) < min(pax["readout"]) / 4
 
 
-def test_t_interval_matches_the_textbook_formula():
+def test_t_interval_matches_the_textbook_formula_and_scipy():
+    """The interval that decides every verdict: closed forms of t(0.975, df) for df 1 and 2, a published table
+    value, scipy.stats.t.interval for df 1..500."""
+    import numpy as np
+    from scipy import stats as st
     iv = verdicts.t_interval([1.0, 2.0, 3.0])
     assert (iv["n"], iv["mean"], iv["sd"]) == (3, 2.0, 1.0)
-    assert iv["lo"] == pytest.approx(2 - 4.303 / math.sqrt(3)) and iv["hi"] == pytest.approx(2 + 4.303 / math.sqrt(3))
-    assert verdicts.t975(40) == pytest.approx(2.021, abs=1e-3) and verdicts.t975(200) == pytest.approx(1.972, abs=1e-3)
+    assert iv["lo"] == pytest.approx(2 - 0.95 / math.sqrt(2 * 0.975 * 0.025) / math.sqrt(3), rel=1e-12)
+    assert verdicts.t975(1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-12)  # Cauchy
+    assert verdicts.t975(2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-12)  # (2p-1)/sqrt(2p(1-p))
+    assert verdicts.t975(10) == pytest.approx(2.228, abs=5e-4)
+    rng = np.random.default_rng(0)
+    for n in list(range(2, 40)) + [64, 101, 250, 501]:
+        v = rng.normal(0.1, 0.3, n)
+        iv = verdicts.t_interval(list(v))
+        lo, hi = st.t.interval(0.95, n - 1, loc=v.mean(), scale=st.sem(v))
+        assert (iv["lo"], iv["hi"]) == (pytest.approx(lo, rel=1e-10, abs=1e-12), pytest.approx(hi, rel=1e-10))
     assert verdicts.t_interval([None, 1.0])["lo"] is None
+    with pytest.raises(ValueError, match="at least 2 values"):
+        verdicts.t975(0)
+
+
+def test_trend_equals_scipy_linregress():
+    """The ladder's trend (slope of ln ratio per decade, its 95% interval) against scipy.stats.linregress, with
+    seeds repeated at each compute point as the ladder has them."""
+    import numpy as np
+    from scipy import stats as st
+    rng = np.random.default_rng(1)
+    for k, seeds, slope in [(3, 2, 0.05), (4, 3, -0.02), (6, 5, 0.0)]:
+        xs = np.linspace(11.0, 12.5, k)
+        pts = [(float(x), list(0.3 + slope * x + rng.normal(0, 0.02, seeds))) for x in xs]
+        tr = verdicts.trend(pts)
+        X = np.repeat(xs, seeds)
+        Y = np.concatenate([p[1] for p in pts])
+        ref = st.linregress(X, Y)
+        h = st.t.ppf(0.975, len(X) - 2) * ref.stderr
+        assert tr["slope"] == pytest.approx(ref.slope, rel=1e-9, abs=1e-12)
+        assert tr["intercept"] == pytest.approx(ref.intercept, rel=1e-9, abs=1e-12)
+        assert (tr["lo"], tr["hi"]) == (pytest.approx(ref.slope - h, rel=1e-9, abs=1e-12),
+                                        pytest.approx(ref.slope + h, rel=1e-9, abs=1e-12))
+        assert tr["sign"] == ("+" if ref.slope - h > 0 else "−" if ref.slope + h < 0 else "undetermined")
 
 
 def test_verdict_clear_effect_gives_a_verdict_noise_gives_inconclusive_with_interval():
