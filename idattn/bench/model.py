@@ -3,8 +3,8 @@ context.
 
 Training step = loss (next-token cross-entropy) + gradients + AdamW update, jitted, timed as the median of
 ``--repeats`` steps after warmup. MFU = flops_per_token(cfg.model, T) · tokens/s / peak FLOP/s, with
-``idattn.models.flops_per_token`` (6·N plus the mixer term; the interdomain mixer uses the operator's MAC (the operator's docstring, idattn/ops/interdomain.py)
-count) and the peak from ``--peak-tflops`` or a table of known accelerators (bf16 dense).
+``idattn.models.flops_per_token`` (6·N plus the mixer term; the interdomain mixer uses the operator's MAC count
+(idattn/ops/interdomain.py's docstring)) and the peak from ``--peak-tflops`` or a table of known accelerators (bf16 dense).
 
 Decode: one ``decode_step`` per token with the cache index set to the context length (the KV cache of the
 softmax model is allocated for it, so its per-token cost grows with context; the recurrent mixers' state does

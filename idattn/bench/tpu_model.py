@@ -1,7 +1,7 @@
 """Static model of the TPU (Mosaic) kernels: grid steps, tokens per step, VMEM, HBM bytes, FLOPs and the
 roofline time they imply on v5p / v6e, beside splash attention's - for today's kernels (``idattn/ops/pallas/
 tpu.py``, whose ``kernel_cost`` is also what every ``pallas_call``'s ``pl.CostEstimate`` carries) and for the
-kernels before issue 23 (main at 70ff683: grid (B, H, T/L), one chunk of one head per step, inputs and modes
+first kernels (`before`: grid (B, H, T/L), one chunk of one head per step, inputs and modes
 transposed in HBM around every call, features padded to 128).
 
     python -m idattn.bench tpu                      # benchmark shape (16, 128, 32), T = 1K..16K, 65,536 tokens
@@ -55,7 +55,7 @@ def after(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True, has_k=False):
 
 
 def before(kernel, B, T, H, dh, M, L, io_bytes=2, seg=True, has_k=False):
-    """main at 70ff683: grid (B, H, NC); features padded to 128 in HBM (op.py), [B,T,H,N] <-> [B,H,T,N] and
+    """The first TPU kernels: grid (B, H, NC); features padded to 128 in HBM (op.py), [B,T,H,N] <-> [B,H,T,N] and
     [B,T,H,2,M] <-> [B,H,2,T,M] transposed in HBM around the call (each a read and a write); per-step blocks
     (L, N) and (2, L, M), VMEM double-buffered."""
     N, mp, tp = _pad(dh, 128), _pad(M, 8), _pad(T, L)

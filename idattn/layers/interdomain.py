@@ -5,7 +5,7 @@ Per layer, with H heads of width d_h, feature width R = d_h and M complex S4D mo
   dualkv input:   k = SC(W_K x), v = W_V x;  k <- RoPE(k) if rope;  k̃ = N+β(ξ(k)),  ṽ = N+β(v)
   generic input:  h1 = SC(W_1 x), h2 = SC(W_2 x);  h1 <- RoPE(h1) if rope;  k̃ = N+β(h1),  ṽ = N+β(h2)
   query readout:  q = SC(W_Q x);  q <- RoPE(q) if rope;  f_q = ξ(q)
-                  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn.ops, the operator's docstring, idattn/ops/interdomain.py)
+                  o = interdomain_mix(f_q, k̃, ṽ, Λ_h, b_h, C_h)     (idattn/ops/interdomain.py)
   linear readout: no W_Q, no query. Both halves enter the one shared recurrence, X = [X_k | X_v] ∈ C^{M×(R+d_h)},
                   and are read out linearly in the state, as S4D's y = Re(C x), with the mode contraction
                   c_h = (1/M) 1ᵀ C_h ∈ C^M (column means of the same C_h: mean_m (C_h X)[m, :] = c_hᵀ X):
@@ -72,6 +72,23 @@ def _const_init(value: np.ndarray):
 
 
 class InterdomainMixer(nn.Module):
+    """One Interdomain token mixer (module docstring: the math; docs/model.md: the cube and the defaults).
+
+    Fields:
+      d_model, num_heads (H), head_dim (d_h; the feature width R = d_h): the layer's widths.
+      num_modes: M, complex S4D modes per head (the state is [H, M, R + d_h] per row).
+      input: "dualkv" (k = W_K x through ξ, v = W_V x) or "generic" (two convolved projections, no ξ).
+      readout: "query" (a query reads the state: interdomain_mix) or "linear" (S4D's y = Re(c_hᵀ X), then C_out).
+      use_rope: RoPE on the key-side input (and the query). output_gate: o <- σ(W_g x) ⊙ o.
+      linear_contraction: the linear readout's c_h, "mean" (default) or "sum" over the modes of C_h.
+      core: "lti" (one Λ per head and mode), "selective" (per-token Δ_t), "selective+phase" (and θ_t); query only.
+      conj: the readout uses the conjugate-symmetric real part (idattn.ops.interdomain).
+      theory: the paper's dense HiPPO-LegS derivation instead of S4D (dualkv + query; no decoding).
+      s4d_init, kappa, dt_min, dt_max: A's initialisation, the bound Re(Δ·A) ≥ −κ, the log-uniform Δ range.
+      rope_base, short_conv (the causal convolution's width K), norm_eps: as named.
+      impl, chunk_size: the operator's implementation ("auto" | "chunked" | "pallas" | ...) and its chunk.
+      init_std, out_std: the input projections' and W_O's init scales. dtype, param_dtype: compute, storage.
+    """
     d_model: int
     num_heads: int
     head_dim: int
@@ -177,7 +194,17 @@ class InterdomainMixer(nn.Module):
         return lam, b, c
 
     @nn.compact
-    def __call__(self, x, doc, positions, cache=None, cache_index=None, segment_ids=None):
+    def __call__(self, x, doc, positions, cache=None, segment_ids=None):
+        """x [B, T, d] -> (y [B, T, d], new cache or None).
+
+        doc [B, T] int: the document index of each token (idattn.ops.document_index; None without packing): the
+          short convolutions read no token of an earlier document. segment_ids [B, T] (None without packing): the
+          operator's resets, the recurrence restarting at each new id. Both describe the same boundaries; the
+          convolutions take `doc` (a counter that only increases along a row), the operator the raw ids.
+        positions [B, T] int: RoPE's positions (restarting per document when packed).
+        cache: None to run a whole sequence (training, scoring); the decoding cache (module docstring) to continue
+          one: T = 1 steps the recurrence, T > 1 is a chunk of a prefill from the cached state.
+        """
         if self.core not in CORES:
             raise ValueError(f"model.core: got {self.core!r}; expected one of {CORES} (a mixer-name suffix, e.g. "
                              f"interdomain-selective)")

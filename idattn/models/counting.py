@@ -207,7 +207,7 @@ def flops_per_token(model_cfg: Any, seq_len: int) -> float:
     """Training FLOPs per token: 6·N (N without the input embedding, a gather) + the mixer term.
 
     Softmax: QKᵀ and AV cost 4·T·H·d_h forward FLOPs per token, halved for causality, ×3 for training:
-    6·T·H·d_h per layer. Interdomain: 6·H·(the operator's docstring, idattn/ops/interdomain.py MACs) per layer (2 FLOPs per MAC, ×3 for training).
+    6·T·H·d_h per layer. Interdomain: 6·H·(idattn/ops/interdomain.py's MACs) per layer (2 FLOPs per MAC, ×3 for training).
     """
     s = spec_from_config(model_cfg)
     n = count_params_closed(s) - s.vocab_size * s.d_model

@@ -121,8 +121,8 @@ class Block(nn.Module):
         if s.family in ATTENTION_FAMILIES:
             y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index)
         else:
-            y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache, cache_index,
-                                 segment_ids=segment_ids)
+            y, new_cache = mixer(h, doc if segment_ids is not None else None, positions, cache,
+                                 segment_ids=segment_ids)  # a fixed state: no cache position
         x = x + y.astype(x.dtype)
         h = RMSNorm(s.norm_eps, dt, pdt, name="mlp_norm")(x)
         x = x + SwiGLU(s.d_model, s.ffn_dim, s.init_std, s.out_std, dt, pdt, name="mlp")(h).astype(x.dtype)

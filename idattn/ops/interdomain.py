@@ -1,6 +1,6 @@
 r"""The Interdomain operator: keys and values projected onto one shared complex diagonal S4D basis.
 
-Per batch row and head, with feature width R, value width D and M complex modes (the operator's docstring, idattn/ops/interdomain.py):
+Per batch row and head, with feature width R, value width D and M complex modes:
 
     state    Xk_t = lam ⊙ Xk_{t-1} + b ⊗ zk_t            ∈ C^{M×R}
              Xv_t = lam ⊙ Xv_{t-1} + b ⊗ zv_t            ∈ C^{M×D}

@@ -5,7 +5,7 @@ Continuous state matrix per head (diagonal, M complex modes), with complex numbe
     A_m = -exp(log_a_re_m) + i * a_im_m              (Re A < 0 for any real parameter: stable by construction)
     Δ_h = exp(log_dt_h),  log Δ ~ U[log dt_min, log dt_max]
 
-Discretisation (zero-order hold) with the decay bound of the operator's docstring, idattn/ops/interdomain.py:
+Discretisation (zero-order hold) with the decay bound of idattn/ops/interdomain.py's docstring:
 
     z_m   = max(Re(Δ A_m), -κ) + i * Im(Δ A_m)       (the bound Re(Δ·A) ≥ -κ, κ = 0.25 by default)
     lam_m = exp(z_m)                                  (|lam| ≥ exp(-κ): the fastest mode keeps 78% per step)

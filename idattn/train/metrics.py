@@ -7,7 +7,7 @@ MFU (model FLOPs utilisation), per device:
 F_train(T) is the model's `flops_per_token(model_cfg, seq_len)` (idattn.models.counting), training FLOPs per
 token = 3 × forward (backward = 2 × forward): 6·N for the N non-embedding parameters (2 FLOPs per
 multiply-accumulate) plus the mixer per layer: causal softmax attention 6·T·H·d_h (QKᵀ and AV, 4·T·H·d_h
-forward, halved for causality, ×3), the interdomain operator 6·H·(L(R+D) + 4M(L+R+D) + 4M²) (the operator's docstring, idattn/ops/interdomain.py's
+forward, halved for causality, ×3), the interdomain operator 6·H·(L(R+D) + 4M(L+R+D) + 4M²) (idattn/ops/interdomain.py's
 real MACs per token-head of the chunked form, L the chunk length). Rematerialisation is not counted (this is
 MFU, not hardware FLOPs utilisation).
 Peak FLOP/s: dense bf16 peak of the device kind (table below), or train.peak_tflops_per_device when set.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -77,24 +78,24 @@ def _kernels(family):
 # tables and masks
 
 
-def _tables(lr, li, br, bi, L: int, mp: int):
-    """Power tables from log(lam) (principal branch) times integer exponents, float32, padded to mp modes
+def _tables(lam_re, lam_im, b_re, b_im, L: int, m_pad: int):
+    """Power tables from log(lam) (principal branch) times integer exponents, float32, padded to m_pad modes
     (padded modes: sp = 1 so that its on-chip reciprocal stays finite, and b = lamL = lam^mu = 0, so that
     they contribute nothing).
 
-    Returns (sp [H, 2, L, mp] = lam^(mu-j), lmu1 [H, 2, 1, mp] = lam^(mu+1), lmu [H, 2, 1, mp] = lam^mu,
-    laml [H, 2, mp, 1] = lam^L, b [H, 2, 1, mp]); see _chunk.Tabs for the tables rebuilt from them."""
-    lam = lax.complex(lr.astype(F32), li.astype(F32))
+    Returns (sp [H, 2, L, m_pad] = lam^(mu-j), lmu1 [H, 2, 1, m_pad] = lam^(mu+1), lmu [H, 2, 1, m_pad] = lam^mu,
+    laml [H, 2, m_pad, 1] = lam^L, b [H, 2, 1, m_pad]); see _chunk.Tabs for the tables rebuilt from them."""
+    lam = lax.complex(lam_re.astype(F32), lam_im.astype(F32))
     loglam = jnp.log(lam)  # [H, M]
-    m = lr.shape[-1]
+    m = lam_re.shape[-1]
     i = jnp.arange(L, dtype=F32)
     mu = (L - 1) / 2.0
 
-    def planes(z, fill=0.0):  # [H, ..., M] complex -> [H, 2, ..., mp]
+    def planes(z, fill=0.0):  # [H, ..., M] complex -> [H, 2, ..., m_pad]
         t = jnp.stack([z.real, z.imag], axis=1)
-        pad = [(0, 0)] * (t.ndim - 1) + [(0, mp - m)]
+        pad = [(0, 0)] * (t.ndim - 1) + [(0, m_pad - m)]
         t = jnp.pad(t, pad)
-        if fill and mp > m:
+        if fill and m_pad > m:
             t = t.at[:, 0, ..., m:].set(fill)
         return t
 
@@ -102,7 +103,7 @@ def _tables(lr, li, br, bi, L: int, mp: int):
     lmu1 = planes(jnp.exp((mu + 1.0) * loglam))[:, :, None, :]
     lmu = planes(jnp.exp(mu * loglam))[:, :, None, :]
     laml = planes(jnp.exp(L * loglam))[..., None]
-    b = planes(lax.complex(br.astype(F32), bi.astype(F32)))[:, :, None, :]
+    b = planes(lax.complex(b_re.astype(F32), b_im.astype(F32)))[:, :, None, :]
     return (sp, lmu1, lmu, laml, b)
 
 
@@ -123,18 +124,18 @@ def _segment_arrays(segment_ids, B: int, T: int, tp: int, L: int):
     return doc, cm, em, keep
 
 
-def _param_grads(row, col, lr, li, L: int):
+def _param_grads(row, col, lam_re, lam_im, L: int):
     """Finish the parameter cotangents from the kernels' on-chip sums (see _chunk.py):
     dlam = (s_log + L·conj(lamL)·dlamL) / conj(lam), db = s_b; returned as (Re, Im) planes of [H, M]."""
-    m = lr.shape[-1]
+    m = lam_re.shape[-1]
     row = jnp.sum(row, axis=(0, 2))[:, :, 0, :m]   # [H, 4, M]
     col = jnp.sum(col, axis=(0, 2))[:, :, :m, 0]   # [H, 2, M]
-    lam = lax.complex(lr.astype(F32), li.astype(F32))
+    lam = lax.complex(lam_re.astype(F32), lam_im.astype(F32))
     laml = jnp.exp(L * jnp.log(lam))
     s_log = lax.complex(row[:, 0], row[:, 1]) + L * jnp.conj(laml) * lax.complex(col[:, 0], col[:, 1])
     dlam = s_log / jnp.conj(lam)
-    return (dlam.real.astype(lr.dtype), dlam.imag.astype(li.dtype),
-            row[:, 2].astype(lr.dtype), row[:, 3].astype(lr.dtype))
+    return (dlam.real.astype(lam_re.dtype), dlam.imag.astype(lam_im.dtype),
+            row[:, 2].astype(lam_re.dtype), row[:, 3].astype(lam_re.dtype))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -168,24 +169,24 @@ class _FusedCfg:
     parallel_fwd: bool = False  # GPU: states by scan_fwd, then the chunk-parallel readouts (GPU_PARALLEL_FWD_MIN_T)
 
 
-def _gpu_plans(K, bh, L, rp, dp_, mp, cdt, has_k):
+def _gpu_plans(K, bh, L, r_pad, d_pad, m_pad, cdt, has_k):
     """Feature blocks and Triton tuning of the GPU kernels from the shapes and the card's shared memory
     (``gpu.choose``; fwd_mix and bwd_mix plan their own stages, ``gpu.mix_plan``)."""
     e = jnp.dtype(cdt).itemsize
     lim = K.smem_limit()
-    kw = dict(bh=bh, L=L, M=mp, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
+    kw = dict(bh=bh, L=L, M=m_pad, in_bytes=e, mode_bytes=e, state_bytes=e, limit=lim)
     # fwd_p / bwd_o / bwd_p keep whole features (target_programs=0): the backward walks them in sub-blocks, fwd_p
     # splits only as far as gpu.MAX_STATE or shared memory ask (fwd_mix adds its partial p sums); fwd_o and the
     # scans split freely for parallelism. The mixing runs in fwd_mix / bwd_mix (gpu.mix_plan): the O-half
     # kernels read w and never hold K.
-    plans = dict(fwd_p=K.choose("fwd_p", n=rp, target_programs=0, **kw),
-                 fwd_o=K.choose("fwd_o", n=dp_, **kw),
-                 scan_fwd_k=K.choose("scan_fwd", n=rp, **kw),
-                 scan_fwd_v=K.choose("scan_fwd", n=dp_, **kw),
-                 scan_rev_k=K.choose("scan_rev", n=rp, **kw),
-                 scan_rev_v=K.choose("scan_rev", n=dp_, **kw),
-                 bwd_o=K.choose("bwd_o", n=dp_, target_programs=0, **kw),
-                 bwd_p=K.choose("bwd_p", n=rp, target_programs=0, **kw))
+    plans = dict(fwd_p=K.choose("fwd_p", n=r_pad, target_programs=0, **kw),
+                 fwd_o=K.choose("fwd_o", n=d_pad, **kw),
+                 scan_fwd_k=K.choose("scan_fwd", n=r_pad, **kw),
+                 scan_fwd_v=K.choose("scan_fwd", n=d_pad, **kw),
+                 scan_rev_k=K.choose("scan_rev", n=r_pad, **kw),
+                 scan_rev_v=K.choose("scan_rev", n=d_pad, **kw),
+                 bwd_o=K.choose("bwd_o", n=d_pad, target_programs=0, **kw),
+                 bwd_p=K.choose("bwd_p", n=r_pad, target_programs=0, **kw))
     return tuple(sorted(plans.items()))
 
 
@@ -194,24 +195,36 @@ def _add_partials(x):
     return x[0] if x.shape[0] == 1 else jnp.sum(x.astype(F32), axis=0).astype(x.dtype)
 
 
+class _ForwardOut(NamedTuple):
+    """A serial forward kernel's results (fwd_p: p's partials, Xk_T; fwd_o: o, Xv_T): the value, the state after
+    the last chunk, and the states before every chunk (None unless asked for with save_sdt, for the backward)."""
+    value: jax.Array
+    final_state: jax.Array
+    chunk_states: Optional[jax.Array]
+
+    @classmethod
+    def of(cls, outs) -> "_ForwardOut":
+        return cls(outs[0], outs[1], outs[2] if len(outs) > 2 else None)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
+def _fused(cfg: _FusedCfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs):
     # not differentiated (inference, prefill): nothing to save for a backward
     cfg = dataclasses.replace(cfg, save_states=False)
-    return _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, residuals=False)[0]
+    return _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, residuals=False)[0]
 
 
-def _fused_fwd(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs):
-    return _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, residuals=True)
+def _fused_fwd(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs):
+    return _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, residuals=True)
 
 
-def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals):
+def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, *, residuals):
     """Both halves. GPU: fwd_p, then (with K) fwd_mix (w = s·K, a kernel of its own), then fwd_o reads w; the
     backward reads the saved w (and p, for dK). TPU: fwd_o mixes p itself. Returns ((o, Xk_T, Xv_T), the
     residuals or None)."""
     K = _kernels(cfg.family)
     P = dict(cfg.plans)
-    tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
+    tabs = _tables(lam_re, lam_im, b_re, b_im, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
     save = jnp.dtype(cfg.sdt) if cfg.save_states else None
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, save_sdt=save)
@@ -221,14 +234,13 @@ def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals
         # long T (cfg.parallel_fwd): the serial passes only carry the states (scan_fwd) and the readouts run
         # chunk-parallel from them; those states are the backward's saved states when save_states
         par = cfg.parallel_fwd
-        sk = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, sdt=jnp.dtype(cfg.sdt), final=True)
-        ro = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
+        scan_kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, sdt=jnp.dtype(cfg.sdt), final=True)
+        read_kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
         if par:
-            xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **sk)
-            p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, states=xsk, **ro)[0]
+            xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **scan_kw)
+            p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, states=xsk, **read_kw)[0]
         else:
-            rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
-            p, xkt, xsk = rp[0], rp[1], (rp[2] if cfg.save_states else None)
+            p, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
         if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
             w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
                              write_p=residuals)
@@ -236,29 +248,29 @@ def _forward(cfg, fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, *, residuals
         p = None if p is None else p[0]
         g, gconj = (p, cfg.conj) if w is None else (w, False)
         if par:
-            xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **sk)
-            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv, **ro)[0]
+            xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **scan_kw)
+            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv, **read_kw)[0]
             if not cfg.save_states:
                 xsk = xsv = None  # the backward recomputes them (memory, as asked)
         else:
-            o, xvt, xsv = K.fwd_o(g, zv, tabs, xv0, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, **kw)
+            o, xvt, xsv = _ForwardOut.of(K.fwd_o(g, zv, tabs, xv0, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt,
+                                                 **kw))
     else:
-        rp = K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw)
-        p, xkt = _add_partials(rp[0]), rp[1]
-        ro = K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, plan=P["fwd_o"], out_dtype=odt, **kw)
-        o, xvt = ro[0], ro[1]
-        xsk, xsv = (rp[2], ro[2]) if cfg.save_states else (None, None)
+        p_parts, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
+        p = _add_partials(p_parts)
+        o, xvt, xsv = _ForwardOut.of(K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, plan=P["fwd_o"],
+                                             out_dtype=odt, **kw))
     if not residuals:
         return (o, xkt, xvt), None
-    return (o, xkt, xvt), (fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv, w)
+    return (o, xkt, xvt), (fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w)
 
 
 def _fused_bwd(cfg, res, cts):
     K = _kernels(cfg.family)
-    fq, zk, zv, kmix, lr, li, br, bi, xk0, xv0, segs, p, xsk, xsv, w = res
+    fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w = res
     do, dxkt, dxvt = cts
     P = dict(cfg.plans)
-    tabs = _tables(lr, li, br, bi, cfg.L, xk0.shape[-2])
+    tabs = _tables(lam_re, lam_im, b_re, b_im, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
     do = do.astype(zv.dtype)
@@ -281,10 +293,10 @@ def _fused_bwd(cfg, res, cts):
     ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, conj_g=False,
                           name="scan_rev_k", **kw)
     dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"], **kw)
-    dlr, dli, dbr, dbi = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
-                                      jnp.concatenate([col_o, col_p], axis=2), lr, li, cfg.L)
+    dlam_re, dlam_im, db_re, db_im = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
+                                      jnp.concatenate([col_o, col_p], axis=2), lam_re, lam_im, cfg.L)
     dkmix = jnp.sum(dk, axis=(0, 2)) if cfg.has_k else jnp.zeros_like(kmix)
-    return (dfq, dzk, dzv, dkmix, dlr, dli, dbr, dbi, y0k, y0v,
+    return (dfq, dzk, dzv, dkmix, dlam_re, dlam_im, db_re, db_im, y0k, y0v,
             None if segs is None else jax.tree.map(jnp.zeros_like, segs))
 
 
@@ -303,7 +315,7 @@ def _planes(z):
 # chunk_fwd_h + chunk_fwd_o) instead of in the serial pass that carries the state: the serial kernels have
 # B·H·blocks programs each walking T/L chunks in a row (at 65,536 tokens per batch and T = 8K, B·H = 128 for
 # H = 16: about one program per SM, 128 chunks each), the scan's body is one [M, L] x [L, N] product where the
-# readout's is four, and the states are what the backward saves anyway. 8K is the issue's threshold, not yet a
+# readout's is four, and the states are what the backward saves anyway. 8K is a guess, not yet a
 # measured crossover (no device has timed both; `bench op` will).
 GPU_PARALLEL_FWD_MIN_T = 8192
 
@@ -349,10 +361,10 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
     cdt = jnp.bfloat16 if in_dt == jnp.bfloat16 else F32
     io_dt = cdt  # kernel input dtype (f64/f16 inputs are computed as f32)
     if family == "gpu":
-        rp, dp_, mp = _next_pow2(max(R, 16)), _next_pow2(max(D, 16)), _next_pow2(max(M, 16))
+        r_pad, d_pad, m_pad = _next_pow2(max(R, 16)), _next_pow2(max(D, 16)), _next_pow2(max(M, 16))
     else:
         fg = getattr(_kernels(family), "FEATURE_GRANULE", 128)  # tpu.py packs heads into 128 lanes itself
-        rp, dp_, mp = _round_up(R, fg), _round_up(D, fg), _round_up(M, 8)
+        r_pad, d_pad, m_pad = _round_up(R, fg), _round_up(D, fg), _round_up(M, 8)
     tp = _round_up(T, L)
     pad_t = tp - T
 
@@ -362,20 +374,20 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
             x = jnp.pad(x, ((0, 0), (0, pad_t), (0, 0), (0, np_ - n)))
         return x
 
-    fq_, zk_, zv_ = prep(fq, R, rp), prep(zk, R, rp), prep(zv, D, dp_)
+    fq_, zk_, zv_ = prep(fq, R, r_pad), prep(zk, R, r_pad), prep(zv, D, d_pad)
     lam = jnp.asarray(lam).astype(jnp.complex64)
     b = jnp.asarray(b).astype(jnp.complex64)
-    lr, li, br, bi = jnp.real(lam), jnp.imag(lam), jnp.real(b), jnp.imag(b)
+    lam_re, lam_im, b_re, b_im = jnp.real(lam), jnp.imag(lam), jnp.real(b), jnp.imag(b)
 
     if initial_state is None:
-        xk0 = jnp.zeros((B, H, 2, mp, rp), F32)
-        xv0 = jnp.zeros((B, H, 2, mp, dp_), F32)
+        xk0 = jnp.zeros((B, H, 2, m_pad, r_pad), F32)
+        xv0 = jnp.zeros((B, H, 2, m_pad, d_pad), F32)
     else:
         k0, v0 = initial_state
         xk0 = jnp.pad(_planes(jnp.asarray(k0).astype(jnp.complex64)).astype(F32),
-                      ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, rp - R)))
+                      ((0, 0), (0, 0), (0, 0), (0, m_pad - M), (0, r_pad - R)))
         xv0 = jnp.pad(_planes(jnp.asarray(v0).astype(jnp.complex64)).astype(F32),
-                      ((0, 0), (0, 0), (0, 0), (0, mp - M), (0, dp_ - D)))
+                      ((0, 0), (0, 0), (0, 0), (0, m_pad - M), (0, d_pad - D)))
     segs = None if segment_ids is None else _segment_arrays(segment_ids, B, T, tp, L)
 
     if save_states is None:
@@ -387,15 +399,15 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
         kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c), c) if conj else jnp.einsum("hkm,hkn->hmn", c, c)
     K = _kernels(family)
     kmix = None if kmat is None else jnp.pad(jnp.stack([kmat.real, kmat.imag], axis=1).astype(F32),
-                                             ((0, 0), (0, 0), (0, mp - M), (0, mp - M)))
+                                             ((0, 0), (0, 0), (0, m_pad - M), (0, m_pad - M)))
     cfg = _FusedCfg(L=L, cdt=jnp.dtype(cdt).name, mdt=jnp.dtype(cdt).name, sdt=jnp.dtype(cdt).name,
                     interpret=bool(interpret), conj=bool(conj), has_k=kmix is not None, save_states=save,
                     out_dtype=jnp.dtype(out_dtype).name,
-                    plans=(_gpu_plans(K, B * H, L, rp, dp_, mp, cdt, kmix is not None) if family == "gpu"
+                    plans=(_gpu_plans(K, B * H, L, r_pad, d_pad, m_pad, cdt, kmix is not None) if family == "gpu"
                            else K.plans()), family=family,
                     parallel_fwd=family == "gpu" and tp >= GPU_PARALLEL_FWD_MIN_T)
     o, xkt, xvt = _fused(cfg, fq_, zk_, zv_, jnp.zeros((0,), F32) if kmix is None else kmix,
-                         lr, li, br, bi, xk0, xv0, segs)
+                         lam_re, lam_im, b_re, b_im, xk0, xv0, segs)
     o = o[:, :T, :, :D].astype(out_dtype)
     if not return_state:
         return o
