@@ -48,6 +48,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from idattn.layers.common import Dense, Dtype, rope
+from idattn.ops.pallas.op import context_platform, mesh_partition, partition_spec
+from idattn.ops.sequence import sequence_partition
 
 _log = logging.getLogger(__name__)
 
@@ -99,7 +101,6 @@ def _tpu_flash_local(q, k, v, doc):
 
 def _tpu_flash(q, k, v, doc):
     """The TPU kernel, inside shard_map over the context mesh's batch and head axes (when there is a mesh)."""
-    from idattn.ops.pallas.op import partition_spec, mesh_partition
 
     plan = mesh_partition(q.shape[0], q.shape[2])
     if plan is None:
@@ -141,7 +142,6 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto", window: int = 0):
     The kernel is chosen when the program is lowered (see the module docstring): `impl` names which kernels may
     be used ("auto": cuDNN on CUDA and flash attention on TPU), XLA on every other platform. `window` W > 0:
     sliding-window attention (query i sees keys i − W < j ≤ i of its document); W ≥ T is global attention."""
-    from idattn.ops.sequence import sequence_partition
 
     plan = sequence_partition(q.shape[0], q.shape[2], q.shape[1])
     if 0 < window < q.shape[1]:
@@ -158,7 +158,6 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto", window: int = 0):
     for name in chosen:
         plat, fn, label = _PLATFORM_IMPL[name]
         branches[plat] = _or_xla(fn, label, plat)
-    from idattn.ops.pallas.op import context_platform
 
     # The mesh in context fixes the platform the program is lowered for; without one, the program runs on the
     # default backend. Not `lax.platform_dependent`: it traces every branch, and the flash kernel's backward
@@ -178,7 +177,6 @@ def _windowed_attention(q, k, v, doc, impl, window, plan):
     """causal_attention with a band of `window` < T keys (module docstring: which backend does what)."""
     import functools
 
-    from idattn.ops.pallas.op import context_platform
 
     if impl not in ("auto", "xla", "cudnn", "pallas_tpu"):
         raise ValueError(f"attention impl: got {impl!r}; expected one of auto, xla, cudnn, pallas_tpu")
@@ -213,7 +211,6 @@ def tpu_splash_window(q, k, v, doc, window: int, interpret: bool = False, block:
     query i iff i − W < j ≤ i) and the document index as splash segment ids; blocks outside the band are skipped,
     so the work is O(T·W), not O(T²). Under a device mesh it runs inside `shard_map` over the batch and head axes
     (as the flash kernel). q, k, v [B, T, H, D] (T a multiple of 128), doc [B, T] or None -> [B, T, H, D]."""
-    from idattn.ops.pallas.op import mesh_partition, partition_spec
 
     b, t, h, d = q.shape
     if t % 128:
@@ -264,7 +261,6 @@ def sequence_attention(q, k, v, doc, plan, local=None):
     Exact; K and V of the whole sequence are held on every device of the group during the layer (the memory
     that grows with T), the scores only for the local queries. `plan` is `idattn.ops.sequence.
     sequence_partition`'s; `local(q, k_all, v_all, doc_q, doc_all, offset)` computes one shard (default XLA)."""
-    from idattn.ops.pallas.op import partition_spec
 
     mesh, bx, sx, hx = plan
     local = _sequence_local_xla if local is None else local
@@ -286,7 +282,6 @@ def sequence_window_attention(q, k, v, doc, plan, window: int):
     sequence. Local keys are [halo (positions pS − W + 1 .. pS − 1) | own (pS .. pS + S − 1)]; query pS + i sees
     key position j iff j ≥ 0, j ≤ pS + i, pS + i − j < W and the documents agree. Exact against the unsplit call
     (tests/test_hybrid.py)."""
-    from idattn.ops.pallas.op import partition_spec
 
     mesh, bx, sx, hx = plan
     n = int(np.prod([dict(mesh.shape)[a] for a in sx]))
@@ -321,7 +316,6 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    from idattn.ops.pallas.op import partition_spec
 
     mesh, bx, sx, hx = plan
     b, t, h, d = q.shape

@@ -49,6 +49,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, head_sum, param, per_head, rope
+from idattn.ops import interdomain_mix, interdomain_step, s4d_linear_mix, s4d_linear_step
+from idattn.ops.s4d import discretize, init_log_dt, init_s4d_a
+from idattn.ops.sequence import interdomain_mix_sequence, s4d_linear_mix_sequence, sequence_partition
+from idattn.ops.theory import legs_interdomain
 
 INPUTS = ("dualkv", "generic")
 READOUTS = ("query", "linear")
@@ -129,7 +133,6 @@ class InterdomainMixer(nn.Module):
 
     def ssm_params(self):
         """(Λ, b, C) complex: [H, M], [H, M], [H, M, M]."""
-        from idattn.ops.s4d import discretize, init_log_dt, init_s4d_a
 
         h, m = self.num_heads, self.num_modes
         log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
@@ -152,7 +155,6 @@ class InterdomainMixer(nn.Module):
     def selective_params(self, x):
         """(lam_t, b_t) [B, T, H, M] complex64 and C [H, M, M] for core = selective / selective+phase (module
         docstring, "Selective core"); x [B, T, d]."""
-        from idattn.ops.s4d import init_log_dt, init_s4d_a
 
         h, m, d = self.num_heads, self.num_modes, self.d_model
         log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
@@ -255,8 +257,6 @@ class InterdomainMixer(nn.Module):
         if self.readout == "linear":
             o = self._linear(heads(zk), heads(zv), lam, b, c, cache, new_cache, segment_ids)
             return self._output(x, o.reshape(bsz, t, -1)), new_cache
-        from idattn.ops import interdomain_mix, interdomain_step
-        from idattn.ops.sequence import interdomain_mix_sequence
 
         fq, zk, zv = heads(fq), heads(zk), heads(zv)
         if cache is None:  # a mesh axis that splits the length passes states between shards (ops/sequence.py)
@@ -277,8 +277,6 @@ class InterdomainMixer(nn.Module):
 
     def _linear(self, zk, zv, lam, b, c, cache, new_cache, segment_ids):
         """The linear readout: o = Re(c_hᵀ X_k) + Re(c_hᵀ X_v) with c_h = (1/M) 1ᵀ C_h (module docstring)."""
-        from idattn.ops import s4d_linear_mix, s4d_linear_step
-        from idattn.ops.sequence import s4d_linear_mix_sequence
 
         r = zk.shape[-1]
         # [H, M]: mean_m (C_h X)[m, :] = ((1/M) 1ᵀ C_h) X. The mean by default, not the sum: the output scale and
@@ -322,8 +320,6 @@ class InterdomainMixer(nn.Module):
             raise ValueError(f"model.theory=True needs input='dualkv' and readout='query' (got input="
                              f"{self.input!r}, readout={self.readout!r}); the theory mode is the paper's ideal "
                              "derivation of the full layer only")
-        from idattn.ops.sequence import sequence_partition
-        from idattn.ops.theory import legs_interdomain
 
         if sequence_partition(x.shape[0], self.num_heads, x.shape[1]) is not None:
             raise ValueError("model.theory=True under a sequence-split mesh: the LegS basis is time-varying, so "

@@ -35,7 +35,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from idattn.ops.interdomain import document_index, interdomain_mix, real_dtype
+from idattn.ops.interdomain import (complex_dtype, document_index, interdomain_mix, log_decay_angle, per_token,
+                                   real_dtype, resolve_impl)
+from idattn.ops.pallas.op import interdomain_mix_pallas, logical_mesh_axes, mesh_partition, partition_spec
+from idattn.ops.s4d_linear import s4d_linear_mix
 
 _HI = lax.Precision.HIGHEST
 _DEFAULT_SEQUENCE_AXES = ("sequence",)
@@ -87,7 +90,6 @@ def end_state_selective(z, lam, b, segment_ids=None, chunk_size: int = 64):
     Φ_i = Σ_{s≤i} φ_s (`log_decay_angle`), X ← e^{Λ_{l−1}+iΦ_{l−1}} ∘ X + Σ_j b_j e^{Λ_{l−1}−Λ_j}
     e^{i(Φ_{l−1}−Φ_j)} ⊗ z_j (exponents ≤ 0). The product across chunks is a complex multiplication: no angle
     is summed beyond one chunk. Identity tokens (lam = 1, b = 0, z = 0) are prepended to make T a multiple of L."""
-    from idattn.ops.interdomain import complex_dtype, log_decay_angle, per_token
 
     z = jnp.asarray(z)
     bsz, t, h, w = z.shape
@@ -175,7 +177,6 @@ def sequence_partition(batch: int, heads: int, length: int, sequence_axes=None):
     `idattn.ops.pallas.op.mesh_partition`. A length the sequence axes do not divide (an init pass, a short
     prompt) gives None: the plain operator, which XLA computes on the gathered sequence (exact, not split); the
     trainer refuses a data.seq_len the axis does not divide (idattn.train.sharding.check_sequence_split)."""
-    from idattn.ops.pallas.op import logical_mesh_axes, mesh_partition
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or getattr(mesh, "empty", True) or mesh.size <= 1:
@@ -198,7 +199,6 @@ def sequence_partition(batch: int, heads: int, length: int, sequence_axes=None):
 
 
 def _specs(bx, sx, hx):
-    from idattn.ops.pallas.op import partition_spec
     return (partition_spec(bx, sx, hx, ()), partition_spec(hx, ()), partition_spec(hx, (), ()),
             partition_spec(bx, sx))
 
@@ -232,7 +232,6 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
         # Inside shard_map the kernel call must not nest one. A per-token lam has no kernel: interdomain_mix warns
         # once and runs the chunked XLA form.
         if not selective and _resolved(impl, chunk_size) == "pallas":
-            from idattn.ops.pallas.op import interdomain_mix_pallas
             return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
                                           initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
         return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
@@ -247,7 +246,6 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
                             out_dtype=None, plan=None):
     """`s4d_linear_mix` with the length split over the mesh's sequence axes (module docstring); the plain
     operator when no axis splits it."""
-    from idattn.ops.s4d_linear import s4d_linear_mix
 
     bsz, t, h, _ = z.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
@@ -267,5 +265,4 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
 
 
 def _resolved(impl: str, chunk_size: int, selective: bool = False) -> str:
-    from idattn.ops.interdomain import resolve_impl
     return resolve_impl(impl, int(chunk_size), selective=selective)
