@@ -254,3 +254,20 @@ def test_every_parameter_has_logical_axes(mixer):
     specs = nn.get_partition_spec(boxed)
     assert specs["layers"]["mixer"]["wo"]["kernel"] == jax.sharding.PartitionSpec("layers", "heads", "kv", "embed")
     assert specs["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
+
+
+@pytest.mark.parametrize("core", ["selective", "selective+phase"])
+def test_selective_core_counts_match_the_module(core):
+    """The selective core's parameters (beyond the paper): the closed form equals the module's eval_shape count,
+    and differs from the LTI layer by exactly what the layer adds per layer: W_dt (d·H), W_theta (d·M, with the
+    phase) and Re A tied per head (H − H·M), written here from docs/model.md, not from counting.py."""
+    lti = scaling.get_config("interdomain,125m").model
+    cfg = scaling.get_config(f"interdomain-{core},125m").model
+    for c in (lti, cfg):
+        c.impl = "chunked"
+    n = models.count_params(cfg)
+    assert n == models.count_params_closed(cfg)
+    d, L, H, M = cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_modes
+    extra = d * H + (d * M if core == "selective+phase" else 0) + H - H * M
+    assert n - models.count_params(lti) == L * extra
+    assert models.table3_equivalent(cfg) == models.table3_equivalent(lti) == TABLE3["interdomain"][0]

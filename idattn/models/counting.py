@@ -48,8 +48,15 @@ def _mixer_counts(s: ModelSpec) -> dict[str, int]:
     out["short convolutions"] = len(convs) * s.short_conv * hd
     if not s.theory:
         out["N+beta (scales, biases)"] = 2 * h * (dh + dh)
-        out["S4D log_dt"] = h
-        out["S4D A (re, im)"] = 2 * h * m
+        if s.core == "lti":
+            out["S4D log_dt"] = h
+            out["S4D A (re, im)"] = 2 * h * m
+        else:  # selective: Δ_t's bias β_Δ per head, Re A tied within a head, the projections W_Δ (and W_θ)
+            out["S4D dt bias"] = h
+            out["S4D A (re per head, im per mode)"] = h + h * m
+            out["selective W_dt"] = d * h
+            if s.core == "selective+phase":
+                out["selective W_theta"] = d * m
         out["S4D B (re, im)"] = 2 * h * m
         out["S4D C (re, im)"] = 2 * h * m * m
     return out
@@ -143,6 +150,10 @@ def differences(model_cfg: Any) -> list[tuple[str, int]]:
                           "mode), which our complex B above already is, in every cell", -n * h * m))
         items.append(("the paper's count has R + d_h more per layer, a term its text does not describe (we read "
                       "it as a layer-wide scale over [k, v]); our N+beta is per head only", -n * (r + dh)))
+        if s.core != "lti":  # beyond the paper (docs/model.md, Selective core)
+            items.append((f"selective core ({s.core}): Re A tied within a head (H instead of H·M) and the "
+                          "projection W_dt (d·H)" + (" and W_theta (d·M)" if s.core == "selective+phase" else ""),
+                          n * (h - h * m + d * h + (d * m if s.core == "selective+phase" else 0))))
     else:
         items.append(("theory mode: fixed LegS basis, no N+beta and no S4D parameters",
                       -n * (h * (2 * m * m + 2 * m + 1 + 4 * dh) + (r + dh))))
