@@ -25,7 +25,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)  # tests.eval_fixtures: the documents
 
-TABLE_SEED, TABLE_SCALE = 0, 3.0
+TABLE_SEED, TABLE_SCALE = 0, 1.0
 MAX_LENGTH = 2048
 # task name in idattn's harness -> lm-eval's YAML (relative to lm_eval/tasks) and the fixture documents' name
 TASKS = {
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                 f.writelines(json.dumps(d) + "\n" for d in docs)
             ref = f"ref_{name}"
             with open(os.path.join(tmp, f"{ref}.yaml"), "w") as f:  # lm-eval's task, our documents
-                f.write(f"include: {base}\ntask: {ref}\ntag: null\ngroup: null\ndataset_path: json\n"
+                f.write(f"include: {base}\ntask: {ref}\ndataset_path: json\n"
                         f"dataset_name: null\ndataset_kwargs:\n  data_files:\n"
                         + "".join(f"    {s}: {data}\n" for s in ("train", "validation", "test")))
             names.append(ref)

@@ -9,7 +9,8 @@ installs it and fails instead of skipping). To run it:
 It trains a tiny model for 2 steps, writes a PIQA-format task YAML over local JSON Lines documents, runs
 `python -m idattn.eval.lm_eval_adapter --workdir=... --tasks ... --include_path ... --batch_size ... --limit ...
 --log_samples --output_path ...` as a subprocess, and checks lm-eval's accuracy against idattn's own harness on
-the same documents and prompts (two independent implementations of the same scoring).
+the same documents and prompts (two independent implementations of the same scoring). The default suite's
+tests/test_eval_lm_eval_reference.py checks the harness against lm-eval's stored answers on nine tasks.
 """
 from __future__ import annotations
 
