@@ -196,3 +196,28 @@ def test_quickstart_plot_labels_what_it_plots(tmp_path):
     labels = quickstart.plot(str(tmp_path / "q.png"), lengths, rows, {64: 300.0, 128: 300.0}, 64, 64512)
     assert "first 64,512 held-out KJV tokens" in labels["ylabel"] and "validation" not in labels["ylabel"]
     assert os.path.getsize(tmp_path / "q.png") > 1000
+
+
+def test_a_hybrid_is_its_own_model_in_results_never_its_recurrent_mixer(tmp_path):
+    """A hybrid keeps `model.mixer` (its recurrent layers' name): results must not group it with the homogeneous
+    model of that name. Its label is the repeated group (with the window of swa entries), from the saved config
+    and in the trainer's and evaluator's run records alike."""
+    from idattn.configs import hybrid, scaling
+    from idattn.models import model_label
+    from idattn.rundir.layout import save_config
+
+    homo = scaling.get_config("interdomain,tiny")
+    mixed = hybrid.get_config("interdomain,softmax,1:3,tiny")
+    swa = hybrid.get_config("interdomain,swa,1:3,tiny")
+    assert model_label(homo.model) == "interdomain"
+    assert model_label(mixed.model) == "hybrid[interdomain,interdomain,interdomain,softmax]"
+    assert model_label(swa.model) == f"hybrid[interdomain,interdomain,interdomain,swa@{swa.model.window}]"
+    runs = []
+    for name, cfg in (("homo", homo), ("mixed", mixed)):
+        wd = str(tmp_path / name)
+        os.makedirs(wd)
+        save_config(wd, cfg)
+        write_result(wd, "validation", 5, {"loss": 3.0, "ppl": math.exp(3.0)}, run={"workdir": wd})
+        runs.append(results.Run(wd))
+    assert [r.mixer for r in runs] == ["dualkv-query-rope", "hybrid[interdomain,interdomain,interdomain,softmax]"]
+    assert runs[0].family != runs[1].family

@@ -15,6 +15,7 @@ from typing import Any
 
 from idattn.configs import apply_overrides, load_config_file
 from idattn.configs.sizes import size_label
+from idattn.models.spec import model_label
 
 SUITES = ("validation", "extrapolation", "harness", "recall", "decode")
 
@@ -212,7 +213,7 @@ def run_info(args, config, params) -> dict[str, Any]:
 
     n = sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
     m = config.model
-    return {"workdir": os.path.abspath(args.workdir), "mixer": str(m.mixer), "size": size_label(m), "params": n,
+    return {"workdir": os.path.abspath(args.workdir), "mixer": model_label(m), "size": size_label(m), "params": n,
             "input": str(m.get("input", "")), "readout": str(m.get("readout", "")), "rope": bool(m.get("rope", True)),
             "seq_len": int(config.data.seq_len)}
 

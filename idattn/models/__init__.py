@@ -19,8 +19,8 @@ import jax
 from idattn.models.counting import (count_params, count_params_closed, differences, flops_per_token, layer_types,
                                     param_breakdown, paper_count, state_budget, table3_equivalent)
 from idattn.models.llama import Block, Decoder, build_model
-from idattn.models.spec import (ModelSpec, apply_mixer_name, conv_names, cube_cells, layer_specs, parse_mixer,
-                                spec_from_config)
+from idattn.models.spec import (ModelSpec, apply_mixer_name, conv_names, cube_cells, layer_specs, model_label,
+                                parse_mixer, spec_from_config)
 
 
 _DECAY_NAMES = ("kernel", "embedding")
@@ -45,7 +45,7 @@ __all__ = ["build_model", "param_labels", "count_params", "count_params_closed",
            "flops_per_token", "apply_mixer_name", "parse_mixer", "cube_cells", "param_breakdown", "paper_count",
            "differences", "table3_equivalent", "spec_from_config", "ModelSpec", "Decoder", "Block", "conv_names",
            "decoding", "init_cache", "prefill", "decode_step", "generate", "sample_logits", "layer_specs",
-           "layer_types", "cache_bytes"]
+           "layer_types", "cache_bytes", "model_label"]
 
 from idattn.models import decoding  # noqa: E402
 from idattn.models.decoding import cache_bytes, decode_step, generate, init_cache, prefill, sample_logits  # noqa: E402

@@ -234,6 +234,18 @@ def parse_layer_pattern(value: Any, num_layers: int) -> tuple[str, ...]:
     return tuple(items)
 
 
+def model_label(model_cfg: Any) -> str:
+    """What a run's model is called in logs, result files and tables: `model.mixer` for a homogeneous stack; for
+    a hybrid, its repeated group, e.g. "hybrid[interdomain,interdomain,interdomain,softmax]", a windowed entry
+    with its window ("swa@512"): two hybrids with the same recurrent mixer are different models, and a hybrid is
+    never grouped with the homogeneous model of its `model.mixer`."""
+    group = parse_layer_pattern(_get(model_cfg, "layer_pattern"), int(_get(model_cfg, "num_layers")))
+    if not group:
+        return str(_get(model_cfg, "mixer"))
+    window = _get(model_cfg, "window")
+    return "hybrid[" + ",".join(f"swa@{window}" if e == "swa" else e for e in group) + "]"
+
+
 def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
     """The spec of one layer of mixer `name` in a stack described by `base` (every other field shared)."""
     family, inp, readout, use_rope = parse_mixer(name)

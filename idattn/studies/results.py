@@ -44,6 +44,7 @@ from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
+from idattn.models.spec import model_label
 from idattn.rundir.schema import protocol_of, read_results
 
 SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
@@ -79,7 +80,7 @@ class Run:
 
             ident.setdefault("size", size_label(cfg.model))
             ident.setdefault("seq_len", int(cfg.data.seq_len))
-            ident.setdefault("mixer", str(cfg.model.mixer))
+            ident.setdefault("mixer", model_label(cfg.model))
         self.mixer = canonical_mixer(str(ident.get("mixer", os.path.basename(os.path.normpath(workdir)))))
         self.size = str(ident.get("size", "?")).lower()
         self.ident = ident

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from idattn import models
 from idattn.rundir import layout, loading
 from idattn.train import checkpoint as ckpt
 from idattn.train import lease as lease_lib
@@ -75,10 +76,6 @@ def derive_steps(config) -> tuple[int, int, int]:
 def _same_parameter_shapes(saved_model, live_model) -> bool:
     """True when both model configs build the same parameter tree (names and shapes; `jax.eval_shape`, nothing
     allocated): the condition for train.init_from to load one into the other."""
-    import flax.linen as nn
-
-    from idattn import models
-
     def tree(m):
         model = models.build_model(m)
         boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
@@ -360,7 +357,6 @@ class _Ctx:
 
 def build_setup(config, mesh, model=None, *, num_steps: int | None = None, warmup_steps: int | None = None) -> Setup:
     """Abstract state via `jax.eval_shape`, logical -> mesh shardings, and the jitted init / train / eval."""
-    from idattn import models
 
     plan = RunPlan.from_config(config)
     t = config.train  # the optimiser's section (train/optim.py reads its own keys)
@@ -474,7 +470,6 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     summary: {"status": "done" | "preempted" | "already_done", "step", "loss", "val_loss", "val_ppl",
               "num_params", "wall_time"}
     """
-    from idattn import models
     from idattn.data import pipeline, tokenizer as tok_lib
 
     t0 = time.time()
@@ -649,7 +644,6 @@ def _train(config, plan: RunPlan, workdir: str, *, t0: float, setup: "Setup", to
 
 
 def _log_startup(config, plan: RunPlan, workdir: str, setup: "Setup", tokenizer, micro: int) -> None:
-    from idattn import models
 
     mesh, n_params = setup.mesh, setup.n_params
     est = hbm_estimate(n_params, config, mesh)
@@ -657,7 +651,7 @@ def _log_startup(config, plan: RunPlan, workdir: str, setup: "Setup", tokenizer,
     log(f"idattn.train: workdir {workdir}")
     log(f"  devices {mesh.size} x {jax.devices()[0].device_kind} over {jax.process_count()} process(es); mesh "
         f"{dict(mesh.shape)}")
-    log(f"  model {config.model.mixer}: {n_params:,} parameters (count_params: "
+    log(f"  model {models.model_label(config.model)}: {n_params:,} parameters (count_params: "
         f"{_maybe(models.count_params, config.model)}); state budget per layer "
         f"{_maybe(models.state_budget, config.model)} real dof")
     log(f"  HBM estimate per device: params {fmt(est['params'])} + opt state {fmt(est['opt_state'])} + grads "
@@ -699,7 +693,7 @@ class _Loop:
         self.max_bad = plan.max_bad_steps
         self.eval_data = None
         self.state_bytes = _state_nbytes(setup.abstract_state)
-        self.run_info = {"workdir": workdir, "mixer": str(config.model.mixer), "params": setup.n_params}
+        self.run_info = {"workdir": workdir, "mixer": models.model_label(config.model), "params": setup.n_params}
         self.summary: dict[str, Any] = {"status": "done", "step": 0, "loss": None, "val_loss": None,
                                         "val_ppl": None, "num_params": setup.n_params}
         self.writer = None
@@ -1002,7 +996,6 @@ class _Loop:
 
     # ---- the steps
     def run(self) -> dict[str, Any]:
-        from idattn import models
 
         plan, summary, num_steps = self.plan, self.summary, self.num_steps
         peak = metrics_lib.peak_flops_per_device(jax.devices()[0].device_kind,
