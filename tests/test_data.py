@@ -465,17 +465,70 @@ def test_prepare_plain_text_jsonl_and_globs(tmp_path, small_tok):
     assert not (tmp_path / "o4").exists()
 
 
-def test_prepare_unknown_format_refused_before_writing(tmp_path, small_tok, capsys):
-    (tmp_path / "data.csv").write_text("a,b\n1,2\n")
+def test_prepare_csv_tsv_and_saved_datasets_folders(tmp_path, small_tok, capsys):
+    """CSV and TSV (a named column; quoted cells holding newlines, the delimiter and doubled quotes), Arrow files
+    and a folder laid out as Hugging Face `datasets` save_to_disk writes it (state.json listing its Arrow stream
+    files; a DatasetDict's dataset_dict.json and one folder per split), through prepare's command line: the
+    documents written by hand, tokenised, in order; a missing column refused in one line naming the columns."""
+    import csv
+
+    import pyarrow as pa
+
+    docs = _docs(9)
+    docs[1] = 'He said, "go on,\nthen"\n\nand left; a cell with "quotes", commas\tand a tab.'
     (tmp_path / "model.model").write_bytes(small_tok.model_proto)
-    rc = prepare.main(["--source", str(tmp_path / "data.csv"), "--out", str(tmp_path / "out"), "--tokenizer",
+    for name, delim in (("d.csv", ","), ("d.tsv", "\t")):
+        with open(tmp_path / name, "w", newline="") as f:
+            w = csv.writer(f, delimiter=delim)
+            w.writerow(["id", "description"])
+            w.writerows([i, d] for i, d in enumerate(docs))
+
+    def write_dataset(folder, texts, shards=2):  # the save_to_disk layout: Arrow IPC streams + state.json
+        folder.mkdir(parents=True)
+        names = [f"data-{k:05d}-of-{shards:05d}.arrow" for k in range(shards)]
+        cut = (len(texts) + 1) // 2
+        for name, part in zip(names, (texts[:cut], texts[cut:])):
+            table = pa.table({"description": part, "n": list(range(len(part)))})
+            with pa.ipc.new_stream(str(folder / name), table.schema) as w:
+                w.write_table(table)
+        (folder / "dataset_info.json").write_text("{}")
+        (folder / "state.json").write_text(json.dumps({"_data_files": [{"filename": n} for n in names]}))
+
+    write_dataset(tmp_path / "saved", docs)
+    (tmp_path / "dict").mkdir()
+    write_dataset(tmp_path / "dict" / "train", docs[:5])
+    write_dataset(tmp_path / "dict" / "test", docs[5:])
+    (tmp_path / "dict" / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+
+    def run(source, out, *extra):
+        rc = prepare.main(["--source", str(source), "--out", str(tmp_path / out), "--tokenizer",
+                           str(tmp_path / "model.model"), "--val_fraction=0", "--num_proc=0", *extra])
+        return rc, capsys.readouterr().err.strip()
+
+    for source, out, want in (("d.csv", "o_csv", docs), ("d.tsv", "o_tsv", docs), ("saved", "o_saved", docs),
+                              ("dict", "o_dict", docs[:5])):
+        rc, err = run(tmp_path / source, out, "--text_field=description")
+        assert rc == 0, err
+        meta = json.load(open(tmp_path / out / "meta.json"))
+        assert _read_split(tmp_path / out, meta, "train") == [small_tok.encode(d) for d in want], source
+    rc, err = run(tmp_path / "d.csv", "o_bad")  # the default field "text" is not a column
+    assert rc == 2 and len(err.splitlines()) == 1 and "no column 'text'" in err and "'description'" in err, err
+    assert "--text_field" in err and not (tmp_path / "o_bad").exists()
+    rc, err = run(tmp_path / "saved", "o_bad2")
+    assert rc == 2 and "no column 'text'" in err and "'description'" in err and not (tmp_path / "o_bad2").exists()
+
+
+def test_prepare_unknown_format_refused_before_writing(tmp_path, small_tok, capsys):
+    (tmp_path / "data.xlsx").write_text("a,b\n1,2\n")
+    (tmp_path / "model.model").write_bytes(small_tok.model_proto)
+    rc = prepare.main(["--source", str(tmp_path / "data.xlsx"), "--out", str(tmp_path / "out"), "--tokenizer",
                        str(tmp_path / "model.model")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert "unknown format" in err and ".txt" in err and ".jsonl.gz" in err and ".parquet" in err and "--format" in err
     assert not (tmp_path / "out").exists()
     (tmp_path / "folder").mkdir()
-    (tmp_path / "folder" / "x.csv").write_text("1")
+    (tmp_path / "folder" / "x.xlsx").write_text("1")
     with pytest.raises(prepare.PrepareError, match="no file of an accepted format"):
         prepare.prepare(str(tmp_path / "folder"), str(tmp_path / "out"), tokenizer=small_tok, num_proc=0)
     assert not (tmp_path / "out").exists()

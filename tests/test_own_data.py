@@ -114,7 +114,7 @@ def test_doc_commands_end_to_end(tmp_path):
     refused = [c[2] for c, refusal in all_cmds if refusal is not None]
     assert refused == ["idattn.data.prepare", "idattn.eval", "idattn.eval"], refused
     docs = _write_corpus(tmp_path, np.random.default_rng(0))
-    (tmp_path / "notes.csv").write_text("a,b\n")
+    (tmp_path / "notes.xlsx").write_text("a,b\n")
     procs: dict[str, list] = {}
     for cmd, refusal in all_cmds:
         module = cmd[2]

@@ -219,8 +219,18 @@ MQAR = {
     "toy": dict(seq_len=16, num_kv_pairs=2, steps=3, batch_size=4, lr=1e-3, warmup=1, num_train=64, num_test=16,
                 test_grid=()),
 }
+# Issue 35's study: hybrids at the pilot's 400-step cell (where seeds agree, docs/reproduction.md), 3 seeds. A hybrid
+# run is named hybrid-<recurrent>-<attention>-1to<k>: k recurrent layers then one attention layer (the 4-layer
+# model is one group of 1:3); the window of swa is a quarter of the training context, so a windowed layer sees less
+# than the task's context where global attention sees all of it.
+HYBRID = dict(size=pilot_size(400, 3e-3), window=64, seeds=(0, 1, 2),
+              mixers=("softmax", "interdomain", "s4d_only", "hybrid-interdomain-softmax-1to3",
+                      "hybrid-interdomain-swa-1to3", "hybrid-s4d_only-softmax-1to3"))
+
+
 TEXT_RECALL = {
     "small": dict(niah_ratios=(1.0, 2.0, 4.0), phonebook_sizes=(4, 8, 16), n=20, seeds=(0,)),
+    HYBRID["size"]: dict(niah_ratios=(1.0, 2.0, 4.0), phonebook_sizes=(4, 8, 16), n=20, seeds=HYBRID["seeds"]),
     "toy": dict(niah_ratios=(4.0,), phonebook_sizes=(2,), n=2, seeds=(0,)),
 }
 
@@ -299,6 +309,17 @@ def dt_range(kind: str, seq_len: int) -> tuple[float, float]:
     raise ValueError(f"experiments/repro.py: dt {kind!r}; expected 'scaled' or 'paper'")
 
 
+def parse_hybrid(mixer: str) -> tuple[str, str, int] | None:
+    """"hybrid-<recurrent>-<attention>-1to<k>" -> (recurrent, attention, k); None for a homogeneous mixer name."""
+    if not mixer.startswith("hybrid-"):
+        return None
+    parts = mixer.split("-")
+    if len(parts) != 4 or not parts[3].startswith("1to") or not parts[3][3:].isdigit():
+        raise ValueError(f"experiments/repro.py: hybrid mixer {mixer!r}; expected hybrid-<recurrent>-<attention>-1to<k>,"
+                         f" e.g. hybrid-interdomain-softmax-1to3")
+    return parts[1], parts[2], int(parts[3][3:])
+
+
 def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.ConfigDict:
     parts = [p.strip() for p in str(arg).split(",")]
     if len(parts) != 4:
@@ -314,7 +335,16 @@ def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.Config
     c = base_config()
     m = c.model
     m.update(z["model"])
-    apply_mixer_name(m, mixer)
+    hybrid = parse_hybrid(mixer)
+    apply_mixer_name(m, hybrid[0] if hybrid else mixer)
+    if hybrid:
+        recurrent, attention, k = hybrid
+        if m.num_layers % (k + 1):
+            raise ValueError(f"experiments/repro.py: {mixer} needs a depth divisible by {k + 1}; size {size} has "
+                             f"{m.num_layers} layers")
+        m.layer_pattern = ",".join([recurrent] * k + [attention])
+        if attention == "swa":
+            m.window = int(HYBRID["window"])
     if variant == "sum":
         m.linear_contraction = "sum"
     m.dt_min, m.dt_max = dt_range(dt, z["seq_len"])

@@ -14,6 +14,11 @@ reader of its own format):
                                    escapes are decoded);
         jsonl     .jsonl .jsonl.gz one JSON object a line, the document in `--text_field` (default "text");
         parquet   .parquet         a string column `--text_field` (default "text");
+        csv, tsv  .csv .tsv (.gz)  a header row and a column `--text_field` (RFC 4180 quoting: cells may hold
+                                   newlines, the delimiter and doubled quotes);
+        arrow     .arrow           a column `--text_field` of Arrow IPC files; a folder saved by Hugging Face
+                                   `datasets` (`save_to_disk`) is read in its own file order (a DatasetDict: its
+                                   `train` split, or pass a split's folder);
       any other suffix is refused, naming these formats;
   a Hugging Face hub dataset id (`owner/name`, e.g. HuggingFaceFW/fineweb-edu) with `--subset`
       (sample-10BT -> folder sample/10BT, sample-100BT -> sample/100BT, default -> data, CC-MAIN-... ->
@@ -82,14 +87,18 @@ class PrepareError(ValueError):
 # Inputs
 # ----------------------------------------------------------------------------------------------------------
 
-FORMATS = {"text": (".txt", ".text", ".md"), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",)}
+FORMATS = {"text": (".txt", ".text", ".md"), "jsonl": (".jsonl", ".jsonl.gz"), "parquet": (".parquet",),
+           "csv": (".csv", ".csv.gz"), "tsv": (".tsv", ".tsv.gz"), "arrow": (".arrow",)}
 ACCEPTED = "plain text (" + " ".join(FORMATS["text"]) + "), JSON Lines (" + " ".join(FORMATS["jsonl"]) + \
-    "), parquet (.parquet), or a Hugging Face hub id (owner/name)"
+    "), parquet (.parquet), CSV / TSV (.csv .tsv, .gz), Arrow (.arrow: a `datasets` save_to_disk folder), or a " \
+    "Hugging Face hub id (owner/name)"
+FORMAT_CHOICES = "|".join(FORMATS)
 _GLOB_CHARS = "*?["
 
 
 def file_format(path: str, forced: str | None = None) -> str | None:
-    """"text" | "jsonl" | "parquet" from the file name (or `forced`); None when the suffix is not accepted."""
+    """A format name of FORMATS ("text", "jsonl", "parquet", "csv", "tsv", "arrow") from the file name (or `forced`);
+    None when the suffix is not accepted."""
     if forced:
         return forced
     name = str(path).lower()
@@ -123,23 +132,34 @@ def _local_files(source: str, forced: str | None) -> list[str]:
         bad = [f for f in files if file_format(f, forced) is None]
         if bad:
             raise PrepareError(f"--source={source!r} matches {bad[0]!r}, whose format is unknown; accepted: "
-                               f"{ACCEPTED}. Narrow the pattern (e.g. '*.txt') or pass --format=text|jsonl|parquet.")
+                               f"{ACCEPTED}. Narrow the pattern (e.g. '*.txt') or pass --format={FORMAT_CHOICES}.")
         return files
     p = pathlib.Path(source).expanduser()
     if p.is_file():
         if file_format(str(p), forced) is None:
             raise PrepareError(f"--source={source!r}: unknown format (suffix {''.join(p.suffixes) or 'none'!r}); "
-                               f"accepted: {ACCEPTED}. Rename the file or pass --format=text|jsonl|parquet.")
+                               f"accepted: {ACCEPTED}. Rename the file or pass --format={FORMAT_CHOICES}.")
         return [str(p)]
     if not p.is_dir():
         raise PrepareError(f"--source={source!r}: no such file or folder (expected {ACCEPTED}, a folder or glob "
                            "of such files, or gs://bucket/path).")
+    if (p / "dataset_dict.json").is_file():  # a `datasets` DatasetDict saved with save_to_disk: one split
+        splits = json.loads((p / "dataset_dict.json").read_text()).get("splits", [])
+        if "train" not in splits:
+            raise PrepareError(f"--source={source!r} is a saved DatasetDict with splits {splits} and no 'train'; "
+                               f"pass one split's folder, e.g. --source={p / splits[0]}" if splits else
+                               f"--source={source!r}: dataset_dict.json lists no split.")
+        p = p / "train"
     every = sorted(str(f) for f in p.rglob("*") if f.is_file() and not f.name.startswith("."))
+    if (p / "state.json").is_file():  # a saved `datasets` Dataset: its Arrow files, in the order it lists them
+        names = [d["filename"] for d in json.loads((p / "state.json").read_text()).get("_data_files", [])]
+        return [str(p / n) for n in names] or [f for f in every if f.endswith(".arrow")]
     files = [f for f in every if file_format(f, forced) is not None]
     if not files:
         raise PrepareError(f"--source={source!r}: the folder holds no file of an accepted format ({ACCEPTED}); "
                            f"found {[os.path.basename(f) for f in every[:3]]}. Pass --format=text to read them "
-                           "as plain text.")
+                           "as plain text, or --text_field=<field> with --format=jsonl|csv|tsv|parquet for "
+                           "structured files.")
     return files
 
 
@@ -202,11 +222,11 @@ def _open_parquet(fs, path: str, field: str = "text"):
     return pf
 
 
-def _open_text(path: str):
+def _open_text(path: str, newline: str | None = None):
     if path.lower().endswith(".gz"):
         import gzip
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
+    return open(path, encoding="utf-8", newline=newline)
 
 
 def _iter_jsonl(path: str, field: str) -> Iterator[str]:
@@ -232,6 +252,57 @@ def _iter_jsonl(path: str, field: str) -> Iterator[str]:
         raise PrepareError(f"{path}: unreadable ({e}); expected UTF-8 JSON Lines (gzip for .jsonl.gz).") from e
 
 
+def _iter_csv(path: str, field: str, delimiter: str) -> Iterator[str]:
+    """The `field` column of a CSV / TSV file with a header row (RFC 4180 quoting: a quoted cell may hold the
+    delimiter, doubled quotes and newlines)."""
+    import csv
+    csv.field_size_limit(1 << 30)  # a document is one cell: the default 128 KiB limit is too small
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    try:
+        with _open_text(path, newline="") as f:
+            reader = csv.DictReader(f, delimiter=delimiter)
+            if not reader.fieldnames or field not in reader.fieldnames:
+                raise PrepareError(f"{path}: no column {field!r} in the header row (columns: "
+                                   f"{reader.fieldnames or []}); pass --text_field=<column>.")
+            for row in reader:
+                if None in row:  # more cells than the header names: a quoting error upstream
+                    raise PrepareError(f"{path}:{reader.line_num}: more cells than the header's "
+                                       f"{len(reader.fieldnames)} columns; check the file's quoting ({kind}).")
+                yield row[field] or ""
+    except csv.Error as e:
+        raise PrepareError(f"{path}: not valid {kind} ({e}).") from e
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise PrepareError(f"{path}: unreadable ({e}); expected UTF-8 {kind} with a header row.") from e
+
+
+def _arrow_batches(path: str, field: str):
+    """Record batches of the `field` column of an Arrow IPC file (stream format, as `datasets` writes it, or
+    the random-access file format)."""
+    import pyarrow as pa
+    try:
+        source = pa.memory_map(path)
+        try:
+            reader = pa.ipc.open_stream(source)
+        except pa.ArrowInvalid:
+            reader = pa.ipc.open_file(pa.memory_map(path))
+            reader = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            schema = reader[0].schema if reader else None
+        else:
+            schema = reader.schema
+    except (pa.ArrowException, OSError) as e:
+        raise PrepareError(f"{path}: not a readable Arrow file ({e}); it is corrupt or truncated.") from e
+    if schema is None or field not in schema.names:
+        raise PrepareError(f"{path}: no column {field!r} (columns: {schema.names if schema else []}); pass "
+                           "--text_field=<column>.")
+    for rb in reader:
+        yield rb.column(schema.get_field_index(field))
+
+
+def _iter_arrow(path: str, field: str) -> Iterator[str]:
+    for col in _arrow_batches(path, field):
+        yield from (t if t is not None else "" for t in col.to_pylist())
+
+
 def _iter_plain(path: str, separator: str | None) -> Iterator[str]:
     try:
         with open(path, encoding="utf-8") as f:
@@ -251,8 +322,10 @@ def _check_local(path: str, fmt: str, field: str) -> None:
         return
     if os.path.getsize(path) == 0:
         raise PrepareError(f"input file {path!r} is empty; remove it from the source.")
-    if fmt == "jsonl":
-        for _ in _iter_jsonl(path, field):  # the first row checks the field and the encoding
+    readers = {"jsonl": lambda: _iter_jsonl(path, field), "csv": lambda: _iter_csv(path, field, ","),
+               "tsv": lambda: _iter_csv(path, field, "\t"), "arrow": lambda: _iter_arrow(path, field)}
+    if fmt in readers:
+        for _ in readers[fmt]():  # the first row checks the field and the encoding
             break
 
 
@@ -266,6 +339,10 @@ def iter_texts(fs, files, *, fmt: str | None = None, field: str = "text",
             yield from _iter_plain(path, separator)
         elif kind == "jsonl":
             yield from _iter_jsonl(path, field)
+        elif kind in ("csv", "tsv"):
+            yield from _iter_csv(path, field, "," if kind == "csv" else "\t")
+        elif kind == "arrow":
+            yield from _iter_arrow(path, field)
         else:
             pf = _open_parquet(fs, path, field)
             try:
@@ -807,7 +884,7 @@ def main(argv=None) -> int:
                    help="file(s), folder, glob ('texts/*.txt'), hub id (HuggingFaceFW/fineweb-edu) or gs://...; "
                         "comma-separated for several")
     p.add_argument("--format", default=None, choices=sorted(FORMATS), help="force the input format (default: suffix)")
-    p.add_argument("--text_field", default="text", help="JSON Lines field / parquet column holding the text")
+    p.add_argument("--text_field", default="text", help="JSON Lines field / parquet, CSV, TSV or Arrow column holding the text")
     p.add_argument("--separator", default=None,
                    help="plain text: cut files into documents at this string (backslash escapes decoded, e.g. "
                         "'\\n\\n\\n'); default: one document per file")
@@ -852,7 +929,7 @@ def tokenizer_main(argv=None) -> int:
     t.add_argument("--source", required=True, help="the same forms as `python -m idattn.data.prepare --source`")
     t.add_argument("--vocab", type=int, required=True, help=f"vocabulary size (>= {MIN_TRAIN_VOCAB})")
     t.add_argument("--out", required=True, help="output path ending in .model")
-    t.add_argument("--format", default=None, choices=("text", "jsonl", "parquet"))
+    t.add_argument("--format", default=None, choices=sorted(FORMATS))
     t.add_argument("--text_field", default="text")
     t.add_argument("--separator", default=None, help="plain text: document separator (default: one per file)")
     t.add_argument("--val_fraction", type=float, default=0.0005,

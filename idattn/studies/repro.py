@@ -13,6 +13,8 @@
                      few (steps, peak LR) cells of PILOT, and the rule's predicted interval half-widths
                      (idattn/studies/repro_pilot.py)
             climb    the new ladder (issue 32): the `ladder` table over CLIMB, each point with its own recipe
+            hybrid   issue 35: Softmax, Interdomain, S4D-only and three 1:3 hybrids at the pilot's 400-step cell,
+                     3 seeds: perplexity, text recall, three questions (idattn/studies/repro_hybrid.py)
             all      pilot, ppl, cube, length, ladder, mad, recall, climb (no pilot and no ladders at toy size)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
@@ -82,7 +84,7 @@ TABLES = ("ppl", "length", "recall", "cube")
 # table, whose 9 runs of 3,000 steps are outside the budget.
 ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb")
 # Tables defined for the reproduction's sizes only (none at toy size): the pilot and both ladders.
-NOT_AT_TOY = ("pilot", "ladder", "climb")
+NOT_AT_TOY = ("pilot", "ladder", "climb", "hybrid")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
 # "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
 # recall; tests/test_repro.py checks these against results.py's own headings).
@@ -554,6 +556,11 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
     return pilot(ctx)
 
 
+def table_hybrid(ctx: Ctx) -> dict[str, Any]:
+    from idattn.studies.repro_hybrid import table_hybrid as hybrid
+    return hybrid(ctx)
+
+
 def climb_order(exp, seeds) -> list[tuple[str, int]]:
     """(size, seed) in training order: first the seeds every point has (SEEDS[size], within `seeds`), point by
     point from the bottom, then the extra seeds of the points that have more (the top two: 5), again bottom-up;
@@ -617,12 +624,13 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
 
 
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
-             "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb}
+             "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb,
+             "hybrid": table_hybrid}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "all"))
+    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "hybrid", "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -661,6 +669,8 @@ def main(argv=None) -> int:
             from idattn.models.spec import parse_mixer
             try:
                 for m in only:
+                    if exp.parse_hybrid(m):  # hybrid-<recurrent>-<attention>-1to<k> (the `hybrid` table)
+                        continue
                     parse_mixer(m.partition("+")[0])
                     if m.partition("+")[2] not in ("", "sum"):
                         raise ValueError(f"{m!r}: the only variant suffix is '+sum' (e.g. s4d_only+sum)")
