@@ -322,6 +322,48 @@ def test_quickstart_smoke(tmp_path, env):
     assert os.path.getsize(tmp_path / "quickstart.png") > 1000
 
 
+def test_quickstart_reuses_only_a_run_of_its_own_code_and_config(tmp_path):
+    from idattn.studies.quickstart import claim_run, write_run_marker
+    ident = {"code": "a1-b2", "config": "c3"}
+    wd = str(tmp_path / "softmax")
+    assert claim_run(wd, ident, log=lambda s: None) == {}
+    write_run_marker(wd, dict(ident, finished=True, train_s=12.5))
+    assert claim_run(wd, ident, log=lambda s: None)["train_s"] == 12.5 and os.path.isdir(wd)
+    said = []
+    assert claim_run(wd, dict(ident, config="other"), log=said.append) == {}
+    assert not os.path.exists(wd) and os.path.isdir(wd + ".stale-1") and "moved to" in said[0]
+    os.makedirs(wd)  # an old folder without a record (an older quickstart's): not reused either
+    assert claim_run(wd, ident, log=said.append) == {} and os.path.isdir(wd + ".stale-2")
+    assert "no quickstart record" in said[1]
+
+
+@pytest.mark.slow  # ~3 min: three quickstart invocations of 2-3 steps
+def test_quickstart_folder_and_reuse_rule(tmp_path, env):
+    """The quickstart writes under the current folder by default (printed first); a rerun with the same code and
+    config reuses the finished run and reports the training time it recorded, marked "(reused)"; another config
+    (here --steps) moves the old run aside and trains again."""
+    def quickstart(*extra):
+        proc = subprocess.run([sys.executable, "-m", "idattn.quickstart", "--mixers=softmax", *extra], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=900)
+        assert proc.returncode in (0, 1), proc.stderr[-3000:]  # 1: 2 steps cannot pass the quality gate
+        return proc.stdout
+
+    out = quickstart("--steps=2")
+    wd = tmp_path / "idattn-quickstart"
+    assert out.splitlines()[0] == f"idattn quickstart: workdir {wd}"
+    first = json.load(open(wd / "softmax" / "quickstart-run.json"))
+    assert first["finished"] and first["train_s"] > 1.0
+    out = quickstart("--steps=2")
+    assert "reused the finished run" in out
+    row = next(line for line in out.splitlines() if line.startswith("| Softmax |"))
+    assert f"| {first['train_s']:.0f} (reused) |" in row, row
+    assert json.load(open(wd / "quickstart.json"))["models"][0]["reused"] is True
+    out = quickstart("--steps=3")
+    assert "moved to" in out and (tmp_path / "idattn-quickstart" / "softmax.stale-1").is_dir()
+    row = next(line for line in out.splitlines() if line.startswith("| Softmax |"))
+    assert "(reused)" not in row and json.load(open(wd / "softmax" / "quickstart-run.json"))["finished"]
+
+
 @pytest.mark.slow  # ~20 s: a second training subprocess
 def test_init_from_another_run(run_dir, env, tmp_path):
     """train.init_from starts a new run (step 0, fresh optimiser) from another run's latest parameters."""

@@ -1,12 +1,15 @@
 """The CPU quickstart: train tiny Softmax, Interdomain and S4D-only models on the embedded KJV corpus, evaluate
 validation perplexity and a length sweep past the training context, print one table and save a plot.
 
-    python -m idattn.quickstart [--workdir=/tmp/idattn-quickstart] [--mixers=softmax,interdomain,s4d_only]
+    python -m idattn.quickstart [--workdir=./idattn-quickstart] [--mixers=softmax,interdomain,s4d_only]
                                 [--steps=N] [--fresh]
 
 Config: experiments/quickstart.py (model sizes, steps, tokenizer). Each model is trained by the real trainer
-(`idattn.train.run`, the code path of `python -m idattn.train`) in <workdir>/<mixer>; rerunning resumes or
-reuses finished runs (--fresh starts over). Evaluation: token-level perplexity exp(Σ m·nll / Σ m) over the same
+(`idattn.train.run`, the code path of `python -m idattn.train`) in <workdir>/<mixer> (the workdir, under the current
+folder by default, is the first line printed). A rerun reuses a finished run, or resumes an unfinished one, only
+when its code (the hashes of the model and training code, idattn.studies.repro_runs) and its resolved config are
+this invocation's; otherwise the old run is moved to <mixer>.stale-<n> and trained again. A reused run's training
+time is the one it recorded, marked "(reused)" in the table (--fresh starts over). Evaluation: token-level perplexity exp(Σ m·nll / Σ m) over the same
 first 64,512 held-out tokens at every length L, cut into rows of L tokens (each row a fresh context; a row
 that starts inside a document sees no earlier context). Unigram baseline: add-one smoothed frequencies of
 the target tokens of the training batches the models saw (same stream, same number of tokens), scored on the
@@ -124,14 +127,57 @@ def format_table(lengths, rows, unigram, train_len: int) -> str:
                 + ["+0.0%", f"{unigram[train_len] / soft:.3f}" if soft else "-"]]
     for r in rows:
         gain = 1.0 - r["ppl"][train_len] / unigram[train_len]
-        rows_out.append([r["name"], f"{r['params']:,}", f"{r['train_s']:.0f}"] + [f"{r['ppl'][L]:.2f}" for L in lengths]
+        rows_out.append([r["name"], f"{r['params']:,}", f"{r['train_s']:.0f}" + (" (reused)" if r.get("reused") else "")] + [f"{r['ppl'][L]:.2f}" for L in lengths]
                         + [f"{-100 * gain:+.1f}%", f"{r['ppl'][train_len] / soft:.3f}" if soft else "-"])
     return markdown_table(head, rows_out)
 
 
+RUN_MARKER = "quickstart-run.json"  # per run: code and config hashes, recorded training seconds, finished
+
+
+def run_identity(config) -> dict[str, str]:
+    """What makes a finished quickstart run reusable: the code that trains and evaluates it and its config."""
+    import hashlib
+
+    from idattn.rundir.layout import config_to_dict
+    from idattn.studies.repro_runs import source_hash, train_code_hash
+    cfg = json.dumps(config_to_dict(config), sort_keys=True, default=str)
+    return {"code": f"{source_hash()}-{train_code_hash()}", "config": hashlib.sha1(cfg.encode()).hexdigest()[:12]}
+
+
+def claim_run(wd: str, ident: dict[str, str], log=print) -> dict:
+    """The run's recorded marker when `wd` may be reused or resumed (same code and config), else {} after moving
+    an old run of other code or config (or without a marker) aside to <wd>.stale-<n>."""
+    if not os.path.exists(wd):
+        return {}
+    try:
+        with open(os.path.join(wd, RUN_MARKER)) as f:
+            rec = json.load(f)
+    except (OSError, ValueError):
+        rec = {}
+    if rec and all(rec.get(k) == v for k, v in ident.items()):
+        return rec
+    n = 1
+    while os.path.exists(f"{wd}.stale-{n}"):
+        n += 1
+    os.replace(wd, f"{wd}.stale-{n}")
+    why = ("its code or config differ from this invocation's" if rec else "it has no quickstart record")
+    log(f"{wd}: {why}; moved to {wd}.stale-{n}, training again")
+    return {}
+
+
+def write_run_marker(wd: str, rec: dict) -> None:
+    os.makedirs(wd, exist_ok=True)
+    tmp = os.path.join(wd, RUN_MARKER + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(rec, f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(wd, RUN_MARKER))
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workdir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-quickstart"))
+    p.add_argument("--workdir", default="idattn-quickstart", help="where the runs, table and plot go (default: "
+                   "./idattn-quickstart, under the current folder)")
     p.add_argument("--mixers", default="softmax,interdomain,s4d_only")
     p.add_argument("--steps", type=int, default=0, help="override train.num_steps (0: the config's)")
     p.add_argument("--fresh", action="store_true", help="delete earlier quickstart runs in --workdir first")
@@ -149,9 +195,10 @@ def main(argv=None) -> int:
     exp = load_experiment()
     lengths = tuple(exp.EVAL_LENGTHS)
     mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]
+    args.workdir = os.path.abspath(args.workdir)
+    print(f"idattn quickstart: workdir {args.workdir}", flush=True)
     os.makedirs(args.workdir, exist_ok=True)
-    print(f"idattn quickstart: {', '.join(mixers)} on the KJV corpus; {jax.device_count()} x "
-          f"{jax.devices()[0].device_kind}; workdir {args.workdir}", flush=True)
+    print(f"{', '.join(mixers)} on the KJV corpus; {jax.device_count()} x {jax.devices()[0].device_kind}", flush=True)
     rows = []
     config = None
     for mixer in mixers:
@@ -164,12 +211,21 @@ def main(argv=None) -> int:
             shutil.rmtree(wd)
         print(f"\n=== {NAMES.get(mixer, mixer)}: python -m idattn.train --config={QUICKSTART_CONFIG}:{mixer} "
               f"--workdir={wd}", flush=True)
+        ident = run_identity(config)
+        rec = claim_run(wd, ident)
+        reused = bool(rec.get("finished"))
         ts = time.time()
+        write_run_marker(wd, dict(rec, **ident, finished=reused, train_s=float(rec.get("train_s", 0.0))))
         summary = run(config, wd)
-        train_s = time.time() - ts
+        # a reused run reports the time it recorded; a resumed one its earlier time plus this invocation's
+        train_s = float(rec.get("train_s", 0.0)) + (0.0 if reused else time.time() - ts)
+        write_run_marker(wd, dict(ident, finished=summary["status"] == "done", train_s=train_s))
         if summary["status"] == "preempted":
             print("stopped by SIGTERM; rerun to continue", file=sys.stderr)
             return 143
+        if reused:
+            print(f"{NAMES.get(mixer, mixer)}: reused the finished run in {wd} (same code and config; trained in "
+                  f"{train_s:.0f} s then)", flush=True)
         cfg, params = load_params(wd)
         tokenizer = tok_lib.load_tokenizer(cfg.data.tokenizer)
         ppl = perplexities(cfg, params, tokenizer, lengths, exp.EVAL_TOKENS)
@@ -183,7 +239,7 @@ def main(argv=None) -> int:
                                "method": "rows of L tokens from the first eval_tokens held-out tokens"})
         val = [r for r in read_results(wd, "validation") if not r["tagged"] and r["step"] == step]
         rows.append({"mixer": mixer, "name": NAMES.get(mixer, mixer), "params": summary["num_params"],
-                     "train_s": train_s, "ppl": ppl, "val_ppl": val[0]["metrics"]["ppl"] if val else float("nan"),
+                     "train_s": train_s, "reused": reused, "ppl": ppl, "val_ppl": val[0]["metrics"]["ppl"] if val else float("nan"),
                      "val_tokens": int(val[0]["details"].get("tokens", 0)) if val else 0})
         print(f"{NAMES.get(mixer, mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
               + f"  ({time.time() - ts:.0f} s)", flush=True)
