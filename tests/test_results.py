@@ -221,3 +221,31 @@ def test_a_hybrid_is_its_own_model_in_results_never_its_recurrent_mixer(tmp_path
         runs.append(results.Run(wd))
     assert [r.mixer for r in runs] == ["dualkv-query-rope", "hybrid[interdomain,interdomain,interdomain,softmax]"]
     assert runs[0].family != runs[1].family
+
+
+def test_table6_never_sets_runs_of_two_corpora_side_by_side(tmp_path):
+    """The trial's case: Softmax validated on one corpus, Interdomain on that corpus (an older step) and on another
+    (a later step). "Latest step" must not pick the other corpus's run for a row beside Softmax: the table is split
+    by corpus, each part holding only its corpus's numbers."""
+    root = str(tmp_path)
+    soft = {"mixer": "softmax", "size": "1.3b", "seq_len": 64}
+    inter = {"mixer": "interdomain", "size": "1.3b", "seq_len": 64}
+    _trainer_val(os.path.join(root, "soft_kjv"), "kjv.val", math.log(40.0), soft, step=100)
+    _trainer_val(os.path.join(root, "inter_kjv"), "kjv.val", math.log(42.0), inter, step=100)
+    _trainer_val(os.path.join(root, "inter_py"), "pystdlib.val", math.log(9.0), inter, step=500)
+    out = str(tmp_path / "out")
+    assert results.main(["--runs", *(os.path.join(root, d) for d in ("soft_kjv", "inter_kjv", "inter_py")),
+                         "--out", out]) == 0
+    md = open(os.path.join(out, "results.md")).read()
+    parts = md.split("### Table 6")[1:]
+    assert len(parts) == 2, md[:3000]
+    kjv = next(p for p in parts if p.startswith(": validation and downstream (paper: 1.3B / 26B tokens): ours "
+                                                "validated on kjv.val"))
+    py = next(p for p in parts if "ours validated on pystdlib.val" in p.split("\n")[0])
+
+    def ce_row(part):
+        row = next(ln for ln in part.splitlines() if ln.startswith("| Validation CE"))
+        return [c.strip() for c in row.strip("|").split("|")][4:]  # ours: Softmax, Interdomain, S4D-only
+    assert ce_row(kjv)[:2] == [f"{math.log(40.0):.4f}", f"{math.log(42.0):.4f}"]
+    assert ce_row(py)[:2] == ["—", f"{math.log(9.0):.4f}"]
+    assert "never set side by side" in md

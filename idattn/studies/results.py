@@ -366,9 +366,18 @@ def table4(runs: list[Run], why: list[str] | None = None) -> str:
             markdown_table(header, rows) + note)
 
 
+def _corpora(runs: list[Run], need: str | None) -> list[str]:
+    """The validation corpora of the headline mixers' runs that have metric prefix `need`, sorted."""
+    return sorted({r.corpus for r in runs if r.family in P.MIXERS
+                   and (need is None or any(k.startswith(need) for k in r.metrics))})
+
+
 def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm"),
-                   why: list[str] | None = None) -> str:
-    picked = {fam: pick(runs, fam, size="1.3b", need=spec[0][0].split("/")[0] if spec else None) for fam in P.MIXERS}
+                   why: list[str] | None = None, corpus: str | None = None) -> str:
+    """Paper columns beside ours, every 'ours' value of the table from runs validated on one corpus (`corpus`;
+    None when the runs have one corpus between them)."""
+    need0 = spec[0][0].split("/")[0] if spec else None
+    picked = {fam: pick(runs, fam, size="1.3b", need=need0, corpus=corpus) for fam in P.MIXERS}
     header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in P.MIXERS]
     rows = []
     for key, label, paper in spec:
@@ -376,20 +385,37 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
         digits = 4 if ("bpb" in key or "bits" in key or "loss" in key) else 2
         ours = []
         for f in P.MIXERS:
-            r = pick(runs, f, size="1.3b", need=key, why=why) or picked[f]
+            r = pick(runs, f, size="1.3b", need=key, corpus=corpus, why=why) or picked[f]
             ours.append(fmt(r.metrics.get(key) if r else None, digits, pct=pct))
         rows.append([label] + [fmt(paper[f], digits) for f in P.MIXERS] + ours)
     return f"### {title}\n\n" + markdown_table(header, rows)
 
 
+def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None, **kw) -> str:
+    """One table when the runs share a validation corpus; else one table per corpus, titled with it, so that no
+    row sets a run of one corpus beside a run of another ("the latest step" never chooses between corpora)."""
+    corpora = _corpora(runs, spec[0][0].split("/")[0] if spec else None)
+    groups = [None] if len(corpora) <= 1 else corpora
+    out = []
+    for c in groups:
+        t = title if c is None else f"{title}: ours validated on {c}"
+        out.append(_paper_vs_ours(t, spec, runs, why=why, corpus=c, **kw) + (note_fn(c) if note_fn else ""))
+    if len(groups) > 1:
+        out.append(f"Our runs were validated on {len(groups)} corpora ({', '.join(corpora)}): one table per corpus; "
+                   "numbers of different corpora are never set side by side.")
+    return "\n\n".join(out)
+
+
 def table6(runs: list[Run], why: list[str] | None = None) -> str:
-    _, note = _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss") for f in P.MIXERS])
-    return _paper_vs_ours("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs,
-                          why=why) + note
+    def note(corpus):
+        return _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss", corpus=corpus)
+                                      for f in P.MIXERS])[1]
+    return _split_by_corpus("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs, why,
+                            note_fn=note)
 
 
 def table7(runs: list[Run], why: list[str] | None = None) -> str:
-    return _paper_vs_ours("Table 7: eight-task commonsense suite, accuracy % (paper: 1.3B)", P.TABLE7, runs, why=why)
+    return _split_by_corpus("Table 7: eight-task commonsense suite, accuracy % (paper: 1.3B)", P.TABLE7, runs, why)
 
 
 def table9(runs: list[Run], why: list[str] | None = None) -> str:
