@@ -9,8 +9,10 @@ import pytest
 from idattn.train import distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = ["--config=experiments/scaling.py:interdomain,1.3b", "--workdir=/shared/runs/a b",
-         "--config.train.batch_size=256"]
+# a dry run checks these with the trainer (--check_only) before printing anything: a valid config (the tiny size
+# keeps the check's parameter count fast), a workdir and data path that exist only on the cluster
+TRAIN = ["--config=experiments/scaling.py:interdomain,tiny", "--workdir=/shared/runs/a b",
+         "--config.train.batch_size=256", "--config.data.source=arrayrecord", "--config.data.path=/shared/data"]
 
 
 def _run(script, *args):
@@ -73,6 +75,31 @@ def test_tpu_dry_run_commands():
         assert subprocess.run(["bash", "-n", "-c", cmd]).returncode == 0
     delete = shlex.split(_run("tpu.py", "delete", "--name=pod", "--zone=z", "--queued", "--dry_run"))
     assert delete[3:6] == ["queued-resources", "delete", "pod"] and "--force" in delete
+
+
+@pytest.mark.parametrize("launcher", ["tpu", "slurm", "local"])
+def test_dry_runs_check_the_config_like_the_real_run(launcher):
+    """A misspelled key fails the dry run on this machine, with the trainer's own one line and no command printed;
+    a correct config prints the check's summary, then the commands."""
+    pre = {"tpu": ["train", "--name=pod", "--zone=z"], "slurm": ["--nodes=1"], "local": ["--num_processes=1"]}
+    cmd = (["-m", "idattn.train"] if launcher == "local" else [])
+    bad = [a.replace("data.source", "data.sorce") for a in TRAIN]
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", f"{launcher}.py"), *pre[launcher], "--dry_run",
+                        "--", *cmd, *bad], capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and p.stdout.strip() == "", (p.stdout, p.stderr)
+    err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert err[-1].startswith("dry run refused: ") and "no key 'sorce'" in err[-1] and "data.source" in err[-1], err
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", f"{launcher}.py"), *pre[launcher], "--dry_run",
+                        "--", *cmd, *TRAIN], capture_output=True, text=True, timeout=120)
+    said = [ln for ln in p.stderr.splitlines() if ln.startswith("dry run")]
+    assert p.returncode == 0 and said[0].startswith("dry run: config OK: interdomain (interdomain)"), p.stderr
+    assert "data arrayrecord /shared/data" in said[0] and "idattn.train" in p.stdout  # stdout: the commands only
+
+
+def test_tpu_setup_dry_run_refuses_a_folder_that_is_not_a_checkout(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", "tpu.py"), "setup", "--name=pod", "--zone=z",
+                        "--dry_run", f"--local_dir={tmp_path}"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stdout == "" and "is not a git checkout" in p.stderr, (p.stdout, p.stderr)
 
 
 def test_slurm_dry_run_script(tmp_path):

@@ -35,6 +35,8 @@ import subprocess
 import sys
 import threading
 
+from idattn.launch import check_trainer_args
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -88,6 +90,9 @@ def main(argv=None) -> int:
         p.error("nothing to run after `--`")
     jobs = build(args, cmd)
     if args.dry_run:
+        rc = check_trainer_args(cmd, python=args.python)
+        if rc:
+            return rc
         for env, c in jobs:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(c))
         return 0

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import tempfile
 
+from idattn.launch import check_trainer_args
+
 TEMPLATE = """#!/bin/bash
 #SBATCH --job-name={job_name}
 #SBATCH --nodes={nodes}
@@ -128,6 +130,9 @@ def main(argv=None) -> int:
         p.error("pass the trainer's arguments after `--` (at least --config and --workdir)")
     script = render(args, rest)
     if args.dry_run:
+        rc = check_trainer_args(rest)  # fails here as the job would, before it waits in the queue
+        if rc:
+            return rc
         print(script)
         print("# submit with: sbatch <this script>")
         return 0

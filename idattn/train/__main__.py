@@ -20,6 +20,9 @@ _DISTRIBUTED = flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
 _COORD = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
 _NPROC = flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
 _PID = flags.DEFINE_integer("process_id", None, "This process's id (multi-process).")
+_CHECK_ONLY = flags.DEFINE_bool("check_only", False, "Resolve and check the config (keys, values, model, data "
+                                "choice, tokenizer) and exit: 0 and one line when it would start, 1 and the "
+                                "refusal otherwise. Reads no data and writes nothing (the launchers' --dry_run).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -31,6 +34,14 @@ def main(argv):
         # a failed background save: orbax logs each thread's traceback (30-500 lines) before the trainer's own
         # one-line error; keep their first lines only (--verbosity=0 or higher shows them whole)
         logging.get_absl_logger().addFilter(_one_line_orbax_errors)
+    if _CHECK_ONLY.value:
+        from idattn.train.trainer import TrainingError, check_config
+        try:
+            print(check_config(_CONFIG.value), flush=True)
+        except TrainingError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(1)
+        return
     from idattn.train import distributed
     try:
         distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)

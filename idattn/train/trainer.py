@@ -221,6 +221,30 @@ def check_data_choice(config) -> None:
                             "--config.data.path=<folder of prepared shards> (python -m idattn.data.prepare)")
 
 
+def check_config(config) -> str:
+    """What a launcher's dry run checks on the submitting machine, before a pod or a job is paid for: every value
+    (RunPlan), the model (its spec and parameter count, by `jax.eval_shape`: nothing allocated), the data choice
+    and the tokenizer. Data shards and the workdir are not read (they live on the cluster). Raises TrainingError
+    with the one line a real run would print; returns a one-line summary."""
+    try:
+        plan = RunPlan.from_config(config)
+        spec = models.spec_from_config(config.model)
+        n = models.count_params(config.model)
+    except (validate.ConfigError, ValueError) as e:
+        raise TrainingError(str(e)) from e
+    check_data_choice(config)
+    source = str(config.data.source)
+    if source != "arrayrecord":  # a prepared folder's tokenizer is checked where the folder is (at the start)
+        from idattn.data import tokenizer as tok_lib
+        try:
+            tok_lib.load_tokenizer(config.data.tokenizer)
+        except (ValueError, FileNotFoundError) as e:
+            raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} could not be loaded: {e}") from e
+    where = f"{source} {config.data.get('path') or ''}".strip()
+    return (f"config OK: {models.model_label(config.model)} ({spec.family}), {n:,} parameters, {plan.num_steps} "
+            f"steps x {plan.batch_size} x {int(config.data.seq_len)} tokens, data {where}")
+
+
 def describe_data(config, tokenizer) -> str:
     """One line for the start-up banner: source, path, tokenizer and the training tokens available."""
     d = config.data
