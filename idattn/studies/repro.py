@@ -15,7 +15,8 @@
             climb    the new ladder (issue 32): the `ladder` table over CLIMB, each point with its own recipe
             hybrid   issue 35: Softmax, Interdomain, S4D-only and three 1:3 hybrids at the pilot's 400-step cell,
                      3 seeds: perplexity, text recall, three questions (idattn/studies/repro_hybrid.py)
-            all      pilot, ppl, cube, length, ladder, mad, recall, climb (no pilot and no ladders at toy size)
+            all      pilot, ppl, cube, length, ladder, mad, recall, climb, hybrid (no pilot, ladders or hybrid at toy
+                     size)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
@@ -82,7 +83,7 @@ TABLES = ("ppl", "length", "recall", "cube")
 # The order of `all`: the budgeted study (experiments/repro.py "Budget") by evidence per CPU-minute, (a) and (b)
 # first, then (d), (c), the ladder's trend (16 min for two more points), MAD (80 min), and last the MQAR recall
 # table, whose 9 runs of 3,000 steps are outside the budget.
-ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb")
+ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb", "hybrid")
 # Tables defined for the reproduction's sizes only (none at toy size): the pilot and both ladders.
 NOT_AT_TOY = ("pilot", "ladder", "climb", "hybrid")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
