@@ -189,6 +189,44 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     json.dumps(recs)  # everything JSON-serialisable
 
 
+def test_extrapolation_rolling_mode_scores_short_documents_and_says_how_many(tmp_path, capsys):
+    """A corpus of documents shorter than the longest length: the paper's protocol refuses it (naming the rolling
+    mode); --extrapolation_mode=rolling scores every document whole in windows of L, equal to lm-eval's rolling
+    windows written out in NumPy (_rolling_ll), and the table, the result file and the plot say how many documents
+    and tokens each number is over."""
+    from idattn.data.tokenizer import load_tokenizer
+    from idattn.eval.__main__ import main
+
+    cfg, _ = _setup(tmp_path)
+    rng = np.random.default_rng(1)
+    docs = [" ".join(rng.choice(WORDS, n)) for n in (5, 12, 20)]  # all shorter than 96 tokens
+    write_jsonl(str(tmp_path / "short.jsonl"), [{"text": t} for t in docs])
+    wd = str(tmp_path / "run")
+    common = [f"--workdir={wd}", "--suite=extrapolation", "--random_init", f"--config={cfg}:interdomain",
+              f"--corpora=short={tmp_path / 'short.jsonl'}", "--lengths=16,96"]
+    assert main(common) == 2
+    err = capsys.readouterr().err
+    assert "no document with 96 tokens" in err and "--extrapolation_mode=rolling" in err
+    assert main(common + ["--extrapolation_mode=rolling"]) == 0
+    out = capsys.readouterr().out
+    rec = read_results(wd, "extrapolation")[-1]
+    tok = load_tokenizer(str(tmp_path / "tok.model"))
+    ids = [tok.encode(t) for t in docs]
+    assert max(map(len, ids)) < 96 and sum(len(d) > 16 for d in ids) >= 2  # windows of 16 cut documents
+    ref = _Reference(f"{cfg}:interdomain")
+    ref_logprobs = ref.logprobs
+    ref.logprobs = lambda inputs: ref_logprobs(inputs, pad_to=96)  # windows up to 96 tokens here
+    got = {L: rec["metrics"][f"short/ppl@{L}"] for L in (16, 96)}
+    want = {L: float(np.exp(-sum(_rolling_ll(ref, tok.bos_id, d, L=L) for d in ids) / sum(map(len, ids))))
+            for L in (16, 96)}
+    assert got == pytest.approx(want, rel=1e-5), (got, want)
+    n_tok = sum(map(len, ids))
+    assert rec["protocol"]["mode"] == "rolling" and rec["protocol"]["docs"] == {"short": 3}
+    assert f"short: 3 docs, {n_tok:,} tokens at L=96" in out and "mode rolling" in out
+    assert os.path.basename(rec["path"]).endswith("-mrolling-stepinit.json")
+    assert os.path.getsize(rec["path"][:-5] + ".png") > 1000
+
+
 def test_eval_cli_refuses_unknown_corpus_before_anything(tmp_path, capsys):
     from idattn.eval.__main__ import main
 

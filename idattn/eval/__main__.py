@@ -8,7 +8,9 @@ Suites (each writes one JSON file under `<workdir>/eval/` through `idattn.rundir
                  prepared folder (its held-out split, packed the same way) or documents (.jsonl/.jsonl.gz/.txt/
                  .parquet/.json text, or token ids: integer .npy/.npz arrays or .ids.jsonl lists, never unpickled)
                  with rolling windows at the model's context
-  extrapolation  perplexity at `--lengths` per corpus of `--corpora` and per position bucket, plus a PNG plot
+  extrapolation  perplexity at `--lengths` per corpus of `--corpora` and per position bucket, plus a PNG plot;
+                 `--extrapolation_mode=rolling` scores documents of any length whole in windows of L (every table
+                 and plot says how many documents and tokens it scored)
   harness        the eight-task suite + WikiText-2 + OpenBookQA from `--data_dir/<task>` (or `--hub`)
   recall         RULER S-NIAH-1 at `--niah_lengths`, phonebook at `--phonebook_sizes`
   decode         ms/token and tokens/s against context and batch, prefill memory (chunked and full)
@@ -70,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--val_batches", type=int, default=0, help="validation: packed batches of --batch_size rows "
                                                                "(alternative to --val_tokens)")
     ap.add_argument("--lengths", default="", help="extrapolation lengths (default: 1x, 2x, 3.5x the train length)")
+    ap.add_argument("--extrapolation_mode", default="docs", choices=("docs", "rolling"),
+                    help="docs: the first L tokens of each document of >= L tokens (the paper's); rolling: every "
+                         "document whole in disjoint windows of L, each read afresh, nothing carried across "
+                         "documents (lm-eval's loglikelihood_rolling), for corpora of short documents")
     ap.add_argument("--corpora", default="pg19,codeparrot,govreport,qasper,qmsum,narrativeqa",
                     help="extrapolation corpora: known names and/or name=path (prepared folder or documents)")
     ap.add_argument("--text_field", default="text", help="field holding the text in .jsonl/.parquet corpora")

@@ -257,7 +257,7 @@ def format_number(v: float) -> str:
 
 
 # what the table's "measured on" column shows of a protocol, in this order
-SHOWN = ("corpus", "tokens", "requested_tokens", "context", "batch", "lengths", "train_overlap")
+SHOWN = ("corpus", "tokens", "requested_tokens", "context", "batch", "lengths", "mode", "scored", "train_overlap")
 
 
 def results_table(records: list[dict[str, Any]]) -> str:
@@ -365,8 +365,9 @@ def read_inputs(args, resolved: dict[str, Any], ctx: Loaded) -> dict[str, Any]:
         lengths = ints(args.lengths) or [ctx.seq_len, 2 * ctx.seq_len, int(3.5 * ctx.seq_len)]
         out["lengths"] = lengths
         for name, path in resolved["corpora"].items():
+            rolling = getattr(args, "extrapolation_mode", "docs") == "rolling"  # short documents count too
             try:
-                kept, hashes = corpus_docs(name, path, ctx.tok, args, min_tokens=max(lengths))
+                kept, hashes = corpus_docs(name, path, ctx.tok, args, min_tokens=0 if rolling else max(lengths))
             except FileNotFoundError as e:
                 if path is not None:
                     raise EvalError(f"corpus {name}: {e}") from e
@@ -374,7 +375,8 @@ def read_inputs(args, resolved: dict[str, Any], ctx: Loaded) -> dict[str, Any]:
                 continue
             if not kept:
                 msg = (f"corpus {name!r} has no document with {max(lengths)} tokens (the longest length); lower "
-                       "--lengths or add longer documents")
+                       "--lengths, add longer documents, or pass --extrapolation_mode=rolling (documents of any "
+                       "length, scored whole in windows of L)")
                 if path is not None:
                     raise EvalError(msg + ".")
                 print(f"extrapolation: skipping {msg}", file=sys.stderr)
@@ -498,14 +500,21 @@ def run_extrapolation(args, ctx: Loaded, inputs, overlap, write) -> None:
     corpora_docs, lengths, limit = inputs["corpora"], inputs["lengths"], ctx.limit
     total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
     prog = Progress("extrapolation", total, args.quiet)
+    mode = getattr(args, "extrapolation_mode", "docs")
     m, details = perplexity.extrapolation(ctx.score_fn, corpora_docs, lengths, bos=prefix_token(ctx.tok),
-                                          max_docs=limit, batch_size=1, progress=prog)
+                                          max_docs=limit, batch_size=1, progress=prog, mode=mode)
     details["train_seq_len"] = int(ctx.config.data.seq_len)
     if overlap["unchecked"]:
         details["train_overlap"] = f"not checked: {overlap['unchecked']}"
     protocol = {"corpus": "+".join(corpora_docs), "context": lengths,
                 "docs": {k: details["corpora"][k]["docs"] for k in corpora_docs},
-                "method": "first L tokens of each document"}
+                "scored": ", ".join(f"{k}: {details['corpora'][k]['docs']} docs, "
+                                    f"{details['corpora'][k][str(max(lengths))]['tokens']:,} tokens at L={max(lengths)}"
+                                    for k in corpora_docs),
+                "method": "first L tokens of each document" if mode == "docs" else
+                perplexity.EXTRAPOLATION_MODES["rolling"]}
+    if mode != "docs":  # in the file name too: a rolling result never overwrites the paper protocol's
+        protocol["mode"] = mode
     if overlap["extrapolation"]:
         protocol["train_overlap"] = dict(overlap["extrapolation"])
     path = write("extrapolation", m, details, protocol)

@@ -126,10 +126,23 @@ def load_corpus(name: str, *, data_dir: str | None = None, hub: bool = False, li
     return _texts(rows, field, name)
 
 
+EXTRAPOLATION_MODES = {
+    "docs": "first L tokens of each document of at least L tokens (a fresh context per document)",
+    "rolling": "every document whole, in disjoint windows of L predicted tokens (lm-eval's loglikelihood_rolling, "
+               "context_len 1): each window read afresh with only the token before it as extra context (the last, "
+               "shorter window with the L tokens before its end), nothing carried across documents",
+}
+
+
 def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]], lengths: Sequence[int], *,
                   bos: int, num_buckets: int = 16, max_docs: int | None = None, batch_size: int = 1,
-                  progress=None) -> tuple[dict[str, float], dict[str, Any]]:
+                  progress=None, mode: str = "docs") -> tuple[dict[str, float], dict[str, Any]]:
     """Perplexity at each context length per corpus (module docstring). Returns (metrics, details).
+
+    mode "docs" (the paper's protocol): the first L tokens of every document with at least L tokens. mode
+    "rolling" (EXTRAPOLATION_MODES): every document, short ones included, scored whole in windows of L, so a corpus
+    of short documents still has a number at every L, and each L's entry says how many documents and tokens it
+    scored (no per-position buckets: a window's positions are not the document's).
 
     metrics: `<corpus>/ppl@<L>`, and `ppl@<L>` (five-corpus mean) only when all five paper corpora ran;
     details: per corpus and L the token count, number of documents and the per-bucket perplexities with their
@@ -139,6 +152,11 @@ def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]]
     lengths = sorted(int(x) for x in lengths)
     if not lengths or lengths[0] < 2:
         raise ValueError(f"extrapolation: lengths={lengths}; expected context lengths >= 2.")
+    if mode not in EXTRAPOLATION_MODES:
+        raise ValueError(f"extrapolation: mode={mode!r}; expected one of {sorted(EXTRAPOLATION_MODES)}.")
+    if mode == "rolling":
+        return _extrapolation_rolling(score_fn, corpora, lengths, bos=bos, max_docs=max_docs,
+                                      batch_size=batch_size, progress=progress)
     longest = lengths[-1]
     width = max(1, math.ceil(longest / num_buckets))
     edges = list(range(0, longest, width)) + [longest]
@@ -173,6 +191,33 @@ def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]]
     return metrics, details
 
 
+def _extrapolation_rolling(score_fn, corpora, lengths, *, bos, max_docs, batch_size, progress):
+    metrics: dict[str, float] = {}
+    details: dict[str, Any] = {"lengths": lengths, "mode": "rolling", "method": EXTRAPOLATION_MODES["rolling"],
+                               "corpora": {}}
+    for name, docs in corpora.items():
+        kept = [list(d) for d in docs if len(d)][:max_docs]
+        if not kept:
+            raise ValueError(f"extrapolation: corpus {name!r} has no document with a token.")
+        n_tok = sum(len(d) for d in kept)
+        cd: dict[str, Any] = {"docs": len(kept), "tokens_per_doc": {"mean": n_tok / len(kept),
+                                                                   "max": max(len(d) for d in kept)}}
+        for L in lengths:
+            lls = loglikelihood_rolling(score_fn, kept, prefix=bos, max_length=L, batch_size=batch_size)
+            if progress is not None:
+                progress(len(kept))
+            ppl = float(math.exp(-sum(lls) / n_tok))
+            metrics[f"{name}/ppl@{L}"] = ppl
+            cd[str(L)] = {"ppl": ppl, "tokens": n_tok, "docs": len(kept),
+                          "docs_longer_than_L": sum(len(d) > L for d in kept)}
+        details["corpora"][name] = cd
+    avg_over = list(FIVE_CORPORA) if all(c in corpora for c in FIVE_CORPORA) else []
+    details["average_over"] = avg_over
+    for L in lengths if avg_over else []:
+        metrics[f"ppl@{L}"] = float(np.mean([metrics[f"{c}/ppl@{L}"] for c in avg_over]))
+    return metrics, details
+
+
 def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", train_len: int | None = None) -> str:
     """PNG: left, perplexity against context length per corpus; right, per-position-bucket perplexity at the
     longest length (where past the training context the loss starts to rise). The training length (`train_len`,
@@ -182,16 +227,26 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", trai
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    lengths, edges = details["lengths"], details["bucket_edges"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    lengths = details["lengths"]
+    rolling = details.get("mode") == "rolling"  # no per-position buckets: one panel
+    if rolling:
+        fig, a1 = plt.subplots(1, 1, figsize=(6, 4))
+        axes = (a1,)
+    else:
+        edges = details["bucket_edges"]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        axes = (a1, a2)
     for name, cd in details["corpora"].items():
-        a1.plot(lengths, [cd[str(L)]["ppl"] for L in lengths], marker="o", label=name)
-        bp = cd[str(lengths[-1])]["bucket_ppl"]
-        mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])][:len(bp)]
-        a2.plot(mids, bp, marker=".", label=name)
+        scored = cd[str(lengths[-1])]
+        label = f"{name} ({cd['docs']} docs, {int(scored['tokens']):,} tokens at L={lengths[-1]})"
+        a1.plot(lengths, [cd[str(L)]["ppl"] for L in lengths], marker="o", label=label)
+        if not rolling:
+            bp = scored["bucket_ppl"]
+            mids = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:])][:len(bp)]
+            a2.plot(mids, bp, marker=".", label=name)
     train_len = train_len or details.get("train_seq_len")
     if train_len:
-        for ax in (a1, a2):
+        for ax in axes:
             ax.axvline(train_len, color="k", lw=0.8, ls=":", label=f"training length {train_len}")
     a1.set_xlabel("context length (tokens)")
     a1.set_ylabel("perplexity (per token)")
@@ -199,10 +254,13 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", trai
     a1.set_xticks(lengths, [str(L) for L in lengths])
     a1.minorticks_off()
     a1.legend(fontsize=7)
-    a2.set_xlabel(f"token position (tokens; bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
-    a2.set_ylabel("bucket perplexity (per token)")
-    a2.legend(fontsize=7)
-    a2.set_yscale("log")
+    if not rolling:
+        a2.set_xlabel(f"token position (tokens; bucket width {edges[1] - edges[0]}) at L={lengths[-1]}")
+        a2.set_ylabel("bucket perplexity (per token)")
+        a2.legend(fontsize=7)
+        a2.set_yscale("log")
+    else:
+        a1.set_xlabel("window length L (tokens; documents scored whole in disjoint windows of L)")
     fig.suptitle(title or "length extrapolation")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

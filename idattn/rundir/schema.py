@@ -45,11 +45,11 @@ def _safe(x) -> str:
 
 
 def protocol_tag(protocol: dict[str, Any] | None) -> str:
-    """File-name tag of a protocol: `<corpus>-t<tokens>-c<context>-b<batch>` (the parts present)."""
+    """File-name tag of a protocol: `<corpus>-t<tokens>-c<context>-b<batch>-m<mode>` (the parts present)."""
     if not protocol:
         return ""
     parts = [_safe(protocol["corpus"])] if protocol.get("corpus") else []
-    for key, letter in (("tokens", "t"), ("context", "c"), ("batch", "b")):
+    for key, letter in (("tokens", "t"), ("context", "c"), ("batch", "b"), ("mode", "m")):
         v = protocol.get(key)
         if v not in (None, "", []):
             parts.append(letter + (".".join(map(str, v)) if isinstance(v, (list, tuple)) else _safe(v)))

@@ -291,8 +291,12 @@ def table_corpora(runs: list[Run]) -> str:
             vals = ", ".join(f"{r.metrics[f'extrapolation/{c}/ppl@{L}']:.2f} @{L}" +
                              (f" ({L / base:g}x)" if base else "") for L in Ls)
             docs = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get("docs")
-            tokens = (r.protocols.get("extrapolation") or {}).get("tokens")
-            on = (f"first {int(tokens):,} tokens, rows of L" if tokens else
+            proto = r.protocols.get("extrapolation") or {}
+            tokens = proto.get("tokens")
+            scored = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get(str(Ls[-1]), {})
+            on = (f"{docs} docs whole, {int(scored.get('tokens', 0)):,} tokens, disjoint windows of L (rolling)"
+                  if proto.get("mode") == "rolling" else
+                  f"first {int(tokens):,} tokens, rows of L" if tokens else
                   f"{docs} docs, first L tokens of each" if docs is not None else "?")
             rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), on, vals])
     if not rows:
