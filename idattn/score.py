@@ -3,8 +3,13 @@
     python -m idattn.score --workdir=/tmp/run --text="In the beginning God created" [--out=score.json]
     python -m idattn.score --config=experiments/scaling.py:softmax,tiny --tokenizer=bytes --text=abc
 
+    python -m idattn.score --workdir=/tmp/run --texts=texts.jsonl [--text_field=text] --out=scores.jsonl
+
 Writes JSON: {"text", "token_ids", "pieces", "logprobs" (log p(token_i | tokens_<i), natural log; the first
-token has null: nothing predicts it), "total_logprob", "num_scored", "mean_nll"} to --out, or stdout.
+token has null: nothing predicts it), "total_logprob", "num_scored", "mean_nll"} to --out, or stdout, and prints
+a one-line summary (tokens scored, mean NLL, perplexity) to stderr. With `--texts` (JSON Lines, the text in
+`--text_field`): one such record a line in input order to `--out` (JSON Lines), the texts scored in batches of
+`--batch_size` (right-padded; a causal model never reads the padding), and the summary over all of them.
 """
 from __future__ import annotations
 
@@ -31,30 +36,91 @@ def define_flags() -> None:
     flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
     flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
-    flags.DEFINE_string("out", None, "JSON output path (default: stdout)")
+    flags.DEFINE_string("out", None, "JSON output path (default: stdout); JSON Lines with --texts")
+    flags.DEFINE_string("texts", None, "JSON Lines file of texts to score (instead of --text)")
+    flags.DEFINE_string("text_field", "text", "the field of --texts holding the text")
+    flags.DEFINE_integer("batch_size", 8, "texts scored per forward (--texts)")
+
+
+def read_jsonl_texts(path: str, field: str, flag: str) -> list[str]:
+    """The `field` of every line of a JSON Lines file; a bad line is refused naming the file, line and fix."""
+    out = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise app.UsageError(f"--{flag}={path}:{n}: not a JSON object ({e})") from None
+                if not isinstance(row, dict) or not isinstance(row.get(field), str):
+                    raise app.UsageError(f"--{flag}={path}:{n}: no string field {field!r}; pass --text_field=<field>")
+                out.append(row[field])
+    except OSError as e:
+        raise app.UsageError(f"--{flag}={path}: {e}") from None
+    if not out:
+        raise app.UsageError(f"--{flag}={path}: no line to read")
+    return out
+
+
+def score_record(text: str, ids: list[int], lps: list, tok) -> dict:
+    scored = [x for x in lps if x is not None]
+    return {"text": text, "token_ids": ids, "pieces": [tok.id_to_piece(i) for i in ids], "logprobs": lps,
+            "total_logprob": sum(scored), "num_scored": len(scored), "mean_nll": -sum(scored) / len(scored)}
+
+
+def summary_line(recs: list[dict]) -> str:
+    import math
+    n = sum(r["num_scored"] for r in recs)
+    nll = -sum(r["total_logprob"] for r in recs) / n
+    return (f"score: {len(recs)} text(s), {n:,} tokens scored, mean NLL {nll:.4f} nats, perplexity "
+            f"{math.exp(nll):.3f}")
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
-    if FLAGS.text is None:
-        raise app.UsageError("--text is required")
+    if (FLAGS.text is None) == (FLAGS.texts is None):
+        raise app.UsageError("pass --text=<text> or --texts=<file.jsonl> (one of them)")
+    if FLAGS.texts is not None and not FLAGS.out:
+        raise app.UsageError("--texts needs --out=<file.jsonl> (one record a line)")
+    texts = [FLAGS.text] if FLAGS.text is not None else read_jsonl_texts(FLAGS.texts, FLAGS.text_field, "texts")
     config, model, params = load_model(_CONFIG.value, FLAGS.workdir, FLAGS.seed, step_flag(FLAGS.step))
     tok = get_tokenizer(FLAGS.tokenizer, config)
-    ids = encode(tok, FLAGS.text, FLAGS.add_bos)
-    if len(ids) < 2:
-        raise app.UsageError(f"--text gives {len(ids)} token(s); need at least 2 to score one")
-    check_ids(ids, model.spec.vocab_size, "text")
-    lps = score_ids(model, params, ids)
-    scored = [x for x in lps if x is not None]
-    rec = {"text": FLAGS.text, "token_ids": ids, "pieces": [tok.id_to_piece(i) for i in ids], "logprobs": lps,
-           "total_logprob": sum(scored), "num_scored": len(scored), "mean_nll": -sum(scored) / len(scored)}
-    s = json.dumps(rec, indent=1)
-    if FLAGS.out:
-        with open(FLAGS.out, "w") as f:
-            f.write(s)
+    all_ids = []
+    for i, text in enumerate(texts):
+        ids = encode(tok, text, FLAGS.add_bos)
+        where = "--text" if FLAGS.text is not None else f"--texts line {i + 1}"
+        if len(ids) < 2:
+            raise app.UsageError(f"{where} gives {len(ids)} token(s); need at least 2 to score one")
+        check_ids(ids, model.spec.vocab_size, "text")
+        all_ids.append(ids)
+    if FLAGS.text is not None:
+        lps_all = [score_ids(model, params, all_ids[0])]
     else:
-        sys.stdout.write(s + "\n")
+        lps_all = score_ids_batched(model, params, all_ids, FLAGS.batch_size)
+    recs = [score_record(t, ids, lps, tok) for t, ids, lps in zip(texts, all_ids, lps_all)]
+    if FLAGS.texts is not None:
+        with open(FLAGS.out, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in recs)
+    else:
+        s = json.dumps(recs[0], indent=1)
+        if FLAGS.out:
+            with open(FLAGS.out, "w") as f:
+                f.write(s)
+        else:
+            sys.stdout.write(s + "\n")
+    print(summary_line(recs) + (f"; wrote {FLAGS.out}" if FLAGS.out else ""), file=sys.stderr)
+
+
+def score_ids_batched(model, params, all_ids: list[list[int]], batch_size: int) -> list[list]:
+    """score_ids for many sequences: right-padded batches (one compile per padded length, a power of two)."""
+    from idattn.eval.scoring import model_score_fn, score_sequences
+    fn = model_score_fn(model, params)
+    rows = score_sequences(fn, [ids[:-1] for ids in all_ids], [ids[1:] for ids in all_ids],
+                           batch_size=max(1, batch_size), max_length=max(len(i) for i in all_ids))
+    return [[None] + [float(x) for x in lp] for lp, _ in rows]
 
 
 if __name__ == "__main__":
