@@ -354,5 +354,8 @@ def test_sequence_split_refusals_and_old_configs():
 
     with pytest.raises(ValueError, match=r"data.seq_len=31 is not divisible by config.mesh.sequence=2"):
         shd.check_sequence_split(31, FakeMesh)
-    with pytest.raises(ValueError, match=r"sequence group spans processes \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"sequence group spans processes \[0, 1\]") as e:
         shd.check_sequence_split(32, FakeMesh)
+    # the bound is the process's devices (not the host's: a process per GPU drives one), with the way out
+    assert f"this process drives {jax.local_device_count()} device(s)" in str(e.value)
+    assert "--mode=per_node" in str(e.value)

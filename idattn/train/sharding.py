@@ -192,9 +192,12 @@ def check_sequence_split(seq_len: int, mesh: Mesh) -> None:
     groups = np.moveaxis(np.asarray(mesh.devices), MESH_AXES.index(SEQUENCE_AXIS), -1).reshape(-1, n)
     split = [g for g in groups if len({d.process_index for d in g}) > 1]
     if split:
+        local = jax.local_device_count()
         raise ValueError(f"config.mesh.sequence={n}: a sequence group spans processes "
                          f"{sorted({d.process_index for d in split[0]})}, but each process reads whole rows; keep the "
-                         f"sequence axis within one host (at most {jax.local_device_count()} devices here)")
+                         f"sequence axis within one process (this process drives {local} device(s), so at most "
+                         f"{local}; with one process per GPU, run one process per host instead — "
+                         f"launch/slurm.py --mode=per_node — to split a sequence over a host's GPUs)")
 
 
 def global_batch_from_full(full: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
