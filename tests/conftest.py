@@ -41,3 +41,37 @@ def pytest_make_collect_report(collector):
     if not any(s in reason for s in _HOST_SKIPS):
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true ({reason}): CI must install what the tests need (.ci/run)"
+
+
+# ---- the trainer's test fixtures, shared by the fault, resume, train and sharding tests
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    """The environment of trainer subprocesses: CPU, the session's shared tokenizer and JAX compilation caches."""
+    from tests import train_helpers as T
+    return T.cached_env(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, env):
+    """A complete 20-step run of the tiny config: checkpoints 10, 15, 20 (keep_last 3), validation and best/ at
+    step 20; (workdir, {step: loss})."""
+    from idattn.rundir.layout import committed_steps
+    from tests import train_helpers as T
+    wd = str(tmp_path_factory.mktemp("finished"))
+    T.run_train(wd, env=env)
+    assert committed_steps(wd) == [10, 15, 20]
+    return wd, {r["step"]: r["loss"] for r in T.read_metrics(wd)}
+
+
+@pytest.fixture
+def in_process(env, monkeypatch):
+    """idattn.train.trainer for in-process runs, sharing the subprocesses' tokenizer cache and JAX compilation
+    cache (the same tiny programs: compiled once per session)."""
+    import jax
+    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
+    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from idattn.train import trainer
+    return trainer

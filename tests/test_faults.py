@@ -33,32 +33,6 @@ from idattn.rundir.layout import committed_steps
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, env):
-    """A complete 20-step run: checkpoints 10, 15, 20 (keep_last 3), validation at step 20."""
-    wd = str(tmp_path_factory.mktemp("finished"))
-    T.run_train(wd, env=env)
-    assert committed_steps(wd) == [10, 15, 20]
-    return wd, {r["step"]: r["loss"] for r in T.read_metrics(wd)}
-
-
-@pytest.fixture
-def in_process(env, monkeypatch):
-    """In-process trainer runs share the subprocesses' tokenizer cache and JAX compilation cache (the same tiny
-    programs: compiled once per session)."""
-    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
-    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from idattn.train import trainer
-    return trainer
-
-
 # ------------------------------------------------------------------------------------------------ checksums
 def test_digest_detects_every_single_bit_flip_and_reordering():
     rng = np.random.default_rng(0)

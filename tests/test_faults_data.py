@@ -39,22 +39,6 @@ PREPARE = ["--tokenizer=train:512", "--num_proc=0", "--val_fraction=0.2", "--max
 RUN: dict = {}
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture
-def in_process(env, monkeypatch):
-    """In-process trainer runs share the subprocesses' tokenizer cache and JAX compilation cache."""
-    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
-    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from idattn.train import trainer
-    return trainer
-
-
 def _write_corpus(folder, seed: int, n: int, words: int):
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True)

@@ -39,30 +39,6 @@ from tests import train_helpers as T
 pytestmark = pytest.mark.filterwarnings("ignore")
 
 
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory, env):
-    """A complete 20-step run: checkpoints 10, 15, 20 (keep_last 3), validation and best/ at step 20."""
-    wd = str(tmp_path_factory.mktemp("finished"))
-    T.run_train(wd, env=env)
-    assert committed_steps(wd) == [10, 15, 20]
-    return wd, {r["step"]: r["loss"] for r in T.read_metrics(wd)}
-
-
-@pytest.fixture
-def in_process(env, monkeypatch):
-    monkeypatch.setenv("IDATTN_CACHE", env["IDATTN_CACHE"])
-    jax.config.update("jax_compilation_cache_dir", env["JAX_COMPILATION_CACHE_DIR"])
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from idattn.train import trainer
-    return trainer
-
-
 def _copy(finished, tmp_path, name="run"):
     wd = str(tmp_path / name)
     shutil.copytree(finished[0], wd)

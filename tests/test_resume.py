@@ -16,11 +16,6 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
 def straight(tmp_path_factory, env):
     wd = str(tmp_path_factory.mktemp("straight"))
     T.run_train(wd, env=env)

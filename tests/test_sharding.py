@@ -64,11 +64,6 @@ print("RESULT" + json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="module")
 def mesh_results(env):
     e = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], cwd=T.REPO, env=e, capture_output=True, text=True,

@@ -114,11 +114,6 @@ def test_diff_dicts():
 
 
 # -------------------------------------------------------------------------------------------- a real run
-@pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    return T.cached_env(tmp_path_factory.getbasetemp())
-
-
 RUN = {"train.num_steps": 4, "train.checkpoint_every": 2, "train.eval_every": 2, "train.warmup_steps": 2,
        "train.eval_batches": 2, "train.peak_tflops_per_device": 0.25}  # CPU: no table entry, MFU from the override
 
