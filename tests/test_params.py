@@ -256,13 +256,14 @@ def test_every_parameter_has_logical_axes(mixer):
     assert specs["embedding"] == jax.sharding.PartitionSpec("vocab", "embed")
 
 
+@pytest.mark.parametrize("base", ["interdomain", "s4d_only"])
 @pytest.mark.parametrize("core", ["selective", "selective+phase"])
-def test_selective_core_counts_match_the_module(core):
+def test_selective_core_counts_match_the_module(core, base):
     """The selective core's parameters (beyond the paper): the closed form equals the module's eval_shape count,
     and differs from the LTI layer by exactly what the layer adds per layer: W_dt (d·H), W_theta (d·M, with the
     phase) and Re A tied per head (H − H·M), written here from docs/model.md, not from counting.py."""
-    lti = scaling.get_config("interdomain,125m").model
-    cfg = scaling.get_config(f"interdomain-{core},125m").model
+    lti = scaling.get_config(f"{base},125m").model
+    cfg = scaling.get_config(f"{base}-{core},125m").model
     for c in (lti, cfg):
         c.impl = "chunked"
     n = models.count_params(cfg)
@@ -270,4 +271,4 @@ def test_selective_core_counts_match_the_module(core):
     d, L, H, M = cfg.d_model, cfg.num_layers, cfg.num_heads, cfg.num_modes
     extra = d * H + (d * M if core == "selective+phase" else 0) + H - H * M
     assert n - models.count_params(lti) == L * extra
-    assert models.table3_equivalent(cfg) == models.table3_equivalent(lti) == TABLE3["interdomain"][0]
+    assert models.table3_equivalent(cfg) == models.table3_equivalent(lti) == TABLE3[base][0]

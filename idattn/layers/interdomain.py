@@ -24,7 +24,8 @@ Complex parameters are stored as pairs of real float32 arrays. All SSM parameter
 log Δ, A, B, C) have names starting with `ssm_` so that `idattn.models.param_labels` puts them in the SSM
 optimiser group.
 
-Selective core (`core`, ../shared/BEYOND.md §1.3c and §3.2; docs/model.md "Selective core"), query readout only:
+Selective core (`core`, ../shared/BEYOND.md §1.3c and §3.2; docs/model.md "Selective core"), either readout (the
+linear one with a selective core is S4D-only selective, the Mamba-like control):
   Δ_t = softplus(x_t·W_Δ + β_Δ) ∈ R^H      (W_Δ [d, H] normal(init_std); β_Δ = softplus⁻¹(Δ0), log Δ0 ~ U[log dt_min,
                                             log dt_max]: at W_Δ = 0 the LTI layer's Δ range)
   A_h,m = a_h + iω_h,m,  a_h = −exp(ssm_log_a_re_h)   (Re A tied within a head: [H], not [H, M]; ω as the LTI A)
@@ -32,6 +33,7 @@ Selective core (`core`, ../shared/BEYOND.md §1.3c and §3.2; docs/model.md "Sel
                                             only, W_θ [d, M])
   b_t   = (exp(Δ_t·A) − 1)/A · B             (ZOH of A, without the rotation)
   o     = interdomain_mix(f_q, k̃, ṽ, lam_t, b_t, C_h)   (lam_t, b_t [B, T, H, M]; no κ bound: exponents ≤ 0)
+  linear readout: y = s4d_linear_mix([k̃ | ṽ], lam_t, b_t, c_h), then as the LTI linear readout (S4D-only selective)
 The state (Xk, Xv) and the decoding cache are the LTI layer's: the state size per layer is unchanged.
 
 Theory mode (`theory=True`, dualkv + query only): the dense real HiPPO-LegS basis with the Nadaraya-Watson
@@ -85,7 +87,7 @@ class InterdomainMixer(nn.Module):
       readout: "query" (a query reads the state: interdomain_mix) or "linear" (S4D's y = Re(c_hᵀ X), then C_out).
       use_rope: RoPE on the key-side input (and the query). output_gate: o <- σ(W_g x) ⊙ o.
       linear_contraction: the linear readout's c_h, "mean" (default) or "sum" over the modes of C_h.
-      core: "lti" (one Λ per head and mode), "selective" (per-token Δ_t), "selective+phase" (and θ_t); query only.
+      core: "lti" (one Λ per head and mode), "selective" (per-token Δ_t), "selective+phase" (and θ_t).
       conj: the readout uses the conjugate-symmetric real part (idattn.ops.interdomain).
       theory: the paper's dense HiPPO-LegS derivation instead of S4D (dualkv + query; no decoding).
       s4d_init, kappa, dt_min, dt_max: A's initialisation, the bound Re(Δ·A) ≥ −κ, the log-uniform Δ range.
@@ -210,10 +212,9 @@ class InterdomainMixer(nn.Module):
         if self.core not in CORES:
             raise ValueError(f"model.core: got {self.core!r}; expected one of {CORES} (a mixer-name suffix, e.g. "
                              f"interdomain-selective)")
-        if self.core != "lti" and (self.readout != "query" or self.theory):
-            raise ValueError(f"model.core={self.core!r} needs readout='query' and theory=False (got readout="
-                             f"{self.readout!r}, theory={self.theory}); the linear readout's operator "
-                             f"(s4d_linear_mix) is time invariant only. Use a query cell, e.g. interdomain-selective")
+        if self.core != "lti" and self.theory:
+            raise ValueError(f"model.core={self.core!r} needs theory=False: the LegS basis of the theory mode has "
+                             f"no selective form. Use an S4D cell, e.g. interdomain-selective")
         if self.input not in INPUTS:
             raise ValueError(f"model.input: got {self.input!r}; expected one of {INPUTS}")
         if self.readout not in READOUTS:
@@ -292,7 +293,8 @@ class InterdomainMixer(nn.Module):
         else:
             x0 = jnp.concatenate([cache["xk"], cache["xv"]], axis=-1)
             if z.shape[1] == 1:
-                y, xt = s4d_linear_step(x0, z[:, 0].astype(jnp.float32), lam, b, cvec)
+                lam_t, b_t = (lam, b) if self.core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
+                y, xt = s4d_linear_step(x0, z[:, 0].astype(jnp.float32), lam_t, b_t, cvec)
                 y = y[:, None]
             else:
                 y, xt = s4d_linear_mix(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size, initial_state=x0,

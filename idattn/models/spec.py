@@ -256,17 +256,17 @@ def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
 
 
 def _core_of(name: str, configured, readout, theory) -> str:
-    """The core of mixer `name` (its suffix), checked against `model.core` when a config sets it, against the
-    readout (the selective cores need the query readout)."""
+    """The core of mixer `name` (its suffix), checked against `model.core` when a config sets it and against the
+    theory mode (which has no selective form)."""
     core = mixer_core(name)[1]
     if configured is not None and configured != core:
         raise _err("core", configured, f"{core!r} for mixer {name!r}",
                    "The core is the mixer name's suffix: e.g. --config.model.mixer=interdomain-selective.")
     if core == "lti":
         return core
-    if readout != "query" or theory:
-        raise _err("mixer", name, "a query-readout Interdomain cell for a selective core (the linear readout's "
-                   "operator is time invariant only)", "Use e.g. interdomain-selective or generic-query-rope-selective.")
+    if theory:
+        raise _err("mixer", name, "an S4D cell for a selective core (the theory mode's LegS basis has no selective "
+                   "form)", "Use e.g. interdomain-selective or s4d_only-selective.")
     return core
 
 

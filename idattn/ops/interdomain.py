@@ -180,7 +180,7 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     # Value checks when the inputs are concrete (not under jit tracing).
     if selective:
         if is_concrete(lam):
-            _check_selective_lam(lam, real_dtype(fq, zv, lam))
+            check_selective_lam(lam, real_dtype(fq, zv, lam))
         return selective
     if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
@@ -198,7 +198,7 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     return selective
 
 
-def _check_selective_lam(lam, rdt):
+def check_selective_lam(lam, rdt):
     """Concrete per-token lam: |lam| <= 1 and one magnitude per (row, token, head) across the modes."""
     lam = np.asarray(lam)
     mag = np.abs(lam)

@@ -28,7 +28,19 @@ carried into the chunk:
     X1      = [no reset in chunk] lam^l ∘ X0 + Σ_k b·lam^(l-1-k) ⊗ (last_doc ∘ Z)_k
 
 `carried` keeps the positions before the first reset of the chunk, `last_doc` the tokens of the chunk's last
-document. Every exponent is ≥ 0, so |lam^τ| ≤ 1 and there is no chunk-size bound (unlike the query readout's
+document.
+
+Selective (per-token lam_t, b_t [B, T, H, M], lam_t acting on the state before token t enters, as in
+idattn/ops/interdomain.py): lam_t = exp(g_t + iφ_t,m) with one log-decay g_t ≤ 0 per (row, token, head), the
+magnitudes tied across the modes (refused otherwise when concrete). The kernel is no longer a convolution; per
+chunk, with G_i = Σ_{j ≤ i} g_j and Φ_i = Σ_{j ≤ i} φ_j cumulated from the chunk's start (so angles never grow past
+L·π, whatever T: no precision lost over long sequences),
+
+    T[i,k]  = exp(G_i − G_k) · Re( Σ_m (c_m e^{iΦ_i,m}) (b_k,m e^{−iΦ_k,m}) )   k ≤ i, d_i == d_k, else 0
+    Y       = T · Z + carried ∘ Re( (c ∘ e^{G_i + iΦ_i}) · X0 )
+    X1      = [no reset] e^{G_l−1 + iΦ_l−1} ∘ X0 + Σ_k (last_doc ∘ e^{G_l−1 − G_k + i(Φ_l−1 − Φ_k)} ∘ b_k) ⊗ z_k
+
+every exponent G_i − G_k (i ≥ k) ≤ 0. Cost per token-head L·(W + 2M) + 4M·W real MACs. Every exponent is ≥ 0, so |lam^τ| ≤ 1 and there is no chunk-size bound (unlike the query readout's
 μ-centred tables). Complex products are real matmuls on stacked real/imaginary planes. Cost per token-head:
 L·W (the convolution) + 4M·W (carry in and out) real MACs. State and accumulation run in float32/complex64
 (float64/complex128 when the inputs are float64 under x64); matmuls use precision=HIGHEST.
@@ -40,8 +52,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from idattn.ops.interdomain import (complex_dtype, document_index, document_starts, is_concrete, mode_powers,
-                                    real_dtype, shape_str)
+from idattn.ops.interdomain import (check_selective_lam, complex_dtype, document_index, document_starts, is_concrete,
+                                    log_decay_angle, mode_powers, per_token, real_dtype, shape_str)
 
 LINEAR_IMPLS = ("auto", "sequential", "chunked")
 _HI = lax.Precision.HIGHEST
@@ -56,16 +68,22 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
     if not jnp.issubdtype(z.dtype, jnp.floating):
         raise TypeError(f"z must be a real floating array (float32/bfloat16/float64), got {z.dtype}")
     bsz, t, h, w = z.shape
+    selective = lam.ndim == 4 or b.ndim == 4
     for name, x in (("lam", lam), ("b", b), ("c", c)):
-        if x.ndim != 2 or x.shape[0] != h:
-            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex; got {shape_str(x)}")
+        per_tok = name != "c" and x.ndim == 4
+        if per_tok and tuple(x.shape[:3]) != (bsz, t, h):
+            raise ValueError(f"{name} per token must be [B, T, H, M] = [{bsz}, {t}, {h}, M] complex; got "
+                             f"{shape_str(x)}")
+        if not per_tok and (x.ndim != 2 or x.shape[0] != h):
+            raise ValueError(f"{name} must be [H, M] = [{h}, M] complex" + ("" if name == "c" else
+                             f" (or [B, T, H, M] per token)") + f"; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
                             f"jax.lax.complex(re, im)")
-    if b.shape != lam.shape or c.shape != lam.shape:
-        raise ValueError(f"b and c must match lam's [H, M] = {tuple(lam.shape)}; got b {tuple(b.shape)}, "
+    m = lam.shape[-1]
+    if b.shape[-1] != m or c.shape != (h, m):
+        raise ValueError(f"b and c must have lam's M = {m} modes (c [H, M] = [{h}, {m}]); got b {tuple(b.shape)}, "
                          f"c {tuple(c.shape)}")
-    m = lam.shape[1]
     if segment_ids is not None:
         if tuple(segment_ids.shape) != (bsz, t):
             raise ValueError(f"segment_ids must be [B, T] = [{bsz}, {t}]; got {tuple(segment_ids.shape)}")
@@ -78,29 +96,36 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
                              f"{shape_str(initial_state)}")
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if selective:
+        if is_concrete(lam):
+            check_selective_lam(lam, real_dtype(z, lam))
+        return selective
     if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
             raise ValueError(f"lam must satisfy |lam| < 1 (a stable decay); saw max |lam| = {mag.max():.8g}. "
                              f"Build lam with idattn.ops.s4d.discretize, which keeps Re(Δ·A) ≥ -κ < 0")
+    return selective
 
 
 def _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt):
     bsz, t, h, w = z.shape
     m = lam.shape[-1]
     cdt = complex_dtype(rdt)
-    lam, b, c = lam.astype(cdt), b.astype(cdt), c.astype(cdt)
+    lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)  # [B, T, H, M] (a constant lam: broadcast)
+    c = c.astype(cdt)
     x0 = jnp.zeros((bsz, h, m, w), cdt) if initial_state is None else initial_state.astype(cdt)
     resets = document_starts(segment_ids, bsz, t)
 
     def step(x, inp):
-        z_t, r_t = inp
-        x = jnp.where(r_t[:, None, None, None], jnp.zeros((), cdt), lam[None, :, :, None] * x)
-        x = x + b[None, :, :, None] * z_t.astype(rdt).astype(cdt)[:, :, None, :]
+        z_t, r_t, lam_t, b_t = inp
+        x = jnp.where(r_t[:, None, None, None], jnp.zeros((), cdt), lam_t[..., None] * x)
+        x = x + b_t[..., None] * z_t.astype(rdt).astype(cdt)[:, :, None, :]
         y = jnp.real(jnp.einsum("hm,bhmw->bhw", c, x, precision=_HI))
         return x, y
 
-    x, ys = lax.scan(step, x0, (jnp.swapaxes(z, 0, 1), jnp.swapaxes(resets, 0, 1)))
+    xs = tuple(jnp.swapaxes(a, 0, 1) for a in (z, resets, lam, b))
+    x, ys = lax.scan(step, x0, xs)
     return jnp.swapaxes(ys, 0, 1), x
 
 
@@ -192,13 +217,70 @@ def _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
     return jnp.swapaxes(y, 1, 2), lax.complex(x_r, x_i).astype(cdt)
 
 
+def _selective_chunk(carry, xs, c):
+    """One chunk of the selective form (module docstring). carry: (X [B, H, M, W] complex, d_prev [B]); xs: g
+    [B, l, H], φ, b [B, l, H, M], z [B, l, H, W], d [B, l]. Returns (carry, y [B, l, H, W])."""
+    x, d_prev = carry
+    g, phi, bt, zc, dch = xs
+    cdt = x.dtype
+    big_g = jnp.cumsum(g, axis=1)  # [B, l, H]: G_i, non-increasing
+    ph = jnp.cumsum(phi, axis=1)  # [B, l, H, M]: Φ_i from the chunk's start
+    rot = lax.complex(jnp.cos(ph), jnp.sin(ph)).astype(cdt)  # e^{iΦ_i}
+    a = c[None, None] * rot  # c_m e^{iΦ_i,m}
+    bk = bt * jnp.conj(rot)  # b_k,m e^{−iΦ_k,m}
+    s = jnp.real(jnp.einsum("bihm,bkhm->bhik", a, bk, precision=_HI))
+    l = zc.shape[1]
+    ii = jnp.arange(l)
+    mask = (ii[:, None] >= ii[None, :])[None] & (dch[:, :, None] == dch[:, None, :])  # [B, l, l]
+    expo = jnp.moveaxis(big_g, 2, 1)  # [B, H, l]
+    diff = expo[:, :, :, None] - expo[:, :, None, :]  # G_i − G_k [B, H, i, k]
+    mask = mask[:, None]
+    decay = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)
+    y = jnp.einsum("bhik,bkhw->bihw", s * decay, zc, precision=_HI)
+    carried = (dch == d_prev[:, None])[:, :, None, None]  # [B, l, 1, 1]
+    a_in = a * jnp.exp(big_g)[..., None].astype(cdt)  # c_m e^{G_i + iΦ_i,m}
+    y = y + jnp.where(carried, jnp.real(jnp.einsum("bihm,bhmw->bihw", a_in, x, precision=_HI)), 0)
+    last_doc = (dch == dch[:, -1:])[:, :, None, None]  # [B, l, 1, 1]
+    g_out = jnp.exp(big_g[:, -1:] - big_g)[..., None].astype(cdt)  # e^{G_l−1 − G_k}
+    w_out = jnp.where(last_doc, g_out * rot[:, -1:] * bk, 0)  # e^{G_l−1 − G_k + i(Φ_l−1 − Φ_k)} b_k
+    n = jnp.einsum("bkhm,bkhw->bhmw", w_out, zc.astype(cdt), precision=_HI)
+    whole = (jnp.exp(big_g[:, -1])[..., None].astype(cdt) * rot[:, -1])[..., None]  # [B, H, M, 1]
+    keep = (dch[:, -1] == d_prev)[:, None, None, None]
+    return (jnp.where(keep, whole * x, 0) + n, dch[:, -1]), y
+
+
+def _mix_chunked_selective(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
+    bsz, t, h, w = z.shape
+    m = lam.shape[-1]
+    cdt = complex_dtype(rdt)
+    lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)
+    g, phi = log_decay_angle(lam, rdt)  # [B, T, H], [B, T, H, M]
+    docs = document_index(segment_ids, bsz, t)
+    big_l = min(int(chunk_size), t)
+    n = -(-t // big_l)
+    pad = n * big_l - t  # padded tokens: no decay, no input, the last document's: the state passes unchanged
+
+    def chunks(x, mode="constant"):
+        widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
+        x = jnp.pad(x, widths, mode=mode) if pad else x
+        return jnp.moveaxis(x.reshape(bsz, n, big_l, *x.shape[2:]), 1, 0)
+
+    x0 = jnp.zeros((bsz, h, m, w), cdt) if initial_state is None else initial_state.astype(cdt)
+    xs = (chunks(g), chunks(phi), chunks(b), chunks(z.astype(rdt)), chunks(docs, "edge"))
+    (x, _), ys = lax.scan(lambda cr, xc: _selective_chunk(cr, xc, c.astype(cdt)),
+                          (x0, jnp.zeros((bsz,), jnp.int32)), xs)
+    y = jnp.moveaxis(ys, 0, 1).reshape(bsz, n * big_l, h, w)[:, :t]
+    return y, x
+
+
 def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, segment_ids=None,
                    initial_state=None, return_state: bool = False, out_dtype=None):
     """Linear S4D readout over a sequence (see the module docstring for the math).
 
     Args:
       z: [B, T, H, W] float: the SSM input channels (the layer passes both halves [k̃, ṽ], W = R + d_h).
-      lam, b: [H, M] complex: discrete decay (|lam| < 1) and input gain.
+      lam, b: [H, M] complex: discrete decay (|lam| < 1) and input gain; or [B, T, H, M] per token (selective:
+        lam_t acts on the state before token t enters; |lam_t| ≤ 1, one magnitude per (row, token, head)).
       c: [H, M] complex: the readout vector over modes (y = Re(Σ_m c_m X[m])).
       impl: "auto" (= "chunked") | "sequential" | "chunked".
       chunk_size: chunk length L of the chunked path (any positive int: every power table has |·| ≤ 1).
@@ -210,11 +292,13 @@ def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, se
       y [B, T, H, W], or (y, X [B, H, M, W]) when return_state.
     """
     z, lam, b, c = jnp.asarray(z), jnp.asarray(lam), jnp.asarray(b), jnp.asarray(c)
-    _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size)
+    selective = _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size)
     out_dtype = z.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = real_dtype(z, lam, b, c)
     if impl == "sequential":
         y, x = _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt)
+    elif selective:
+        y, x = _mix_chunked_selective(z, lam, b, c, segment_ids, initial_state, rdt, int(chunk_size))
     else:
         y, x = _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, int(chunk_size))
     y = y.astype(out_dtype)
@@ -223,7 +307,7 @@ def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, se
 
 def s4d_linear_step(state, z_t, lam, b, c):
     """One decoding step: (y_t [B, H, W], new_state X [B, H, M, W]) from X [B, H, M, W] complex and z_t
-    [B, H, W]. X ← lam ⊙ X + b ⊗ z_t;  y_t = Re(Σ_m c_m X[m]). Cost and memory do not depend on the context."""
+    [B, H, W]; lam, b [H, M], or this token's [B, H, M] (selective). X ← lam ⊙ X + b ⊗ z_t;  y_t = Re(Σ_m c_m X[m]). Cost and memory do not depend on the context."""
     if z_t.ndim != 3:
         raise ValueError(f"s4d_linear_step wants z_t [B, H, W]; got {tuple(z_t.shape)}")
     bsz, h, w = z_t.shape
@@ -233,7 +317,9 @@ def s4d_linear_step(state, z_t, lam, b, c):
     rdt = real_dtype(z_t, lam, b, c)
     cdt = complex_dtype(rdt)
     lam, b, c = lam.astype(cdt), b.astype(cdt), c.astype(cdt)
-    x = lam[None, :, :, None] * state.astype(cdt) + b[None, :, :, None] * z_t.astype(rdt).astype(cdt)[:, :, None]
+    lam = lam[..., None] if lam.ndim == 3 else lam[None, :, :, None]  # this token's [B, H, M], or [H, M]
+    b = b[..., None] if b.ndim == 3 else b[None, :, :, None]
+    x = lam * state.astype(cdt) + b * z_t.astype(rdt).astype(cdt)[:, :, None]
     y = jnp.real(jnp.einsum("hm,bhmw->bhw", c, x, precision=_HI))
     return y.astype(z_t.dtype), x
 

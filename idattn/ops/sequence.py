@@ -256,11 +256,19 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
     tok, per_head, _, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
 
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    selective = lam.ndim == 4 or b.ndim == 4
+
     def local(z, lam, b, c, seg):
-        x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, z.shape[1], sx)
+        if selective:  # a shard's transition is the product of its tokens' decays
+            x_end, trans = end_state_selective(z, lam, b, seg, chunk_size)
+            x_in = incoming_state(x_end, seg, None, z.shape[1], sx, transition=trans)
+        else:
+            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, z.shape[1], sx)
         return s4d_linear_mix(z, lam, b, c, segment_ids=seg, initial_state=x_in, **kw)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(tok, per_head, per_head, per_head, rows), out_specs=tok,
+    lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, lam_spec, b_spec, per_head, rows), out_specs=tok,
                          check_vma=False)(z, lam, b, c, seg)
 
 
