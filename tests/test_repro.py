@@ -318,14 +318,15 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     """Moving or renaming model files keeps finished runs valid; changing one byte of code re-verifies them."""
     import shutil
 
+    from idattn.studies import code_hash
     pkg = tmp_path / "idattn"
-    for d in runs.SRC_DIRS:
-        shutil.copytree(os.path.join(runs.PACKAGE, d), pkg / d)
-    monkeypatch.setattr(runs, "PACKAGE", str(pkg))
+    for d in code_hash.SRC_DIRS:
+        shutil.copytree(os.path.join(code_hash.PACKAGE, d), pkg / d)
+    monkeypatch.setattr(code_hash, "PACKAGE", str(pkg))
 
     def fresh_hash():
-        monkeypatch.setattr(runs, "_SRC", [])
-        return runs.source_hash()
+        monkeypatch.setattr(code_hash, "_SRC", [])
+        return code_hash.source_hash()
 
     base = fresh_hash()
     assert base == fresh_hash()
@@ -339,7 +340,7 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     assert fresh_hash() != base
     shutil.rmtree(pkg)
     pkg.mkdir()
-    with pytest.raises(runs.ReproError, match="no model code"):
+    with pytest.raises(code_hash.CodeHashError, match="no model code"):
         fresh_hash()
 
 
@@ -350,15 +351,16 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
     existed is stamped, not retrained."""
     import shutil
 
+    from idattn.studies import code_hash
     pkg = tmp_path / "idattn"
     for rel in runs.TRAIN_FILES:
         (pkg / os.path.dirname(rel)).mkdir(parents=True, exist_ok=True)
-        shutil.copy(os.path.join(runs.PACKAGE, rel), pkg / rel)
-    monkeypatch.setattr(runs, "PACKAGE", str(pkg))
+        shutil.copy(os.path.join(code_hash.PACKAGE, rel), pkg / rel)
+    monkeypatch.setattr(code_hash, "PACKAGE", str(pkg))
 
     def fresh_hash():
-        monkeypatch.setattr(runs, "_TRAIN_SRC", [])
-        return runs.train_code_hash()
+        monkeypatch.setattr(code_hash, "_TRAIN_SRC", [])
+        return code_hash.train_code_hash()
 
     base = fresh_hash()
     seen = {base}

@@ -7,7 +7,7 @@ validation perplexity and a length sweep past the training context, print one ta
 Config: experiments/quickstart.py (model sizes, steps, tokenizer). Each model is trained by the real trainer
 (`idattn.train.run`, the code path of `python -m idattn.train`) in <workdir>/<mixer> (the workdir, under the current
 folder by default, is the first line printed). A rerun reuses a finished run, or resumes an unfinished one, only
-when its code (the hashes of the model and training code, idattn.studies.repro_runs) and its resolved config are
+when its code (the hashes of the model and training code, idattn.studies.code_hash) and its resolved config are
 this invocation's; otherwise the old run is moved to <mixer>.stale-<n> and trained again. A reused run's training
 time is the one it recorded, marked "(reused)" in the table (--fresh starts over). Evaluation: token-level perplexity exp(Σ m·nll / Σ m) over the same
 first 64,512 held-out tokens at every length L, cut into rows of L tokens (each row a fresh context; a row
@@ -136,11 +136,12 @@ RUN_MARKER = "quickstart-run.json"  # per run: code and config hashes, recorded 
 
 
 def run_identity(config) -> dict[str, str]:
-    """What makes a finished quickstart run reusable: the code that trains and evaluates it and its config."""
+    """What makes a finished quickstart run reusable: the code that trains and evaluates it (idattn.studies.code_hash)
+    and its config."""
     import hashlib
 
     from idattn.rundir.layout import config_to_dict
-    from idattn.studies.repro_runs import source_hash, train_code_hash
+    from idattn.studies.code_hash import source_hash, train_code_hash
     cfg = json.dumps(config_to_dict(config), sort_keys=True, default=str)
     return {"code": f"{source_hash()}-{train_code_hash()}", "config": hashlib.sha1(cfg.encode()).hexdigest()[:12]}
 

@@ -4,7 +4,6 @@ and a run trained with other model code is re-verified or moved aside, never sil
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pathlib
@@ -13,9 +12,9 @@ import time
 from typing import Any
 
 from idattn.configs import packaged_config
+from idattn.studies.code_hash import SRC_DIRS, SRC_EXCLUDE, TRAIN_FILES, source_hash, train_code_hash  # noqa: F401
 
 
-PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
 
 
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
@@ -68,59 +67,6 @@ def write_marker(wd: str, rec: dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(rec, f, indent=1, sort_keys=True)
     os.replace(tmp, os.path.join(wd, MARKER))
-
-
-SRC_DIRS = ("ops", "layers", "models")  # inside the package
-# Left out of the hash: the fused Pallas kernels. Every model of the study runs impl="chunked" and
-# attn_impl="xla" (experiments/repro.py; asserted in tests/test_repro.py), so no study run executes them, and a
-# GPU / TPU kernel change must not retrain the CPU study (it did once: every run went stale).
-SRC_EXCLUDE = (os.path.join("ops", "pallas"),)
-
-
-_SRC: list[str] = []
-
-
-def source_hash() -> str:
-    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
-    idattn/models but the fused kernels (SRC_EXCLUDE: no study run executes them), as a sorted set of per-file
-    hashes, so that moving or renaming a file changes nothing and only a change of code re-verifies a finished
-    run."""
-    if not _SRC:
-        digests = []
-        skip = [os.path.join(PACKAGE, x) for x in SRC_EXCLUDE]
-        for d in SRC_DIRS:
-            for root, _, files in os.walk(os.path.join(PACKAGE, d)):
-                if any(root == x or root.startswith(x + os.sep) for x in skip):
-                    continue
-                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
-                            for n in files if n.endswith(".py")]
-        if not digests:
-            raise ReproError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
-        _SRC.append(hashlib.sha1("".join(sorted(digests)).encode()).hexdigest()[:10])
-    return _SRC[0]
-
-
-# What decides a run's numbers besides the model: the loss and the update (train/step.py), the optimiser and the
-# schedule (train/optim.py), packing (data/pipeline.py) and the token ids (data/tokenizer.py). A change here cannot
-# be re-verified by evaluating the trained parameters (their perplexity is that of the old training), so a finished
-# run trained with other training code is trained again (check_reuse); files are named, not globbed, because the
-# rest of idattn/train (checkpointing, leases, metrics) moves no number.
-TRAIN_FILES = (os.path.join("train", "step.py"), os.path.join("train", "optim.py"),
-               os.path.join("data", "pipeline.py"), os.path.join("data", "tokenizer.py"))
-_TRAIN_SRC: list[str] = []
-
-
-def train_code_hash() -> str:
-    """sha1 (10 hex) of TRAIN_FILES' contents, in their listed order."""
-    if not _TRAIN_SRC:
-        h = hashlib.sha1()
-        for rel in TRAIN_FILES:
-            path = os.path.join(PACKAGE, rel)
-            if not os.path.isfile(path):
-                raise ReproError(f"no training code at {path} to hash (TRAIN_FILES in {__name__})")
-            h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
-        _TRAIN_SRC.append(h.hexdigest()[:10])
-    return _TRAIN_SRC[0]
 
 
 def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:

@@ -37,9 +37,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
+from jax.experimental import multihost_utils
 
 from idattn import models
+from idattn.configs import base_config
+from idattn.data import formats, pipeline, stdlib_corpus, tokenizer as tok_lib
 from idattn.rundir import layout, loading
+from idattn.rundir.schema import read_results, write_result
 from idattn.train import checkpoint as ckpt
 from idattn.train import lease as lease_lib
 from idattn.train import metrics as metrics_lib
@@ -111,7 +115,6 @@ def _new_key_at_default(key: str, saved, live) -> bool:
     was trained with that behaviour, so it is no change (a new model key must default to the old behaviour)."""
     if saved != "<missing>":
         return False
-    from idattn.configs import base_config
     node = layout.config_to_dict(base_config())
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -235,7 +238,6 @@ def check_config(config) -> str:
     check_data_choice(config)
     source = str(config.data.source)
     if source != "arrayrecord":  # a prepared folder's tokenizer is checked where the folder is (at the start)
-        from idattn.data import tokenizer as tok_lib
         try:
             tok_lib.load_tokenizer(config.data.tokenizer)
         except (ValueError, FileNotFoundError) as e:
@@ -252,16 +254,13 @@ def describe_data(config, tokenizer) -> str:
     tokens = "n/a"
     try:
         if source == "arrayrecord":
-            from idattn.data import formats
             meta = formats.read_meta(d.path)
             tokens = f"{int(meta.get('train_tokens', 0)):,} train / {int(meta.get('val_tokens', 0)):,} val tokens"
         elif source == "kjv":
-            from idattn.data import pipeline
             docs = pipeline.kjv_token_docs(tokenizer, "train", float(d.val_fraction))
             tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
                       f"the paper's data)")
         elif source == "stdlib":
-            from idattn.data import pipeline, stdlib_corpus
             docs = pipeline.stdlib_token_docs(tokenizer, "train")
             tokens = f"{sum(len(x) for x in docs):,} train tokens ({stdlib_corpus.corpus_id()})"
     except Exception as e:  # informative only
@@ -468,7 +467,6 @@ def _time_to_save(every_s: float, last: float, step: int, process_count: int, lo
         return time.monotonic() - last >= every_s
     if step % max(1, log_every):
         return False
-    from jax.experimental import multihost_utils
     due = np.asarray(time.monotonic() - last >= every_s, np.int32)
     return bool(multihost_utils.broadcast_one_to_all(due))
 
@@ -483,7 +481,6 @@ def _should_stop(preempt: _Preemption, mngr, step: int, process_count: int, log_
         return preempt.flag.is_set()
     if step % max(1, log_every):
         return False
-    from jax.experimental import multihost_utils
     flags = multihost_utils.process_allgather(np.asarray(preempt.flag.is_set(), np.int32))
     return bool(np.any(flags))
 
@@ -494,7 +491,6 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     summary: {"status": "done" | "preempted" | "already_done", "step", "loss", "val_loss", "val_ppl",
               "num_params", "wall_time"}
     """
-    from idattn.data import pipeline, tokenizer as tok_lib
 
     t0 = time.time()
     if "://" in str(workdir):
@@ -584,7 +580,6 @@ def _broadcast_token(token: str | None) -> str:
     """Process 0's lease token on every process (the fencing token and the name of its in-flight checkpoints)."""
     if jax.process_count() == 1:
         return str(token)
-    from jax.experimental import multihost_utils
     raw = np.frombuffer(bytes.fromhex(token), np.uint8) if token else np.zeros(16, np.uint8)
     return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw), np.uint8)).hex()
 
@@ -697,7 +692,6 @@ class _Loop:
 
     def __init__(self, config, plan: RunPlan, workdir: str, *, setup: "Setup", tokenizer, micro: int, fence,
                  tag: str):
-        from idattn.data import pipeline
 
         self.config, self.plan, self.workdir, self.setup = config, plan, workdir, setup
         self.tokenizer, self.micro, self.fence = tokenizer, micro, fence
@@ -953,8 +947,6 @@ class _Loop:
     # ---- evaluation
     def evaluate(self, step: int) -> tuple[float, float]:
         """The trainer's validation (docs/evaluation.md): the first train.eval_batches packed held-out batches."""
-        from idattn.data import pipeline
-        from idattn.rundir.schema import write_result
 
         if self.eval_data is None:
             self.eval_data = pipeline.make_eval_batches(self.config.data, self.tokenizer, batch_size=self.micro,
@@ -994,7 +986,6 @@ class _Loop:
     def finish_owed(self) -> dict[str, Any]:
         """A rerun of a finished run: what it still owes when it was killed between its last checkpoint and its
         end (the final validation, best/), then "already_done"."""
-        from idattn.rundir.schema import read_results
 
         step = self.start_step
         try:

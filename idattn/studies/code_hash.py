@@ -1,0 +1,67 @@
+"""The code a study's numbers depend on, as hashes a run records (idattn.studies.repro_runs, the quickstart):
+the model code (`source_hash`, re-verifiable by evaluating a trained run) and the training code (`train_code_hash`,
+not re-verifiable: a change trains the run again)."""
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+
+PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
+
+
+class CodeHashError(RuntimeError):
+    """The package has none of the files a hash covers (a broken install)."""
+
+
+SRC_DIRS = ("ops", "layers", "models")  # inside the package
+# Left out of the hash: the fused Pallas kernels. Every model of the study runs impl="chunked" and
+# attn_impl="xla" (experiments/repro.py; asserted in tests/test_repro.py), so no study run executes them, and a
+# GPU / TPU kernel change must not retrain the CPU study (it did once: every run went stale).
+SRC_EXCLUDE = (os.path.join("ops", "pallas"),)
+
+
+_SRC: list[str] = []
+
+
+def source_hash() -> str:
+    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
+    idattn/models but the fused kernels (SRC_EXCLUDE: no study run executes them), as a sorted set of per-file
+    hashes, so that moving or renaming a file changes nothing and only a change of code re-verifies a finished
+    run."""
+    if not _SRC:
+        digests = []
+        skip = [os.path.join(PACKAGE, x) for x in SRC_EXCLUDE]
+        for d in SRC_DIRS:
+            for root, _, files in os.walk(os.path.join(PACKAGE, d)):
+                if any(root == x or root.startswith(x + os.sep) for x in skip):
+                    continue
+                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
+                            for n in files if n.endswith(".py")]
+        if not digests:
+            raise CodeHashError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
+        _SRC.append(hashlib.sha1("".join(sorted(digests)).encode()).hexdigest()[:10])
+    return _SRC[0]
+
+
+# What decides a run's numbers besides the model: the loss and the update (train/step.py), the optimiser and the
+# schedule (train/optim.py), packing (data/pipeline.py) and the token ids (data/tokenizer.py). A change here cannot
+# be re-verified by evaluating the trained parameters (their perplexity is that of the old training), so a finished
+# run trained with other training code is trained again (check_reuse); files are named, not globbed, because the
+# rest of idattn/train (checkpointing, leases, metrics) moves no number.
+TRAIN_FILES = (os.path.join("train", "step.py"), os.path.join("train", "optim.py"),
+               os.path.join("data", "pipeline.py"), os.path.join("data", "tokenizer.py"))
+_TRAIN_SRC: list[str] = []
+
+
+def train_code_hash() -> str:
+    """sha1 (10 hex) of TRAIN_FILES' contents, in their listed order."""
+    if not _TRAIN_SRC:
+        h = hashlib.sha1()
+        for rel in TRAIN_FILES:
+            path = os.path.join(PACKAGE, rel)
+            if not os.path.isfile(path):
+                raise CodeHashError(f"no training code at {path} to hash (TRAIN_FILES in {__name__})")
+            h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
+        _TRAIN_SRC.append(h.hexdigest()[:10])
+    return _TRAIN_SRC[0]
