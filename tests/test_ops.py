@@ -518,8 +518,10 @@ def test_linear_readout_bad_inputs():
     lam, b, c = (x[k].astype(np.complex64) for k in ("lam", "b", "c"))
     with pytest.raises(ValueError, match=r"z must be \[B, T, H, W\]"):
         s4d_linear_mix(x["z"][0], lam, b, c)
-    with pytest.raises(ValueError, match=r"b and c must match lam's \[H, M\] = \(2, 4\)"):
+    with pytest.raises(ValueError, match=r"b and c must have lam's M = 4 modes \(c \[H, M\] = \[2, 4\]\)"):
         s4d_linear_mix(x["z"], lam, b, c[:, :3])
+    with pytest.raises(ValueError, match=r"lam per token must be \[B, T, H, M\] = \[1, 8, 2, M\]"):
+        s4d_linear_mix(x["z"], np.broadcast_to(lam, (1, 7, 2, 4)), b, c)
     with pytest.raises(ValueError, match=r"initial_state must be complex X \[B, H, M, W\] = \[1, 2, 4, 3\]"):
         s4d_linear_mix(x["z"], lam, b, c, initial_state=np.zeros((1, 2, 4, 2), np.complex64))
     with pytest.raises(ValueError, match="impl must be one of"):

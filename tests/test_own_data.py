@@ -181,7 +181,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     """Unknown input format (prepare), a held-out split that cannot be made (prepare) or is absent (trainer, at
     start), an unknown corpus (eval), a config-key typo (train): one line with the fix; nothing written."""
     env = _env()
-    (tmp_path / "a.csv").write_text("x,y\n")
+    (tmp_path / "a.xlsx").write_text("x,y\n")
     (tmp_path / "docs").mkdir()
     rng = np.random.default_rng(1)
     texts = [" ".join(rng.choice(WORDS, 60)) for _ in range(4)]
@@ -195,7 +195,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
         assert proc.returncode == 2 and len(err) == 1 and needle in err[0], proc.stderr[-2000:]
         return err[0]
 
-    e = one_line(["idattn.data.prepare", "--source=a.csv", "--out=o1", "--train_tokenizer=300"], "unknown format")
+    e = one_line(["idattn.data.prepare", "--source=a.xlsx", "--out=o1", "--train_tokenizer=300"], "unknown format")
     assert "--format" in e
     e = one_line(["idattn.data.prepare", "--source=docs", "--out=o2", "--train_tokenizer=300"], "validation split")
     assert "the corpus has 4 documents" in e and "--min_val_tokens" in e
@@ -205,7 +205,7 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     e = one_line(["idattn.train", f"--config={REPO}/experiments/scaling.py:interdomain,tiny", "--workdir=w",
                   "--config.train.num_step=5"], "has no key 'num_step'")
     assert "did you mean 'num_steps'" in e and "\\n" not in e and "\\'" not in e
-    assert sorted(os.listdir(tmp_path)) == ["a.csv", "docs"]
+    assert sorted(os.listdir(tmp_path)) == ["a.xlsx", "docs"]
 
     # the trainer refuses a prepared folder without a held-out split at start, before writing the workdir
     from idattn.data import prepare

@@ -42,7 +42,8 @@ SHARD_SUFFIX = ".array_record"
 TRAIN_HASHES = "train_hashes.npy"
 VAL_HASHES = "val_hashes.npy"
 # suffixes of the raw inputs prepare reads (idattn.data.prepare.FORMATS): a folder of these is text, not data
-RAW_SUFFIXES = (".txt", ".text", ".md", ".jsonl", ".jsonl.gz", ".parquet")
+RAW_SUFFIXES = (".txt", ".text", ".md", ".jsonl", ".jsonl.gz", ".parquet", ".csv", ".csv.gz", ".tsv", ".tsv.gz",
+                ".arrow")
 
 
 SHARDS = "shards"  # meta.json key of the per-shard checksums (module docstring)

@@ -23,3 +23,16 @@ def check_trainer_args(trainer_args: list[str], python: str = sys.executable) ->
     print(("dry run: " if proc.returncode == 0 else "dry run refused: ") + last, file=sys.stderr, flush=True)
     return proc.returncode
 
+
+def is_git_checkout(path: str) -> bool:
+    """True when `path` or a folder above it holds `.git` (a folder, or a file for worktrees and submodules):
+    read from the filesystem, so a dry run starts no process."""
+    d = os.path.abspath(path)
+    while True:
+        if os.path.exists(os.path.join(d, ".git")):
+            return True
+        parent = os.path.dirname(d)
+        if parent == d:
+            return False
+        d = parent
+

@@ -47,7 +47,7 @@ import shlex
 import subprocess
 import sys
 
-from idattn.launch import check_trainer_args
+from idattn.launch import check_trainer_args, is_git_checkout
 
 
 def _base(args, *cmd) -> list[str]:
@@ -176,15 +176,6 @@ def wait_active(args, sleep=None, clock=None) -> int:
         sleep(args.poll_s)
 
 
-def _is_checkout(local_dir: str) -> bool:
-    try:
-        proc = subprocess.run(["git", "-C", local_dir, "rev-parse", "--verify", "HEAD"], capture_output=True,
-                              text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0
-
-
 def _dirty(local_dir: str) -> str:
     try:
         return subprocess.run(["git", "-C", local_dir, "status", "--porcelain", "--untracked-files=no"],
@@ -220,12 +211,14 @@ def main(argv=None) -> int:
     p.add_argument("--lines", type=int, default=50, help="logs: last lines to show")
     p.add_argument("--follow", action="store_true", help="logs: keep following (tail -f)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
+    p.add_argument("--no_check", action="store_true", help="dry run: print only, without checking the trainer's "
+                   "arguments here (for callers that checked them, e.g. idattn.sweep)")
     args = p.parse_args(argv)
-    if args.action == "train" and args.dry_run and rest:
+    if args.action == "train" and args.dry_run and rest and not args.no_check:
         rc = check_trainer_args(rest)  # fails here as the real run would, before anything is rented
         if rc:
             return rc
-    if args.action == "setup" and not _is_checkout(args.local_dir):
+    if args.action == "setup" and not is_git_checkout(args.local_dir):
         print(f"error: --local_dir={args.local_dir!r} is not a git checkout; setup ships `git archive HEAD` of one "
               "(clone the repository, or pass --local_dir=<checkout>)", file=sys.stderr)
         return 2

@@ -309,7 +309,9 @@ def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max
     slurm = _launch_module("slurm")
     n = len(configs)
     array = f"--array=0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    argv = [*launcher_args, f"--sbatch={array}", "--dry_run", "--", *train_args(sweep_file, "RUN_NAME", root, extra)]
+    # --no_check: the template's config names the placeholder RUN_NAME (each run's config was resolved here)
+    argv = [*launcher_args, f"--sbatch={array}", "--dry_run", "--no_check", "--",
+            *train_args(sweep_file, "RUN_NAME", root, extra)]
     # parse with launch/slurm.py's own parser by calling its main in dry-run mode and capturing the script
     import contextlib
     import io
@@ -399,7 +401,7 @@ def run_tpu(sweep_file, configs, root, extra, launcher_args, *, dry_run, tpu_nam
         if dry_run:
             # --dry_run must precede `--` (after it, it would be a trainer argument and the command would run)
             k = argv.index("--") if "--" in argv else len(argv)
-            dry = [*argv[:k], "--dry_run", *argv[k:]]
+            dry = [*argv[:k], "--dry_run", "--no_check", *argv[k:]]  # each run's config was resolved here
             if any(a.startswith("--zone") for a in argv[:k]):  # launch/tpu.py requires --zone to render
                 tpu.main(dry)
             continue
