@@ -118,7 +118,10 @@ def test_sigkill_then_rerun_matches_straight_run(tmp_path, env, straight):
     assert len(files) == 2, [len(f) for f in files]
     raw = [st for st, _ in _tb_scalars(files, "train/loss", purge=False)]
     twice = sorted({st for st in raw if raw.count(st) == 2})
-    assert twice and twice == list(range(restored + 1, killed_last + 1)), (restored, killed_last, twice)
+    # the killed run's TensorBoard writer flushes behind metrics.jsonl (a SIGKILL loses its queue): the steps
+    # logged twice are the first ones past the restored checkpoint, up to the last the killed run wrote
+    assert twice and twice == list(range(restored + 1, restored + 1 + len(twice))), (restored, killed_last, twice)
+    assert twice[-1] <= killed_last, (restored, killed_last, twice)
     shown = _tb_scalars(files, "train/loss")
     steps = [st for st, _ in shown]
     assert steps == list(range(1, 21)), ("TensorBoard shows", sorted({st for st in steps if steps.count(st) > 1}),
