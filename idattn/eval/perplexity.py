@@ -184,6 +184,11 @@ def extrapolation(score_fn: ScoreFn, corpora: dict[str, Sequence[Sequence[int]]]
             metrics[f"{name}/ppl@{L}"] = ppl
             cd[str(L)] = {"ppl": ppl, "tokens": int(nll.size), "bucket_ppl": bucket_ppl}
         details["corpora"][name] = cd
+    return _with_five_corpus_mean(metrics, details, corpora, lengths)
+
+
+def _with_five_corpus_mean(metrics, details, corpora, lengths):
+    """Adds the headline `ppl@<L>` (the arithmetic mean over the paper's five corpora) only when all five ran."""
     avg_over = list(FIVE_CORPORA) if all(c in corpora for c in FIVE_CORPORA) else []
     details["average_over"] = avg_over
     for L in lengths if avg_over else []:
@@ -211,11 +216,7 @@ def _extrapolation_rolling(score_fn, corpora, lengths, *, bos, max_docs, batch_s
             cd[str(L)] = {"ppl": ppl, "tokens": n_tok, "docs": len(kept),
                           "docs_longer_than_L": sum(len(d) > L for d in kept)}
         details["corpora"][name] = cd
-    avg_over = list(FIVE_CORPORA) if all(c in corpora for c in FIVE_CORPORA) else []
-    details["average_over"] = avg_over
-    for L in lengths if avg_over else []:
-        metrics[f"ppl@{L}"] = float(np.mean([metrics[f"{c}/ppl@{L}"] for c in avg_over]))
-    return metrics, details
+    return _with_five_corpus_mean(metrics, details, corpora, lengths)
 
 
 def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", train_len: int | None = None) -> str:
