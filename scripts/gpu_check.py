@@ -311,8 +311,11 @@ def make_deps(dest):
 
 def run_module(args, timeout, extra_path=None):
     """Run `python -m ...` as a child (its own jax, its own failures), streaming its output; returns its
-    output lines (exit status appended)."""
+    output lines (exit status appended). The child is killed at `timeout` seconds whether or not it prints
+    (a reader thread feeds a queue, so a silent child cannot hold the script past its budget)."""
+    import queue
     import subprocess
+    import threading
     env = dict(os.environ)
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")] + ([extra_path] if extra_path else []))
@@ -321,16 +324,24 @@ def run_module(args, timeout, extra_path=None):
     try:
         p = subprocess.Popen([sys.executable, "-u", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True, env=env)
-        for line in p.stdout:
+        q = queue.Queue()
+        threading.Thread(target=lambda: ([q.put(x) for x in p.stdout], q.put(None)), daemon=True).start()
+        while True:
+            try:
+                line = q.get(timeout=max(0.0, t + timeout - time.time()))
+            except queue.Empty:
+                line = ""
+            if line is None:
+                break
+            if time.time() - t > timeout:
+                p.kill()
+                lines.append(f"(stopped after {timeout:.0f} s: time budget)")
+                break
             line = line.rstrip("\n")
             if "cudart_stub" in line or "absl::InitializeLog" in line:
                 continue
             lines.append(line)
             log("  | " + line)
-            if time.time() - t > timeout:
-                p.kill()
-                lines.append(f"(stopped after {timeout:.0f} s: time budget)")
-                break
         rc = p.wait()
         lines.append(f"(exit {rc}, {time.time() - t:.0f} s)")
     except Exception as e:  # noqa: BLE001

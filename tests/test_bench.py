@@ -84,3 +84,49 @@ def test_op_refuses_unknown_modes_and_impls_up_front(capsys, monkeypatch, flag, 
         bop.main([flag, "--no-decode"])
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and said in err and len(err.splitlines()) == 1
+
+
+def _gpu_check_script():
+    """scripts/gpu_check.py as a module (it is a script, not part of the package)."""
+    import importlib.util
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "scripts", "gpu_check.py")
+    spec = importlib.util.spec_from_file_location("gpu_check_script", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gpu_check_stops_a_silent_child_at_its_budget():
+    """A section's child that prints nothing is still killed at its deadline (the budget once overran by the
+    time a silent child took: the timeout was checked only when a line arrived)."""
+    import time
+    gc = _gpu_check_script()
+    t = time.time()
+    lines = gc.run_module(["-c", "import time; print('started', flush=True); time.sleep(60)"], timeout=3)
+    assert time.time() - t < 15, lines
+    assert lines[0] == "started" and "(stopped after 3 s: time budget)" in lines, lines
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_fits_its_budget_and_skips_what_needs_a_gpu():
+    """`scripts/gpu_check.py --dry-run --budget-s B` on CPU: done within B, the cuDNN comparison says skipped
+    (no GPU), and nothing reports FAILED or ERROR (issue 38 item 5)."""
+    import os
+    import subprocess
+    import sys
+    import time
+    root = os.path.join(os.path.dirname(__file__), "..")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=root)
+    env.pop("OUT", None)
+    budget = 150
+    t = time.time()
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "gpu_check.py"), "--dry-run",
+                           f"--budget-s={budget}"], env=env, capture_output=True, text=True, timeout=3 * budget)
+    wall = time.time() - t
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    total = float(re.search(r"total (\d+) s of 150 s budget", out).group(1))
+    assert total <= budget and wall <= budget + 30, (total, wall)  # + the interpreter's start and jax's import
+    assert "cudnn vs xla [causal]: skipped (no GPU" in out
+    assert "FAILED" not in out and "ERROR" not in out, out[-3000:]

@@ -22,7 +22,12 @@ import math
 import os
 import re
 
+from idattn import quiet_stderr
 from idattn.aot.target import GiB, Target
+
+# What libtpu prints when it starts on a host that is not a TPU VM (not errors for compile-only devices)
+LIBTPU_PROBE_LINES = ("Failed to find host bounds for accelerator type", "Logging before InitGoogle()",
+                      "unexpected worker hostname", "=== Source Location Trace: ===", "libtpu_init_utils.cc")
 
 # generation -> (libtpu topology prefix, chip_config_name, dims, HBM GiB per chip, name counts cores)
 GENERATIONS = {
@@ -107,8 +112,11 @@ def tpu_target(name: str, num_slices: int = 1) -> Target:
     topo_name = f"{prefix}:{'x'.join(str(s) for s in shape)}"
     bounds = chips_per_host_bounds(gen, shape)
     try:
-        topo = topologies.get_topology_desc(platform="tpu", topology_name=topo_name, chip_config_name=chip_config,
-                                            chips_per_host_bounds=bounds, num_slices=int(num_slices))
+        # libtpu's start-up probes of a TPU VM's metadata (accelerator type, worker hostnames) print five lines of
+        # warnings and an INVALID_ARGUMENT trace on any other host; compile-only devices never need them
+        describe = quiet_stderr(topologies.get_topology_desc, LIBTPU_PROBE_LINES)
+        topo = describe(platform="tpu", topology_name=topo_name, chip_config_name=chip_config,
+                        chips_per_host_bounds=bounds, num_slices=int(num_slices))
     except Exception as e:
         msg = str(e)
         if "libtpu" in msg.lower() or "plugin" in msg.lower() or "tpu" in msg.lower() and "not found" in msg.lower():
