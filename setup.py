@@ -9,6 +9,7 @@ from setuptools import find_packages, setup
 
 # Accelerator runtimes, pinned to the jax version in install_requires (a mismatched libtpu or plugin refuses to load).
 _TPU = ["jax[tpu]==0.10.2", "libtpu==0.0.42.1"]
+_WANDB = ["wandb>=0.18"]
 # The plugin alone brings no CUDA libraries: its `with-cuda` extra adds cuDNN, cuBLAS, NCCL and the runtime.
 _CUDA12_LOCAL = ["jax-cuda12-plugin==0.10.2", "jax-cuda12-pjrt==0.10.2"]
 _CUDA12 = ["jax-cuda12-plugin[with-cuda]==0.10.2", "jax-cuda12-pjrt==0.10.2", "nvidia-cuda-nvcc-cu12>=12.9.86"]
@@ -53,8 +54,10 @@ setup(
         # compilers so that the ahead-of-time tests (tests/test_aot_*.py, tests/test_mesh_kernels.py) compile
         # for real TPU and H100/H200 targets on a CPU-only host. pytest-xdist: the suite runs on 2 workers.
         "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "jax==0.10.2", "jaxlib==0.10.2", *_TPU,
-                 *_CUDA12_COMPILE],
+                 *_CUDA12_COMPILE, *_WANDB],
         "tfds": ["tensorflow-datasets>=4.9"],
+        # Weights & Biases beside TensorBoard (train.wandb_project; offline by default, idattn/train/tracker.py)
+        "wandb": _WANDB,
         "harness": ["lm-eval>=0.4.5"],
         "gcs": ["gcsfs>=2024.1"],
         "hub": ["huggingface_hub>=0.24"],

@@ -259,6 +259,7 @@ def test_free_space_check_refuses_a_save_that_cannot_fit(tmp_path, in_process, m
     ({"train.warmup_steps": 50}, "config.train.warmup_steps=50 exceeds the 20 steps of the run"),
     ({"train.schedule": "linear"}, "config.train.schedule='linear': expected one of ('cosine', 'wsd')"),
     ({"train.end_lr": 1.0}, "config.train.end_lr=1.0 is above config.train.peak_lr"),
+    ({"train.wandb_mode": "cloud"}, "config.train.wandb_mode='cloud': expected one of ('offline', 'online')"),
 ])
 def test_bad_values_are_refused_before_any_write(tmp_path, in_process, overrides, key):
     wd = str(tmp_path / "never")

@@ -209,6 +209,9 @@ def base_config() -> ml_collections.ConfigDict:
     t.init_from = ""  # workdir of another run to initialise parameters from (explicit, never implicit)
     t.loss_chunk = 512  # token loss computed this many positions at a time (0: from full logits); see models/llama.py
     t.peak_tflops_per_device = 0.0  # MFU denominator; 0: look up the device kind (idattn.train.metrics)
+    t.wandb_project = ""  # Weights & Biases project beside TensorBoard ('' = none; idattn/train/tracker.py)
+    t.wandb_mode = "offline"  # offline (under <workdir>/wandb, `wandb sync` later) | online
+    t.wandb_entity = ""  # W&B team or user ('' = the account's default)
     t.schedule = "cosine"  # cosine (the paper's) | wsd (warmup-stable-decay: extendable, branchable; train/optim.py)
     t.decay_steps = -1  # wsd: steps of the final decay; -1: round(decay_fraction * num_steps)
     t.decay_fraction = 0.2  # wsd: share of the steps in the decay (Hägele et al. 2024: ~20% matches cosine)

@@ -103,6 +103,10 @@ DESCRIPTIONS = {
     "train.init_from": "Workdir of another run to initialise the parameters from (fresh optimiser, step 0).",
     "train.loss_chunk": "Positions per chunk of the token loss (0: from the full logits).",
     "train.peak_tflops_per_device": "MFU denominator in TFLOP/s (0: looked up from the device kind).",
+    "train.wandb_project": "Weights & Biases project to log every metrics record to ('' = no tracker; needs "
+                           "pip install -e \".[wandb]\").",
+    "train.wandb_mode": "offline (written under <workdir>/wandb, `wandb sync` later) | online.",
+    "train.wandb_entity": "W&B team or user ('' = the account's default).",
     "train.schedule": "cosine (the paper's) | wsd (warmup-stable-decay: extendable and branchable).",
     "train.decay_steps": "WSD: steps of the final decay (-1: decay_fraction x num_steps).",
     "train.decay_fraction": "WSD: share of the steps in the decay.",

@@ -152,15 +152,19 @@ def reconcile(path: str, resume_step: int, saved_lines: list[str] | None) -> str
 
 class MetricsWriter:
     """Writes on process 0 only; every other process is silent. `guard(what)` runs before every write (the
-    workdir lease's fencing check); `lines_up_to(step)` is the log so far (copied into every checkpoint)."""
+    workdir lease's fencing check); `lines_up_to(step)` is the log so far (copied into every checkpoint).
+    `tracker` (idattn.train.tracker, e.g. Weights & Biases) gets every record and scalar too, as
+    `<prefix>/<key>` at its step; it is closed with the writer."""
 
     def __init__(self, workdir: str, *, enabled: bool, total_steps: int, resume_step: int = 0,
-                 tensorboard: bool = True, saved_lines: list[str] | None = None, guard=None, log=print):
+                 tensorboard: bool = True, saved_lines: list[str] | None = None, guard=None, log=print,
+                 tracker=None):
         self.enabled = enabled
         self.total_steps = total_steps
         self.path = os.path.join(workdir, "metrics.jsonl")
         self._guard = guard or (lambda what: None)
         self._tb = None
+        self._tracker = tracker if enabled else None
         self._file = None
         self._lines: list[tuple[int, str]] = []
         if not enabled:
@@ -196,6 +200,8 @@ class MetricsWriter:
                 if isinstance(v, (int, float)) and math.isfinite(v):
                     self._tb.add_scalar(f"{prefix}/{k}", v, step)
             self._flush_tb()
+        if self._tracker is not None:
+            self._tracker.log({f"{prefix}/{k}": v for k, v in metrics.items()}, step)
         if console:
             print(self.progress_line(step, metrics), flush=True)
 
@@ -215,6 +221,9 @@ class MetricsWriter:
             self._guard(f"TensorBoard event {tag} of step {step}")
             self._tb.add_scalar(tag, value, step)
             self._flush_tb()
+        if self._tracker is not None:
+            self._guard(f"tracker scalar {tag} of step {step}")
+            self._tracker.log({tag: value}, step)
 
     def _flush_tb(self, timeout_s: float = 2.0) -> None:
         """Flushes TensorBoard and waits (bounded) until tensorboardX's writer thread has drained its queue, so
@@ -237,6 +246,9 @@ class MetricsWriter:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        if self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
 
 
 class Timer:

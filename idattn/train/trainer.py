@@ -49,6 +49,7 @@ from idattn.train import lease as lease_lib
 from idattn.train import metrics as metrics_lib
 from idattn.train import optim
 from idattn.train import sharding as shd
+from idattn.train import tracker as tracker_lib
 from idattn.train import validate
 from idattn.train.plan import RunPlan
 from idattn.train.step import BATCH_KEYS, TrainState, make_eval_step, make_train_step
@@ -793,11 +794,13 @@ class _Loop:
         """metrics.jsonl (and TensorBoard) from the restored step on: lines past it are dropped (the run repeats
         those steps), lines missing before it (a file cut or deleted) are restored from the checkpoint's copy."""
         saved = metrics_lib.unpack_lines(self.restored_meta.get("metrics_log"))
+        tracker = None
         if self.is_main:
             self.fence.check("metrics.jsonl")
+            tracker = tracker_lib.make_tracker(self.config, self.workdir)  # train.wandb_project: W&B
         self.writer = metrics_lib.MetricsWriter(self.workdir, enabled=self.is_main, total_steps=self.num_steps,
                                                 resume_step=self.start_step, saved_lines=saved,
-                                                guard=self.fence.check, log=log)
+                                                guard=self.fence.check, log=log, tracker=tracker)
 
     def close(self) -> None:
         """Waits for pending saves (a failure here is reported, never masking the error being raised), then

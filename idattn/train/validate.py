@@ -63,7 +63,7 @@ def _choice(cfg, section, key, choices):
 def check_values(config) -> None:
     """Raises ConfigError (one line) for the first out-of-range train / data value."""
     from idattn.data import pipeline
-    from idattn.train import optim
+    from idattn.train import optim, tracker
 
     _int_at_least(config, "train", "batch_size", 1)
     _int_at_least(config, "train", "grad_accum", 1)
@@ -100,6 +100,7 @@ def check_values(config) -> None:
     _int_at_least(config, "train", "max_bad_steps", 0)
     _choice(config, "train", "schedule", optim.SCHEDULES)
     _choice(config, "train", "wsd_shape", optim.WSD_SHAPES)
+    tracker.check_tracker_config(t)
     _int_at_least(config, "train", "decay_steps", -1)
     _real(config, "train", "decay_fraction", lo=0, hi=1, lo_open=True)
     _real(config, "train", "lease_heartbeat_s", lo=0, lo_open=True)
