@@ -18,16 +18,16 @@ count, S-NIAH-1 accuracy against context; labelled axes with units, training len
 
 Numbers are never mixed: a run's validation perplexity is its trainer's validation (held-out split, first
 eval_batches x microbatch x seq_len tokens at the training context; `idattn.rundir.schema`), or, for a run with no
-trainer file, the eval CLI's; every table with validation numbers lists what each was measured on, and a value
-measured on another corpus / token count / context than the others in its table is marked †, with no
-"vs softmax" ratio across protocols. Table 2's "five-corpus mean" is filled only from runs evaluated on all five
+trainer file, the eval CLI's. Table 4, Fig. 2 and the scaling plot have one row / line per validation protocol
+(corpus, token count, context), so no row sets two protocols side by side; Table 6 (split by corpus) lists what
+each validation number was measured on and marks † one measured on another token count or context. Table 2's "five-corpus mean" is filled only from runs evaluated on all five
 paper corpora; any other corpus appears, named, in the per-corpus table.
 
 Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...) and the corpus
 its validation was measured on; the mixer is canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` =
 `generic-linear-norope`). Every run given appears, whatever the order of `--runs` (runs are sorted by mixer,
 size, corpus, folder): the validation tables (Table 4, Fig. 2) and `scaling.png` have one row / line per
-corpus, labelled with it. For the 1.3B tables each mixer's column takes its largest run (1.3b if present) and
+validation protocol, labelled with it. For the 1.3B tables each mixer's column takes its largest run (1.3b if present) and
 the header names the size, so small runs still render. When several runs compete for one cell the latest step
 wins, then the corpus and folder names, and the section "Which run fills a cell" says which was chosen over
 which. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
@@ -217,13 +217,16 @@ def _size_rank(s: str) -> int:
 
 
 def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | None = None,
-         exact: bool = False, corpus: str | None = None, why: list[str] | None = None) -> Run | None:
-    """The run of a mixer family (at `size`, else - unless `exact` - the largest; on `corpus` when given) that has
-    metric prefix `need`. When several runs compete for the cell, the rule is the same whatever the order of
+         exact: bool = False, corpus: str | None = None, protocol: tuple | None = None,
+         why: list[str] | None = None) -> Run | None:
+    """The run of a mixer family (at `size`, else - unless `exact` - the largest; on `corpus` when given; with
+    the validation protocol `protocol`, a protocol_key, when given) that has metric prefix `need`. When several runs compete for the cell, the rule is the same whatever the order of
     `--runs`: the latest step (the most trained), then the corpus and folder names; the choice is appended to `why`."""
     cands = [r for r in runs if r.family == family and (need is None or any(k.startswith(need) for k in r.metrics))]
     if corpus is not None:
         cands = [r for r in cands if r.corpus == corpus]
+    if protocol is not None:
+        cands = [r for r in cands if protocol_key(r.protocols.get("validation")) == protocol]
     if size is not None:
         at = [r for r in cands if r.size == size]
         cands = at if (at or exact) else cands
@@ -339,34 +342,41 @@ def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], 
     return marks, note
 
 
+def _validation_protocols(runs: list[Run]) -> list[tuple]:
+    """The distinct validation protocols (protocol_key) of `runs`, in a fixed order."""
+    return sorted({protocol_key(r.protocols.get("validation")) for r in runs}, key=str)
+
+
 def table4(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["cell", "description", "paper loss", "paper ppl", "ours on", "ours loss", "ours ppl", "ours vs softmax",
               "ours run"]
     rows = []
     # one size for the whole cube (125M when measured there, else the size with the most cells measured), so
-    # that "vs softmax" never compares across sizes; one row per corpus measured, "vs softmax" within a corpus
+    # that "vs softmax" never compares across sizes; one row per validation protocol measured (corpus, token
+    # count, context), "vs softmax" within it: a row never sets numbers of two protocols side by side
     sizes = [r.size for r in runs if "validation/loss" in r.metrics]
     size = "125m" if "125m" in sizes else max(sorted(set(sizes)), key=lambda s: (sizes.count(s), _size_rank(s)),
                                               default=None)
-    corpora = sorted({r.corpus for r in runs if r.size == size and "validation/loss" in r.metrics})
-    picked = []
+    measured = [r for r in runs if r.size == size and "validation/loss" in r.metrics]
+    protocols = _validation_protocols(measured)
+    text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in measured}
     for cell, desc, loss, ppl in P.TABLE4:
-        got = [(c, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True, corpus=c, why=why))
-               for c in corpora]
-        picked += [(cell, desc, loss, ppl, c, r) for c, r in got if r] or [(cell, desc, loss, ppl, None, None)]
-    marks, note = _protocol_notes(runs, [x[5] for x in picked])
-    for cell, desc, loss, ppl, c, r in picked:
-        soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True, corpus=c) if c else None
-        ol = r.metrics["validation/loss"] if r else None
-        m = marks.get(id(r), "") if r else ""
-        same = r and soft and protocol_key(r.protocols.get("validation")) == protocol_key(soft.protocols.get("validation"))
-        rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
-               if r and soft and cell != "softmax" and same else ("n/c (other protocol)" if r and soft and cell != "softmax"
-                                                                  else "—"))
-        rows.append([cell, desc, fmt(loss, 4), fmt(ppl), c or "—", m + fmt(ol, 4),
-                     m + fmt(math.exp(ol) if ol is not None else None), rel, r.size if r else "—"])
+        got = [(pk, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True, protocol=pk,
+                         why=why)) for pk in protocols]
+        got = [(pk, r) for pk, r in got if r] or [(None, None)]
+        for pk, r in got:
+            soft = pick(runs, "softmax", size=size, need="validation/loss", exact=True, protocol=pk) if r else None
+            ol = r.metrics["validation/loss"] if r else None
+            rel = (f"{(math.exp(ol) / math.exp(soft.metrics['validation/loss']) - 1) * 100:+.2f}%"
+                   if r and soft and cell != "softmax" else "—")
+            rows.append([cell, desc, fmt(loss, 4), fmt(ppl), text[pk] if r else "—", fmt(ol, 4),
+                         fmt(math.exp(ol) if ol is not None else None), rel, r.size if r else "—"])
+    note = ""
+    if len(protocols) > 1:
+        note = (f"\n\nOur cube runs were validated under {len(protocols)} protocols (corpus, token count, context): "
+                "one row per cell and protocol; 'vs softmax' only against the softmax run of the same protocol.")
     return ("### Table 4: mechanism cube (best-of-run validation; paper: 125M / 2.5B tokens; ours: one row per "
-            "corpus measured, 'vs softmax' against the softmax run on the same corpus)\n\n" +
+            "validation protocol measured, 'vs softmax' against the softmax run of the same protocol)\n\n" +
             markdown_table(header, rows) + note)
 
 
@@ -454,18 +464,21 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
     rows = []
     sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=lambda s: (_size_rank(s), s))
     shown = [r for r in runs if r.family in P.MIXERS and "validation/ppl" in r.metrics]
-    marks, note = _protocol_notes(runs, shown)
+    text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in shown}
     for s in sizes:
         paper = P.VAL_PPL.get(s, {})
         approx = "≈" if s in P.APPROX_FIG2 else ""
-        for c in sorted({r.corpus for r in shown if r.size == s}) or [None]:  # one row per corpus measured
+        # one row per validation protocol measured at this size (corpus, token count, context): a row's three
+        # values are always of one protocol
+        for pk in _validation_protocols([r for r in shown if r.size == s]) or [None]:
             ours = []
             for f in P.MIXERS:
-                r = pick(shown, f, size=s, exact=True, corpus=c, why=why) if c else None
-                ours.append((marks.get(id(r), "") if r else "") + fmt(r.metrics["validation/ppl"] if r else None))
-            rows.append([s, c or "—"] + [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
-    return ("### Fig. 2: best-of-run validation perplexity against scale (ours: one row per size and corpus)\n\n" +
-            markdown_table(header, rows) + note)
+                r = pick(shown, f, size=s, exact=True, protocol=pk, why=why) if pk else None
+                ours.append(fmt(r.metrics["validation/ppl"] if r else None))
+            rows.append([s, text[pk] if pk else "—"] +
+                        [approx + fmt(paper.get(f)) if f in paper else "—" for f in P.MIXERS] + ours)
+    return ("### Fig. 2: best-of-run validation perplexity against scale (ours: one row per size and validation "
+            "protocol)\n\n" + markdown_table(header, rows))
 
 
 PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
@@ -516,16 +529,17 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
 
 
 def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float, str]]]]:
-    """Our points of the scaling plot: one series per (mixer family, validation corpus), never a line joining two
-    corpora; each (family, label, [(params, best-of-run ppl, † mark)]), in a fixed order."""
+    """Our points of the scaling plot: one series per (mixer family, validation protocol: corpus, token count,
+    context), never a line joining two protocols; each (family, label, [(params, best-of-run ppl, mark)]), in a
+    fixed order (the mark is empty: a series is one protocol)."""
     shown = sorted((r for r in runs if "validation/ppl" in r.metrics and r.params()), key=Run.sort_key)
-    marks, _ = _protocol_notes(runs, shown)
     families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
     out = []
     for fam in families:
-        for c in sorted({r.corpus for r in shown if r.family == fam}):
-            rs = [r for r in shown if r.family == fam and r.corpus == c]
-            pts = sorted((r.params(), r.metrics["validation/ppl"], marks.get(id(r), "")) for r in rs)
+        mine = [r for r in shown if r.family == fam]
+        for pk in _validation_protocols(mine):
+            rs = [r for r in mine if protocol_key(r.protocols.get("validation")) == pk]
+            pts = sorted((r.params(), r.metrics["validation/ppl"], "") for r in rs)
             out.append((fam, f"{P.MIXER_LABEL.get(fam, fam)} ours ({protocol_text(rs[0].protocols['validation'])})",
                         pts))
     return out
