@@ -640,6 +640,7 @@ def test_raw_text_folder_as_data_path_hint(tmp_path, small_tok):
     msg = str(e.value)
     assert "\n" not in msg and "3 text file(s)" in msg
     assert f"prepare --source={tmp_path / 'my_corpus'} --out=<a new folder>" in msg and "--out " not in msg
+    assert "--text_field=<field or column>" in msg  # for JSON Lines / CSV / Parquet whose text is elsewhere
     with pytest.raises(prepare.PrepareError,
                        match="holds no meta.json but text files.*pass them as --source.*new, empty --out") as e:
         prepare.prepare(str(tmp_path / "my_corpus"), str(tmp_path / "my_corpus"), tokenizer=small_tok, num_proc=0,

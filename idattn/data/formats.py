@@ -99,7 +99,9 @@ def read_meta(data_dir) -> dict:
         elif raw:  # raw text, not prepared data: prepare it into another folder (prepare refuses this one)
             fix = (f" It holds {len(raw)} text file(s) ({', '.join(raw[:2])}{', ...' if len(raw) > 2 else ''}): "
                    f"prepare them into a fresh folder with `python -m idattn.data.prepare --source={d} "
-                   f"--out=<a new folder> --train_tokenizer=<vocab>` and point data.path (and data.tokenizer) there.")
+                   f"--out=<a new folder> --train_tokenizer=<vocab>` (JSON Lines, CSV / TSV, Parquet and Arrow: "
+                   f"add --text_field=<field or column> when the text is not in 'text') and point data.path (and "
+                   f"data.tokenizer) there.")
         else:
             fix = f" Create one with `python -m idattn.data.prepare --source=<your texts> --out={d}`."
         raise FileNotFoundError(f"data.path={str(d)!r}: no {META} there, so it is not a prepared data folder.{fix}")
