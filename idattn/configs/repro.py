@@ -226,6 +226,11 @@ MQAR = {
 HYBRID = dict(size=pilot_size(400, 3e-3), window=64, seeds=(0, 1, 2),
               mixers=("softmax", "interdomain", "s4d_only", "hybrid-interdomain-softmax-1to3",
                       "hybrid-interdomain-swa-1to3", "hybrid-s4d_only-softmax-1to3"))
+# The hybrid study's MQAR column: the recall table's task and optimiser (MQAR["small"]) on a 4-layer model (the
+# MQAR model's 2 layers hold no 1:3 group), every one of the six models alike; a windowed layer sees a quarter of
+# the task's context (16 of 64 tokens), as in the LM runs (64 of 256), so it cannot attend to every pair.
+HYBRID_MQAR = dict(num_layers=4, window=16)
+MQAR[HYBRID["size"]] = dict(MQAR["small"])
 
 
 TEXT_RECALL = {
@@ -385,9 +390,21 @@ def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.Config
 
 
 def get_mqar_config(mixer: str, size: str = "small") -> ml_collections.ConfigDict:
-    """The MQAR model (experiments/mqar.py's: d 64, 2 layers, 256-token vocabulary) and task at this size."""
+    """The MQAR model (experiments/mqar.py's: d 64, 2 layers, 256-token vocabulary; 4 layers at the hybrid
+    study's size, HYBRID_MQAR) and task at this size; a hybrid name builds its layer pattern."""
     from idattn.configs.mqar import get_config as mqar_config
-    c = mqar_config(mixer)
+    hybrid = parse_hybrid(mixer)
+    c = mqar_config(hybrid[0] if hybrid else mixer)
+    if size == HYBRID["size"]:  # the hybrid study's MQAR model: 4 layers, every model alike
+        c.model.num_layers = HYBRID_MQAR["num_layers"]
+    if hybrid:
+        recurrent, attention, k = hybrid
+        if c.model.num_layers % (k + 1):
+            raise ValueError(f"experiments/repro.py: MQAR {mixer} at size {size} needs a depth divisible by {k + 1}; "
+                             f"the MQAR model has {c.model.num_layers} layers")
+        c.model.layer_pattern = ",".join([recurrent] * k + [attention])
+        if attention == "swa":
+            c.model.window = int(HYBRID_MQAR["window"])
     if size == "toy":
         c.model.update(dict(d_model=32, num_layers=1, num_heads=2, head_dim=16, ffn_dim=64, num_modes=4))
         c.model.chunk_size = 8

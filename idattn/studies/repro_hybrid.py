@@ -14,6 +14,11 @@ word only when it excludes the line; idattn/studies/repro_verdicts.py):
   (h1) attention helps Interdomain: ppl(Interdomain) / ppl(Interdomain + global) > 1
   (h2) the query readout still matters with attention: ppl(S4D-only + global) / ppl(Interdomain + global) > 1
   (h3) a window is enough: ppl(Interdomain + SWA) / ppl(Interdomain + global) < 1.02 (within 2%)
+  (h4) attention repairs Interdomain's recall: MQAR accuracy(Interdomain + global) - accuracy(Interdomain) > 0
+       (at the training setting, T = 64 with 4 pairs; paired per seed, in accuracy points)
+
+MQAR: the recall table's task and optimiser (experiments/repro.py MQAR) on a 4-layer d 64 model (HYBRID_MQAR: the
+2-layer MQAR model holds no 1:3 group), the same for all six models; the window of SWA is 16 of the 64 tokens.
 """
 from __future__ import annotations
 
@@ -22,7 +27,8 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import LABEL, Ctx, lm_ppl, read_marker, run_cost, text_recall, write_table
+from idattn.studies.repro_runs import (LABEL, Ctx, ensure_mqar, lm_ppl, read_marker, run_cost, text_recall,
+                                      write_table)
 from idattn.studies.repro_verdicts import judge
 
 QUESTIONS = {  # name: (numerator, denominator, line, side, text)
@@ -33,6 +39,12 @@ QUESTIONS = {  # name: (numerator, denominator, line, side, text)
            "1:3) > 1"),
     "h3": ("hybrid-interdomain-swa-1to3", "hybrid-interdomain-softmax-1to3", math.log(1.02), "below",
            "a window is enough: ppl(Interdomain + SWA 1:3) / ppl(Interdomain + global 1:3) < 1.02"),
+}
+# (h4) on MQAR accuracy differences: (numerator, denominator, line, side, text)
+MQAR_QUESTIONS = {
+    "h4": ("hybrid-interdomain-softmax-1to3", "interdomain", 0.0, "above",
+           "attention repairs Interdomain's recall: MQAR accuracy(Interdomain + global 1:3) - accuracy(Interdomain) "
+           "> 0"),
 }
 WORDS = {"reproduced": "yes", "not reproduced": "no"}  # the rule's words for a claim; here a question's answer
 
@@ -56,6 +68,9 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     tr = ctx.exp.TEXT_RECALL[h["size"]]
     niah = [int(round(r * L)) for r in tr["niah_ratios"]]
     text_keys = [f"niah@{n}/acc" for n in niah] + [f"phonebook@{n}/acc" for n in tr["phonebook_sizes"]]
+    mq = ctx.exp.MQAR[h["size"]]
+    mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
+    mq_acc: dict[str, dict[int, dict[str, float]]] = {m: {} for m in h["mixers"]}
     ppl: dict[str, dict[int, float]] = {m: {} for m in h["mixers"]}
     text: dict[str, dict[str, list]] = {m: {k: [] for k in text_keys} for m in h["mixers"]}
     params: dict[str, int] = {}
@@ -76,13 +91,23 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
                 for k in text_keys:
                     text[m][k].append(rec.get(k))
             cost += run_cost(wd)
+    for s in seeds:  # MQAR after the language models: seed-major again
+        for m in h["mixers"]:
+            r = ensure_mqar(c, m, s)
+            if r is None:
+                missing.append(f"mqar {m}-s{s}")
+                continue
+            mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
+            cost += run_cost(c.mqar_dir(m, s))
     rows = []
     for m in h["mixers"]:
         vals = [ppl[m][s] for s in seeds if s in ppl[m]]
         mean = math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
         rows.append([label(m), f"{params.get(m):,}" if params.get(m) else "—",
                      " / ".join(f"{v:.2f}" for v in vals) or "—", f"{mean:.2f}" if mean else "—"]
-                    + [" / ".join(f"{100 * v:.0f}" for v in text[m][k] if v is not None) or "—" for k in text_keys])
+                    + [" / ".join(f"{100 * v:.0f}" for v in text[m][k] if v is not None) or "—" for k in text_keys]
+                    + [" / ".join(f"{100 * mq_acc[m][s][k]:.1f}" for s in seeds
+                                  if s in mq_acc[m] and mq_acc[m][s].get(k) is not None) or "—" for k in mq_keys])
     verdicts, lines = {}, []
     for q, (num, den, line, side, what) in QUESTIONS.items():
         lr = [math.log(ppl[num][s] / ppl[den][s]) for s in seeds if s in ppl[num] and s in ppl[den]]
@@ -93,6 +118,17 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
                  if iv["lo"] is not None else (f"ratio {math.exp(iv['mean']):.3f} (one seed: no interval)"
                                                if iv["mean"] is not None else "no paired seeds yet"))
         lines.append(f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(lr)} paired seeds")
+    for q, (num, den, line, side, what) in MQAR_QUESTIONS.items():
+        k = mq_keys[0]
+        diffs = [mq_acc[num][s][k] - mq_acc[den][s][k] for s in seeds if s in mq_acc[num] and s in mq_acc[den]]
+        word, iv = judge(diffs, line, side)
+        answer = WORDS.get(word, "undecided")
+        verdicts[q] = {"question": what, "differences": diffs, "interval": iv, "answer": answer}
+        ivtxt = (f"difference {100 * iv['mean']:+.1f} points [{100 * iv['lo']:+.1f}, {100 * iv['hi']:+.1f}]"
+                 if iv["lo"] is not None else (f"difference {100 * iv['mean']:+.1f} points (one seed: no interval)"
+                                               if iv["mean"] is not None else "no paired seeds yet"))
+        lines.append(f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(diffs)} paired seeds")
+    cm = ctx.exp.get_mqar_config("softmax", h["size"])
     z = ctx.exp.SIZES[h["size"]]
     wall = time.time() - t0
     md = "\n".join([
@@ -105,19 +141,23 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         f"on {tr['n']} examples per setting, per seed (S-NIAH-1 at {niah} tokens, phonebook with "
         f"{list(tr['phonebook_sizes'])} entries). Not the paper's models or data: no published number is beside "
         "these.", "",
+        f"MQAR (the last {len(mq_keys)} columns, accuracy % at query positions per seed): Zoology's task with the "
+        f"recall table's recipe ({mq['steps']} steps x {mq['batch_size']}, AdamW {mq['lr']:g}, trained at T = "
+        f"{mq['seq_len']} with {mq['num_kv_pairs']} pairs, {mq['num_test']} test sequences per setting) on a "
+        f"{cm.model.num_layers}-layer d_model {cm.model.d_model} model for all six (a 1:3 hybrid is one group), "
+        f"the SWA window {ctx.exp.HYBRID_MQAR['window']} of the {mq['seq_len']} tokens.", "",
         markdown_table(["model", "params", "ppl per seed", "ppl (geo. mean)"]
-                       + [k.split("/")[0] for k in text_keys], rows), "",
+                       + [k.split("/")[0] for k in text_keys] + [k.split("/")[0] for k in mq_keys], rows), "",
         "Questions (95% t interval of the per-seed log ratio, judged against the line; `undecided` when the "
         "interval contains it or fewer than 3 seeds pair):", "",
         *lines, "",
-        "MQAR for these models is not run yet: the study's MQAR model has 2 layers (experiments/mqar.py), which "
-        "holds no 1:3 group; a 4-layer MQAR recipe for all six is the next step.", "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
         f"invocation {wall / 60:.1f} min)."
         + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},
-            "text": text, "params": params, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
+            "text": text, "mqar": {m: {str(s): v for s, v in mq_acc[m].items()} for m in mq_acc},
+            "params": params, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     write_table(c, "hybrid", md, data)
     return data
