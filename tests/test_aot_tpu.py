@@ -238,8 +238,9 @@ def test_multislice_mesh_puts_slices_on_the_data_axis():
     """Two v5p-8 slices: config.mesh describes one slice (fsdp -1 -> 4); the data axis spans the slices (DCN), so
     fsdp / tensor groups never cross a slice boundary. And the sequence axis stays on one host of a v5p-128 (16
     hosts of 4 chips): the torus layout of create_device_mesh puts a sequence axis of 4 across hosts; make_mesh
-    regroups host-major so that every sequence (x tensor) block is on one host, as check_sequence_split requires
-    (each process reads whole rows); without a sequence axis the layout is create_device_mesh's."""
+    regroups host-major so that every sequence (x tensor) block is on one host where it fits (each process then
+    reads only its own rows; a group of 8 spans hosts and every process reads the whole batch); without a sequence
+    axis the layout is create_device_mesh's."""
     _need_libtpu()
     code = r"""
 import jax, numpy as np
@@ -258,6 +259,10 @@ for seq, ten in ((4, 1), (2, 2), (2, 1)):
     proc = np.vectorize(lambda d: d.process_index)(mesh.devices)
     assert all(len(set(proc[0, f].ravel())) == 1 for f in range(proc.shape[1])), (seq, ten, proc)
     assert sorted(d.id for d in mesh.devices.ravel()) == sorted(d.id for d in devs)
+    assert not shd.sequence_spans_processes(mesh)
+mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 8, "tensor": 1}, devs)  # more than a host's 4 chips
+shd.check_sequence_split(1 << 20, mesh)
+assert shd.sequence_spans_processes(mesh)
 mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 1, "tensor": 1}, devs)
 assert (mesh.devices == mesh_utils.create_device_mesh((1, 64, 1, 1), devices=devs,
                                                       allow_split_physical_axes=True)).all()

@@ -73,8 +73,8 @@ def cached_env(base_dir) -> dict:
 
 
 def run_train(workdir: str, *, overrides: dict | None = None, extra: Sequence[str] = (), env: dict | None = None,
-              timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(train_command(workdir, overrides=overrides, extra=extra), cwd=REPO, env=env or
+              timeout: float = 300, check: bool = True, config: str = TINY_CONFIG) -> subprocess.CompletedProcess:
+    proc = subprocess.run(train_command(workdir, config, overrides=overrides, extra=extra), cwd=REPO, env=env or
                           subprocess_env(), capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"training failed (rc={proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")

@@ -11,9 +11,9 @@ files (per-chip memory from the compiler's `memory_analysis()`, idattn/aot/compi
 below (closed forms of the config, no measurement).
 
 Mesh: v5p-128 (64 chips, 16 hosts of 4) as data 1 x fsdp 16 x sequence 4 x tensor 1, one sequence per sequence
-group (global batch 16 rows of T tokens, T/4 tokens per chip). The sequence axis is 4 because a sequence group
-must sit on one host (each process reads whole rows; `idattn.train.sharding.check_sequence_split`), and a v5p
-host has 4 chips.
+group (global batch 16 rows of T tokens, T/4 tokens per chip). The sequence axis is 4: a v5p host's 4 chips,
+the most a group could use before groups could span hosts (`idattn.train.sharding.sequence_spans_processes`);
+the grid with larger groups is not compiled yet.
 
 Cost model of the sequence axis, per layer and per row (P = 4 shards):
 

@@ -89,8 +89,8 @@ def host_local_sequence(dev: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     host-major order keeps every (sequence x tensor) block on one host (when sequence x tensor divides every
     process's device count); then that order (devices sorted by
     process, then id). The torus layout of `create_device_mesh` puts the trailing axes across hosts on a v5p
-    slice (its 4x4x4 torus has 4 chips per host in 2x2x1 blocks), which `check_sequence_split` refuses: each
-    process reads whole rows."""
+    slice (its 4x4x4 torus has 4 chips per host in 2x2x1 blocks); kept host-local where it can be, each process
+    reads only its own rows (a group that spans processes works too: `sequence_spans_processes`)."""
     n = int(shape[MESH_AXES.index(SEQUENCE_AXIS)])
     if n == 1 or not _sequence_spans_processes(dev, n):
         return dev
@@ -100,11 +100,13 @@ def host_local_sequence(dev: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         per_proc[d.process_index] = per_proc.get(d.process_index, 0) + 1
     inner = n * int(shape[MESH_AXES.index("tensor")])  # the trailing (sequence, tensor) block of the mesh
     if any(c % inner for c in per_proc.values()):
-        return dev  # cannot be made host-local; check_sequence_split says so
+        return dev  # cannot be made host-local: every process will read the whole batch
     return np.asarray(flat, dtype=object).reshape(shape)
 
 
 def _sequence_spans_processes(dev: np.ndarray, n: int) -> bool:
+    """Whether some group of `n` devices along the sequence axis of the device array `dev` has devices of more
+    than one process."""
     groups = np.moveaxis(np.asarray(dev), MESH_AXES.index(SEQUENCE_AXIS), -1).reshape(-1, n)
     return any(len({d.process_index for d in g}) > 1 for g in groups)
 
@@ -148,7 +150,8 @@ def logical_param_shardings(boxed_abstract_params, mesh: Mesh, rules) -> Any:
 
 
 def check_batch_divisible(global_batch: int, grad_accum: int, mesh: Mesh, process_count: int) -> int:
-    """Returns the microbatch size; refuses a batch the mesh / accumulation / hosts cannot divide."""
+    """Returns the microbatch size; refuses a batch the mesh / accumulation / hosts cannot divide (hosts: only
+    when each reads its own rows, i.e. no sequence group spans processes)."""
     if grad_accum < 1:
         raise ValueError(f"config.train.grad_accum={grad_accum}: must be >= 1")
     shards = batch_size_per_shard(mesh)
@@ -162,9 +165,10 @@ def check_batch_divisible(global_batch: int, grad_accum: int, mesh: Mesh, proces
             f"sequences, which the mesh cannot split over its data x fsdp = {mesh.shape['data']} x "
             f"{mesh.shape['fsdp']} = {shards} batch shards; use a batch size that is a multiple of "
             f"{shards * grad_accum} (or change config.mesh / grad_accum)")
-    if global_batch % process_count:
+    if global_batch % process_count and not sequence_spans_processes(mesh):
         raise ValueError(f"config.train.batch_size={global_batch} is not divisible by the {process_count} "
-                         f"processes (each host reads batch_size / processes rows)")
+                         f"processes (each host reads batch_size / processes rows; or split the sequence over "
+                         f"hosts with config.mesh.sequence, and every host reads the whole batch)")
     return micro
 
 
@@ -181,23 +185,21 @@ def global_batch_from_local(local: dict[str, np.ndarray], mesh: Mesh) -> dict[st
 
 
 def check_sequence_split(seq_len: int, mesh: Mesh) -> None:
-    """Refuses a length the sequence axis does not divide, and a sequence axis that crosses processes (each
-    process reads whole rows: the devices of one sequence group must belong to one process)."""
+    """Refuses a length the sequence axis does not divide."""
     n = int(dict(mesh.shape).get(SEQUENCE_AXIS, 1))
-    if n == 1:
-        return
-    if seq_len % n:
+    if n > 1 and seq_len % n:
         raise ValueError(f"config.data.seq_len={seq_len} is not divisible by config.mesh.sequence={n}; use a "
                          f"length that is a multiple of {n}")
-    groups = np.moveaxis(np.asarray(mesh.devices), MESH_AXES.index(SEQUENCE_AXIS), -1).reshape(-1, n)
-    split = [g for g in groups if len({d.process_index for d in g}) > 1]
-    if split:
-        local = jax.local_device_count()
-        raise ValueError(f"config.mesh.sequence={n}: a sequence group spans processes "
-                         f"{sorted({d.process_index for d in split[0]})}, but each process reads whole rows; keep the "
-                         f"sequence axis within one process (this process drives {local} device(s), so at most "
-                         f"{local}; with one process per GPU, run one process per host instead — "
-                         f"launch/slurm.py --mode=per_node — to split a sequence over a host's GPUs)")
+
+
+def sequence_spans_processes(mesh: Mesh) -> bool:
+    """True when the devices of some sequence group belong to more than one process (a long context split over
+    hosts). Each process then reads the whole global batch and keeps its devices' blocks of it
+    (`global_batch_from_full`) instead of whole rows of its own (`global_batch_from_local`): every process packs
+    the global batch anyway (idattn.data.pipeline, "Order"), so this reads nothing more, and the stream, its
+    checkpointed state and elastic resume are the same (docs/pods.md, "Long context across hosts")."""
+    n = int(dict(mesh.shape).get(SEQUENCE_AXIS, 1))
+    return n > 1 and _sequence_spans_processes(mesh.devices, n)
 
 
 def global_batch_from_full(full: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:

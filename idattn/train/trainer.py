@@ -670,7 +670,8 @@ def _log_startup(config, plan: RunPlan, workdir: str, setup: "Setup", tokenizer,
     fmt = metrics_lib.format_bytes
     log(f"idattn.train: workdir {workdir}")
     log(f"  devices {mesh.size} x {jax.devices()[0].device_kind} over {jax.process_count()} process(es); mesh "
-        f"{dict(mesh.shape)}")
+        f"{dict(mesh.shape)}" + ("; a sequence group spans processes: each reads the whole global batch and keeps "
+                                 "its devices' blocks" if shd.sequence_spans_processes(mesh) else ""))
     log(f"  model {models.model_label(config.model)}: {n_params:,} parameters (count_params: "
         f"{_maybe(models.count_params, config.model)}); state budget per layer "
         f"{_maybe(models.state_budget, config.model)} real dof")
@@ -702,10 +703,12 @@ class _Loop:
         self.is_main = jax.process_index() == 0
         self.mngr = ckpt.make_manager(workdir, plan, fence=fence.check, tag=tag)
         self.restored_meta: dict = {}
+        # a sequence group across hosts: every process reads the whole global batch and keeps its devices' blocks
+        self.full_batches = shd.sequence_spans_processes(self.mesh)
         self.data_iter = pipeline.make_train_iterator(
             config.data, tokenizer, global_batch_size=plan.batch_size, seq_len=self.seq_len,
-            seed=int(config.data.shuffle_seed), process_index=jax.process_index(),
-            process_count=jax.process_count())
+            seed=int(config.data.shuffle_seed), process_index=0 if self.full_batches else jax.process_index(),
+            process_count=1 if self.full_batches else jax.process_count())
         self.state = None
         self.start_step = 0
         self.bad_steps = 0
@@ -1049,7 +1052,8 @@ class _Loop:
                 tw = time.perf_counter()
                 batch_np = next(self.data_iter)
                 data_state = self.data_iter.get_state()
-                batch = shd.global_batch_from_local({k: batch_np[k] for k in self.setup.batch_shardings}, self.mesh)
+                to_global = shd.global_batch_from_full if self.full_batches else shd.global_batch_from_local
+                batch = to_global({k: batch_np[k] for k in self.setup.batch_shardings}, self.mesh)
                 win_wait += time.perf_counter() - tw
                 with self.setup.context():
                     self.state, m = self.setup.train(self.state, batch)
