@@ -86,13 +86,19 @@ def test_softmax_export_is_hf_llama(tmp_path):
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
 
 
-@pytest.mark.parametrize("mixer,kw", [("interdomain", {}), ("generic-linear-rope", {"scan_layers": False})])
+@pytest.mark.parametrize("mixer,kw", [("interdomain", {}), ("generic-linear-rope", {"scan_layers": False}),
+                                      ("interdomain-selective+phase", {}), ("s4d_only-selective", {})])
 def test_recurrent_export_roundtrip(tmp_path, mixer, kw):
+    """Every core round-trips: the selective cores' Δ (and phase) projections are layer tensors like the rest, and
+    the config records the core (issue 34)."""
+    from idattn.models.spec import mixer_core
     cfg = _cfg(mixer, **kw)
     params = _random_params(cfg, seed=3)
     ex.export(params, cfg, str(tmp_path))
     hf = json.load(open(tmp_path / "config.json"))
-    assert hf["architectures"] == ["IdattnForCausalLM"] and hf["idattn"]["mixer"] == mixer
+    name, core = mixer_core(mixer)
+    assert hf["architectures"] == ["IdattnForCausalLM"] and hf["idattn"]["core"] == core
+    assert hf["idattn"]["mixer"] in (name, mixer)
     assert hf["idattn"]["num_modes"] == 4 and hf["idattn"]["conj"] is True
     _, back = ex.import_export(str(tmp_path))
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
