@@ -63,32 +63,8 @@ class _QuietCudaProbe:
 
     @staticmethod
     def _quiet(run):
+        from idattn.aot.quiet import quiet_stderr  # os, sys and tempfile only: nothing that loads jax
         return quiet_stderr(run, _PROBE_LINES)
-
-
-def quiet_stderr(run, drop):
-    """`run` wrapped so that what it (or any library it calls, through file descriptor 2) prints to stderr is
-    captured and written back afterwards without the lines containing any of the strings in `drop`: for the
-    start-up probes of accelerator runtimes that are not errors on this host."""
-    def quiet(*a, **kw):
-        import tempfile
-        _sys.stderr.flush()
-        saved, buf = _os.dup(2), tempfile.TemporaryFile()
-        _os.dup2(buf.fileno(), 2)
-        try:
-            return run(*a, **kw)
-        finally:
-            _sys.stderr.flush()
-            _os.dup2(saved, 2)
-            _os.close(saved)
-            buf.seek(0)
-            kept = [line for line in buf.read().decode(errors="replace").splitlines(keepends=True)
-                    if not any(p in line for p in drop)]
-            buf.close()
-            if kept:
-                _sys.stderr.write("".join(kept))
-                _sys.stderr.flush()
-    return quiet
 
 
 def _quiet_absent_accelerators() -> None:

@@ -22,7 +22,7 @@ import math
 import os
 import re
 
-from idattn import quiet_stderr
+from idattn.aot.quiet import quiet_stderr
 from idattn.aot.target import GiB, Target
 
 # What libtpu prints when it starts on a host that is not a TPU VM (not errors for compile-only devices)
