@@ -136,6 +136,41 @@ def sequence_mesh(sequence: int, devices=None):
                 ("data", "fsdp", "sequence", "tensor"))
 
 
+def prefill_on_mesh(model, params, tokens, cache, mesh, chunk_size: int = 256, rules=None):
+    """Chunked prefill of a long prompt with each chunk's length split over the mesh's "sequence" axis (issue 37):
+    the layers pass the cached state into shard 0 and fold it through the shards (Interdomain, the linear-readout
+    cells: `interdomain_mix_sequence` / `s4d_linear_mix_sequence` with `initial_state`, `return_state`), Softmax
+    writes the chunk's K and V into its cache and attends over it as XLA partitions the call (K / V gathered).
+
+    tokens [B, P] int; cache from `idattn.models.decoding.init_cache`. Returns (logits [B, P, V] float32 of every
+    prompt position, the cache after the prompt, gathered to the default device), so that decoding continues with
+    `decoding.decode_step` exactly as after `decoding.prefill`. A chunk whose length the sequence axis does not
+    divide runs unsplit on the mesh (exact either way)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    tokens = np.asarray(tokens, np.int32)
+    if tokens.ndim != 2 or tokens.shape[1] == 0:
+        raise ValueError(f"prefill tokens: got shape {tokens.shape}; expected [B, P] with P ≥ 1")
+    seq = int(dict(mesh.shape).get("sequence", 1))
+    replicated = NamedSharding(mesh, P())
+
+    @jax.jit
+    def run(p, tok, c):
+        logits, new_cache = model.apply({"params": p}, tok, cache=c)
+        return logits.astype(jnp.float32), new_cache
+
+    params = jax.device_put(params, replicated)
+    cache = jax.device_put(cache, replicated)
+    outs = []
+    with _mesh_context(mesh, rules):
+        for start in range(0, tokens.shape[1], chunk_size):
+            chunk = tokens[:, start:start + chunk_size]
+            spec = P(None, "sequence" if chunk.shape[1] % seq == 0 else None)
+            logits, cache = run(params, jax.device_put(chunk, NamedSharding(mesh, spec)), cache)
+            outs.append(np.asarray(logits))
+    cache = jax.tree_util.tree_map(lambda a: jnp.asarray(np.asarray(a)), cache)  # off the mesh, for decoding
+    return np.concatenate(outs, axis=1), cache
+
+
 def model_score_fn(model, params, mesh=None, rules=None) -> ScoreFn:
     """`score_fn` for a flax linen model with `model.apply({"params": p}, tokens) -> logits [B, T, V]` (`mesh`,
     `rules`: see make_score_fn)."""

@@ -51,7 +51,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from idattn.layers.common import Dense, Dtype, HeadNorm, ShortConv, head_sum, param, per_head, rope
-from idattn.ops import interdomain_mix, interdomain_step, s4d_linear_mix, s4d_linear_step
+from idattn.ops import interdomain_step, s4d_linear_step
 from idattn.ops.s4d import discretize, init_log_dt, init_s4d_a
 from idattn.ops.sequence import interdomain_mix_sequence, s4d_linear_mix_sequence, sequence_partition
 from idattn.ops.theory import legs_interdomain
@@ -269,10 +269,11 @@ class InterdomainMixer(nn.Module):
                                              conj=self.conj)
             o = o_t[:, None].astype(self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv
-        else:
-            o, (xk, xv) = interdomain_mix(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
-                                          chunk_size=self.chunk_size, initial_state=(cache["xk"], cache["xv"]),
-                                          return_state=True, out_dtype=self.dtype)
+        else:  # a prefill chunk; split over the sequence axis when a mesh in context splits its length
+            o, (xk, xv) = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
+                                                   chunk_size=self.chunk_size,
+                                                   initial_state=(cache["xk"], cache["xv"]), return_state=True,
+                                                   out_dtype=self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv
         return self._output(x, o.reshape(bsz, t, h * dh)), new_cache
 
@@ -297,8 +298,8 @@ class InterdomainMixer(nn.Module):
                 y, xt = s4d_linear_step(x0, z[:, 0].astype(jnp.float32), lam_t, b_t, cvec)
                 y = y[:, None]
             else:
-                y, xt = s4d_linear_mix(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size, initial_state=x0,
-                                       return_state=True, out_dtype=jnp.float32)
+                y, xt = s4d_linear_mix_sequence(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size,
+                                                initial_state=x0, return_state=True, out_dtype=jnp.float32)
             new_cache["xk"], new_cache["xv"] = xt[..., :r].astype(jnp.complex64), xt[..., r:].astype(jnp.complex64)
         return (y[..., :r] + y[..., r:]).astype(self.dtype)
 

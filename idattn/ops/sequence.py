@@ -25,6 +25,10 @@ decays (0 when the shard holds a document start), per row and head. E_p comes fr
 pairs (A_j, E_j) still combine associatively: (A, E)∘(A', E') = (A'A, A'E + E'). The transitions are
 all_gathered with the end states (2·H·M more real numbers per row and shard).
 
+A prefill chunk continuing a cached state starts the fold from it (X_out(−1) = X0 instead of 0), and the state
+after the chunk is X_out(P − 1), which every shard computes alike in the same fold (`initial_state`,
+`return_state` of the two operators; `idattn.eval.scoring.prefill_on_mesh`).
+
 `sequence_partition` reads the mesh in context and the logical axis rules ("batch", "length", "heads"; the
 trainer sets them), so the layers call `interdomain_mix_sequence` / `s4d_linear_mix_sequence` and fall back to
 the plain operators when no mesh axis splits the length.
@@ -134,12 +138,17 @@ def end_state_selective(z, lam, b, segment_ids=None, chunk_size: int = 64):
     return lax.complex(x_r, x_i).astype(cdt), lax.complex(p_r, p_i).astype(cdt)
 
 
-def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=None):
+def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=None, initial=None,
+                   return_final: bool = False):
     """Inside `shard_map` over the sequence axes `axis`: the state entering this shard (X_in(p) in the module
     docstring), from every shard's zero-initialised end state `x_end` [B, H, M, W] and this shard's segment ids
     [B, S]. Collectives: one all_gather of the end states (as real planes) and of the first / last segment ids.
     `transition` [B, H, M] complex: this shard's Π_t lam_t for a per-token lam (then `lam` is unused and the
-    transitions are gathered too); None: lam^S from the time-invariant lam [H, M]."""
+    transitions are gathered too); None: lam^S from the time-invariant lam [H, M].
+
+    `initial` [B, H, M, W]: the state entering the whole sequence's first document (X_out(−1) = initial instead of
+    0: a prefill chunk continuing a cached state). `return_final`: also return X_out(P − 1), the state after the
+    sequence's last token, which the fold computes on every shard alike (the decoding cache after a prefill)."""
     rdt = jnp.float64 if x_end.dtype == jnp.complex128 else jnp.float32
     planes = lax.all_gather(jnp.stack([jnp.real(x_end), jnp.imag(x_end)]).astype(rdt), axis)  # [P, 2, B, H, M, W]
     seg = jnp.asarray(segment_ids)
@@ -162,13 +171,22 @@ def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=Non
                     jnp.where(keep, d_r * x_i + d_i * x_r, 0) + e[1])
         return (x_r, x_i), (x_r, x_i)
 
-    zero = jnp.zeros(planes.shape[2:], rdt)
-    _, (outs_r, outs_i) = lax.scan(fold, (zero, zero), (planes, dplanes, passes))  # [P, B, H, M, W] each
+    if initial is None:
+        start = (jnp.zeros(planes.shape[2:], rdt),) * 2
+    else:
+        initial = jnp.asarray(initial).astype(x_end.dtype)
+        start = (jnp.real(initial).astype(rdt), jnp.imag(initial).astype(rdt))
+    _, (outs_r, outs_i) = lax.scan(fold, start, (planes, dplanes, passes))  # [P, B, H, M, W] each
     p = lax.axis_index(axis)
     prev = jnp.maximum(p - 1, 0)
-    x_r, x_i = outs_r[prev], outs_i[prev]
-    zeroed = ((p == 0) | starts[p])[:, None, None, None]
-    return lax.complex(jnp.where(zeroed, 0, x_r), jnp.where(zeroed, 0, x_i)).astype(x_end.dtype)
+    first = (p == 0)
+    x_r = jnp.where(first, start[0], outs_r[prev])  # shard 0 enters with the initial state (0 without one)
+    x_i = jnp.where(first, start[1], outs_i[prev])
+    zeroed = starts[p][:, None, None, None]
+    x_in = lax.complex(jnp.where(zeroed, 0, x_r), jnp.where(zeroed, 0, x_i)).astype(x_end.dtype)
+    if return_final:
+        return x_in, lax.complex(outs_r[-1], outs_i[-1]).astype(x_end.dtype)
+    return x_in
 
 
 def sequence_partition(batch: int, heads: int, length: int, sequence_axes=None):
@@ -204,15 +222,19 @@ def _specs(bx, sx, hx):
 
 
 def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto",
-                             chunk_size: int = 64, segment_ids=None, out_dtype=None, plan=None):
+                             chunk_size: int = 64, segment_ids=None, out_dtype=None, plan=None, initial_state=None,
+                             return_state: bool = False):
     """`interdomain_mix` with the length split over the mesh's sequence axes (module docstring); the plain
-    operator when no axis splits it. Same arguments and result (no initial / returned state: a split sequence
-    starts from zero and its end state lives on the last shard)."""
+    operator when no axis splits it. Same arguments and result: `initial_state` (Xk0, Xv0) enters the first
+    document (shard 0, and through the fold every shard it reaches), and `return_state` also returns the state
+    after the last token, (Xk, Xv) [B, H, M, R] / [B, H, M, D], replicated over the sequence shards (a prefill
+    split over the sequence axis, then decoding from it)."""
     bsz, t, h, r = fq.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
     kw = dict(conj=conj, impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
     if plan is None:
-        return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=segment_ids, **kw)
+        return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=segment_ids, initial_state=initial_state,
+                               return_state=return_state, **kw)
     mesh, bx, sx, hx = plan
     tok, per_head, per_head2, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
@@ -220,38 +242,54 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     lam, b = jnp.asarray(lam), jnp.asarray(b)
     selective = lam.ndim == 4 or b.ndim == 4
 
-    def local(fq, zk, zv, lam, b, c, seg):
+    has_init = initial_state is not None
+    d = zv.shape[-1]
+
+    def local(fq, zk, zv, lam, b, c, seg, x0):
         z = jnp.concatenate([zk, zv], axis=-1)
+        x0 = x0 if has_init else None
         if selective:  # a shard's transition is the product of its tokens' decays
             x_end, trans = end_state_selective(z, lam, b, seg, chunk_size)
-            x_in = incoming_state(x_end, seg, None, fq.shape[1], sx, transition=trans)
+            x_in = incoming_state(x_end, seg, None, fq.shape[1], sx, transition=trans, initial=x0,
+                                  return_final=return_state)
         else:
-            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, fq.shape[1], sx)
+            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, fq.shape[1], sx, initial=x0,
+                                  return_final=return_state)
+        x_in, x_fin = x_in if return_state else (x_in, None)
         init = (x_in[..., :r], x_in[..., r:])
         c = c if has_c else None
         # Inside shard_map the kernel call must not nest one. A per-token lam has no kernel: interdomain_mix warns
         # once and runs the chunked XLA form.
         if not selective and _resolved(impl, chunk_size) == "pallas":
-            return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
-                                          initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
-        return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
+            o = interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
+                                       initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
+        else:
+            o = interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
+        return (o, x_fin[..., :r], x_fin[..., r:]) if return_state else o
 
     c_arg = c if has_c else jnp.zeros((h, 1, 1), jnp.complex64)
+    x0 = (jnp.concatenate([jnp.asarray(initial_state[0]), jnp.asarray(initial_state[1])], axis=-1) if has_init
+          else jnp.zeros((bsz, h, lam.shape[-1], r + d), jnp.complex64))
     lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
-    return jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, b_spec, per_head2, rows),
-                         out_specs=tok, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg)
+    state = partition_spec(bx, hx, (), ())  # [B, H, M, W]: replicated over the sequence shards
+    out_specs = (tok, state, state) if return_state else tok
+    out = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, b_spec, per_head2, rows, state),
+                        out_specs=out_specs, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg, x0)
+    return (out[0], (out[1], out[2])) if return_state else out
 
 
 def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: int = 64, segment_ids=None,
-                            out_dtype=None, plan=None):
+                            out_dtype=None, plan=None, initial_state=None, return_state: bool = False):
     """`s4d_linear_mix` with the length split over the mesh's sequence axes (module docstring); the plain
-    operator when no axis splits it."""
+    operator when no axis splits it. `initial_state` [B, H, M, W] and `return_state` as in
+    `interdomain_mix_sequence` (the returned state replicated over the sequence shards)."""
 
-    bsz, t, h, _ = z.shape
+    bsz, t, h, w = z.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
     kw = dict(impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
     if plan is None:
-        return s4d_linear_mix(z, lam, b, c, segment_ids=segment_ids, **kw)
+        return s4d_linear_mix(z, lam, b, c, segment_ids=segment_ids, initial_state=initial_state,
+                              return_state=return_state, **kw)
     mesh, bx, sx, hx = plan
     tok, per_head, _, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
@@ -259,17 +297,26 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
     lam, b = jnp.asarray(lam), jnp.asarray(b)
     selective = lam.ndim == 4 or b.ndim == 4
 
-    def local(z, lam, b, c, seg):
+    has_init = initial_state is not None
+
+    def local(z, lam, b, c, seg, x0):
+        x0 = x0 if has_init else None
         if selective:  # a shard's transition is the product of its tokens' decays
             x_end, trans = end_state_selective(z, lam, b, seg, chunk_size)
-            x_in = incoming_state(x_end, seg, None, z.shape[1], sx, transition=trans)
+            x_in = incoming_state(x_end, seg, None, z.shape[1], sx, transition=trans, initial=x0,
+                                  return_final=return_state)
         else:
-            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, z.shape[1], sx)
-        return s4d_linear_mix(z, lam, b, c, segment_ids=seg, initial_state=x_in, **kw)
+            x_in = incoming_state(end_state(z, lam, b, seg, chunk_size), seg, lam, z.shape[1], sx, initial=x0,
+                                  return_final=return_state)
+        x_in, x_fin = x_in if return_state else (x_in, None)
+        y = s4d_linear_mix(z, lam, b, c, segment_ids=seg, initial_state=x_in, **kw)
+        return (y, x_fin) if return_state else y
 
+    x0 = jnp.asarray(initial_state) if has_init else jnp.zeros((bsz, h, lam.shape[-1], w), jnp.complex64)
     lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
-    return jax.shard_map(local, mesh=mesh, in_specs=(tok, lam_spec, b_spec, per_head, rows), out_specs=tok,
-                         check_vma=False)(z, lam, b, c, seg)
+    state = partition_spec(bx, hx, (), ())
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, lam_spec, b_spec, per_head, rows, state),
+                         out_specs=(tok, state) if return_state else tok, check_vma=False)(z, lam, b, c, seg, x0)
 
 
 def _resolved(impl: str, chunk_size: int, selective: bool = False) -> str:
