@@ -76,6 +76,29 @@ for shape in json.loads(sys.argv[1]):  # (sequence, data, tensor)
         got_id, got_lin = f((fq, zk, zv, lam, b, c), (z, lam, b, cv))
     out[str(shape)] = {"interdomain": rel(ref_id, got_id), "linear": rel(ref_lin, got_lin),
                        "all_gathers": f.as_text().count("all-gather")}
+# A state entering the first document and the state after the last token (a prefill chunk on the mesh): forward
+# (output and both end states) and every gradient, the initial states' included, on the first mesh
+xk0, xv0, x0 = cplx(B, H, M, R) * 0.3, cplx(B, H, M, D) * 0.3, cplx(B, H, M, R + D) * 0.3
+def with_states(f):
+    def loss(*a):
+        o, st = f(*a)
+        return jnp.sum(weight(o) * o) + sum(jnp.sum(weight(jnp.real(x)) * jnp.real(x) + weight(jnp.imag(x)) * jnp.imag(x))
+                                            for x in jax.tree.leaves(st))
+    return loss
+id_init = lambda impl, fn, **kw: with_states(lambda fq, zk, zv, lam, b, c, x0k, x0v: fn(
+    fq, zk, zv, lam, b, c, impl=impl, segment_ids=seg, initial_state=(x0k, x0v), return_state=True, **kw))
+lin_init = lambda impl, fn, **kw: with_states(lambda z, lam, b, cv, x0: fn(
+    z, lam, b, cv, impl=impl, segment_ids=seg, initial_state=x0, return_state=True, **kw))
+id_args, lin_args = (fq, zk, zv, lam, b, c, xk0, xv0), (z, lam, b, cv, x0)
+ref = (jax.value_and_grad(id_init("sequential", interdomain_mix), argnums=tuple(range(8)))(*id_args),
+       jax.value_and_grad(lin_init("sequential", s4d_linear_mix), argnums=tuple(range(5)))(*lin_args))
+shape = json.loads(sys.argv[1])[0]
+with jax.set_mesh(Mesh(np.asarray(jax.devices()).reshape(shape), ("sequence", "data", "tensor"))):
+    got = jax.jit(lambda a, l: (
+        jax.value_and_grad(id_init("chunked", interdomain_mix_sequence, chunk_size=4), argnums=tuple(range(8)))(*a),
+        jax.value_and_grad(lin_init("chunked", s4d_linear_mix_sequence, chunk_size=3), argnums=tuple(range(5)))(*l)))(
+        id_args, lin_args)
+out["initial_state"] = {"interdomain": rel(ref[0], got[0]), "linear": rel(ref[1], got[1])}
 # Softmax under the first mesh (the model's causal_attention call; XLA on CPU): K, V gathered, global offsets
 from idattn.layers.attention import causal_attention
 q, k, v = (rng.normal(size=(B, T, H, 4)) for _ in range(3))
@@ -305,6 +328,8 @@ def _run(script, *args, timeout=900):
 def test_operators_split_over_the_sequence_equal_the_sequential_reference(meshes):
     res = _run(OPERATOR, json.dumps(meshes))
     assert res.pop("end_state") < 1e-12
+    init = res.pop("initial_state")  # a cached state in, the end state out (prefill on the mesh): exact too
+    assert init["interdomain"] < 1e-10 and init["linear"] < 1e-10, init
     att = res.pop("softmax")  # Softmax on the first mesh: explicit K / V gathers, no [T, T] scores, exact
     # (to 1e-6: jax's XLA attention takes its softmax in float32 even under x64)
     assert att["err"] < 1e-6 and att["kv_gathers"] >= 2 and att["full_scores"] == [], att
