@@ -94,6 +94,60 @@ def cost_model(size: str, mixer: str, seq_len: int) -> dict:
             "compute_s": compute_s, "ratio": comm_s / compute_s, "tokens_per_chip": tokens_per_chip}
 
 
+# State passing at scale (issue 37 item 2): how the shards' end states could travel, per layer and transfer, for
+# a sequence group of P chips. S = one shard's end state (2·H·M·(R + d_h)·4 bytes per row).
+#   all_gather (what the code does; LASP-2): one collective; each chip receives (P − 1)·S; on a bidirectional
+#     ring along a torus axis (2 links): time (P − 1)·(α + S / (2·β_link)) (bandwidth-optimal ring all-gather).
+#   ring (LASP-1): shard p waits for p − 1 (a dependent chain of P − 1 hops of S on one link): the same bytes on
+#     the critical path as the all-gather and P − 1 serial latencies, and the fold cannot start before its input
+#     arrives, so it is never cheaper than the all-gather: not modelled further.
+#   tree (a Blelloch up- and down-sweep, ZeCO's all-scan): 2·log2(P) rounds of S on one link each: time
+#     2·log2(P)·(α + S / β_link), each chip receives 2·log2(P)·S.
+# β_link = 4,800 Gbit/s over a v5p chip's 6 ICI links = 100 GB/s; α = 2 µs per hop (an assumed ICI latency, the
+# order of published TPU ICI latencies; the conclusion below does not depend on it).
+LINK_BYTES_PER_S = ICI_BYTES_PER_S / 6
+HOP_LATENCY_S = 2e-6
+STATE_PASSING_P = (4, 8, 16, 32, 64)
+
+
+def state_passing(size: str, P: int, seq_len: int) -> dict:
+    """Per train step and chip (one row per sequence group, T = seq_len split over P chips): the all_gather and
+    the tree scan of the end states (bytes received, seconds) against the step's compute at peak."""
+    from idattn.configs.scaling import get_config
+    from idattn.models import flops_per_token
+    from idattn.models.spec import spec_from_config
+    import math
+
+    cfg = get_config(f"interdomain,{size}")
+    s = spec_from_config(cfg.model)
+    state = 2 * int(s.num_heads) * int(s.num_modes) * (2 * int(s.head_dim)) * 4
+    per_step = TRANSFERS_PER_STEP * int(s.num_layers)
+    ag_bytes = (P - 1) * state * per_step
+    ag_s = (P - 1) * (HOP_LATENCY_S + state / (2 * LINK_BYTES_PER_S)) * per_step
+    rounds = 2 * math.ceil(math.log2(P))
+    tree_bytes = rounds * state * per_step
+    tree_s = rounds * (HOP_LATENCY_S + state / LINK_BYTES_PER_S) * per_step
+    compute_s = float(flops_per_token(cfg.model, seq_len)) * (seq_len / P) / PEAK_FLOPS
+    return {"state_bytes": state, "all_gather_bytes": ag_bytes, "all_gather_s": ag_s, "tree_bytes": tree_bytes,
+            "tree_s": tree_s, "compute_s": compute_s, "all_gather_frac": ag_s / compute_s,
+            "tree_frac": tree_s / compute_s, "saving_frac": (ag_s - tree_s) / compute_s}
+
+
+def state_passing_table(seq_len: int = 1048576) -> str:
+    """docs/pods.md's state-passing table (`python -m idattn.aot.table --kind=state_passing`)."""
+    lines = [f"| size | P (sequence) | tokens per chip | state per shard | all_gather: received, time | tree scan: "
+             f"received, time | step compute at peak | all_gather / compute | tree / compute |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for size in SIZES:
+        for P in STATE_PASSING_P:
+            c = state_passing(size, P, seq_len)
+            lines.append(f"| {size} | {P} | {seq_len // P:,} | {_size(c['state_bytes'])} | "
+                         f"{_size(c['all_gather_bytes'])}, {_time(c['all_gather_s'])} | {_size(c['tree_bytes'])}, "
+                         f"{_time(c['tree_s'])} | {_time(c['compute_s'])} | {100 * c['all_gather_frac']:.2f}% | "
+                         f"{100 * c['tree_frac']:.2f}% |")
+    return "\n".join(lines)
+
+
 def _size(n: float) -> str:
     return f"{n / MiB:.2f} MiB" if n < GiB else f"{n / GiB:.1f} GiB"
 

@@ -142,7 +142,7 @@ def main(argv=None) -> int:
     p.add_argument("--run", action="store_true", help="compile the missing configs first")
     p.add_argument("--steps", default="train,eval,decode")
     p.add_argument("--sizes", default=",".join(TOPOLOGY))
-    p.add_argument("--kind", default="paper", choices=("paper", "configs", "long_context"),
+    p.add_argument("--kind", default="paper", choices=("paper", "configs", "long_context", "state_passing"),
                    help="paper: the paper batch table; configs: CONFIGS (hybrids, the selective core); "
                         "long_context: docs/pods.md's Long context table (idattn/aot/long_context.py)")
     p.add_argument("--grid", default="", help="long_context: <size>:<mixer>:<T>,... (default: 125m and 1.3b x "
@@ -150,6 +150,10 @@ def main(argv=None) -> int:
     p.add_argument("--doc", default="", help="also write the table between its markers in this Markdown file "
                                              "(docs/pods.md)")
     args = p.parse_args(argv)
+    if args.kind == "state_passing":  # a cost model: nothing to compile (idattn/aot/long_context.py)
+        from idattn.aot import long_context
+        print(long_context.state_passing_table())
+        return 0
     if args.kind == "long_context":
         from idattn.aot import long_context
         try:
