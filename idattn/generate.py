@@ -126,8 +126,10 @@ def generate_file() -> None:
     with open(FLAGS.out, "w") as f:
         for i, p in enumerate(prompts):
             text = tok.decode(new[i])
+            # decoded together: a continuation that starts a word (SentencePiece's leading "▁") keeps its space,
+            # which decoding it alone drops
             f.write(json.dumps({"prompt": p, "prompt_ids": ids[i], "generated_ids": new[i], "text": text,
-                                "full_text": p + text, "temperature": FLAGS.temperature, "top_p": FLAGS.top_p,
+                                "full_text": tok.decode(list(ids[i]) + new[i]), "temperature": FLAGS.temperature, "top_p": FLAGS.top_p,
                                 "seed": FLAGS.seed}) + "\n")
     print(f"generate: {len(prompts)} prompt(s) in {sum(-(-len(m) // max(1, FLAGS.batch_size)) for m in by_len.values())}"
           f" batch(es) of equal prompt length; wrote {FLAGS.out}", file=sys.stderr)

@@ -509,6 +509,8 @@ def main():
         if time.time() < deadline - 5:
             for shape in shapes:
                 SUMMARY.extend(bop.bench_decode(shape, batches=(1, 64), repeats=5 if dry else 50))
+    elif "extra" not in skip:
+        SUMMARY.append("(e) variants SKIPPED (time budget)")
     print("\n======================== SUMMARY ========================", flush=True)
     print(f"jax {jax.__version__} {jax.devices()}  total {time.time() - T0:.0f} s of {B:.0f} s budget", flush=True)
     for line in SUMMARY:

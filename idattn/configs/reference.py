@@ -28,7 +28,8 @@ DESCRIPTIONS = {
     "logical_axis_rules": "Logical axis name -> mesh axis for every parameter and activation annotation (FSDP over "
                           "the embedding, tensor parallelism over heads / MLP, `length` over `sequence`).",
     # ---- model
-    "model.vocab_size": "Vocabulary size of the embedding and the output head (the tokenizer's size must match).",
+    "model.vocab_size": "Vocabulary size of the embedding and the output head: at least the tokenizer's size "
+                        "(refused below it; rows above it are never used, and the start-up log says how many).",
     "model.d_model": "Residual stream width d.",
     "model.num_layers": "Number of blocks (mixer + SwiGLU).",
     "model.num_heads": "Heads H of the mixer.",

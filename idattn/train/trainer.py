@@ -267,7 +267,10 @@ def describe_data(config, tokenizer) -> str:
     except Exception as e:  # informative only
         tokens = f"n/a ({type(e).__name__}: {e})"
     path = d.path if source == "arrayrecord" else (d.get("tfds_name", "") if source == "tfds" else "(embedded)")
-    return f"  data: source {source}, path {path or '-'}, tokenizer {d.tokenizer} ({_vocab_size(tokenizer)} pieces), {tokens}"
+    vocab, rows = _vocab_size(tokenizer), int(config.model.vocab_size)
+    unused = f"; model.vocab_size {rows}: {rows - vocab} rows never used" if vocab is not None and rows > vocab else ""
+    return (f"  data: source {source}, path {path or '-'}, tokenizer {d.tokenizer} ({vocab} pieces{unused}), "
+            f"{tokens}")
 
 
 def check_tokenizer(config, tokenizer, data_mod) -> None:
