@@ -137,6 +137,27 @@ def test_run_identity_from_trainer_config(tmp_path):
     assert (r.size, r.seq_len(), r.family, r.mixer) == ("tiny", 64, "s4d_only", "generic-linear-norope")
 
 
+def test_runs_of_two_tokenizers_are_never_one_row(tmp_path):
+    """Same corpus, token count and context, two tokenizers (their saved configs say which): per-token perplexities
+    of two vocabularies do not compare, so Fig. 2 gives each its own row, named by its tokenizer (issue 38 item 3)."""
+    from idattn.rundir.layout import save_config
+    from tests import train_helpers as T
+    run = {"mixer": "interdomain", "size": "d128xl2", "seq_len": 64, "params": 696456}
+    dirs = []
+    for name, tok, loss in (("t512", "train:512", 4.0), ("t1024", "train:1024", 4.4)):
+        wd = os.path.join(str(tmp_path), name)
+        os.makedirs(wd)
+        save_config(wd, T.tiny_config(**{"data.tokenizer": tok}))
+        _trainer_val(wd, "kjv.val", loss, run)
+        dirs.append(wd)
+    md = results.render([results.Run(d) for d in dirs])
+    fig2 = md.split("### Fig. 2")[1].split("###")[0]
+    rows = sorted(ln for ln in fig2.splitlines() if ln.startswith("| d128xl2"))
+    assert len(rows) == 2, rows
+    assert "tokenizer train:1024" in rows[0] and f"{math.exp(4.4):.2f}" in rows[0]
+    assert "tokenizer train:512" in rows[1] and f"{math.exp(4.0):.2f}" in rows[1]
+
+
 def _trainer_val(wd, corpus, loss, run, step=100, tokens=32768):
     """A trainer-style validation file (no protocol; the corpus in its details) and one eval CLI file."""
     write_result(wd, "validation", step, {"loss": loss, "ppl": math.exp(loss)}, run=run,

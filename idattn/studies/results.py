@@ -118,12 +118,13 @@ class Run:
             self.metrics["validation/ppl"] = math.exp(best["metrics"]["loss"])
             self.metrics["validation/final_loss"] = final["metrics"]["loss"]
             self.protocols["validation"] = protocol_of(best)
-            if not best["tagged"] and "corpus" not in best.get("details", {}):
-                cfg = _saved_config(workdir)
-                if cfg is not None:
-                    from idattn.eval.evaluate import corpus_label
+            cfg = _saved_config(workdir)
+            if not best["tagged"] and "corpus" not in best.get("details", {}) and cfg is not None:
+                from idattn.eval.evaluate import corpus_label
 
-                    self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
+                self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
+            if cfg is not None and "tokenizer" not in self.protocols["validation"]:  # the run's own vocabulary
+                self.protocols["validation"]["tokenizer"] = str(cfg.data.tokenizer)
         self.step = max(int(r["step"]) for r in recs)
         self.corpus = self._corpus()
 
@@ -184,9 +185,11 @@ P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
 
 
 def protocol_key(p: dict | None) -> tuple:
-    """What makes two numbers comparable: corpus, token count, context (and any training-document overlap)."""
+    """What makes two numbers comparable: corpus, token count, context, the tokenizer (per-token perplexities of
+    two vocabularies do not compare) and any training-document overlap."""
     p = p or {}
-    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")), str(p.get("train_overlap") or ""))
+    return (str(p.get("corpus")), p.get("tokens"), str(p.get("context")), str(p.get("train_overlap") or ""),
+            str(p.get("tokenizer") or ""))
 
 
 def protocol_text(p: dict | None) -> str:
@@ -197,6 +200,9 @@ def protocol_text(p: dict | None) -> str:
     if p.get("context"):
         c = p["context"]
         parts.append("context " + ("/".join(map(str, c)) if isinstance(c, (list, tuple)) else str(c)))
+    if p.get("tokenizer"):
+        tok = str(p["tokenizer"])
+        parts.append("tokenizer " + ("/".join(tok.split("/")[-2:]) if "/" in tok else tok))
     if p.get("train_overlap"):  # scored with --allow_train_overlap: some documents were trained on
         parts.append(f"train overlap {p['train_overlap']} documents")
     return ", ".join(parts) or "unknown protocol"
