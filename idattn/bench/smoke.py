@@ -32,12 +32,9 @@ def _t(f, *a, n=3):
     return (time.time() - t0) / n * 1e3
 
 
-def main(argv=None):
-    import argparse
-    ap = argparse.ArgumentParser(prog="python -m idattn.bench.smoke", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tiny", action="store_true", help="CPU dry run: 2-layer models, 256-token sequences")
-    tiny = ap.parse_args(argv).tiny
-    print(jax.__version__, jax.devices(), "(tiny)" if tiny else "", flush=True)
+def cudnn_vs_xla(tiny: bool) -> list[str]:
+    """Section 1: cuDNN attention (causal, and with segment masks) against XLA in bf16, one line each; off a GPU
+    each line says it was skipped (cuDNN needs an NVIDIA GPU), never FAILED."""
     ks = jax.random.split(jax.random.PRNGKey(0), 3)
     TA = 128 if tiny else 1024
     q, k, v = (jax.random.normal(x, (2, TA, 8, 64), jnp.bfloat16) for x in ks)
@@ -45,17 +42,29 @@ def main(argv=None):
                            jnp.ones((2, TA - 300 * TA // 1024), jnp.int32)], 1)
     doc = document_index(seg, 2, TA)
     mask = ((doc[:, :, None] == doc[:, None, :]) & jnp.tril(jnp.ones((TA, TA), bool)))[:, None]
+    lines = []
     for name, kw in (("causal", dict(is_causal=True)), ("segments", dict(mask=mask, is_causal=True))):
         if jax.default_backend() != "gpu":
-            print(f"cudnn vs xla [{name}]: skipped (no GPU: cuDNN attention needs an NVIDIA GPU)", flush=True)
+            lines.append(f"cudnn vs xla [{name}]: skipped (no GPU: cuDNN attention needs an NVIDIA GPU)")
             continue
         try:
             a = jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kw).astype(jnp.float32)
             kw2 = dict(kw, is_causal=False) if "mask" in kw else kw
             b = jax.nn.dot_product_attention(q, k, v, implementation="xla", **kw2).astype(jnp.float32)
-            print(f"cudnn vs xla [{name}]: max abs diff {float(jnp.max(jnp.abs(a - b))):.3e}", flush=True)
+            lines.append(f"cudnn vs xla [{name}]: max abs diff {float(jnp.max(jnp.abs(a - b))):.3e}")
         except Exception as e:  # noqa: BLE001
-            print(f"cudnn [{name}] FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+            lines.append(f"cudnn [{name}] FAILED: {type(e).__name__}: {str(e)[:300]}")
+    return lines
+
+
+def main(argv=None):
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m idattn.bench.smoke", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help="CPU dry run: 2-layer models, 256-token sequences")
+    tiny = ap.parse_args(argv).tiny
+    print(jax.__version__, jax.devices(), "(tiny)" if tiny else "", flush=True)
+    for line in cudnn_vs_xla(tiny):
+        print(line, flush=True)
 
     T = 256 if tiny else 2048
     for mixer in ("softmax", "interdomain"):
