@@ -57,6 +57,22 @@ def label(mixer: str) -> str:
     return f"{LABEL.get(rec, rec)} + {att} 1:{ratio[3:]}"
 
 
+def _answer(q: str, what: str, values: list[float], line: float, side: str, key: str, name: str, unit: str,
+            fmt) -> tuple[dict[str, Any], str]:
+    """A question judged by the verdict rule on paired per-seed `values`: (its record, its Markdown line); `fmt`
+    writes a value in the question's unit (a ratio from a log-ratio, accuracy points from a difference)."""
+    word, iv = judge(values, line, side)
+    answer = WORDS.get(word, "undecided")
+    if iv["lo"] is not None:
+        ivtxt = f"{name} {fmt(iv['mean'])}{unit} [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
+    elif iv["mean"] is not None:
+        ivtxt = f"{name} {fmt(iv['mean'])}{unit} (one seed: no interval)"
+    else:
+        ivtxt = "no paired seeds yet"
+    record = {"question": what, key: values, "interval": iv, "answer": answer}
+    return record, f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(values)} paired seeds"
+
+
 def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     t0 = time.time()
     h = ctx.exp.HYBRID
@@ -111,23 +127,15 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     verdicts, lines = {}, []
     for q, (num, den, line, side, what) in QUESTIONS.items():
         lr = [math.log(ppl[num][s] / ppl[den][s]) for s in seeds if s in ppl[num] and s in ppl[den]]
-        word, iv = judge(lr, line, side)
-        answer = WORDS.get(word, "undecided")
-        verdicts[q] = {"question": what, "log_ratios": lr, "interval": iv, "answer": answer}
-        ivtxt = (f"ratio {math.exp(iv['mean']):.3f} [{math.exp(iv['lo']):.3f}, {math.exp(iv['hi']):.3f}]"
-                 if iv["lo"] is not None else (f"ratio {math.exp(iv['mean']):.3f} (one seed: no interval)"
-                                               if iv["mean"] is not None else "no paired seeds yet"))
-        lines.append(f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(lr)} paired seeds")
+        verdicts[q], text_line = _answer(q, what, lr, line, side, "log_ratios", "ratio", "",
+                                         lambda x: f"{math.exp(x):.3f}")
+        lines.append(text_line)
     for q, (num, den, line, side, what) in MQAR_QUESTIONS.items():
         k = mq_keys[0]
         diffs = [mq_acc[num][s][k] - mq_acc[den][s][k] for s in seeds if s in mq_acc[num] and s in mq_acc[den]]
-        word, iv = judge(diffs, line, side)
-        answer = WORDS.get(word, "undecided")
-        verdicts[q] = {"question": what, "differences": diffs, "interval": iv, "answer": answer}
-        ivtxt = (f"difference {100 * iv['mean']:+.1f} points [{100 * iv['lo']:+.1f}, {100 * iv['hi']:+.1f}]"
-                 if iv["lo"] is not None else (f"difference {100 * iv['mean']:+.1f} points (one seed: no interval)"
-                                               if iv["mean"] is not None else "no paired seeds yet"))
-        lines.append(f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(diffs)} paired seeds")
+        verdicts[q], text_line = _answer(q, what, diffs, line, side, "differences", "difference", " points",
+                                         lambda x: f"{100 * x:+.1f}")
+        lines.append(text_line)
     cm = ctx.exp.get_mqar_config("softmax", h["size"])
     z = ctx.exp.SIZES[h["size"]]
     wall = time.time() - t0
