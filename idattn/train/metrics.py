@@ -150,6 +150,42 @@ def reconcile(path: str, resume_step: int, saved_lines: list[str] | None) -> str
     return None
 
 
+class EventFile:
+    """One TensorBoard event file, written synchronously: every event is serialised, written and flushed in the
+    caller's thread, so after `flush()` returns nothing of this trainer's is left to reach the disk later.
+
+    tensorboardX's `SummaryWriter` hands events to a writer thread through a `multiprocessing.Queue` (itself fed
+    by a thread) and flushes on a timer, so "the queue is empty" does not mean "written": a trainer stopped
+    (SIGSTOP) and fenced out could still append its last steps to `tb/` when continued. Here every write happens
+    behind the lease's guard, like every other write of the run. The file name carries the pid (two trainers
+    starting in the same second on one host would otherwise share it). `purge_step` writes TensorBoard's
+    SessionLog START at that step, which hides every earlier event at a step >= it (what tensorboardX's
+    `purge_step` does): a resumed run's steps replace the ones logged past the restored checkpoint."""
+
+    def __init__(self, logdir: str, purge_step: int | None = None):
+        from tensorboardX.event_file_writer import EventsWriter  # optional at runtime; ImportError is handled
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
+        from tensorboardX.record_writer import directory_check
+        from tensorboardX.summary import scalar
+
+        directory_check(logdir)
+        self._event, self._scalar = Event, scalar
+        self._writer = EventsWriter(os.path.join(logdir, "events"), f".{os.getpid()}")
+        if purge_step is not None:
+            self._writer.write_event(Event(wall_time=time.time(), step=int(purge_step),
+                                           session_log=SessionLog(status=SessionLog.START)))
+        self._writer.flush()
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._writer.write_event(self._event(wall_time=time.time(), step=int(step), summary=self._scalar(tag, value)))
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
 class MetricsWriter:
     """Writes on process 0 only; every other process is silent. `guard(what)` runs before every write (the
     workdir lease's fencing check); `lines_up_to(step)` is the log so far (copied into every checkpoint).
@@ -176,8 +212,7 @@ class MetricsWriter:
         self._file = open(self.path, "a", buffering=1)
         if tensorboard:
             try:
-                from tensorboardX import SummaryWriter
-                self._tb = SummaryWriter(os.path.join(workdir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+                self._tb = EventFile(os.path.join(workdir, "tb"), purge_step=resume_step + 1 if resume_step else None)
             except ImportError:  # optional at runtime; setup.py installs it
                 print("tensorboardX not installed: no TensorBoard events (metrics.jsonl is still written)",
                       file=sys.stderr)
@@ -225,18 +260,7 @@ class MetricsWriter:
             self._guard(f"tracker scalar {tag} of step {step}")
             self._tracker.log({tag: value}, step)
 
-    def _flush_tb(self, timeout_s: float = 2.0) -> None:
-        """Flushes TensorBoard and waits (bounded) until tensorboardX's writer thread has drained its queue, so
-        that no event is left to be written later by that thread (after this trainer may have lost its lease:
-        every write happens behind the guard)."""
-        self._tb.flush()
-        try:
-            q = self._tb._get_file_writer().event_writer._event_queue  # noqa: SLF001 (tensorboardX internals)
-        except AttributeError:
-            return
-        deadline = time.monotonic() + timeout_s
-        while q is not None and not q.empty() and time.monotonic() < deadline:
-            time.sleep(0.002)
+    def _flush_tb(self) -> None:
         self._tb.flush()
 
     def close(self) -> None:
