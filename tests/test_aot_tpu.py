@@ -69,6 +69,38 @@ def test_collective_counter():
     assert "add" not in c
 
 
+def test_collectives_by_mesh_axis_in_every_replica_group_form():
+    """collectives_by_axis names the mesh axes a collective's groups span, from the explicit, iota and mesh forms
+    of `replica_groups` (lines as XLA:CPU and XLA:TPU print them) and a collective-permute's pairs, on a mesh
+    data 1 x fsdp 2 x sequence 2 x tensor 1 (flat position = fsdp * 2 + sequence). The explicit line is what a
+    CPU compile printed for an all_gather over the second axis of a (2, 4) mesh built from permuted devices:
+    positions, not device ids."""
+    from idattn.aot.compile import collectives_by_axis, replica_groups
+
+    assert replica_groups("x, replica_groups={{0,1,2,3},{4,5,6,7}}, dimensions={1}") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert replica_groups("x, replica_groups=[2,2]<=[4], y") == [[0, 1], [2, 3]]
+    assert replica_groups("x, replica_groups=[2,2]<=[2,2]T(1,0), y") == [[0, 2], [1, 3]]
+    assert replica_groups("x replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=2] {'axis_0'}, y") == [[0, 2], [1, 3]]
+    assert replica_groups("x replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}, y") == [[0, 1], [2, 3]]
+    assert replica_groups("%a = f32[2] add(%b, %c)") is None
+    hlo = "\n".join([
+        "  %all-gather.1 = f32[4,4,8]{2,1,0} all-gather(%p), channel_id=1, replica_groups={{0,1},{2,3}}, dimensions={0}",
+        "  %all-gather.2 = bf16[64,64]{1,0} all-gather(%q), replica_groups=mesh['axis_0'=2,'axis_1'=1,'axis_2'=2] "
+        "{'axis_0'}, dimensions={0}",
+        "  %all-reduce.3 = f32[8]{0} all-reduce(%r), replica_groups=[1,4]<=[4], to_apply=%add",
+        "  %cp = (f32[4,1]{1,0}, f32[4,1]{1,0}, u32[], u32[]) collective-permute-start(%s), source_target_pairs={{0,1},{2,3}}",
+        "  %rs = f32[2,8]{1,0} reduce-scatter(%t), replica_groups=[2,2]<=[2,2]T(1,0), dimensions={0}",
+        "  %ar = f32[2]{0} all-reduce(%u), replica_groups={}",
+    ])
+    by = collectives_by_axis(hlo, ("data", "fsdp", "sequence", "tensor"), (1, 2, 2, 1))
+    assert by == {"all-gather over sequence": {"count": 1, "bytes": 4 * 4 * 8 * 4},
+                  "all-gather over fsdp": {"count": 1, "bytes": 64 * 64 * 2},
+                  "all-reduce over fsdp+sequence": {"count": 1, "bytes": 32},
+                  "collective-permute over sequence": {"count": 1, "bytes": 16 + 4},
+                  "reduce-scatter over fsdp": {"count": 1, "bytes": 64},
+                  "all-reduce over ?": {"count": 1, "bytes": 8}}, by
+
+
 SCRIPT = r"""
 import json, os, re, sys, time
 import jax, jax.numpy as jnp
@@ -177,20 +209,30 @@ def test_aot_cli_prints_closing_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels():
+def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels(tmp_path):
     """config.mesh.sequence=2 on v5p-8 (fsdp 2): the train step holds the Mosaic kernels inside the state-passing
-    shard_map (idattn/ops/sequence.py) and the all_gather of the end states; it fits."""
+    shard_map (idattn/ops/sequence.py) and the all_gather of the end states; it fits. The compiled program's
+    all-gathers over the sequence axis alone (collectives_by_axis) carry the end states' closed form: rows per
+    chip x P shards x [H, M, R + d_h] float32 real and imaginary planes (tiny: H 4, M 8, R = d_h = 16)."""
     _need_libtpu()
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
+    out = tmp_path / "seq.json"
     proc = subprocess.run([sys.executable, "-m", "idattn.aot", "--config=experiments/scaling.py:interdomain,tiny",
                            "--topology=v5p-8", "--config.mesh.sequence=2", "--config.data.seq_len=512",
-                           "--config.model.chunk_size=128", "--config.model.num_layers=1", "--steps=train"],
+                           "--config.model.chunk_size=128", "--config.model.num_layers=1", "--steps=train",
+                           f"--json={out}"],
                           cwd=T.REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("[train] compiled"))
     kernels = int(re.search(r"kernels \(custom calls\) (\d+)", line).group(1))
     gathers = int(re.search(r"all-gather (\d+)", line).group(1))
     assert kernels >= 4 and gathers >= 1, line
+    rec = json.loads(out.read_text())
+    from idattn.configs.scaling import get_config
+    rows = get_config("interdomain,tiny").train.batch_size // rec["mesh"]["fsdp"]
+    state = rows * 2 * (2 * 4 * 8 * (16 + 16) * 4)  # rows x P x one shard's planes
+    g = rec["steps"][0]["by_axis"]["all-gather over sequence"]
+    assert state <= g["bytes"] < state + 4096, (g, state)  # the states, and at most a few small index gathers
     assert proc.stdout.strip().splitlines()[-1].endswith("mesh 1x2x2x1: " + line.split("-> total ")[1].split(" GiB")[0]
                                                          + " GiB per chip of 95 GiB: fits"), proc.stdout[-500:]
 
@@ -383,32 +425,63 @@ def test_train_step_moves_no_mixer_activations():
 
 def test_long_context_table_cost_model_and_rows(tmp_path, capsys):
     """idattn/aot/long_context.py: the cost model's closed forms (125M: H=12, M=64, R=d_h=64; 1.3B: H=32, 24
-    layers), a row from an idattn.aot JSON record, and the --kind=long_context table of `python -m idattn.aot.table`."""
+    layers), the search for the smallest P that fits (records written here, nothing compiled), rows and the
+    largest-T table from idattn.aot JSON records, and the --kind=long_context table of `python -m idattn.aot.table`
+    written between its markers."""
     from idattn.aot import long_context as L
     from idattn.aot import table
 
-    c = L.cost_model("125m", "interdomain", 131072)
+    c = L.cost_model("125m", "interdomain", 131072, 4)
     assert c["layer_bytes"] == 4 * 2 * 12 * 64 * 128 * 4  # 4 shards x 768 KiB of float32 state planes
     assert c["step_bytes"] == 3 * 12 * 3 * 2 * 12 * 64 * 128 * 4  # 3 transfers x 12 layers x 3 shards received
-    assert L.cost_model("125m", "interdomain", 1048576)["step_bytes"] == c["step_bytes"]  # independent of T
-    s = L.cost_model("1.3b", "softmax", 1048576)
+    assert L.cost_model("125m", "interdomain", 1048576, 4)["step_bytes"] == c["step_bytes"]  # independent of T
+    assert L.cost_model("125m", "interdomain", 1048576, 16)["step_bytes"] == c["step_bytes"] * 15 // 3
+    s = L.cost_model("1.3b", "softmax", 1048576, 4)
     assert s["layer_bytes"] == 2 * 1048576 * 32 * 64 * 2 and s["step_bytes"] == 3 * 24 * s["layer_bytes"] * 3 // 4
     assert s["tokens_per_chip"] == 262144 and 0 < s["ratio"] < 1
-    with pytest.raises(ValueError, match=r"--grid: got '1.3b:mamba:8'; expected <size>:<mixer>:<T>"):
+    with pytest.raises(ValueError, match=r"--grid: got '1.3b:mamba:8'; expected <size>:<mixer>:<T>\[:<slice>\]"):
         L.parse_grid("1.3b:mamba:8")
-    rec = {"mesh": {"data": 1, "fsdp": 16, "sequence": 4, "tensor": 1}, "hbm_bytes": 95 * 1024 ** 3,
-           "steps": [{"name": "train", "total": 126.3 * 1024 ** 3, "temp": 125.2 * 1024 ** 3, "compile_s": 488.2,
-                      "mosaic": 10}]}
-    (tmp_path / "long-interdomain-1.3b-1048576.json").write_text(json.dumps(rec))
-    (tmp_path / "long-softmax-1.3b-131072.err").write_text(
+    assert L.parse_grid("125m:softmax:131072") == (("125m", "softmax", 131072, "v5p-64"),
+                                                   ("125m", "softmax", 131072, "v5p-128"))
+
+    def rec(total_gib, temp_gib, p, chips=64, gathered=None):
+        by = {"all-gather over sequence": {"count": 2, "bytes": gathered}} if gathered else {}
+        return {"mesh": {"data": 1, "fsdp": chips // p, "sequence": p, "tensor": 1}, "hbm_bytes": 95 * 1024 ** 3,
+                "steps": [{"name": "train", "total": total_gib * 1024 ** 3, "temp": temp_gib * 1024 ** 3,
+                           "compile_s": 488.2, "mosaic": 10, "by_axis": by}]}
+
+    cell = ("1.3b", "interdomain", 1048576, "v5p-128")
+    assert L.next_sequence(str(tmp_path), cell) == 8  # 131,072 tokens a chip: the guess
+    (tmp_path / (L.name(*cell, 8) + ".json")).write_text(json.dumps(rec(76.0, 75.0, 8)))
+    assert L.next_sequence(str(tmp_path), cell) is None  # P = 4 would need 76 + 75 GiB: not tried
+    (tmp_path / (L.name(*cell, 8) + ".json")).write_text(json.dumps(rec(40.0, 39.0, 8, gathered=8 * 2 ** 20)))
+    assert L.next_sequence(str(tmp_path), cell) == 4  # 40 + 39 GiB might fit: the smaller P is compiled
+    (tmp_path / (L.name(*cell, 4) + ".err")).write_text(
         "train step did not compile: JaxRuntimeError: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out "
         "of memory in memory space hbm. Used 120.5G of 95.0G hbm. Exceeded hbm capacity by 25.5G.\n")
-    assert table.main(["--kind=long_context", f"--dir={tmp_path}",
-                       "--grid=1.3b:interdomain:1048576,125m:softmax:131072,1.3b:softmax:131072"]) == 0
+    assert L.next_sequence(str(tmp_path), cell) is None and L.chosen(str(tmp_path), cell)[0] == 8
+    sm = ("1.3b", "softmax", 2097152, "v5p-128")
+    assert L.next_sequence(str(tmp_path), sm) == 16
+    (tmp_path / (L.name(*sm, 16) + ".json")).write_text(json.dumps(rec(120.0, 119.0, 16)))
+    assert L.next_sequence(str(tmp_path), sm) == 32  # does not fit: up
+    (tmp_path / (L.name(*sm, 32) + ".json")).write_text(json.dumps(rec(96.0, 95.0, 32)))
+    assert L.next_sequence(str(tmp_path), sm) is None  # 32 is the largest P
+
+    doc = tmp_path / "pods.md"
+    begin, end = table.MARKERS["long_context"]
+    doc.write_text(f"head\n{begin}\nold\n{end}\ntail\n")
+    assert table.main(["--kind=long_context", f"--dir={tmp_path}", f"--doc={doc}",
+                       "--grid=1.3b:interdomain:1048576:v5p-128,1.3b:softmax:2097152:v5p-128,"
+                       "125m:softmax:131072:v5p-64"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[4].startswith("| 1.3b | softmax | 131,072 | 32,768 | did not compile: Ran out of memory in memory space "
-                             "hbm. Used 120.5G of 95.0G hbm | v5p-128 |"), out[4]
-    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | 262,144 | 126.3 (125.2 temp): does not fit | 1x16x4x1 | "
-                             "488 (10) |")
-    assert out[3].startswith("| 125m | softmax | 131,072 | 32,768 | not compiled |")
-    assert "--config.mesh.sequence=4 --config.train.batch_size=16" in L.command("1.3b", "softmax", 1048576)
+    assert out[2].startswith("| 1.3b | interdomain | 1,048,576 | v5p-128 | 8 | 131,072 | P = 4: did not compile: out "
+                             "of HBM (120.5 GiB) | 40.0 (39.0 temp) | 1x8x8x1 | 488 (10) | 16.00 MiB; compiled: 2 "
+                             "ops, 8.00 MiB |"), out[2]
+    assert out[3] == "| 1.3b | softmax | 2,097,152 | v5p-128 | none up to P = 32 | | P = 32: 96.0 (95.0 temp) | | | | | | |"
+    assert out[4].startswith("| 125m | softmax | 131,072 | v5p-64 | not compiled |")
+    largest = out[out.index("| size | mixer | largest T on v5p-64 (P) | largest T on v5p-128 (P) |"):]
+    assert "| 1.3b | interdomain | - | ≥ 1,048,576 (8) |" in largest
+    assert "| 1.3b | softmax | - | < 2,097,152 |" in largest and "| 125m | softmax | not compiled | - |" in largest
+    assert table.doc_table(str(doc), "long_context") == out
+    assert "--config.mesh.sequence=16 --config.train.batch_size=2" in L.command("1.3b", "softmax", 1048576,
+                                                                                "v5p-64", 16)

@@ -107,6 +107,70 @@ def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def replica_groups(line: str) -> list[list[int]] | None:
+    """The device groups of one collective's HLO line: explicit `replica_groups={{0,1},{2,3}}` (a collective-
+    permute's `source_target_pairs` as groups of two), XLA's iota form `replica_groups=[G,S]<=[d0,d1,...]` /
+    `...<=[d0,d1]T(1,0)` (arange over the dims, transposed, reshaped to G groups of S), or its mesh form
+    `replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}` (row-major over those axes; groups span the named
+    ones). With `use_global_device_ids` (SPMD) the ids are positions in the mesh's flattened device
+    array, not device ids (checked on a permuted CPU mesh in tests/test_aot_tpu.py). None if the line has none."""
+    import numpy as np
+
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if m:
+        shape = [int(x) for x in m.group(1).split(",")]
+        dims = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(math.prod(dims)).reshape(dims)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        return ids.reshape(shape[0], -1).tolist()
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+    if m:  # the compiler's own mesh: 'axis_i'=size, row-major; the braces name the axes a group spans
+        axes = re.findall(r"'([^']+)'=(\d+)", m.group(1))
+        names, sizes = [a for a, _ in axes], [int(n) for _, n in axes]
+        span = [names.index(a) for a in re.findall(r"'([^']+)'", m.group(2))]
+        ids = np.arange(math.prod(sizes)).reshape(sizes)
+        ids = ids.transpose([i for i in range(len(sizes)) if i not in span] + span)
+        return ids.reshape(-1, math.prod(sizes[i] for i in span)).tolist()
+    m = re.search(r"(?:replica_groups|source_target_pairs)=\{((?:\{[\d,]*\},?)*)\}", line)
+    if m:  # explicit groups; a collective-permute's (source, target) pairs read as groups of two
+        return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}", m.group(1))]
+    return None
+
+
+def collectives_by_axis(hlo_text: str, axis_names, axis_sizes) -> dict[str, dict[str, int]]:
+    """{"<kind> over <axes>": {"count", "bytes"}}: `collectives` split by the mesh axes each collective's groups
+    span (the axes along which a group's members differ, e.g. "all-gather over sequence" is the sequence axis's
+    state or K/V gather; "fsdp+sequence" a gradient reduction over both). Bytes are each op's result on one
+    device, counted once per op in the text: an op inside the scanned layer stack's loop body counts once, i.e.
+    per layer. Ops without readable groups are "over ?"."""
+    import numpy as np
+
+    shape = tuple(int(n) for n in axis_sizes)
+    out: dict[str, dict[str, int]] = {}
+    pat = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(" + "|".join(map(re.escape, COLLECTIVES)) + r")(-start)?\(")
+    for line in hlo_text.splitlines():
+        m = pat.search(line)
+        if not m:
+            continue
+        nbytes = 0
+        for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
+            if dt in _DTYPE_BYTES:
+                nbytes += (math.prod(int(d) for d in dims.split(",") if d) if dims else 1) * _DTYPE_BYTES[dt]
+        if m.group(3):
+            nbytes //= 2
+        groups = replica_groups(line)
+        axes = "?"
+        if groups and max(max(g) for g in groups if g) < math.prod(shape):
+            coords = np.array(np.unravel_index(np.array(groups[0]), shape)).T  # [members, axes]
+            varying = [n for n, c in zip(axis_names, coords.T) if len(set(c.tolist())) > 1]
+            axes = "+".join(varying) or "none"
+        e = out.setdefault(f"{m.group(2)} over {axes}", {"count": 0, "bytes": 0})
+        e["count"] += 1
+        e["bytes"] += nbytes
+    return out
+
+
 @dataclasses.dataclass
 class StepReport:
     name: str
@@ -119,6 +183,7 @@ class StepReport:
     collectives: dict
     mosaic: int  # number of Mosaic (tpu_custom_call) / Triton custom calls in the compiled program
     model_flops: float | None = None  # train: flops_per_token x tokens per chip (idattn.models), for comparison
+    by_axis: dict = dataclasses.field(default_factory=dict)  # collectives_by_axis: "<kind> over <mesh axes>"
 
     @property
     def total(self) -> int:
@@ -138,14 +203,15 @@ def _flops(compiled) -> float | None:
     return float(f) if f is not None else None
 
 
-def _report(name, compiled, seconds) -> StepReport:
+def _report(name, compiled, seconds, mesh=None) -> StepReport:
     ma = compiled.memory_analysis()
     txt = compiled.as_text()
+    by_axis = collectives_by_axis(txt, mesh.axis_names, mesh.devices.shape) if mesh is not None else {}
     kernels = txt.count("tpu_custom_call") + txt.count("__gpu$xla.gpu.triton") + txt.count("triton_kernel_call")
     return StepReport(name=name, compile_s=seconds, argument=int(ma.argument_size_in_bytes),
                       output=int(ma.output_size_in_bytes), temp=int(ma.temp_size_in_bytes),
                       alias=int(ma.alias_size_in_bytes), flops=_flops(compiled), collectives=collectives(txt),
-                      mosaic=kernels)
+                      mosaic=kernels, by_axis=by_axis)
 
 
 def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) -> tuple[Any, list[StepReport]]:
@@ -190,7 +256,7 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
             raise
         except Exception as e:
             raise AotError(f"{step} step did not compile: {type(e).__name__}: {str(e).splitlines()[0][:2000]}") from e
-        rep = _report(step, compiled, time.perf_counter() - t0)
+        rep = _report(step, compiled, time.perf_counter() - t0, mesh)
         if step == "train":
             try:
                 from idattn.models import flops_per_token
@@ -240,6 +306,10 @@ def _gib(n: float) -> str:
 
 def format_step(r: StepReport, target) -> str:
     coll = ", ".join(f"{k} {v['count']} ({_gib(v['bytes'])} GiB)" for k, v in sorted(r.collectives.items())) or "none"
+    seq = {k: v for k, v in r.by_axis.items() if k.endswith(" over sequence")}
+    if seq:  # the sequence axis's own traffic (state passing / K,V gather), per op in the text (a scanned layer once)
+        coll += "; over the sequence axis alone: " + ", ".join(
+            f"{k.split(' over ')[0]} {v['count']} ({v['bytes'] / 2 ** 20:.2f} MiB)" for k, v in sorted(seq.items()))
     fl = "n/a" if r.flops is None else f"{r.flops:.4g}"
     if getattr(r, "model_flops", None):
         fl += f" (model: {r.model_flops:.4g})"

@@ -1,31 +1,34 @@
-"""The docs/pods.md "Long context" table: 125M and 1.3B x {interdomain, softmax} x T tokens per sequence, the
-train step compiled ahead of time for a v5p slice with the length split over a `sequence` axis, beside the
-communication cost model of that axis.
+"""The docs/pods.md "Long context" table: 125M and 1.3B x {interdomain, softmax} x T tokens per sequence x a v5p
+slice, the train step compiled ahead of time with the length split over a `sequence` axis sized to fit, beside
+the communication cost model of that axis.
 
-    python -m idattn.aot.table --kind=long_context --dir=aot-long [--run] [--grid=<size>:<mixer>:<T>,...]
+    python -m idattn.aot.table --kind=long_context --dir=docs/aot/long [--run] [--grid=<size>:<mixer>:<T>[:<slice>],...] \
+        [--doc=docs/pods.md]
 
---run compiles the missing grid points, one `python -m idattn.aot --config=experiments/scaling.py:<mixer>,<size>
---topology=v5p-128 --steps=train --config.data.seq_len=T --config.mesh.sequence=4 --config.train.batch_size=16
---json=<dir>/long-<mixer>-<size>-<T>.json` at a time (a subprocess each); the table is printed from those JSON
-files (per-chip memory from the compiler's `memory_analysis()`, idattn/aot/compile.py) and from the cost model
-below (closed forms of the config, no measurement).
+A cell is (size, mixer, T, slice), one sequence per sequence group: P = `mesh.sequence` chips hold one row of T
+tokens (T/P a chip), fsdp = chips/P, global batch chips/P rows. The table gives each cell at the smallest P in
+SEQUENCES (4: a v5p host's chips, up to 32) whose train step fits the chip's 95 GiB, and the largest T each
+mixer fits per slice. --run compiles what is missing, one `python -m idattn.aot --config=experiments/scaling.py:
+<mixer>,<size> --topology=<slice> --steps=train --config.data.seq_len=T --config.mesh.sequence=P
+--config.train.batch_size=<chips/P> --json=<dir>/<name>.json` at a time (a subprocess each; a compile that
+fails, e.g. out of HBM, leaves `<name>.err` with the compiler's reason), searching P per cell: it starts at the
+smallest P whose tokens per chip are at most TOKENS_PER_CHIP_GUESS (measured fits, below), goes up while the
+step does not fit, and down while half the P might (argument + 2 x temporary bytes within HBM), so that the P
+shown is the smallest that fits, next to the compiled figure at P/2 that did not.
 
-Mesh: v5p-128 (64 chips, 16 hosts of 4) as data 1 x fsdp 16 x sequence 4 x tensor 1, one sequence per sequence
-group (global batch 16 rows of T tokens, T/4 tokens per chip). The sequence axis is 4: a v5p host's 4 chips,
-the most a group could use before groups could span hosts (`idattn.train.sharding.sequence_spans_processes`);
-the grid with larger groups is not compiled yet.
-
-Cost model of the sequence axis, per layer and per row (P = 4 shards):
+Cost model of the sequence axis, per layer and per row (P shards), beside the compiled program's own figure
+("all-gather over sequence" in idattn.aot.compile.collectives_by_axis: the collective's result bytes on one chip,
+each op in the program text once, the scanned layer stack's loop body once, so per layer):
 
 - Interdomain: one all_gather of every shard's end state, float32 real and imaginary planes of [H, M, R + d_h]:
-  2·H·M·(R + d_h)·4 bytes per shard; each chip receives (P − 1) of them.
+  2·H·M·(R + d_h)·4 bytes per shard, P of them gathered; each chip receives (P − 1).
 - Softmax: one all_gather of K and V (bf16): 2·T·H·d_h·2 bytes per row in all; each chip receives (P − 1)/P.
 - Per train step: 3 such transfers per layer (the forward, its rematerialisation under `remat=full`, and the
   backward's reduce-scatter of the cotangents, the all_gather's transpose, of the same size), times the layers,
   times the rows a chip holds (1).
 - Time: bytes a chip receives per step / the v5p chip's ICI bandwidth, ICI_BYTES_PER_S = 4,800 Gbit/s = 600 GB/s
   (Cloud TPU's v5p system-architecture page: "Interchip Interconnect BW 4,800 Gbps" per chip; the sum over its
-  links, so an all_gather over a 4-chip ring that uses one torus axis runs at a fraction of it: this is the
+  links, so an all_gather over a ring that uses one torus axis runs at a fraction of it: this is the
   optimistic end). Against the step's compute: the model's training FLOPs per chip (`idattn.models.
   flops_per_token` x tokens per chip, the MFU numerator; Softmax's includes its causal T² term) at the v5p peak,
   PEAK_FLOPS = 459 TFLOP/s bf16 per chip (the same page), i.e. the fastest the step could run.
@@ -34,43 +37,49 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
-TOPOLOGY = "v5p-128"
-CHIPS = 64
-SEQUENCE = 4
-ROWS = CHIPS // SEQUENCE  # one sequence per sequence group
+SLICES = {"v5p-64": 32, "v5p-128": 64}  # slice -> chips (v5p-N has N/2 chips)
+HBM_BYTES = 95 * GiB  # a v5p chip
+SEQUENCES = (4, 8, 16, 32)
 ICI_BYTES_PER_S = 4800e9 / 8  # v5p: 4,800 Gbps inter-chip interconnect per chip (Cloud TPU system architecture)
 PEAK_FLOPS = 459e12  # v5p: bf16 peak per chip (Cloud TPU system architecture)
 TRANSFERS_PER_STEP = 3  # forward, rematerialised forward, backward reduce-scatter (per layer)
-LENGTHS = (131072, 524288, 1048576)
+LENGTHS = (131072, 524288, 1048576, 2097152)
 SIZES = ("125m", "1.3b")
 MIXERS = ("interdomain", "softmax")
-DEFAULT_GRID = tuple((s, m, t) for s in SIZES for m in MIXERS for t in LENGTHS)
+# Where --run starts its search: tokens per chip known to fit (docs/pods.md's earlier v5p-128 table at P = 4:
+# 125M Interdomain 262,144 in 47 GiB; 1.3B Interdomain 131,072 in 75.6 GiB; Softmax 131,072 (125M at 262,144
+# ran out of splash's scoped VMEM; 1.3B took 49 GiB)).
+TOKENS_PER_CHIP_GUESS = {("125m", "interdomain"): 262144, ("1.3b", "interdomain"): 131072,
+                         ("125m", "softmax"): 131072, ("1.3b", "softmax"): 131072}
+DEFAULT_GRID = tuple((s, m, t, sl) for sl in ("v5p-128", "v5p-64") for s in SIZES for m in MIXERS for t in LENGTHS)
 
 
-def name(size: str, mixer: str, seq_len: int) -> str:
-    return f"long-{mixer}-{size}-{seq_len}"
+def name(size: str, mixer: str, seq_len: int, topology: str, sequence: int) -> str:
+    return f"long-{mixer}-{size}-{seq_len}-{topology}-s{sequence}"
 
 
-def aot_argv(size: str, mixer: str, seq_len: int, out_dir: str) -> list[str]:
+def aot_argv(size: str, mixer: str, seq_len: int, topology: str, sequence: int, out_dir: str) -> list[str]:
     argv = [sys.executable, "-m", "idattn.aot", f"--config=experiments/scaling.py:{mixer},{size}",
-            f"--topology={TOPOLOGY}", "--steps=train", f"--config.data.seq_len={seq_len}",
-            f"--config.mesh.sequence={SEQUENCE}", f"--config.train.batch_size={ROWS}",
-            f"--json={os.path.join(out_dir, name(size, mixer, seq_len) + '.json')}"]
+            f"--topology={topology}", "--steps=train", f"--config.data.seq_len={seq_len}",
+            f"--config.mesh.sequence={sequence}", f"--config.train.batch_size={SLICES[topology] // sequence}",
+            f"--json={os.path.join(out_dir, name(size, mixer, seq_len, topology, sequence) + '.json')}"]
     if mixer != "softmax":
         argv.append("--config.model.impl=pallas")
     return argv
 
 
-def command(size: str, mixer: str, seq_len: int) -> str:
+def command(size: str, mixer: str, seq_len: int, topology: str = "v5p-128", sequence: int = 4) -> str:
     """The `python -m idattn.aot` command of one grid point, as a user types it."""
-    return " ".join(["python"] + [a for a in aot_argv(size, mixer, seq_len, "<dir>")[1:] if not a.startswith("--json")])
+    return " ".join(["python"] + [a for a in aot_argv(size, mixer, seq_len, topology, sequence, "<dir>")[1:]
+                                  if not a.startswith("--json")])
 
 
-def cost_model(size: str, mixer: str, seq_len: int) -> dict:
+def cost_model(size: str, mixer: str, seq_len: int, sequence: int = 4, chips: int = 64) -> dict:
     """Bytes and seconds of the sequence axis's collective for one grid point (module docstring)."""
     from idattn.configs.scaling import get_config
     from idattn.models import flops_per_token
@@ -78,16 +87,16 @@ def cost_model(size: str, mixer: str, seq_len: int) -> dict:
 
     cfg = get_config(f"{mixer},{size}")
     s = spec_from_config(cfg.model)
-    h, dh, layers = int(s.num_heads), int(s.head_dim), int(s.num_layers)
+    h, dh, layers, P = int(s.num_heads), int(s.head_dim), int(s.num_layers), int(sequence)
     if mixer == "softmax":
         gathered = 2 * seq_len * h * dh * 2  # K and V of the whole row, bf16
-        received = gathered * (SEQUENCE - 1) // SEQUENCE
+        received = gathered * (P - 1) // P
     else:
         m = int(s.num_modes)
-        gathered = 2 * h * m * (dh + dh) * 4 * SEQUENCE  # every shard's [H, M, R + d_h] complex end state, f32 planes
-        received = gathered * (SEQUENCE - 1) // SEQUENCE
-    per_step = received * TRANSFERS_PER_STEP * layers * (ROWS * SEQUENCE // CHIPS)
-    tokens_per_chip = ROWS * seq_len / CHIPS
+        gathered = 2 * h * m * (dh + dh) * 4 * P  # every shard's [H, M, R + d_h] complex end state, f32 planes
+        received = gathered * (P - 1) // P
+    per_step = received * TRANSFERS_PER_STEP * layers  # one row per sequence group: a chip holds one row's shard
+    tokens_per_chip = seq_len / P
     compute_s = float(flops_per_token(cfg.model, seq_len)) * tokens_per_chip / PEAK_FLOPS
     comm_s = per_step / ICI_BYTES_PER_S
     return {"layer_bytes": gathered, "received_layer": received, "step_bytes": per_step, "comm_s": comm_s,
@@ -156,29 +165,128 @@ def _time(t: float) -> str:
     return f"{t * 1e3:.2f} ms" if t < 1 else f"{t:.1f} s"
 
 
-def row(size: str, mixer: str, seq_len: int, rec: dict | None) -> str:
-    c = cost_model(size, mixer, seq_len)
-    model = (f"{_size(c['layer_bytes'])} | {_size(c['step_bytes'])} | {_time(c['comm_s'])} | "
-             f"{_time(c['compute_s'])} | {100 * c['ratio']:.3g}%")
-    head = f"| {size} | {mixer} | {seq_len:,} | {int(c['tokens_per_chip']):,} |"
+def _load(out_dir: str, cell: tuple, sequence: int) -> dict | None:
+    """The compiled record of one cell at one P: the idattn.aot JSON, {"error": reason} from a .err, or None."""
+    base = os.path.join(out_dir, name(*cell, sequence))
+    if os.path.exists(base + ".json"):
+        with open(base + ".json") as f:
+            return json.load(f)
+    if os.path.exists(base + ".err"):
+        with open(base + ".err") as f:
+            return {"error": f.read().strip()}
+    return None
+
+
+def _train(rec: dict) -> dict:
+    return next(st for st in rec["steps"] if st["name"] == "train")
+
+
+def fits(rec: dict | None) -> bool | None:
+    """True / False from a compiled record (an out-of-HBM compile error is False); None: not compiled."""
     if rec is None:
-        return f"{head} not compiled | | | {model} |"
-    if "error" in rec:  # the compiler's reason, shortened to its first clause
-        why = rec["error"].split("JaxRuntimeError: ")[-1].replace("RESOURCE_EXHAUSTED: ", "")
-        why = why.replace("XLA:TPU compile permanent error. ", "")
-        why = ". ".join(why.split(". ")[:2])[:160].replace("|", "/")
-        return f"{head} did not compile: {why} | {TOPOLOGY} | | {model} |"
-    tr = next(st for st in rec["steps"] if st["name"] == "train")
+        return None
+    if "error" in rec:
+        return False
+    return _train(rec)["total"] <= rec["hbm_bytes"]
+
+
+def candidates(cell: tuple) -> list[int]:
+    size, mixer, seq_len, topology = cell
+    return [p for p in SEQUENCES if SLICES[topology] % p == 0 and seq_len % p == 0]
+
+
+def chosen(out_dir: str, cell: tuple) -> tuple[int | None, dict | None, int | None, dict | None]:
+    """(P, record) at the smallest compiled P that fits, and (P', record) of the largest compiled P' < P (the
+    evidence that P is the smallest); P None if no compiled P fits (then P' is the largest compiled)."""
+    recs = {p: _load(out_dir, cell, p) for p in candidates(cell)}
+    fit = [p for p, r in recs.items() if fits(r)]
+    if fit:
+        p = min(fit)
+        below = [q for q, r in recs.items() if r is not None and q < p]
+        return p, recs[p], (max(below) if below else None), (recs[max(below)] if below else None)
+    tried = [q for q, r in recs.items() if r is not None]
+    return None, None, (max(tried) if tried else None), (recs[max(tried)] if tried else None)
+
+
+def _why(rec: dict) -> str:
+    """A failed compile's reason, shortened (the HBM figure when the compiler gives one)."""
+    err = rec["error"]
+    m = re.search(r"Used ([\d.]+)G of ([\d.]+)G hbm", err)
+    if m:
+        return f"out of HBM ({m.group(1)} GiB)"
+    why = err.split("JaxRuntimeError: ")[-1].replace("RESOURCE_EXHAUSTED: ", "")
+    why = why.replace("XLA:TPU compile permanent error. ", "")
+    return ". ".join(why.split(". ")[:2])[:120].replace("|", "/")
+
+
+def _memory(rec: dict) -> str:
+    if "error" in rec:
+        return f"did not compile: {_why(rec)}"
+    tr = _train(rec)
+    return f"{tr['total'] / GiB:.1f} ({tr['temp'] / GiB:.1f} temp)"
+
+
+def _sequence_gather(rec: dict) -> str:
+    """The compiled program's all-gather over the sequence axis alone: ops in its text and their result bytes."""
+    by = _train(rec).get("by_axis") or {}
+    g = by.get("all-gather over sequence")
+    return f"{g['count']} ops, {_size(g['bytes'])}" if g else "none found"
+
+
+def row(out_dir: str, cell: tuple) -> str:
+    size, mixer, seq_len, topology = cell
+    p, rec, q, below = chosen(out_dir, cell)
+    head = f"| {size} | {mixer} | {seq_len:,} | {topology} |"
+    smaller = f"P = {q}: {_memory(below)}" if below is not None else "-"
+    if p is None:
+        if below is None:
+            return f"{head} not compiled | | {smaller} | | | | | | |"
+        return f"{head} none up to P = {q} | | {smaller} | | | | | | |"
+    c = cost_model(size, mixer, seq_len, p, SLICES[topology])
     m = rec["mesh"]
-    mesh = f"{m['data']}x{m['fsdp']}x{m['sequence']}x{m['tensor']}"
-    fits = "fits" if tr["total"] <= rec["hbm_bytes"] else "does not fit"
-    return (f"{head} {tr['total'] / GiB:.1f} ({tr['temp'] / GiB:.1f} temp): {fits} | {mesh} | "
-            f"{tr['compile_s']:.0f} ({tr.get('mosaic', 0)}) | {model} |")
+    tr = _train(rec)
+    return (f"{head} {p} | {int(c['tokens_per_chip']):,} | {smaller} | {_memory(rec)} | "
+            f"{m['data']}x{m['fsdp']}x{m['sequence']}x{m['tensor']} | {tr['compile_s']:.0f} ({tr.get('mosaic', 0)}) | "
+            f"{_size(c['layer_bytes'])}; compiled: {_sequence_gather(rec)} | {_size(c['step_bytes'])}, "
+            f"{_time(c['comm_s'])} | {_time(c['compute_s'])} ({100 * c['ratio']:.3g}%) |")
 
 
-HEADER = ("| size | mixer | T tokens per sequence | tokens per chip | train step GiB per chip of 95 | mesh d x f x s x t "
-          "| compile s (Mosaic kernels) | gathered per layer and row | received per chip and step | gather time per step at 600 GB/s "
-          "| step compute at peak | gather / compute |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| size | mixer | T tokens per sequence | slice | sequence P (smallest that fits) | tokens per chip | at a "
+          "smaller P: GiB per chip | train step GiB per chip of 95 | mesh d x f x s x t | compile s (Mosaic "
+          "kernels) | gathered per layer and row (model; compiled) | received per chip and step, time at 600 GB/s "
+          "| step compute at peak (gather / compute) |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def largest_table(out_dir: str, grid: tuple) -> list[str]:
+    """The largest T of the grid that fits (with its P) per size, mixer and slice."""
+    lines = ["| size | mixer | " + " | ".join(f"largest T on {t} (P)" for t in SLICES) + " |",
+             "|---|---|" + "---|" * len(SLICES)]
+    for size in SIZES:
+        for mixer in MIXERS:
+            cells = []
+            for topo in SLICES:
+                ts = sorted(t for (s, m, t, sl) in grid if (s, m, sl) == (size, mixer, topo))
+                best, open_ = None, False
+                for t in ts:
+                    p = chosen(out_dir, (size, mixer, t, topo))[0]
+                    if p is not None:
+                        best = (t, p)
+                    elif _load_any(out_dir, (size, mixer, t, topo)) is None:
+                        open_ = True
+                if not ts:
+                    cells.append("-")
+                elif best is None:
+                    cells.append("not compiled" if open_ else f"< {ts[0]:,}")
+                else:
+                    more = best[0] == ts[-1]
+                    cells.append(f"{'≥ ' if more else ''}{best[0]:,} ({best[1]})" + (" (grid incomplete)" if open_ else ""))
+            if any(c != "-" for c in cells):
+                lines.append(f"| {size} | {mixer} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _load_any(out_dir: str, cell: tuple):
+    return next((r for p in candidates(cell) if (r := _load(out_dir, cell, p)) is not None), None)
 
 
 def parse_grid(text: str | None) -> tuple:
@@ -187,39 +295,68 @@ def parse_grid(text: str | None) -> tuple:
     out = []
     for item in text.split(","):
         parts = item.strip().split(":")
-        if len(parts) != 3 or parts[0] not in SIZES or parts[1] not in MIXERS or not parts[2].isdigit():
-            raise ValueError(f"--grid: got {item!r}; expected <size>:<mixer>:<T> with size in {SIZES}, mixer in "
-                             f"{MIXERS}, e.g. 1.3b:interdomain:1048576")
-        out.append((parts[0], parts[1], int(parts[2])))
+        ok = len(parts) in (3, 4) and parts[0] in SIZES and parts[1] in MIXERS and parts[2].isdigit()
+        if not ok or (len(parts) == 4 and parts[3] not in SLICES):
+            raise ValueError(f"--grid: got {item!r}; expected <size>:<mixer>:<T>[:<slice>] with size in {SIZES}, "
+                             f"mixer in {MIXERS}, slice in {tuple(SLICES)}, e.g. 1.3b:interdomain:1048576:v5p-128")
+        slices = (parts[3],) if len(parts) == 4 else tuple(SLICES)
+        out.extend((parts[0], parts[1], int(parts[2]), sl) for sl in slices)
     return tuple(out)
 
 
-def main(out_dir: str, run: bool, grid_text: str | None = None, log=print) -> int:
+def next_sequence(out_dir: str, cell: tuple) -> int | None:
+    """The next P to compile for a cell (module docstring's search), or None when the cell is settled."""
+    ps = candidates(cell)
+    recs = {p: _load(out_dir, cell, p) for p in ps}
+    fit = [p for p in ps if fits(recs[p])]
+    if fit:
+        p = min(fit)
+        smaller = [q for q in ps if q < p]
+        if not smaller or recs[smaller[-1]] is not None:
+            return None
+        tr = _train(recs[p])
+        might = tr["total"] + tr["temp"] * (p / smaller[-1] - 1) <= recs[p]["hbm_bytes"]  # temporaries scale with T/P
+        return smaller[-1] if might else None
+    tried = [p for p in ps if recs[p] is not None]
+    if tried:
+        up = [q for q in ps if q > max(tried)]
+        return up[0] if up else None
+    guess = TOKENS_PER_CHIP_GUESS[cell[:2]]
+    return next((p for p in ps if cell[2] // p <= guess), ps[-1] if ps else None)
+
+
+def compile_cell(out_dir: str, cell: tuple, sequence: int) -> None:
     import subprocess
 
+    path = os.path.join(out_dir, name(*cell, sequence) + ".json")
+    argv = aot_argv(*cell, sequence, out_dir)
+    print("running: " + " ".join(argv), file=sys.stderr, flush=True)
+    proc = subprocess.run(argv, check=False, capture_output=True, text=True)
+    print(proc.stdout, end="", file=sys.stderr, flush=True)
+    if not os.path.exists(path):  # did not compile: keep the compiler's reason for the table
+        errors = [x for x in proc.stdout.splitlines() if x.startswith("error: ")] or [
+            f"error: exit status {proc.returncode}"]
+        with open(path[:-len(".json")] + ".err", "w") as f:
+            f.write(errors[-1][len("error: "):] + "\n")
+
+
+def render(out_dir: str, grid: tuple) -> list[str]:
+    lines = HEADER.split("\n")
+    lines += [row(out_dir, cell) for cell in grid]
+    return lines + [""] + largest_table(out_dir, grid)
+
+
+def main(out_dir: str, run: bool, grid_text: str | None = None, log=print, doc: str = "") -> int:
     grid = parse_grid(grid_text)
     os.makedirs(out_dir, exist_ok=True)
-    for size, mixer, t in grid:
-        path = os.path.join(out_dir, name(size, mixer, t) + ".json")
-        if run and not os.path.exists(path):
-            argv = aot_argv(size, mixer, t, out_dir)
-            print("running: " + " ".join(argv), file=sys.stderr, flush=True)
-            proc = subprocess.run(argv, check=False, capture_output=True, text=True)
-            print(proc.stdout, end="", file=sys.stderr, flush=True)
-            if not os.path.exists(path):  # did not compile: keep the compiler's reason for the table
-                errors = [x for x in proc.stdout.splitlines() if x.startswith("error: ")] or ["error: exit status "
-                                                                                           f"{proc.returncode}"]
-                with open(path[:-len(".json")] + ".err", "w") as f:
-                    f.write(errors[-1][len("error: "):] + "\n")
-    log(HEADER)
-    for size, mixer, t in grid:
-        path = os.path.join(out_dir, name(size, mixer, t) + ".json")
-        rec = None
-        if os.path.exists(path):
-            with open(path) as f:
-                rec = json.load(f)
-        elif os.path.exists(path[:-len(".json")] + ".err"):
-            with open(path[:-len(".json")] + ".err") as f:
-                rec = {"error": f.read().strip()}
-        log(row(size, mixer, t, rec))
+    if run:
+        for cell in grid:
+            while (p := next_sequence(out_dir, cell)) is not None:
+                compile_cell(out_dir, cell, p)
+    lines = render(out_dir, grid)
+    for line in lines:
+        log(line)
+    if doc:
+        from idattn.aot.table import write_doc
+        write_doc(doc, "long_context", lines)
     return 0

@@ -3,17 +3,18 @@ topology a lab would rent for it, at the paper's global batch (128 x 4096 tokens
 
     python -m idattn.aot.table --dir=aot-results [--run] [--steps=train,eval,decode]
     python -m idattn.aot.table --kind=configs --dir=aot-configs [--run]      (CONFIGS below: hybrids, selective)
-    python -m idattn.aot.table --kind=long_context --dir=aot-long [--run] [--grid=...]   (idattn/aot/long_context.py)
+    python -m idattn.aot.table --kind=long_context --dir=docs/aot/long [--run] [--grid=...]   (idattn/aot/long_context.py)
 
 --run compiles what is missing, one `python -m idattn.aot ... --json=<dir>/<mixer>-<size>.json` at a time (each
 a subprocess: a fresh compiler per config); without it the table is printed from the JSON files already in
 --dir. Every number in the table comes from those files (idattn/aot/compile.py).
 
-docs/pods.md's two fit tables are rendered from the records committed under docs/aot/ (tests/test_aot_table.py
+docs/pods.md's fit tables are rendered from the records committed under docs/aot/ (tests/test_aot_table.py
 checks every figure against them); after recompiling, rewrite them in place with
 
     python -m idattn.aot.table --dir=docs/aot/paper --doc=docs/pods.md
     python -m idattn.aot.table --kind=configs --dir=docs/aot/configs --doc=docs/pods.md
+    python -m idattn.aot.table --kind=long_context --dir=docs/aot/long --doc=docs/pods.md
 """
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ CONFIGS = (
 )
 MARKERS = {"paper": ("<!-- idattn.aot.table --kind=paper: begin -->", "<!-- idattn.aot.table --kind=paper: end -->"),
            "configs": ("<!-- idattn.aot.table --kind=configs: begin -->",
-                       "<!-- idattn.aot.table --kind=configs: end -->")}
+                       "<!-- idattn.aot.table --kind=configs: end -->"),
+           "long_context": ("<!-- idattn.aot.table --kind=long_context: begin -->",
+                            "<!-- idattn.aot.table --kind=long_context: end -->")}
 
 
 def name(mixer: str, size: str) -> str:
@@ -145,8 +148,9 @@ def main(argv=None) -> int:
     p.add_argument("--kind", default="paper", choices=("paper", "configs", "long_context", "state_passing"),
                    help="paper: the paper batch table; configs: CONFIGS (hybrids, the selective core); "
                         "long_context: docs/pods.md's Long context table (idattn/aot/long_context.py)")
-    p.add_argument("--grid", default="", help="long_context: <size>:<mixer>:<T>,... (default: 125m and 1.3b x "
-                                              "interdomain and softmax x 131072, 524288, 1048576)")
+    p.add_argument("--grid", default="", help="long_context: <size>:<mixer>:<T>[:<slice>],... (default: 125m and "
+                                              "1.3b x interdomain and softmax x 128K, 512K, 1M, 2M x v5p-128, "
+                                              "v5p-64)")
     p.add_argument("--doc", default="", help="also write the table between its markers in this Markdown file "
                                              "(docs/pods.md)")
     args = p.parse_args(argv)
@@ -157,7 +161,7 @@ def main(argv=None) -> int:
     if args.kind == "long_context":
         from idattn.aot import long_context
         try:
-            return long_context.main(args.dir, args.run, args.grid or None)
+            return long_context.main(args.dir, args.run, args.grid or None, doc=args.doc)
         except ValueError as e:
             p.error(str(e))
     os.makedirs(args.dir, exist_ok=True)
