@@ -429,12 +429,34 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
               weight_decay: float = 0.0, warmup: int = 50, seed: int = 0, num_train: int | None = None,
               num_test: int | None = None, log_every: int = 0, log: Callable[[str], None] = print,
               **task_overrides) -> dict[str, Any]:
-    """Trains `idattn.models.build_model(model_cfg)` on one MAD task and returns {"acc": test accuracy through
-    `score`, "loss", "steps", ...}. The step is the trainer's (idattn.train.step.make_train_step, as
-    idattn.eval.recall.train_mqar uses it) with MAD's optimiser: AdamW, cosine to lr/100 after `warmup` (MAD:
-    cosine to 1e-6, no warmup given), global-norm clip 1.0. Training instances: `generate(..., is_training=True)`
+    """Trains `idattn.models.build_model(model_cfg)` on one MAD task (`fit_and_score`) and returns {"acc": test
+    accuracy through `score`, "loss", "steps", ...}. Training instances: `generate(..., is_training=True)`
     (next-token targets for the recall tasks, as MAD's datasets). Compression trains ``auto_encoder(model_cfg)``
     (the config's language model as the encoder, MAD's MLP decoder from the last position) instead."""
+    spec = TASKS[task]
+    V = int(task_overrides.get("vocab_size", spec["vocab_size"]))
+    if V > model_cfg.vocab_size:
+        raise ValueError(f"train_mad: task vocabulary {V} exceeds model.vocab_size={model_cfg.vocab_size}")
+    n_train = int(num_train or spec["num_train"])
+    x_tr, y_tr = _generated(task, n_train, seed, True, task_overrides)
+    x_te, y_te = _generated(task, int(num_test or spec["num_test"]), seed + 100_003, False, task_overrides)
+    res = fit_and_score(model_cfg, x_tr, y_tr, x_te, y_te, steps=steps, batch_size=batch_size, lr=lr,
+                        weight_decay=weight_decay, warmup=warmup, seed=seed, log_every=log_every, log=log,
+                        name=f"mad {task}", auto_encode=task == "compression")
+    res.update(task=task, vocab_size=V, num_train=n_train)
+    return res
+
+
+def fit_and_score(model_cfg: Any, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray, *,
+                  steps: int, batch_size: int, lr: float, weight_decay: float = 0.0, warmup: int = 50,
+                  seed: int = 0, log_every: int = 0, log: Callable[[str], None] = print, name: str = "task",
+                  auto_encode: bool = False) -> dict[str, Any]:
+    """Trains on (inputs, targets) in the MAD format (targets IGNORE where not scored) and scores the test set
+    with `score`: {"acc", "loss", "steps", "train_seconds", "seq_len", "num_test"}. The step is the trainer's
+    (idattn.train.step.make_train_step, as idattn.eval.recall.train_mqar uses it) with MAD's optimiser: AdamW,
+    cosine to lr/100 after `warmup` (MAD: cosine to 1e-6, no warmup given), global-norm clip 1.0; batches drawn
+    with replacement from a generator seeded by `seed` + 1; the model initialised from `seed`. The test set may
+    be longer than the training set (idattn.eval.state_tracking). `auto_encode`: train ``auto_encoder``."""
     import time
 
     import jax
@@ -445,14 +467,8 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
     from idattn.models import build_model
     from idattn.train.step import TrainState, make_train_step
 
-    spec = TASKS[task]
-    V = int(task_overrides.get("vocab_size", spec["vocab_size"]))
-    if V > model_cfg.vocab_size:
-        raise ValueError(f"train_mad: task vocabulary {V} exceeds model.vocab_size={model_cfg.vocab_size}")
-    n_train = int(num_train or spec["num_train"])
-    x_tr, y_tr = _generated(task, n_train, seed, True, task_overrides)
-    x_te, y_te = _generated(task, int(num_test or spec["num_test"]), seed + 100_003, False, task_overrides)
-    model = auto_encoder(model_cfg) if task == "compression" else build_model(model_cfg)
+    n_train = len(x_tr)
+    model = auto_encoder(model_cfg) if auto_encode else build_model(model_cfg)
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
@@ -474,9 +490,9 @@ def train_mad(model_cfg: Any, task: str, *, steps: int = 1_000, batch_size: int 
         state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
         loss = metrics["loss"]
         if log_every and (i + 1) % log_every == 0:
-            log(f"mad {task} step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
+            log(f"{name} step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
     p = state.params
     acc = score(lambda x: apply(p, jnp.asarray(x)), x_te, y_te)
-    return {"task": task, "acc": acc, "loss": float(loss), "steps": steps, "train_seconds": time.time() - t0,
-            "seq_len": int(T), "vocab_size": V, "num_train": n_train, "num_test": int(len(x_te))}
+    return {"acc": acc, "loss": float(loss), "steps": steps, "train_seconds": time.time() - t0,
+            "seq_len": int(T), "num_test": int(len(x_te))}

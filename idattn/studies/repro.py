@@ -15,8 +15,11 @@
             climb    the new ladder (issue 32): the `ladder` table over CLIMB, each point with its own recipe
             hybrid   issue 35: Softmax, Interdomain, S4D-only and three 1:3 hybrids at the pilot's 400-step cell,
                      3 seeds: perplexity, text recall, three questions (idattn/studies/repro_hybrid.py)
-            all      pilot, ppl, cube, length, ladder, mad, recall, climb, hybrid (no pilot, ladders or hybrid at toy
-                     size)
+            selective  issue 34: the selective core against its LTI form, Softmax and S4D-only (selective or not) on
+                     selective copying, MAD recall, state tracking (parity, modular arithmetic), MQAR and KJV
+                     perplexity at two ladder points, 3 seeds, six questions (idattn/studies/repro_selective.py)
+            all      pilot, ppl, cube, length, ladder, mad, recall, climb, hybrid, selective (no pilot, ladders,
+                     hybrid or selective at toy size: `selective --toy` is its own smoke test)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
 trained by the real trainer (`idattn.train.run`, the code path of `python -m idattn.train`) on the embedded KJV
@@ -27,6 +30,7 @@ and CLIMB's sizes):
     <root>/runs/<size>/lm/<mixer>-<dt>-s<seed>/     trainer workdir + eval/*.json + repro.json (below)
     <root>/runs/<size>/mqar/<mixer>-s<seed>/        eval/recall-*.json + repro.json
     <root>/runs/<size>/mad/<cell>-<task>-s<seed>/   eval/mad-*.json + repro.json
+    <root>/runs/<size>/state/<mixer>-<task>-s<seed>/  eval/state-*.json + repro.json (the `selective` table)
     <root>/<table>[-toy].md, <root>/<table>[-toy].json
 
 Reuse and resumption: a run whose `repro.json` says `done` is reused (a language-model run that recorded its
@@ -83,9 +87,11 @@ TABLES = ("ppl", "length", "recall", "cube")
 # The order of `all`: the budgeted study (experiments/repro.py "Budget") by evidence per CPU-minute, (a) and (b)
 # first, then (d), (c), the ladder's trend (16 min for two more points), MAD (80 min), and last the MQAR recall
 # table, whose 9 runs of 3,000 steps are outside the budget.
-ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb", "hybrid")
-# Tables defined for the reproduction's sizes only (none at toy size): the pilot and both ladders.
-NOT_AT_TOY = ("pilot", "ladder", "climb", "hybrid")
+ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb", "hybrid", "selective")
+# Tables `all` skips at toy size: the pilot and both ladders (defined for the reproduction's sizes only), and the
+# two studies past the paper (their toy forms are their own commands: `hybrid --toy` has no toy size, `selective
+# --toy` trains 36 toy runs).
+NOT_AT_TOY = ("pilot", "ladder", "climb", "hybrid", "selective")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
 # "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
 # recall; tests/test_repro.py checks these against results.py's own headings).
@@ -562,6 +568,11 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     return hybrid(ctx)
 
 
+def table_selective(ctx: Ctx) -> dict[str, Any]:
+    from idattn.studies.repro_selective import table_selective as selective
+    return selective(ctx)
+
+
 def climb_order(exp, seeds) -> list[tuple[str, int]]:
     """(size, seed) in training order: first the seeds every point has (SEEDS[size], within `seeds`), point by
     point from the bottom, then the extra seeds of the points that have more (the top two: 5), again bottom-up;
@@ -626,12 +637,12 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
 
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
              "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb,
-             "hybrid": table_hybrid}
+             "hybrid": table_hybrid, "selective": table_selective}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "hybrid", "all"))
+    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "hybrid", "selective", "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
