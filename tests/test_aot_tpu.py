@@ -213,14 +213,15 @@ def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels(tmp_path
     """config.mesh.sequence=2 on v5p-8 (fsdp 2): the train step holds the Mosaic kernels inside the state-passing
     shard_map (idattn/ops/sequence.py) and the all_gather of the end states; it fits. The compiled program's
     all-gathers over the sequence axis alone (collectives_by_axis) carry the end states' closed form: rows per
-    chip x P shards x [H, M, R + d_h] float32 real and imaginary planes (tiny: H 4, M 8, R = d_h = 16)."""
+    chip x P shards x [H, M, R + d_h] float32 real and imaginary planes (tiny: H 4, M 8, R = d_h = 16), and the
+    chunked loss adds no all-to-all over the sequence axis (contiguous chunks did: the whole hidden state)."""
     _need_libtpu()
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
     out = tmp_path / "seq.json"
     proc = subprocess.run([sys.executable, "-m", "idattn.aot", "--config=experiments/scaling.py:interdomain,tiny",
                            "--topology=v5p-8", "--config.mesh.sequence=2", "--config.data.seq_len=512",
                            "--config.model.chunk_size=128", "--config.model.num_layers=1", "--steps=train",
-                           f"--json={out}"],
+                           "--config.train.loss_chunk=128", f"--json={out}"],
                           cwd=T.REPO, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("[train] compiled"))
@@ -233,6 +234,8 @@ def test_sequence_split_train_step_compiles_for_v5p_with_mosaic_kernels(tmp_path
     state = rows * 2 * (2 * 4 * 8 * (16 + 16) * 4)  # rows x P x one shard's planes
     g = rec["steps"][0]["by_axis"]["all-gather over sequence"]
     assert state <= g["bytes"] < state + 4096, (g, state)  # the states, and at most a few small index gathers
+    # the chunked loss (4 chunks of the split length) slices locally: no all-to-all resharding the hidden state
+    assert "all-to-all over sequence" not in rec["steps"][0]["by_axis"], rec["steps"][0]["by_axis"]
     assert proc.stdout.strip().splitlines()[-1].endswith("mesh 1x2x2x1: " + line.split("-> total ")[1].split(" GiB")[0]
                                                          + " GiB per chip of 95 GiB: fits"), proc.stdout[-500:]
 

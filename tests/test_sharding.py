@@ -161,3 +161,11 @@ def test_chunked_token_loss_equals_full_logits():
         for a, c in zip(jax.tree.leaves(g0), jax.tree.leaves(gc)):
             np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-7)
     assert np.isfinite(float(l0)) and float(l0) > 5.0  # ~log(512) at init
+    # per token, not only on average: the strided chunks give every position its own target's nll
+    import optax
+    nll = jax.jit(lambda p: model.apply({"params": p}, batch["inputs"], segment_ids=batch["segment_ids"],
+                                        positions=batch["positions"], targets=batch["targets"], loss_chunk=8))(params)
+    logits = jax.jit(lambda p: model.apply({"params": p}, batch["inputs"], segment_ids=batch["segment_ids"],
+                                           positions=batch["positions"]))(params)
+    ref = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    np.testing.assert_allclose(np.asarray(nll), np.asarray(ref), rtol=1e-5, atol=1e-6)

@@ -352,15 +352,21 @@ def parse_hybrid(mixer: str) -> tuple[str, str, int] | None:
     return parts[1], parts[2], int(parts[3][3:])
 
 
+def split_variant(mixer: str) -> tuple[str, str]:
+    """"<mixer>+sum" -> (mixer, "sum") (the linear readout's mode sum, PPL_VARIANTS); any other name -> (name, ""),
+    a selective core's "+phase" included (interdomain-selective+phase is a mixer name; the model refuses bad ones)."""
+    if mixer.endswith("+sum"):
+        return mixer[:-len("+sum")], "sum"
+    return mixer, ""
+
+
 def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.ConfigDict:
     parts = [p.strip() for p in str(arg).split(",")]
     if len(parts) != 4:
         raise ValueError(f"experiments/repro.py: got {arg!r}; expected '<mixer>,<size>,<dt>,<seed>', "
                          f"e.g. interdomain,small,scaled,0")
     mixer, size, dt, seed = parts[0], parts[1].lower(), parts[2].lower(), int(parts[3])
-    mixer, _, variant = mixer.partition("+")
-    if variant not in ("", "sum"):
-        raise ValueError(f"experiments/repro.py: mixer suffix {'+' + variant!r}; expected none or '+sum'")
+    mixer, variant = split_variant(mixer)
     if size not in SIZES:
         raise ValueError(f"experiments/repro.py: size {size!r}; expected one of {tuple(SIZES)}")
     z = SIZES[size]

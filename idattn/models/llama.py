@@ -12,8 +12,8 @@ the recurrence and the readout accumulate in float32 / complex64.
 
 Call: `model.apply({"params": p}, tokens [B, T] int32, segment_ids=None, positions=None) -> logits [B, T, V]`.
 With `targets=` [B, T] int32 it returns the per-token loss instead, nll [B, T] float32 = −log softmax(logits)[y],
-computed `loss_chunk` positions at a time (a `lax.map` over T / loss_chunk chunks, each rematerialised in the
-backward), so that neither the logits [B, T, V] nor their gradient ever exist whole: per chip at most
+computed `loss_chunk` positions at a time (a `lax.map` over T / loss_chunk strided chunks, each rematerialised in
+the backward), so that neither the logits [B, T, V] nor their gradient ever exist whole: per chip at most
 B/shards × loss_chunk × V float32 values live at once.
 
 Sharding (under the trainer's mesh and logical axis rules; no-ops without them): the residual stream is
@@ -102,10 +102,15 @@ class LMHead(nn.Module):
             xc, tc = args
             return optax.softmax_cross_entropy_with_integer_labels(logits_of(xc), tc)
 
-        xs = jnp.swapaxes(x.reshape(b, n, c, d), 0, 1)            # [n, B, c, d]
-        ts = jnp.swapaxes(targets.reshape(b, n, c), 0, 1)         # [n, B, c]
+        # Strided chunks: chunk j holds positions i·n + j (i < c). The loss is per token, so which positions share
+        # a chunk changes nothing; but under a sequence-sharded T (mesh.sequence = P, contiguous blocks) each chunk
+        # then takes c/P positions of every shard and the map's slicing stays local. Contiguous chunks each lived
+        # on one shard, and XLA resharded the whole hidden state (all-to-alls over `sequence`, ~0.8 GB a chip and
+        # step at 125M and 1M tokens on v5p-128, measured by idattn.aot's collectives_by_axis).
+        xs = jnp.moveaxis(x.reshape(b, c, n, d), 2, 0)            # [n, B, c, d]
+        ts = jnp.moveaxis(targets.reshape(b, c, n), 2, 0)         # [n, B, c]
         nll = jax.lax.map(chunk_nll, (xs, ts))                    # [n, B, c]
-        return jnp.swapaxes(nll, 0, 1).reshape(b, t)
+        return jnp.moveaxis(nll, 0, 2).reshape(b, t)
 
 
 class Block(nn.Module):

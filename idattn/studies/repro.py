@@ -678,14 +678,11 @@ def main(argv=None) -> int:
             raise ReproError("--seeds: expected comma-separated integers, e.g. 0,1")
         only = [m.strip() for m in args.only.split(",") if m.strip()]
         if only:
-            from idattn.models.spec import parse_mixer
             try:
                 for m in only:
                     if exp.parse_hybrid(m):  # hybrid-<recurrent>-<attention>-1to<k> (the `hybrid` table)
                         continue
-                    parse_mixer(m.partition("+")[0])
-                    if m.partition("+")[2] not in ("", "sum"):
-                        raise ValueError(f"{m!r}: the only variant suffix is '+sum' (e.g. s4d_only+sum)")
+                    exp.get_config(f"{m},toy,paper,0")  # the name as a run would build it (+sum, a core's +phase)
             except ValueError as e:
                 raise ReproError(f"--only: {e}") from None
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
