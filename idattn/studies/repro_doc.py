@@ -62,7 +62,7 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
     """(claim, where, verdict, interval) rows from the tables' JSON, claims in order (a)..(e)."""
     rows: list[tuple[str, list[str]]] = []
     for t, data in tables.items():
-        if not data or t == "hybrid":  # its questions (h1-h3) go beyond the paper: answered in its own table
+        if not data or t in ("hybrid", "selective"):  # questions beyond the paper: answered in their own tables
             continue
         for key, v in (data.get("verdicts") or {}).items():
             c = key[0]
