@@ -278,7 +278,7 @@ def test_scaled_dt_keeps_the_papers_dt_times_context():
     assert v["model"]["linear_contraction"] == "sum" and p.model.linear_contraction == "mean"
     with pytest.raises(ValueError, match="expected '<mixer>,<size>,<dt>,<seed>'"):
         exp.get_config("interdomain,small")
-    with pytest.raises(ValueError, match="suffix '\\+max'; expected none or '\\+sum'"):
+    with pytest.raises(ValueError, match="suffix '\\+max'; expected none, '\\+sum'"):
         exp.get_config("s4d_only+max,small,paper,0")
 
 

@@ -357,6 +357,9 @@ def split_variant(mixer: str) -> tuple[str, str]:
     a selective core's "+phase" included (interdomain-selective+phase is a mixer name; the model refuses bad ones)."""
     if mixer.endswith("+sum"):
         return mixer[:-len("+sum")], "sum"
+    if "+" in mixer and not mixer.endswith("-selective+phase"):
+        raise ValueError(f"experiments/repro.py: mixer suffix {'+' + mixer.rpartition('+')[2]!r}; expected none, "
+                         "'+sum' (e.g. s4d_only+sum) or a selective core's '+phase' (e.g. interdomain-selective+phase)")
     return mixer, ""
 
 
