@@ -29,6 +29,17 @@ def test_pods_md_fit_tables_are_rendered_from_the_committed_records(kind, folder
     assert table.doc_table(DOC, kind) == rendered
 
 
+def test_pods_md_long_context_table_is_rendered_from_the_committed_records():
+    """The long-context grid (issue 37 item 4): docs/pods.md's table is what docs/aot/long renders to; rows not
+    compiled yet say so (the grid is compiled over several sessions), and every compiled record is a cell's."""
+    from idattn.aot import long_context as L
+    out_dir = os.path.join(ROOT, "docs", "aot", "long")
+    assert table.doc_table(DOC, "long_context") == L.render(out_dir, L.DEFAULT_GRID)
+    names = {L.name(*cell, p) for cell in L.DEFAULT_GRID for p in L.SEQUENCES}
+    stray = [f for f in os.listdir(out_dir) if f.rsplit(".", 1)[0] not in names]
+    assert not stray, stray
+
+
 def test_every_figure_of_a_row_is_the_records():
     """The renderer itself, against the record read here: GiB per chip, temporaries, HBM, fit, compile time."""
     path = os.path.join(ROOT, "docs", "aot", "paper", "interdomain-125m.json")

@@ -346,7 +346,7 @@ def render(out_dir: str, grid: tuple) -> list[str]:
     return lines + [""] + largest_table(out_dir, grid)
 
 
-def main(out_dir: str, run: bool, grid_text: str | None = None, log=print, doc: str = "") -> int:
+def main(out_dir: str, run: bool, grid_text: str | None = None, log=print) -> int:
     grid = parse_grid(grid_text)
     os.makedirs(out_dir, exist_ok=True)
     if run:
@@ -356,7 +356,4 @@ def main(out_dir: str, run: bool, grid_text: str | None = None, log=print, doc: 
     lines = render(out_dir, grid)
     for line in lines:
         log(line)
-    if doc:
-        from idattn.aot.table import write_doc
-        write_doc(doc, "long_context", lines)
     return 0

@@ -161,9 +161,14 @@ def main(argv=None) -> int:
     if args.kind == "long_context":
         from idattn.aot import long_context
         try:
-            return long_context.main(args.dir, args.run, args.grid or None, doc=args.doc)
+            lines: list[str] = []
+            rc = long_context.main(args.dir, args.run, args.grid or None, log=lines.append)
         except ValueError as e:
             p.error(str(e))
+        print("\n".join(lines))
+        if args.doc:
+            write_doc(args.doc, "long_context", lines)
+        return rc
     os.makedirs(args.dir, exist_ok=True)
     if args.kind == "configs":
         for rec_name, config, topo, _ in CONFIGS:
