@@ -189,6 +189,7 @@ def test_eval_cli_all_suites_then_results(tmp_path, capsys):
     json.dumps(recs)  # everything JSON-serialisable
 
 
+@pytest.mark.slow  # 22 s of the default suite's budget; CI's slow pass runs it
 def test_extrapolation_rolling_mode_scores_short_documents_and_says_how_many(tmp_path, capsys):
     """A corpus of documents shorter than the longest length: the paper's protocol refuses it (naming the rolling
     mode); --extrapolation_mode=rolling scores every document whole in windows of L, equal to lm-eval's rolling

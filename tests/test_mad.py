@@ -116,6 +116,7 @@ def test_train_mad_smoke_runs_the_trainer_step():
     assert r["steps"] == 3 and np.isfinite(r["loss"]) and 0.0 <= r["acc"] <= 1.0 and r["seq_len"] == 15
 
 
+@pytest.mark.slow  # 31 s of the default suite's budget; CI's slow pass runs it
 def test_auto_encoder_decodes_every_position_from_the_last_representation_only():
     """The compression model against a float64 numpy reference of mad-lab's decoder: logits[b, t] =
     unembed(RMSNorm(MLP(z_b + sincos_t))) with z_b the encoder's final representation at the last token (the

@@ -22,7 +22,9 @@ from idattn.models import apply_mixer_name, build_model, cube_cells, decoding, p
 # "s4d_only" is generic-linear-norope and "interdomain" dualkv-query-rope by name (apply_mixer_name;
 # tests/test_params.py): the cube cells run the sequential operator here; the full model on the default chunked
 # operator is checked by test_decode.py (decode == forward), test_mesh_kernels.py and the trainer tests.
-MIXERS = ["softmax"] + cube_cells()
+# the default suite runs Softmax and four cube cells (each axis flipped at least once); the other four under -m slow
+_DEFAULT_CELLS = ("dualkv-query-rope", "generic-linear-norope", "dualkv-linear-rope", "generic-query-norope")
+MIXERS = ["softmax"] + [c if c in _DEFAULT_CELLS else pytest.param(c, marks=pytest.mark.slow) for c in cube_cells()]
 T, TA = 10, 4  # row length, length of document A in the packed rows
 
 

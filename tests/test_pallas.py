@@ -209,6 +209,7 @@ def test_gpu_mix_kernels_fit_the_card_or_are_refused():
         gpu.mix_plan("fwd_mix", limit=50_000, **dict(kw, n_modes_in=1))
 
 
+@pytest.mark.slow  # 11 s of the default suite's budget; CI's slow pass runs it
 def test_gpu_family_f32_plain_conj_false():
     """No c, no segments, no initial state, conj=False, T = 37, two heads; the forward keeps its
     chunk-boundary states for the backward (save_states=True) instead of recomputing them."""

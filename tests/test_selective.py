@@ -584,7 +584,8 @@ def test_layer_with_constant_delta_is_the_lti_layer():
     assert err <= 1e-5
 
 
-@pytest.mark.parametrize("mixer", ["dualkv-query-rope-selective+phase", "s4d_only-selective+phase",
+@pytest.mark.parametrize("mixer", ["dualkv-query-rope-selective+phase",
+                                   pytest.param("s4d_only-selective+phase", marks=pytest.mark.slow),
                                    pytest.param("generic-query-norope-selective", marks=pytest.mark.slow)])
 def test_tiny_selective_model_decodes_packs_and_trains(mixer):
     """The full model with a selective core: token-by-token decoding equals the forward (≤ 1e-4 of the logit
