@@ -85,22 +85,28 @@ class _null:
         return False
 
 
-def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
-    """{kind: {"count", "bytes"}} over the compiled HLO (async -start ops counted once, -done ops not)."""
-    out: dict[str, dict[str, int]] = {}
+def _collective_ops(hlo_text: str):
+    """(kind, bytes of its result on one device, the line) per collective op in the HLO text (an async -start op
+    once, counting the result half of its (operands, results, ...) tuple; -done ops not)."""
     pat = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(" + "|".join(map(re.escape, COLLECTIVES)) + r")(-start)?\(")
     for line in hlo_text.splitlines():
         m = pat.search(line)
         if not m:
             continue
-        kind = m.group(2)
         nbytes = 0
         for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
             if dt in _DTYPE_BYTES:
                 n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
                 nbytes += n * _DTYPE_BYTES[dt]
-        if m.group(3):  # async start: (operands, results, ...) tuple: count the result half
+        if m.group(3):
             nbytes //= 2
+        yield m.group(2), nbytes, line
+
+
+def collectives(hlo_text: str) -> dict[str, dict[str, int]]:
+    """{kind: {"count", "bytes"}} over the compiled HLO (async -start ops counted once, -done ops not)."""
+    out: dict[str, dict[str, int]] = {}
+    for kind, nbytes, _ in _collective_ops(hlo_text):
         e = out.setdefault(kind, {"count": 0, "bytes": 0})
         e["count"] += 1
         e["bytes"] += nbytes
@@ -148,24 +154,14 @@ def collectives_by_axis(hlo_text: str, axis_names, axis_sizes) -> dict[str, dict
 
     shape = tuple(int(n) for n in axis_sizes)
     out: dict[str, dict[str, int]] = {}
-    pat = re.compile(r"=\s*(\(?[^=]*?\)?)\s+(" + "|".join(map(re.escape, COLLECTIVES)) + r")(-start)?\(")
-    for line in hlo_text.splitlines():
-        m = pat.search(line)
-        if not m:
-            continue
-        nbytes = 0
-        for dt, dims in re.findall(r"(\w+)\[([\d,]*)\]", m.group(1)):
-            if dt in _DTYPE_BYTES:
-                nbytes += (math.prod(int(d) for d in dims.split(",") if d) if dims else 1) * _DTYPE_BYTES[dt]
-        if m.group(3):
-            nbytes //= 2
+    for kind, nbytes, line in _collective_ops(hlo_text):
         groups = replica_groups(line)
         axes = "?"
         if groups and max(max(g) for g in groups if g) < math.prod(shape):
             coords = np.array(np.unravel_index(np.array(groups[0]), shape)).T  # [members, axes]
             varying = [n for n, c in zip(axis_names, coords.T) if len(set(c.tolist())) > 1]
             axes = "+".join(varying) or "none"
-        e = out.setdefault(f"{m.group(2)} over {axes}", {"count": 0, "bytes": 0})
+        e = out.setdefault(f"{kind} over {axes}", {"count": 0, "bytes": 0})
         e["count"] += 1
         e["bytes"] += nbytes
     return out
