@@ -257,6 +257,7 @@ trainer._Loop.evaluate = _killer
 """
 
 
+@pytest.mark.slow  # the default suite's 10-minute budget (CI measured 17 s); CI's slow pass runs it
 def test_a_run_killed_before_its_final_validation_finishes_it_on_the_rerun(tmp_path, env, finished):
     wd = str(tmp_path / "killed")
     proc = subprocess.run(_runner_cmd(tmp_path, wd, KILL_BEFORE_EVAL), cwd=T.REPO, env=env, capture_output=True,
@@ -340,6 +341,7 @@ def test_a_failed_save_ends_the_cli_with_one_line_last(tmp_path, env):
 
 
 # -------------------------------------------------------------------------------------------- 8: Ctrl-C
+@pytest.mark.slow  # the default suite's 10-minute budget (CI measured 16 s); CI's slow pass runs it
 def test_ctrl_c_saves_at_the_next_step_and_the_rerun_resumes(tmp_path, env, finished):
     wd = str(tmp_path / "ctrl-c")
     ov = {"train.checkpoint_every": 100}  # no periodic save before step 20: what is kept is what SIGINT saved

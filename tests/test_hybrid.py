@@ -398,6 +398,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # the default suite's 10-minute budget (CI measured 12 s); CI's slow pass runs it
 def test_window_attention_split_over_the_sequence_passes_only_the_halo():
     """swa under sequence 4 x tensor 2 (shards of 16) against the unsplit call, value and gradients (float64
     inputs; 1e-6 for jax's float32 softmax), documents crossing shards: W − 1 ≤ 16 (W = 5, 17) exchanges the last

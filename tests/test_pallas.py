@@ -217,7 +217,7 @@ def test_gpu_family_f32_plain_conj_false():
               with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1, save_states=True)
 
 
-@pytest.mark.parametrize("save_states", [False, True])
+@pytest.mark.parametrize("save_states", [pytest.param(False, marks=pytest.mark.slow), True])  # budget: CI 12.5 s
 def test_gpu_family_bf16(monkeypatch, save_states):
     """bf16 inputs/outputs path (bf16 matmul operands, fp32 state and accumulation), with c: the backward either
     recomputes the chunk states or reads the saved ones; it reads the forward's w (bf16) either way. The backward's
@@ -230,7 +230,8 @@ def test_gpu_family_bf16(monkeypatch, save_states):
               save_states=save_states)
 
 
-@pytest.mark.parametrize("dtype,save_states", [(jnp.float32, True), (jnp.bfloat16, False)])
+@pytest.mark.parametrize("dtype,save_states", [(jnp.float32, True),
+                                               pytest.param(jnp.bfloat16, False, marks=pytest.mark.slow)])
 def test_gpu_family_chunk_parallel_forward(monkeypatch, dtype, save_states):
     """The long-T forward (op.GPU_PARALLEL_FWD_MIN_T lowered to 0): scan_fwd carries the states (and the final
     one), fwd_p / fwd_o read every chunk's state in programs of 2 chunks (3 chunks: a full group and a partial
