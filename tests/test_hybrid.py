@@ -112,6 +112,7 @@ def _hand_stack(spec_cfg, pattern, window):
     return jax.jit(run)
 
 
+@pytest.mark.slow  # the default suite's 10-minute budget (clean clone: 17 s); CI's slow pass runs it
 def test_mixed_pattern_equals_a_hand_built_stack():
     """interdomain,swa,softmax,s4d_only over 8 layers (two scanned groups) == the stack built above; the unrolled
     model (layers_<i>) with the same weights == the scanned one."""

@@ -94,6 +94,7 @@ def _tb_scalars(files, tag, purge=True) -> list[tuple[int, float]]:
     return out
 
 
+@pytest.mark.slow  # the default suite's 10-minute budget (clean clone: 37 s with its fixture); CI's slow pass runs it
 def test_sigkill_then_rerun_matches_straight_run(tmp_path, env, straight):
     """Also TensorBoard's purge on resume: the killed run logged steps past its last checkpoint, which the rerun
     logs again; its event file starts with a purge at restored + 1, so TensorBoard shows every step once, with

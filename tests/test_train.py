@@ -271,6 +271,7 @@ def test_refuses_tokenizer_larger_than_vocab(tmp_path, env):
     assert "has 512 tokens but config.model.vocab_size=300" in err, err
 
 
+@pytest.mark.slow  # the default suite's 10-minute budget (clean clone: 19 s); CI's slow pass runs it
 def test_nonfinite_steps_are_never_applied_nor_checkpointed(tmp_path, env):
     """LR 1e30: the first bad step is dropped (train.max_bad_steps=1, logged and counted), the second stops the run
     naming the last checkpoint; every checkpoint written, the named one included, restores finite and verifies."""
