@@ -57,12 +57,13 @@ def label(mixer: str) -> str:
     return f"{LABEL.get(rec, rec)} + {att} 1:{ratio[3:]}"
 
 
-def _answer(q: str, what: str, values: list[float], line: float, side: str, key: str, name: str, unit: str,
-            fmt) -> tuple[dict[str, Any], str]:
+def answer_question(q: str, what: str, values: list[float], line: float, side: str, key: str, name: str, unit: str,
+                    fmt, judged: bool = True) -> tuple[dict[str, Any], str]:
     """A question judged by the verdict rule on paired per-seed `values`: (its record, its Markdown line); `fmt`
-    writes a value in the question's unit (a ratio from a log-ratio, accuracy points from a difference)."""
+    writes a value in the question's unit (a ratio from a log-ratio, accuracy points from a difference). At toy
+    size (`judged` False) the interval without a word. Shared by the studies past the paper (hybrid, selective)."""
     word, iv = judge(values, line, side)
-    answer = WORDS.get(word, "undecided")
+    answer = WORDS.get(word, "undecided") if judged else "not judged (toy size)"
     if iv["lo"] is not None:
         ivtxt = f"{name} {fmt(iv['mean'])}{unit} [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
     elif iv["mean"] is not None:
@@ -127,13 +128,13 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     verdicts, lines = {}, []
     for q, (num, den, line, side, what) in QUESTIONS.items():
         lr = [math.log(ppl[num][s] / ppl[den][s]) for s in seeds if s in ppl[num] and s in ppl[den]]
-        verdicts[q], text_line = _answer(q, what, lr, line, side, "log_ratios", "ratio", "",
+        verdicts[q], text_line = answer_question(q, what, lr, line, side, "log_ratios", "ratio", "",
                                          lambda x: f"{math.exp(x):.3f}")
         lines.append(text_line)
     for q, (num, den, line, side, what) in MQAR_QUESTIONS.items():
         k = mq_keys[0]
         diffs = [mq_acc[num][s][k] - mq_acc[den][s][k] for s in seeds if s in mq_acc[num] and s in mq_acc[den]]
-        verdicts[q], text_line = _answer(q, what, diffs, line, side, "differences", "difference", " points",
+        verdicts[q], text_line = answer_question(q, what, diffs, line, side, "differences", "difference", " points",
                                          lambda x: f"{100 * x:+.1f}")
         lines.append(text_line)
     cm = ctx.exp.get_mqar_config("softmax", h["size"])

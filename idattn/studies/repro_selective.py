@@ -39,9 +39,8 @@ from typing import Any
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log, move_aside,
                                        read_marker, run_cost, run_name, source_hash, write_marker, write_table)
-from idattn.studies.repro_verdicts import judge
+from idattn.studies.repro_hybrid import answer_question
 
-WORDS = {"reproduced": "yes", "not reproduced": "no"}  # the rule's words for a claim; here a question's answer
 # (numerator model, denominator model, task key, line, side, text): differences in accuracy points
 ACC_QUESTIONS = {
     "s1": ("interdomain-selective", "interdomain", "mad/selective_copying", 0.0, "above",
@@ -140,22 +139,6 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
     return read()
 
 
-def _answer(q: str, what: str, values: list[float], line: float, side: str, fmt, unit: str, name: str,
-            judged: bool = True):
-    """A question judged by the verdict rule on paired per-seed values: (its record, its Markdown line); at toy
-    size (`judged` False) the interval without a word."""
-    word, iv = judge(values, line, side)
-    answer = WORDS.get(word, "undecided") if judged else "not judged (toy size)"
-    if iv["lo"] is not None:
-        ivtxt = f"{name} {fmt(iv['mean'])}{unit} [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
-    elif iv["mean"] is not None:
-        ivtxt = f"{name} {fmt(iv['mean'])}{unit} (one seed: no interval)"
-    else:
-        ivtxt = "no paired seeds yet"
-    return ({"question": what, "values": values, "interval": iv, "answer": answer},
-            f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(values)} paired seeds")
-
-
 def table_selective(ctx: Ctx) -> dict[str, Any]:
     """Trains what is missing (cheapest first, seed-major) and writes <root>/selective[-toy].md and .json."""
     from idattn.studies.repro_mad import ensure_mad, mad_dir
@@ -221,15 +204,15 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         key = mq_keys[0] if key == "mqar" else key
         a = acc.get(key, {})
         diffs = [a[num][s] - a[den][s] for s in seeds if s in a.get(num, {}) and s in a.get(den, {})]
-        verdicts[q], text = _answer(q, what, diffs, line, side, lambda x: f"{100 * x:+.1f}", " points",
-                                    "difference", ctx.judged)
+        verdicts[q], text = answer_question(q, what, diffs, line, side, "values", "difference", " points",
+                                            lambda x: f"{100 * x:+.1f}", ctx.judged)
         lines.append(text)
     for q, (num, den, line, side, what) in PPL_QUESTIONS.items():
         for z in lm_sizes:
             lr = [math.log(ppl[z][num][s] / ppl[z][den][s]) for s in seeds
                   if s in ppl[z][num] and s in ppl[z][den]]
-            verdicts[f"{q}@{z}"], text = _answer(f"{q}, {z}", what, lr, line, side,
-                                                 lambda x: f"{math.exp(x):.3f}", "", "ratio", ctx.judged)
+            verdicts[f"{q}@{z}"], text = answer_question(f"{q}, {z}", what, lr, line, side, "values", "ratio", "",
+                                                         lambda x: f"{math.exp(x):.3f}", ctx.judged)
             lines.append(text)
 
     pct = lambda d, m: " / ".join(f"{100 * d[m][s]:.1f}" for s in seeds if s in d.get(m, {})) or "—"  # noqa: E731
