@@ -298,7 +298,7 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
 
     def fake_train(model_cfg, **kw):
         calls.append(kw)
-        return {"acc": 0.25, "grid": {}, "loss": 1.0, "steps": kw["steps"], "params": None}
+        return {"acc": 0.25, "grid": {}, "loss": 1.0, "steps": kw["steps"], "params": {"w": [0.0]}}
 
     monkeypatch.setattr(recall, "train_mqar", fake_train)
     ctx = runs.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
@@ -312,6 +312,55 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
         recipe["steps"]
     runs.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
     assert len(calls) == 1
+
+
+def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp_path, monkeypatch):
+    """A finished MQAR run keeps its parameters; under another model-code hash it is re-scored on its own test
+    sets and reused when the accuracies agree, moved aside and retrained when they do not (or nothing was saved)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.eval import recall
+    from idattn.models import build_model
+    calls = []
+
+    def fake_train(model_cfg, **kw):  # an untrained toy model, scored by the code under test's own scorer
+        calls.append(kw)
+        model = build_model(model_cfg)
+        x = jnp.zeros((1, kw["seq_len"]), jnp.int32)
+        params = nn.unbox(model.init(jax.random.PRNGKey(7 + len(calls)), x)["params"])
+        apply = jax.jit(model.apply)
+        acc, grid = recall.mqar_scores(lambda v: apply({"params": params}, jnp.asarray(v)),
+                                       vocab_size=kw["vocab_size"], seq_len=kw["seq_len"],
+                                       num_kv_pairs=kw["num_kv_pairs"], num_test=kw["num_test"], seed=kw["seed"],
+                                       test_grid=kw["test_grid"])
+        return {"acc": acc, "grid": grid, "loss": 1.0, "steps": kw["steps"], "params": params}
+
+    monkeypatch.setattr(recall, "train_mqar", fake_train)
+    ctx = runs.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
+    wd = ctx.mqar_dir("softmax", 0)
+    first = runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 1 and os.path.exists(os.path.join(wd, runs.MQAR_PARAMS))
+    monkeypatch.setattr(runs, "source_hash", lambda: "0123456789")  # the model code changed
+    again = runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 1 and again["metrics"] == first["metrics"]  # re-scored equal: reused
+    marker = runs.read_marker(wd)
+    assert marker["src"] == "0123456789" and "recorded" in marker["verified"][-1]
+    # a recorded accuracy the saved model does not give: other function, moved aside and retrained
+    res_file = glob.glob(os.path.join(wd, "eval", "recall-*.json"))[0]
+    res = json.load(open(res_file))
+    key = next(iter(res["metrics"]))
+    res["metrics"][key] += 0.5
+    json.dump(res, open(res_file, "w"))
+    monkeypatch.setattr(runs, "source_hash", lambda: "abcdefabcd")
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 2 and glob.glob(wd + ".stale-0123456789")
+    # a run that kept no parameters (trained before they were saved) cannot be re-scored: retrained
+    os.remove(os.path.join(wd, runs.MQAR_PARAMS))
+    monkeypatch.setattr(runs, "source_hash", lambda: "fedcbafedc")
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 3
 
 
 def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):

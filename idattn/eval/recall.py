@@ -149,18 +149,27 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
             log(f"mqar step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
     out: dict[str, Any] = {"loss": float(loss), "first_loss": first_loss if steps else float("nan"), "steps": steps, "train_seconds": time.time() - t0,
                            "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V}
-    params = state.params
-    logits_fn = lambda x: apply(params, jnp.asarray(x))  # noqa: E731
-    x_te, y_te = mqar_generate(V, num_test, seq_len, num_kv_pairs, seed=seed + 12345)
-    out["acc"] = mqar_accuracy(logits_fn, x_te, y_te)
-    out["grid"] = {}
-    for T, P in test_grid:
-        if V <= T or 4 * P > T:
-            continue
-        x, y = mqar_generate(V, num_test, T, P, seed=seed + 777 + T + P)
-        out["grid"][f"{T}/{P}"] = mqar_accuracy(logits_fn, x, y)
-    out["params"] = params
+    out["acc"], out["grid"] = mqar_scores(lambda x: apply(state.params, jnp.asarray(x)), vocab_size=V,
+                                          seq_len=seq_len, num_kv_pairs=num_kv_pairs, num_test=num_test, seed=seed,
+                                          test_grid=test_grid)
+    out["params"] = state.params
     return out
+
+
+def mqar_scores(logits_fn: Callable[[np.ndarray], np.ndarray], *, vocab_size: int, seq_len: int,
+                num_kv_pairs: int, num_test: int, seed: int, test_grid: Sequence[tuple[int, int]] = ()
+                ) -> tuple[float, dict[str, float]]:
+    """(accuracy at (seq_len, num_kv_pairs), {"T/P": accuracy}) of a trained model on train_mqar's test sets: the
+    same examples for the same seed, so a saved model re-scored with other code is compared like for like."""
+    x_te, y_te = mqar_generate(vocab_size, num_test, seq_len, num_kv_pairs, seed=seed + 12345)
+    acc = mqar_accuracy(logits_fn, x_te, y_te)
+    grid = {}
+    for T, P in test_grid:
+        if vocab_size <= T or 4 * P > T:
+            continue
+        x, y = mqar_generate(vocab_size, num_test, T, P, seed=seed + 777 + T + P)
+        grid[f"{T}/{P}"] = mqar_accuracy(logits_fn, x, y)
+    return acc, grid
 
 
 # ----------------------------------------------------------------------------------------------------------

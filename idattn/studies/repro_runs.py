@@ -339,6 +339,53 @@ def run_cost(wd: str) -> float:
     return float(rec.get("train_s", 0.0)) + float(rec.get("eval_s", 0.0)) + float(rec.get("recall_s", 0.0))
 
 
+MQAR_PARAMS = "params.msgpack"  # an MQAR run's trained parameters (flax msgpack): what verify_mqar re-scores
+MQAR_ACC_TOL = 1e-3  # re-scored accuracy may move by this much (4 of 4,000 queries at 1,000 x 4): argmax near-ties
+
+
+def save_mqar_params(wd: str, params) -> None:
+    from flax import serialization
+    os.makedirs(wd, exist_ok=True)
+    tmp = os.path.join(wd, MQAR_PARAMS + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(serialization.msgpack_serialize(serialization.to_state_dict(params)))
+    os.replace(tmp, os.path.join(wd, MQAR_PARAMS))
+
+
+def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
+    """(same?, why): the saved MQAR model re-scored with the current code on the run's own test sets
+    (idattn.eval.recall.mqar_scores), against its recorded accuracies (each within MQAR_ACC_TOL)."""
+    from idattn.rundir.schema import read_results
+    path = os.path.join(wd, MQAR_PARAMS)
+    recs = read_results(wd, "recall")
+    if not os.path.exists(path) or not recs:
+        return False, "no saved parameters to re-score (trained before they were kept)"
+    c = ctx.exp.get_mqar_config(mixer, ctx.size)
+    q = c.mqar
+    old = recs[-1]["metrics"]
+    try:
+        import jax
+        import jax.numpy as jnp
+        from flax import serialization
+
+        from idattn.eval.recall import mqar_scores
+        from idattn.models import build_model
+        with open(path, "rb") as f:
+            params = serialization.msgpack_restore(f.read())
+        apply = jax.jit(build_model(c.model).apply)
+        acc, grid = mqar_scores(lambda x: apply({"params": params}, jnp.asarray(x)),
+                                vocab_size=int(q.vocab_size or c.model.vocab_size), seq_len=q.seq_len,
+                                num_kv_pairs=q.num_kv_pairs, num_test=q.num_test, seed=seed,
+                                test_grid=tuple(q.test_grid))
+    except Exception as e:  # noqa: BLE001 - a changed parameter tree is the expected way to fail here
+        return False, f"the saved parameters no longer load: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+    new = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": acc}
+    new.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in grid.items()})
+    worst = max((abs(new[k] - float(old.get(k, float("inf")))) for k in new), default=0.0)
+    key = f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc"
+    return worst <= MQAR_ACC_TOL, f"{key} recorded {float(old.get(key, float('nan'))):.4f}, now {acc:.4f}"
+
+
 def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     from idattn.eval.recall import train_mqar
     from idattn.rundir.schema import read_results, write_result
@@ -354,7 +401,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     old = read_marker(wd)
     if old and old.get("recipe") != recipe and not ctx.keep_stale:
         move_aside(wd, old, f"trained with another MQAR recipe ({old.get('recipe')} != {recipe})")
-    rec = check_reuse(wd, src, ctx.keep_stale)  # no checkpoint to verify: other code means train again
+    # a run saved with its parameters (MQAR_PARAMS) is re-scored under new model code; an older one is retrained
+    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd))
     if rec.get("status") == "done":
         recs = read_results(wd, "recall")
         if recs:
@@ -367,7 +415,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                      num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
                      weight_decay=q.weight_decay, warmup=q.warmup, seed=seed, test_grid=tuple(q.test_grid),
                      log_every=max(1, q.steps // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
-    res.pop("params")
+    save_mqar_params(wd, res.pop("params"))
     metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": res["acc"]}
     metrics.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in res["grid"].items()})
     write_result(wd, "recall", q.steps, metrics, run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": "mqar",
