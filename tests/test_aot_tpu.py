@@ -308,6 +308,16 @@ for seq, ten in ((4, 1), (2, 2), (2, 1)):
 mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 8, "tensor": 1}, devs)  # more than a host's 4 chips
 shd.check_sequence_split(1 << 20, mesh)
 assert shd.sequence_spans_processes(mesh)
+# issue 37's 1.3B command asks v5p-128 for 16 x 8 devices: the refusal names the slice that has them
+from idattn.aot.compile import _device_count_hint
+from idattn.aot.target import Target
+try:
+    shd.make_mesh({"data": 1, "fsdp": 8, "sequence": 16, "tensor": 1}, devs)
+    raise AssertionError("a 128-device mesh on 64 chips was accepted")
+except ValueError as e:
+    hint = _device_count_hint(str(e), tpu_target("v5p-128"))
+    assert "v5p-128 is 64 chips" in hint and hint.endswith("128 devices is --topology=v5p-256)"), hint
+    assert _device_count_hint(str(e), Target("h100x8", "gpu", devs[:8], 1, "")) == ""
 mesh = shd.make_mesh({"data": 1, "fsdp": -1, "sequence": 1, "tensor": 1}, devs)
 assert (mesh.devices == mesh_utils.create_device_mesh((1, 64, 1, 1), devices=devs,
                                                       allow_split_physical_axes=True)).all()

@@ -210,6 +210,18 @@ def _report(name, compiled, seconds, mesh=None) -> StepReport:
                       mosaic=kernels, by_axis=by_axis)
 
 
+def _device_count_hint(msg: str, target) -> str:
+    """For a mesh of the wrong size on a v4 / v5p slice: its names count TensorCores (2 per chip, one JAX device
+    per chip), the usual way to ask for twice the devices a slice has."""
+    m = re.search(r"needs (\d+) devices but (\d+) are available", msg)
+    gen = re.match(r"(v4|v5p)-\d+$", str(target.name))
+    if not (m and gen):
+        return ""
+    want = int(m.group(1))
+    return (f" ({target.name} is {m.group(2)} chips, one device each: {gen.group(1)}-N counts TensorCores, 2 per "
+            f"chip; {want} devices is --topology={gen.group(1)}-{2 * want})")
+
+
 def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) -> tuple[Any, list[StepReport]]:
     """Builds the mesh on the target's devices and compiles the requested steps. Returns (mesh, reports)."""
     import jax
@@ -226,7 +238,7 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
         shd.check_sequence_split(int(config.data.seq_len), mesh)
         setup = build_setup(config, mesh)
     except (ValueError, KeyError) as e:
-        raise AotError(str(e)) from e
+        raise AotError(str(e) + _device_count_hint(str(e), target)) from e
     B, S = int(config.train.batch_size), int(config.data.seq_len)
     batch = {k: jax.ShapeDtypeStruct((B, S), jnp.float32 if k == "loss_mask" else jnp.int32,
                                      sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
