@@ -323,14 +323,16 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
 
     from idattn.eval import recall
     from idattn.models import build_model
-    calls = []
+    calls, compiled = [], {}
 
     def fake_train(model_cfg, **kw):  # an untrained toy model, scored by the code under test's own scorer
         calls.append(kw)
-        model = build_model(model_cfg)
-        x = jnp.zeros((1, kw["seq_len"]), jnp.int32)
-        params = nn.unbox(model.init(jax.random.PRNGKey(7 + len(calls)), x)["params"])
-        apply = jax.jit(model.apply)
+        if not compiled:  # one model and one compile for the test's three trainings
+            model = build_model(model_cfg)
+            x = jnp.zeros((1, kw["seq_len"]), jnp.int32)
+            compiled["params"] = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(7), x)["params"])
+            compiled["apply"] = jax.jit(model.apply)
+        params, apply = compiled["params"], compiled["apply"]
         acc, grid = recall.mqar_scores(lambda v: apply({"params": params}, jnp.asarray(v)),
                                        vocab_size=kw["vocab_size"], seq_len=kw["seq_len"],
                                        num_kv_pairs=kw["num_kv_pairs"], num_test=kw["num_test"], seed=kw["seed"],
