@@ -510,3 +510,21 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
         f.write("[]")
     with pytest.raises(runs.ReproError, match="not a runs record"):
         runs.restore_runs(record, root2)
+
+
+def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path):
+    """docs/reproduction.md's generated part comes from docs/reproduction-runs.json and the committed code alone:
+    restored on a fresh root (as a new machine would) and rendered into a copy, the doc is unchanged."""
+    import shutil
+
+    from tests.train_helpers import REPO
+    doc, record = os.path.join(REPO, "docs", "reproduction.md"), os.path.join(REPO, "docs", "reproduction-runs.json")
+    if not (os.path.exists(doc) and os.path.exists(record)):
+        pytest.skip("not a source checkout (docs/ absent)")
+    copy = tmp_path / "reproduction.md"
+    shutil.copyfile(doc, copy)
+    assert repro.main(["all", f"--root={tmp_path / 'root'}", f"--restore={record}", "--render_only",
+                       f"--doc={copy}"]) == 0
+    assert copy.read_text() == open(doc).read(), "docs/reproduction.md is not what the committed record renders: " \
+        "python -m idattn.repro all --root=DIR --restore=docs/reproduction-runs.json --render_only " \
+        "--doc=docs/reproduction.md"

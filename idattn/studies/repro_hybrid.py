@@ -69,7 +69,8 @@ def answer_question(q: str, what: str, values: list[float], line: float, side: s
     elif iv["mean"] is not None:
         ivtxt = f"{name} {fmt(iv['mean'])}{unit} (one seed: no interval)"
     else:
-        ivtxt = "no paired seeds yet"
+        return ({"question": what, key: values, "interval": iv, "answer": answer},
+                f"- ({q}) {what}: **{answer}**, no paired seeds yet")
     record = {"question": what, key: values, "interval": iv, "answer": answer}
     return record, f"- ({q}) {what}: **{answer}**, {ivtxt} over {len(values)} paired seeds"
 
