@@ -343,6 +343,13 @@ MQAR_PARAMS = "params.msgpack"  # an MQAR run's trained parameters (flax msgpack
 MQAR_ACC_TOL = 1e-3  # re-scored accuracy may move by this much (4 of 4,000 queries at 1,000 x 4): argmax near-ties
 
 
+def mqar_metrics(q, acc: float, grid: dict[str, float]) -> dict[str, float]:
+    """An MQAR run's recorded metrics: accuracy at the training setting and at each test-grid "T/P"."""
+    out = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": acc}
+    out.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in grid.items()})
+    return out
+
+
 def save_mqar_params(wd: str, params) -> None:
     from flax import serialization
     os.makedirs(wd, exist_ok=True)
@@ -379,8 +386,7 @@ def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
                                 test_grid=tuple(q.test_grid))
     except Exception as e:  # noqa: BLE001 - a changed parameter tree is the expected way to fail here
         return False, f"the saved parameters no longer load: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-    new = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": acc}
-    new.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in grid.items()})
+    new = mqar_metrics(q, acc, grid)
     worst = max((abs(new[k] - float(old.get(k, float("inf")))) for k in new), default=0.0)
     key = f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc"
     return worst <= MQAR_ACC_TOL, f"{key} recorded {float(old.get(key, float('nan'))):.4f}, now {acc:.4f}"
@@ -416,8 +422,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                      weight_decay=q.weight_decay, warmup=q.warmup, seed=seed, test_grid=tuple(q.test_grid),
                      log_every=max(1, q.steps // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
     save_mqar_params(wd, res.pop("params"))
-    metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": res["acc"]}
-    metrics.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in res["grid"].items()})
+    metrics = mqar_metrics(q, res["acc"], res["grid"])
     write_result(wd, "recall", q.steps, metrics, run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": "mqar",
                                                      "seed": seed},
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
