@@ -711,7 +711,8 @@ def main(argv=None) -> int:
             order = tuple(t for t in ALL_ORDER if size != "toy" or t not in NOT_AT_TOY)
             try:
                 repro_doc.update_doc(args.doc, repro_doc.render(ctx.root, order, ctx.table_path,
-                                                                os.path.dirname(os.path.abspath(args.doc))))
+                                                                os.path.dirname(os.path.abspath(args.doc))),
+                                     repro_doc.found(repro_doc.load_tables(order, ctx.table_path)))
             except OSError as e:
                 raise ReproError(f"--doc={args.doc}: {e}") from None
             log(f"wrote the generated part of {args.doc}")
