@@ -98,8 +98,10 @@ def test_train_mqar_short_run_learns():
     """A very short MQAR run of the 2-layer softmax model (the documented run is experiments/mqar.py)."""
     c = _mqar_config("softmax,32,2")
     res = recall.train_mqar(c.model, seq_len=32, num_kv_pairs=2, vocab_size=64, num_train=512, num_test=64,
-                            steps=40, batch_size=32, lr=3e-3, warmup=5, log_every=0)
+                            steps=40, batch_size=32, lr=3e-3, warmup=5, log_every=0, curve_every=15)
     assert res["loss"] < res["first_loss"] - 0.3, res
+    # the loss curve: every 15 steps and the last, its last point the returned loss
+    assert [s for s, _ in res["loss_curve"]] == [15, 30, 40] and res["loss_curve"][-1][1] == res["loss"]
     # the reported accuracy, recomputed in NumPy from the returned parameters on the same test set
     from idattn.models import build_model
     x, y = recall.mqar_generate(64, 64, 32, 2, seed=0 + 12345)

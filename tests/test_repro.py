@@ -363,6 +363,26 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
     monkeypatch.setattr(runs, "source_hash", lambda: "fedcbafedc")
     runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 3
+    # the marker records the model it trained; a marker from before that (no "model") is reused and stamped
+    marker = runs.read_marker(wd)
+    assert marker["model"]["num_layers"] == ctx.exp.get_mqar_config("softmax", "toy").model.num_layers
+    assert "impl" not in marker["model"]  # how it runs is not what it computes
+    runs.write_marker(wd, {k: v for k, v in marker.items() if k != "model"})
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 3 and runs.read_marker(wd)["model"] == marker["model"]
+    # another MQAR model (one layer more, the MQAR recipe unchanged): moved aside, named why, and retrained
+    get = ctx.exp.get_mqar_config
+
+    def deeper(mixer, size="small"):
+        c = get(mixer, size)
+        c.model.num_layers += 1
+        return c
+
+    monkeypatch.setattr(ctx.exp, "get_mqar_config", deeper)
+    n_stale = len(glob.glob(wd + ".stale-*"))
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 4 and len(glob.glob(wd + ".stale-*")) == n_stale + 1
+    assert runs.read_marker(wd)["model"]["num_layers"] == marker["model"]["num_layers"] + 1
 
 
 def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):

@@ -102,10 +102,12 @@ def mqar_accuracy(logits_fn: Callable[[np.ndarray], np.ndarray], inputs: np.ndar
 def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, vocab_size: int | None = None,
                num_train: int = 20_000, num_test: int = 1_000, steps: int = 1_000, batch_size: int = 64,
                lr: float = 1e-3, weight_decay: float = 0.1, warmup: int = 50, seed: int = 0,
-               test_grid: Sequence[tuple[int, int]] = (), log_every: int = 100,
+               test_grid: Sequence[tuple[int, int]] = (), log_every: int = 100, curve_every: int = 50,
                log: Callable[[str], None] = print) -> dict[str, Any]:
     """Trains `idattn.models.build_model(model_cfg)` on MQAR with AdamW (loss at query positions only) and
-    returns {"acc": test accuracy at (seq_len, num_kv_pairs), "grid": {"T/P": acc}, "loss", "steps", ...}.
+    returns {"acc": test accuracy at (seq_len, num_kv_pairs), "grid": {"T/P": acc}, "loss", "steps",
+    "loss_curve": [[step, batch loss], ...] every `curve_every` steps and at the last, ...}: the curve is what
+    tells a seed that never leaves MQAR's loss plateau from one that leaves it late.
 
     The step is the trainer's (idattn.train.step.make_train_step: masked token cross-entropy, the update
     applied only when finite) with Zoology's optimiser: AdamW (b2 0.999, decay on every parameter), global-norm
@@ -138,17 +140,19 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
 
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
     rng = np.random.default_rng(seed + 1)
-    t0, loss, first_loss = time.time(), float("nan"), float("nan")
+    t0, loss, first_loss, curve = time.time(), float("nan"), float("nan"), []
     for i in range(steps):
         idx = rng.integers(0, num_train, batch_size)
         state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
         loss = metrics["loss"]
         if i == 0:
             first_loss = float(loss)
+        if (curve_every and (i + 1) % curve_every == 0) or i + 1 == steps:
+            curve.append([i + 1, float(loss)])
         if log_every and (i + 1) % log_every == 0:
             log(f"mqar step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
     out: dict[str, Any] = {"loss": float(loss), "first_loss": first_loss if steps else float("nan"), "steps": steps, "train_seconds": time.time() - t0,
-                           "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V}
+                           "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V, "loss_curve": curve}
     out["acc"], out["grid"] = mqar_scores(lambda x: apply(state.params, jnp.asarray(x)), vocab_size=V,
                                           seq_len=seq_len, num_kv_pairs=num_kv_pairs, num_test=num_test, seed=seed,
                                           test_grid=test_grid)

@@ -284,7 +284,7 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
         _rule_line(ctx), "", *lines, "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
+        f"{ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
     data = {"table": "ppl", "paper_table": PAPER_TABLE["ppl"], "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": _setup_line(ctx),
             "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
             "compute_s": cost, "wall_s": wall, "missing": missing}
@@ -363,7 +363,7 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
         _rule_line(ctx), "",
         f"- (d) the query readout is the dominant axis and RoPE barely matters: {verdict_md(vd)} ({vd.why})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
+        f"{ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
     data = {"table": "cube", "paper_table": PAPER_TABLE["cube"], "size": ctx.size, "eval_length": L, "dt": dt, "setup": _setup_line(ctx), "rows": jrows,
             "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": verdict_json(vd, md=verdict_md(vd))},
             "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
@@ -458,7 +458,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
         f"Softmax {P.TABLE2['softmax'][2] / P.TABLE2['softmax'][0]:.3f})",
         f"- the same criterion with the paper's Δ range: {verdict_md(vc_paper)} ({vc_paper.why})", "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{wall / 60:.1f} min)." + _missing_note(missing, ctx)])
+        f"{ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
     data = {"table": "length", "paper_table": PAPER_TABLE["length"], "size": ctx.size, "lengths": lengths, "setup": _setup_line(ctx), "rows": jrows,
             "softmax_context_use_per_seed": uses,
             "verdicts": {"c": verdict_json(vc, md=verdict_md(vc)),
@@ -536,7 +536,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
         f"pairs): {verdict_md(ve)} ({ve.why})", "",
         f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
-        f"included: {wall / 60:.1f} min)." + _missing_note(missing, ctx)])
+        f"included: {ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
     data = {"table": "recall", "paper_table": PAPER_TABLE["recall"], "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3}, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},

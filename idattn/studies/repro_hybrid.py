@@ -162,7 +162,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         "interval contains it or fewer than 3 seeds pair):", "",
         *lines, "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
-        f"invocation {wall / 60:.1f} min)."
+        f"invocation {ctx.invocation_time(wall)})."
         + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},

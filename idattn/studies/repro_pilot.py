@@ -210,7 +210,7 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
              "of record):", "", recipe_md(ctx.exp, ctx.exp.CLIMB_BUDGET), ""])
           if getattr(ctx.exp, "CLIMB_BUDGET", ()) else []),
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{(time.time() - t0) / 60:.1f} min)."
+        f"{ctx.invocation_time(time.time() - t0)})."
         + ("" if not missing else "\n\nNot available yet (rerun without --render_only to train them): "
            + ", ".join(missing) + ".")])
     data = {"table": "pilot", "cells": cells, "rule": rule, "targets": T, "compute_s": cost,

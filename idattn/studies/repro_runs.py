@@ -132,6 +132,11 @@ class Ctx:
         self.archive = ""  # --archive: the record every finished run is written to as soon as it finishes
         self.seeds_given = False  # --seeds named the seeds (else each table's default)
 
+    def invocation_time(self, seconds: float) -> str:
+        """This invocation's wall time as a table prints it; with --render_only a fixed phrase, so that rendering
+        the same runs writes the same doc on a loaded machine as on an idle one."""
+        return "rendering only" if self.render_only else f"{seconds / 60:.1f} min"
+
     def skip(self, mixer: str, dt: str | None = None) -> bool:
         """True when this invocation only reads the runs of (mixer, dt): --render_only, --only without the mixer,
         or --train_dt naming another Δ range (softmax has none)."""
@@ -392,6 +397,10 @@ def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
     return worst <= MQAR_ACC_TOL, f"{key} recorded {float(old.get(key, float('nan'))):.4f}, now {acc:.4f}"
 
 
+# model-config keys that choose how a model is executed, not what it computes: left out of an MQAR run's "model"
+EXECUTION_KEYS = ("impl", "attn_impl", "remat", "scan_layers")
+
+
 def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     from idattn.eval.recall import train_mqar
     from idattn.rundir.schema import read_results, write_result
@@ -399,23 +408,34 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     c = ctx.exp.get_mqar_config(mixer, ctx.size)
     q = c.mqar
     recipe = json.loads(json.dumps(q.to_dict()))  # the task and optimiser (experiments/repro.py MQAR), as JSON
+    # the model it trains (experiments/repro.py get_mqar_config: depth, window, widths), recorded beside the recipe
+    # so that a change of the MQAR model (e.g. HYBRID_MQAR) retrains the run; a marker from before this was recorded
+    # has no "model": it is taken as the current one (those runs were trained with the configs of their commit) and
+    # stamped with it when reused
+    model = {k: v for k, v in json.loads(json.dumps(c.model.to_dict(), default=str)).items() if k not in EXECUTION_KEYS}
+    same = lambda m: m.get("recipe") == recipe and m.get("model", model) == model  # noqa: E731
     if ctx.skip(mixer):
         recs = read_results(wd, "recall") if os.path.isdir(wd) else []
         m = read_marker(wd)
-        return recs[-1] if recs and m.get("status") == "done" and m.get("recipe") == recipe else None
+        return recs[-1] if recs and m.get("status") == "done" and same(m) else None
     src = source_hash()
     old = read_marker(wd)
-    if old and old.get("recipe") != recipe and not ctx.keep_stale:
-        move_aside(wd, old, f"trained with another MQAR recipe ({old.get('recipe')} != {recipe})")
+    if old and not same(old) and not ctx.keep_stale:
+        why = (f"another MQAR recipe ({old.get('recipe')} != {recipe})" if old.get("recipe") != recipe else
+               "another MQAR model (" + ", ".join(f"{k}: {old['model'].get(k)} != {v}" for k, v in model.items()
+                                                  if old["model"].get(k) != v) + ")")
+        move_aside(wd, old, f"trained with {why}")
     # a run saved with its parameters (MQAR_PARAMS) is re-scored under new model code; an older one is retrained
     rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd))
     if rec.get("status") == "done":
         recs = read_results(wd, "recall")
         if recs:
+            if "model" not in rec and not rec.get("stale"):  # stamped once, as train_src is
+                write_marker(wd, dict(rec, model=model))
             return recs[-1]
     log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
     write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training",
-                       "recipe": recipe})
+                       "recipe": recipe, "model": model})
     t0 = time.time()
     res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                      num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
@@ -428,7 +448,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
                                         "method": "Zoology MQAR, accuracy at query positions"})
     write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
-                       "recipe": recipe, "train_s": time.time() - t0})
+                       "recipe": recipe, "model": model, "train_s": time.time() - t0})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
     archive_now(ctx)
     return read_results(wd, "recall")[-1]

@@ -252,7 +252,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["source and task", "time-invariant / no rotation", "selective / rotating"],
                        [list(p) for p in PUBLISHED]), "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (this invocation "
-        f"{(time.time() - t0) / 60:.1f} min)." + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
+        f"{ctx.invocation_time(time.time() - t0)})." + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
     data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": {k: {m: {str(s): v for s, v in d.items()}
                                                                                       for m, d in a.items()}
                                                                                   for k, a in acc.items()},
