@@ -77,3 +77,36 @@ def test_stdlib_size_is_small_on_another_corpus():
     from idattn.data import tokenizer
     with pytest.raises(ValueError, match="after 'stdlib:' must be an integer"):
         tokenizer.load_tokenizer("stdlib:many")
+
+
+def test_length_at_the_new_recipe_judges_c_per_point_with_each_points_own_seeds(tmp_path):
+    """`length_climb`: the `length` table at each LENGTH_CLIMB point (stdlib corpus, a new-ladder recipe), 5 seeds a
+    point; verdicts keyed <claim>@<point>; a point without runs is listed as missing, never judged on nothing."""
+    root = str(tmp_path)
+    top = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    low, high = top.exp.LENGTH_CLIMB
+    assert top.exp.SEEDS[low] == (0, 1, 2, 3, 4) and top.exp.SIZES[low]["source"] == "stdlib"
+    assert top.exp.SIZES[low]["num_steps"] == top.exp.SIZES[top.exp.CLIMB[0]]["num_steps"]
+    ctx = top.for_size(low)
+    lengths = ctx.lengths()
+    for s in range(5):
+        noise = 1 + 0.01 * s
+        grow = lambda r: {L: 20.0 * r ** ((L / lengths[0] - 1) / 3) * noise for L in lengths}  # noqa: E731
+        _fake(ctx, "softmax", "scaled", s, grow(1.5), context_ratio=0.8 + 0.01 * s)
+        for dt in ("scaled", "paper"):
+            _fake(ctx, "interdomain", dt, s, grow(1.01 + 0.001 * s))
+    data = repro.table_length_climb(top)
+    assert [p["size"] for p in data["points"]] == [low, high]
+    assert data["points"][0]["seeds"] == [0, 1, 2, 3, 4]
+    v = data["verdicts"][f"c@{low}"]
+    assert v["verdict"] == "reproduced" and v["point"] == low
+    assert all(p["interval"]["n"] == 5 for p in v["parts"])
+    assert data["verdicts"][f"c@{high}"]["verdict"] != "reproduced"
+    assert len([m for m in data["missing"] if m.startswith(high + "/")]) == 3 * 5
+    assert not [m for m in data["missing"] if m.startswith(low + "/")]
+    md = open(os.path.join(root, "length_climb.md")).read()
+    assert f"### {low} (400 steps x 16 x 256, d_model 64)" in md and f"### {high} (" in md
+    # the doc's summary names the point
+    from idattn.studies import repro_doc
+    rows = repro_doc.summary_rows({"length_climb": data})
+    assert any(r[1] == f"{repro_doc.WHERE['length_climb']}: {low}" and "reproduced" in r[2] for r in rows)

@@ -192,6 +192,14 @@ LENGTH_SIZE = {"small": "stdlib", "toy": "toy"}
 # The mixers of the `length` table. Claim (c) compares Interdomain with Softmax only, so S4D-only (a Table 2 row
 # of the paper, not part of any verdict) is not trained on the stdlib corpus: 3 runs per seed instead of 5.
 LENGTH_MIXERS = ("softmax", "interdomain")
+# (c) at the new recipe (issue 32, item 3; `python -m idattn.repro length_climb`): the `length` table at two points
+# of the new ladder on the stdlib corpus: the pilot's passing cell (400 steps x 16 x 256, d 64 x 4, where Softmax on
+# KJV already degraded past its training length: ln R 0.12-0.17, the pilot table) and climb96 (600 steps, d 96 x
+# 4). 5 seeds each: the pilot's rule says 3 cannot resolve (c)'s flatness part (docs/reproduction.md "Issue 32").
+# Estimated 15 runs x ~5 min + 15 x ~13 min on one core (STEP_S), ~4.5 CPU-hours.
+LENGTH_CLIMB = ("stdlib-s400", "stdlib-climb96")
+SIZES["stdlib-s400"] = dict(SIZES[pilot_size(400, 3e-3)], tokenizer="stdlib:1024", source="stdlib")
+SIZES["stdlib-climb96"] = dict(SIZES["climb96"], tokenizer="stdlib:1024", source="stdlib")
 
 
 def ladder_tokens(size: str) -> int:
@@ -204,7 +212,7 @@ LENGTH_RATIOS = (1.0, 2.0, 3.5, 4.0)
 # Held-out tokens scored at every length (the same stream prefix at every length; a multiple of every length).
 EVAL_TOKENS = {"small": 7 * 1024 * 4, "toy": 7 * 128 * 2, "ladder32": 7 * 1024 * 4, "ladder48": 7 * 1024 * 4,
                "stdlib": 7 * 1024 * 4}
-EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES + CLIMB + CLIMB_BUDGET})
+EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES + CLIMB + CLIMB_BUDGET + LENGTH_CLIMB})
 
 # Recall at small size. MQAR: Zoology's task with the `experiments/mqar.py` model and recipe (d 64, 2 layers,
 # 256-token vocabulary, the paper's Δ range; 3000 steps x 64, AdamW at 1e-3, 100 warmup steps, cosine), the same
@@ -246,7 +254,7 @@ SEEDS = {size: (0, 1, 2) for size in ("small", "toy", "stdlib") + LADDER}
 SEEDS.update({z: tuple(PILOT["seeds"]) for z in PILOT_SIZES})
 # 3 seeds at every point of a ladder, 5 at its top two (issue 32)
 SEEDS.update({z: (0, 1, 2) for z in CLIMB_BUDGET[2:] + CLIMB[1:]})  # CLIMB[0] is a pilot cell: seeds 0-2
-SEEDS.update({z: (0, 1, 2, 3, 4) for z in CLIMB[-2:] + CLIMB_BUDGET[-2:]})
+SEEDS.update({z: (0, 1, 2, 3, 4) for z in CLIMB[-2:] + CLIMB_BUDGET[-2:] + LENGTH_CLIMB})
 
 # MAD (idattn.eval.mad; Poli et al. 2024), sized to its share of the ~3 CPU-hour study (docs/reproduction.md
 # "Budget": ~80 min for 5 tasks x 9 cells x 3 seeds = 135 runs, ~35 s a run with compilation, data and scoring).

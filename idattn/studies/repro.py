@@ -12,13 +12,16 @@
             pilot    issue 32: the seed spread of Softmax and Interdomain at the new ladder's lowest point for a
                      few (steps, peak LR) cells of PILOT, and the rule's predicted interval half-widths
                      (idattn/studies/repro_pilot.py)
+            length_climb  issue 32: the `length` table ((c) and Softmax's precondition) at the points of
+                     LENGTH_CLIMB, the stdlib corpus with the recipe of a point of the new ladder, 5 seeds each
             climb    the new ladder (issue 32): the `ladder` table over CLIMB, each point with its own recipe
             hybrid   issue 35: Softmax, Interdomain, S4D-only and three 1:3 hybrids at the pilot's 400-step cell,
                      3 seeds: perplexity, text recall, three questions (idattn/studies/repro_hybrid.py)
             selective  issue 34: the selective core against its LTI form, Softmax and S4D-only (selective or not) on
                      selective copying, MAD recall, state tracking (parity, modular arithmetic), MQAR and KJV
                      perplexity at two ladder points, 3 seeds, six questions (idattn/studies/repro_selective.py)
-            all      pilot, ppl, cube, length, ladder, mad, recall, climb, hybrid, selective (no pilot, ladders,
+            all      pilot, ppl, cube, length, ladder, mad, recall, length_climb, climb, hybrid, selective (no pilot,
+                     ladders,
                      hybrid or selective at toy size: `selective --toy` is its own smoke test)
 
 Config: experiments/repro.py (sizes, steps, Δ ranges, evaluation lengths, recall sizes). Every language model is
@@ -87,16 +90,18 @@ TABLES = ("ppl", "length", "recall", "cube")
 # The order of `all`: the budgeted study (experiments/repro.py "Budget") by evidence per CPU-minute, (a) and (b)
 # first, then (d), (c), the ladder's trend (16 min for two more points), MAD (80 min), and last the MQAR recall
 # table, whose 9 runs of 3,000 steps are outside the budget.
-ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "climb", "hybrid", "selective")
+ALL_ORDER = ("pilot", "ppl", "cube", "length", "ladder", "mad", "recall", "length_climb", "climb", "hybrid",
+             "selective")
 # Tables `all` skips at toy size: the pilot and both ladders (defined for the reproduction's sizes only), and the
 # two studies past the paper (their toy forms are their own commands: `hybrid --toy` has no toy size, `selective
 # --toy` trains 36 toy runs).
-NOT_AT_TOY = ("pilot", "ladder", "climb", "hybrid", "selective")
+NOT_AT_TOY = ("pilot", "ladder", "length_climb", "climb", "hybrid", "selective")
 # The paper's table each of ours reproduces, named as idattn.results names it (results.py is canonical: its
 # "Fig. 2" is validation perplexity against scale, "Table 2" length extrapolation, "Table 4" the cube, "Table 9"
 # recall; tests/test_repro.py checks these against results.py's own headings).
 PAPER_TABLE = {"ppl": "Fig. 2", "length": "Table 2", "cube": "Table 4", "recall": "Table 9"}
 TITLES = {"ppl": "Fig. 2 (its 125M point): validation perplexity at the training context ({L} tokens)",
+          "length_climb": "Table 2 at the new recipe (issue 32): claim (c) at the points of LENGTH_CLIMB",
           "length": "Table 2: length extrapolation, perplexity against evaluation length (trained at {L} tokens; "
                     "one corpus, not the paper's five-corpus mean)",
           "cube": "Table 4: mechanism cube, validation perplexity at the training context ({L} tokens), {dt} Δ range",
@@ -379,11 +384,19 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
 def table_length(ctx: Ctx) -> dict[str, Any]:
     """Trained and judged at experiments/repro.py LENGTH_SIZE[ctx.size] (the stdlib corpus for the reproduction)
     with the mixers of LENGTH_MIXERS, each recurrent one at both Δ ranges."""
-    t0 = time.time()
-    P = paper()
     size = getattr(ctx.exp, "LENGTH_SIZE", {}).get(ctx.size, ctx.size)
     if size != ctx.size:
         ctx = ctx.for_size(size)
+    md, data = length_at(ctx)
+    write_table(ctx, "length", md, data)
+    return data
+
+
+def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
+    """The `length` table's Markdown and JSON at ctx's size and seeds (trains what is missing unless
+    --render_only): Softmax and the recurrent mixers of LENGTH_MIXERS at both Δ ranges, (c) and its precondition."""
+    t0 = time.time()
+    P = paper()
     lengths = ctx.lengths()
     L1, L4 = lengths[0], lengths[-1]
     mixers = tuple(getattr(ctx.exp, "LENGTH_MIXERS", ("softmax", "interdomain", "s4d_only")))
@@ -466,7 +479,46 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
             "paper": {"source": "TABLE2", "ratios": list(P.EXTRAP_RATIOS), "table2": {k: list(v) for k, v in
                                                                                       P.TABLE2.items()}},
             "compute_s": cost, "wall_s": wall, "missing": missing}
-    write_table(ctx, "length", md, data)
+    return md, data
+
+
+def table_length_climb(ctx: Ctx) -> dict[str, Any]:
+    """(c) at the new recipe (issue 32, item 3): the `length` table at each point of experiments/repro.py
+    LENGTH_CLIMB (the stdlib corpus with the recipe of a CLIMB point), each point with its own seeds (SEEDS[size],
+    within --seeds when given), trained point by point from the bottom, seeds outer. Written as
+    <root>/length_climb.md / .json: one section per point (the `length` table's), verdicts keyed `c@<point>` and
+    `c_paper_dt@<point>`."""
+    t0 = time.time()
+    sizes = tuple(getattr(ctx.exp, "LENGTH_CLIMB", ())) if ctx.size != "toy" else ()
+    sections, verdicts, points, missing, cost = [], {}, [], [], 0.0
+    for size in sizes:
+        c = ctx.for_size(size)
+        c.seeds = tuple(s for s in ctx.exp.SEEDS[size] if not ctx.seeds_given or s in ctx.seeds)
+        md, d = length_at(c)
+        z = ctx.exp.SIZES[size]
+        title = md.splitlines()[0].replace("## ", f"### {size} ({z['num_steps']} steps x {z['batch_size']} x "
+                                                 f"{z['seq_len']}, d_model {z['model']['d_model']}): ", 1)
+        sections.append("\n".join([title] + md.splitlines()[1:]))
+        verdicts.update({f"{k}@{size}": dict(v, point=size) for k, v in d["verdicts"].items()})
+        points.append(dict(d, size=size, seeds=list(c.seeds)))
+        missing += [f"{size}/{m}" for m in d["missing"]]
+        cost += d["compute_s"]
+    wall = time.time() - t0
+    seeds_text = "; ".join(f"{p['size']}: seeds {p['seeds']}" for p in points) or "no points"
+    head = [f"## {TITLES['length_climb']}", "",
+            "Claim (c) where the new recipe's models can use their context: the `length` table (its protocol, its "
+            "verdict rule, Softmax's position-bucket precondition) at each point of experiments/repro.py "
+            "LENGTH_CLIMB, the stdlib corpus trained with the recipe of a point of the new ladder, "
+            f"{seeds_text}. "
+            "The previous recipe's `length` table (above) stays as measured.", ""]
+    if not sizes:
+        head.append("No points (experiments/repro.py LENGTH_CLIMB is empty, or the toy size).")
+    md = "\n".join(head) + "\n\n" + "\n\n".join(sections) + (
+        f"\n\nCompute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
+        f"{ctx.invocation_time(wall)}).")
+    data = {"table": "length_climb", "points": points, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
+            "missing": missing}
+    write_table(ctx, "length_climb", md, data)
     return data
 
 
@@ -637,12 +689,13 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
 
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
              "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb,
-             "hybrid": table_hybrid, "selective": table_selective}
+             "hybrid": table_hybrid, "selective": table_selective, "length_climb": table_length_climb}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "hybrid", "selective", "all"))
+    p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "length_climb", "hybrid", "selective",
+                                              "all"))
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "

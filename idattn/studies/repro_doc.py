@@ -32,7 +32,8 @@ CLAIMS = {"a": "(a) Interdomain beats S4D-only", "b": "(b) Interdomain matches (
           "d": "(d) the query readout dominates, RoPE barely matters",
           "e": "(e) recall: Softmax ≥ Interdomain > S4D-only"}
 WHERE = {"ppl": "Fig. 2 protocol (KJV)", "cube": "Table 4 cube (KJV)", "length": "Table 2 (stdlib corpus)",
-         "recall": "MQAR", "mad": "MAD", "ladder": "ladder (previous recipe)", "climb": "new ladder"}
+         "recall": "MQAR", "mad": "MAD", "ladder": "ladder (previous recipe)", "climb": "new ladder",
+         "length_climb": "Table 2 at the new recipe (stdlib corpus)"}
 LADDERS = ("ladder", "climb")  # tables with per-point claims and a trend (idattn.studies.ladder)
 
 
@@ -55,6 +56,9 @@ def _word(v: dict[str, Any]) -> str:
 def _where(table: str, key: str, v: dict[str, Any]) -> str:
     w = WHERE.get(table, table)
     bits = []
+    key, _, point = key.partition("@")  # a table judged at several points keys its verdicts <claim>@<point>
+    if point:
+        bits.append(point)
     if v.get("task"):
         bits.append(v["task"].replace("_", " "))
     if v.get("variant"):
@@ -66,13 +70,21 @@ def _where(table: str, key: str, v: dict[str, Any]) -> str:
     return w + (": " + ", ".join(bits) if bits else "")
 
 
+def verdict_items(data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A table's verdicts in reading order: a table judged at several points (keys `<claim>@<point>`) lists them
+    point by point as its `points` run (bottom up), not in the JSON file's sorted key order."""
+    order = {p.get("size"): i for i, p in enumerate(data.get("points") or [])}
+    items = list((data.get("verdicts") or {}).items())
+    return sorted(items, key=lambda kv: (order.get(kv[0].partition("@")[2], -1), kv[0].partition("@")[0]))
+
+
 def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
     """(claim, where, verdict, interval) rows from the tables' JSON, claims in order (a)..(e)."""
     rows: list[tuple[str, list[str]]] = []
     for t, data in tables.items():
         if not data or t in ("hybrid", "selective"):  # questions beyond the paper: answered in their own tables
             continue
-        for key, v in (data.get("verdicts") or {}).items():
+        for key, v in verdict_items(data):
             c = key[0]
             rows.append((c, [CLAIMS.get(c, c), _where(t, key, v), _word(v), v.get("why", "")]))
         if t in LADDERS:
@@ -251,7 +263,7 @@ def _places_paragraph(c: str, places: list[tuple[str, dict[str, Any]]]) -> str:
 
 def found(tables: dict[str, dict[str, Any] | None]) -> str:
     """The "What we found" block: one paragraph per claim, (a) and (b) from the new ladder (`climb`) with the
-    previous recipe's verdicts counted, (c) from `length`, (d) from `cube` and `mad`, (e) from `recall` and `mad`."""
+    previous recipe's verdicts counted, (c) from `length_climb` and `length`, (d) from `cube` and `mad`, (e) from `recall` and `mad`."""
     climb = tables.get("climb") or {}
     prev: dict[str, list[str]] = {"a": [], "b": []}
     for t in ("ppl",):
@@ -265,8 +277,8 @@ def found(tables: dict[str, dict[str, Any] | None]) -> str:
         st = (climb.get("claims") or {}).get(c)
         paras.append(_ladder_paragraph(c, st, climb["points"], prev.get(c, [])) if st else
                      f"**{CLAIMS[c]}**: the new ladder (`climb`) has not been written yet.")
-    for c, sources in (("c", ("length",)), ("d", ("cube", "mad")), ("e", ("recall", "mad"))):
-        places = [(_where(t, key, v), v) for t in sources for key, v in ((tables.get(t) or {}).get("verdicts") or {}).items()
+    for c, sources in (("c", ("length_climb", "length")), ("d", ("cube", "mad")), ("e", ("recall", "mad"))):
+        places = [(_where(t, key, v), v) for t in sources for key, v in verdict_items(tables.get(t) or {})
                   if key[0] == c and not v.get("variant")]
         paras.append(_places_paragraph(c, places))
     return ("Generated from the verdicts in the Results section (the rule of idattn/studies/repro_verdicts.py: a "
