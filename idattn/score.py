@@ -43,22 +43,18 @@ def define_flags() -> None:
 
 
 def read_jsonl_texts(path: str, field: str, flag: str) -> list[str]:
-    """The `field` of every line of a JSON Lines file; a bad line is refused naming the file, line and fix."""
+    """The `field` of every line of a JSON Lines file (idattn.data.jsonl; .gz read through gzip); a bad line, an
+    empty text or an empty file is refused naming the flag, file, line and fix."""
+    from idattn.data import jsonl
     out = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise app.UsageError(f"--{flag}={path}:{n}: not a JSON object ({e})") from None
-                if not isinstance(row, dict) or not isinstance(row.get(field), str):
-                    raise app.UsageError(f"--{flag}={path}:{n}: no string field {field!r}; pass --text_field=<field>")
-                out.append(row[field])
-    except OSError as e:
-        raise app.UsageError(f"--{flag}={path}: {e}") from None
+        for n, text in jsonl.texts(path, field):
+            if not text:
+                raise app.UsageError(f"--{flag}={path}:{n}: {field!r} is empty or null; every line needs a text to "
+                                     "score")
+            out.append(text)
+    except jsonl.JsonlError as e:
+        raise app.UsageError(f"--{flag}={e}") from None
     if not out:
         raise app.UsageError(f"--{flag}={path}: no line to read")
     return out

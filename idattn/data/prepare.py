@@ -75,7 +75,7 @@ from typing import Iterator
 
 import numpy as np
 
-from idattn.data import formats
+from idattn.data import formats, jsonl
 from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, atomic_write, load_tokenizer
 
 
@@ -223,33 +223,15 @@ def _open_parquet(fs, path: str, field: str = "text"):
 
 
 def _open_text(path: str, newline: str | None = None):
-    if path.lower().endswith(".gz"):
-        import gzip
-        return gzip.open(path, "rt", encoding="utf-8", newline=newline)
-    return open(path, encoding="utf-8", newline=newline)
+    return jsonl.open_text(path, newline)
 
 
 def _iter_jsonl(path: str, field: str) -> Iterator[str]:
     try:
-        with _open_text(path) as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise PrepareError(f"{path}:{n}: not a JSON object ({e}); JSON Lines need one object a line.") \
-                        from e
-                if not isinstance(row, dict) or field not in row:
-                    keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-                    raise PrepareError(f"{path}:{n}: no field {field!r} (found {keys}); pass --text_field=<field>.")
-                text = row[field]
-                if text is not None and not isinstance(text, str):
-                    raise PrepareError(f"{path}:{n}: field {field!r} holds {type(text).__name__}, not text; pass "
-                                       "--text_field=<a string field>.")
-                yield text or ""
-    except (OSError, EOFError, UnicodeDecodeError) as e:
-        raise PrepareError(f"{path}: unreadable ({e}); expected UTF-8 JSON Lines (gzip for .jsonl.gz).") from e
+        for _, text in jsonl.texts(path, field):
+            yield text
+    except jsonl.JsonlError as e:
+        raise PrepareError(str(e)) from None
 
 
 def _iter_csv(path: str, field: str, delimiter: str) -> Iterator[str]:

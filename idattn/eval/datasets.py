@@ -28,17 +28,8 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 def read_records(path: str) -> list[dict[str, Any]]:
     """All rows of one .jsonl / .json / .parquet file as dicts."""
     if path.endswith(".jsonl"):
-        rows = []
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not a JSON object line ({e}); expected JSON Lines.") from e
-        return rows
+        from idattn.data import jsonl
+        return [row for _, row in jsonl.rows(path)]  # a bad line: jsonl.JsonlError (a ValueError), path:line
     if path.endswith(".json"):
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
