@@ -548,3 +548,18 @@ def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path):
     assert copy.read_text() == open(doc).read(), "docs/reproduction.md is not what the committed record renders: " \
         "python -m idattn.repro all --root=DIR --restore=docs/reproduction-runs.json --render_only " \
         "--doc=docs/reproduction.md"
+
+
+def test_recall_table_shows_each_mqar_seeds_last_training_loss(tmp_path):
+    """The recall table's MQAR rows end with each seed's last training loss (read from its result), the evidence
+    that a low-accuracy seed had not finished learning when the schedule ended."""
+    from test_repro_hybrid import _fake_mqar
+    ctx = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    for m in ("softmax", "interdomain", "s4d_only"):
+        for s, acc in zip((0, 1, 2), (0.98, 0.64, 0.99) if m == "interdomain" else (0.9, 0.9, 0.9)):
+            _fake_mqar(ctx, m, s, acc)
+    data = repro.table_recall(ctx)
+    assert data["mqar_final_loss"]["interdomain"] == [0.02, 0.36, 0.01]
+    row = next(ln for ln in open(ctx.table_path("recall", "md")).read().splitlines()
+               if ln.startswith("| Interdomain |") and "64.0" in ln)
+    assert row.rstrip(" |").endswith("| 0.020 / 0.360 / 0.010")

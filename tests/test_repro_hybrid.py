@@ -41,6 +41,7 @@ def _fake_mqar(ctx, mixer, seed, acc):
     metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": acc}
     metrics.update({f"mqar@{T}x{p}/acc": acc / 2 for T, p in q.test_grid})
     write_result(wd, "recall", q.steps, metrics, run={"mixer": mixer, "seed": seed, "task": "mqar"},
+                 details={"loss": round(1.0 - acc, 3)},
                  protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len)})
 
 
@@ -82,6 +83,9 @@ def test_hybrid_table_answers_the_questions_with_intervals(tmp_path):
     # (h4): Interdomain + global (0.95) against Interdomain (0.60) on MQAR, 35 points on every seed
     assert v["h4"]["answer"] == "yes" and v["h4"]["interval"]["mean"] == pytest.approx(0.35)
     assert "(h4) attention repairs Interdomain's recall" in md and "+35.0 points" in md
+    # each MQAR run's last training loss, per seed, read from its result (the fake's 1 - accuracy)
+    assert "Interdomain s0 0.400 / s1 0.390 / s2 0.380;" in md
+    assert data["mqar_final_loss"]["softmax"] == {"0": 0.05, "1": 0.04, "2": 0.03}
 
 
 def test_hybrid_table_is_undecided_on_noise_and_says_what_is_missing(tmp_path):

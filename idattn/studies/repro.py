@@ -539,6 +539,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     missing, cost = [], 0.0
     mq_acc = {m: {k: [] for k in grid_keys} for m in MIXERS3}
     mq_seeds: dict[str, list[int]] = {m: [] for m in MIXERS3}
+    mq_loss: dict[str, list] = {m: [] for m in MIXERS3}  # the last logged training loss: a seed that did not learn
     for s in ctx.seeds:
         for m in MIXERS3:
             r = ensure_mqar(ctx, m, s)
@@ -547,6 +548,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                 continue
             cost += run_cost(ctx.mqar_dir(m, s))
             mq_seeds[m].append(s)
+            mq_loss[m].append((r.get("details") or {}).get("loss"))
             for k in grid_keys:
                 mq_acc[m][k].append(r["metrics"].get(k))
     tr = ctx.exp.TEXT_RECALL[ctx.size]
@@ -563,7 +565,8 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                 text[m][k].append(r.get(k))
     ve = verdict_e(*(_by_seed(mq_seeds[m], mq_acc[m][main_key], ctx.seeds) for m in MIXERS3), judged=ctx.judged)
     pct = lambda vs: " / ".join(f"{100 * v:.1f}" for v in vs if v is not None) or "—"  # noqa: E731
-    mq_rows = [[LABEL[m]] + [pct(mq_acc[m][k]) for k in grid_keys] for m in MIXERS3]
+    mq_rows = [[LABEL[m]] + [pct(mq_acc[m][k]) for k in grid_keys]
+               + [" / ".join("—" if v is None else f"{v:.3f}" for v in mq_loss[m]) or "—"] for m in MIXERS3]
     tx_rows = [[LABEL[m]] + [pct(text[m][k]) for k in text_keys]
                + [" / ".join(f"{v:g}" for v in P.TABLE9_NIAH[m]), " / ".join(f"{v:g}" for v in P.TABLE9_PHONEBOOK[m])]
                for m in MIXERS3]
@@ -574,8 +577,11 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"MQAR (Zoology's task; the paper reports no MQAR): model d_model {c.model.d_model} x {c.model.num_layers} "
         f"layers, vocabulary {c.mqar.vocab_size}, trained at T = {mq['seq_len']} with {mq['num_kv_pairs']} pairs, "
         f"{mq['steps']} steps x {mq['batch_size']}, the paper's Δ range; accuracy (%) at query positions on "
-        f"{mq['num_test']} test sequences per setting, per seed.", "",
-        markdown_table(["mixer"] + [k.split("/")[0].replace("mqar@", "T x pairs ") for k in grid_keys], mq_rows), "",
+        f"{mq['num_test']} test sequences per setting, per seed; the last column is the training loss (one batch, "
+        f"query positions) at the last step, per seed: a seed whose loss is still far above the others' has not "
+        f"finished learning the task when the schedule ends.", "",
+        markdown_table(["mixer"] + [k.split("/")[0].replace("mqar@", "T x pairs ") for k in grid_keys]
+                       + ["train loss at the end"], mq_rows), "",
         f"Text recall on the `ppl` models (trained at {ctx.train_len()} tokens on KJV; seeds "
         f"{[s for s in ctx.seeds if s in tr.get('seeds', ctx.seeds)]}), {tr['n']} examples per "
         f"setting, greedy exact match (%), per seed; the paper's Table 9 (1.3B; S-NIAH-1 at 1K / 2K / 4K / 8K, "
@@ -589,7 +595,8 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"pairs): {verdict_md(ve)} ({ve.why})", "",
         f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
         f"included: {ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
-    data = {"table": "recall", "paper_table": PAPER_TABLE["recall"], "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3}, "text": text,
+    data = {"table": "recall", "paper_table": PAPER_TABLE["recall"], "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3},
+            "mqar_final_loss": mq_loss, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},
             "verdicts": {"e": verdict_json(ve, md=verdict_md(ve))},

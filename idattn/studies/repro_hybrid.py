@@ -109,6 +109,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
                 for k in text_keys:
                     text[m][k].append(rec.get(k))
             cost += run_cost(wd)
+    mq_loss: dict[str, dict[int, float | None]] = {m: {} for m in h["mixers"]}  # last logged training loss
     for s in seeds:  # MQAR after the language models: seed-major again
         for m in h["mixers"]:
             r = ensure_mqar(c, m, s)
@@ -116,6 +117,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
                 missing.append(f"mqar {m}-s{s}")
                 continue
             mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
+            mq_loss[m][s] = (r.get("details") or {}).get("loss")
             cost += run_cost(c.mqar_dir(m, s))
     rows = []
     for m in h["mixers"]:
@@ -158,6 +160,11 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         f"the SWA window {ctx.exp.HYBRID_MQAR['window']} of the {mq['seq_len']} tokens.", "",
         markdown_table(["model", "params", "ppl per seed", "ppl (geo. mean)"]
                        + [k.split("/")[0] for k in text_keys] + [k.split("/")[0] for k in mq_keys], rows), "",
+        "MQAR training loss at the last step (one batch, query positions), per seed: a seed far above the others "
+        "has not finished learning the task when the schedule ends. "
+        + "; ".join(f"{label(m)} " + " / ".join(f"s{s} {mq_loss[m][s]:.3f}" for s in seeds
+                                                 if mq_loss[m].get(s) is not None)
+                    for m in h["mixers"] if any(v is not None for v in mq_loss[m].values())) + ".", "",
         "Questions (95% t interval of the per-seed log ratio, judged against the line; `undecided` when the "
         "interval contains it or fewer than 3 seeds pair):", "",
         *lines, "",
@@ -167,6 +174,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},
             "text": text, "mqar": {m: {str(s): v for s, v in mq_acc[m].items()} for m in mq_acc},
+            "mqar_final_loss": {m: {str(s): v for s, v in mq_loss[m].items()} for m in mq_loss},
             "params": params, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     write_table(c, "hybrid", md, data)
