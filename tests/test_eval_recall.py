@@ -120,3 +120,21 @@ def test_mqar_softmax_reaches_90_percent():
                             num_train=q.num_train, num_test=q.num_test, steps=1500, batch_size=q.batch_size,
                             lr=q.lr, weight_decay=q.weight_decay, warmup=q.warmup, seed=q.seed, log_every=0)
     assert res["acc"] >= 0.9, res["acc"]
+
+
+def test_mqar_cli_passes_seed_lr_and_steps_to_training(monkeypatch, capsys):
+    """`python -m idattn.mqar --seed=s --lr --steps` trains the reproduction's seed s (the failing-seed runs of
+    docs/reproduction.md are this command); the default stays the config's seed 0."""
+    from idattn.studies import mqar as cli
+    seen = []
+
+    def fake(model_cfg, **kw):
+        seen.append(kw)
+        return {"acc": 0.5, "grid": {}, "loss": 1.0, "steps": kw["steps"], "train_seconds": 0.0, "params": {}}
+
+    monkeypatch.setattr(cli, "train_mqar", fake)
+    cli.main(["--mixers=interdomain", "--seed=1", "--lr=3e-3", "--steps=6000"])
+    cli.main(["--mixers=interdomain"])
+    assert (seen[0]["seed"], seen[0]["lr"], seen[0]["steps"]) == (1, 3e-3, 6000)
+    assert (seen[1]["seed"], seen[1]["lr"], seen[1]["steps"]) == (0, 1e-3, 3000)
+    assert "| interdomain | 0.5000 |" in capsys.readouterr().out

@@ -1,6 +1,9 @@
 """MQAR runs: train the small models of idattn/configs/mqar.py on Zoology's multi-query associative recall.
 
-    python -m idattn.mqar --mixers=softmax,interdomain,s4d_only --steps=3000 [--workdir=DIR]
+    python -m idattn.mqar --mixers=softmax,interdomain,s4d_only --steps=3000 [--lr=3e-3] [--seed=1] [--workdir=DIR]
+
+`--seed` s is the reproduction's seed s (init key s, training set s, batch order s + 1, test set s + 12345: the
+recall table's `mqar/<mixer>-s<s>` runs); the result's details hold the loss curve (every 50 steps).
 
 Prints a table; writes one result file per mixer (<workdir>/<mixer>/eval/recall-step*.json) when --workdir is
 given. Cost of 3000 steps: ~10-30 s per mixer on one H200, ~70 ms/step softmax on 16 CPU cores, ~1 s/step on a
@@ -25,6 +28,7 @@ def main(argv=None) -> None:
     ap.add_argument("--pairs", type=int, default=4)
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--lr", type=float, default=None)
+    ap.add_argument("--seed", type=int, default=None, help="the run's seed (default: the config's, 0)")
     ap.add_argument("--workdir", default="", help="write <workdir>/<mixer>/eval/recall-step*.json")
     args = ap.parse_args(argv)
     rows = []
@@ -34,7 +38,8 @@ def main(argv=None) -> None:
         steps = args.steps or q.steps
         res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                          num_train=q.num_train, num_test=q.num_test, steps=steps, batch_size=q.batch_size,
-                         lr=args.lr or q.lr, weight_decay=q.weight_decay, warmup=q.warmup, seed=q.seed,
+                         lr=args.lr or q.lr, weight_decay=q.weight_decay, warmup=q.warmup,
+                         seed=q.seed if args.seed is None else args.seed,
                          test_grid=((64, 8), (64, 16), (128, 32)), log=lambda s: print(f"[{mixer}] {s}", flush=True))
         res.pop("params")
         rows.append((mixer, res))
