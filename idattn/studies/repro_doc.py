@@ -265,11 +265,10 @@ def found(tables: dict[str, dict[str, Any] | None]) -> str:
     """The "What we found" block: one paragraph per claim, (a) and (b) from the new ladder (`climb`) with the
     previous recipe's verdicts counted, (c) from `length_climb` and `length`, (d) from `cube` and `mad`, (e) from `recall` and `mad`."""
     climb = tables.get("climb") or {}
-    prev: dict[str, list[str]] = {"a": [], "b": []}
-    for t in ("ppl",):
-        for key, v in ((tables.get(t) or {}).get("verdicts") or {}).items():
-            if key in prev and _word(v) != NOT_RUN:
-                prev[key].append(_word(v).strip("*"))
+    prev: dict[str, list[str]] = {"a": [], "b": []}  # the previous recipe: the `ppl` table, then `ladder`'s points
+    for key, v in ((tables.get("ppl") or {}).get("verdicts") or {}).items():
+        if key in prev and _word(v) != NOT_RUN:
+            prev[key].append(_word(v).strip("*"))
     for c, st in ((tables.get("ladder") or {}).get("claims") or {}).items():
         prev.setdefault(c, []).extend(pp["verdict"] for pp in st["points"] if pp["interval"].get("n"))
     paras = []
