@@ -29,12 +29,16 @@ CLAIMS = {  # claim: (numerator mixer, denominator mixer, line, paper's side, la
 }
 
 
-def _ratio_text(iv: dict[str, Any]) -> str:
-    if iv["n"] == 0:
+def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
+    """A per-seed log-ratio interval (repro_verdicts) as a ratio: `r [lo, hi]` (a table cell), or with
+    `words` `r [95% CI lo, hi] over n seeds` (a sentence); `r (1 seed)` without an interval, `—` without seeds."""
+    if iv.get("n") == 0:
         return "—"
-    if iv["lo"] is None:
-        return f"{math.exp(iv['mean']):.3f} (1 seed)"
-    return f"{math.exp(iv['mean']):.3f} [{math.exp(iv['lo']):.3f}, {math.exp(iv['hi']):.3f}]"
+    r = f"{math.exp(iv['mean']):.3f}"
+    if iv.get("lo") is None:
+        return f"{r} (1 seed)"
+    lo, hi = math.exp(iv["lo"]), math.exp(iv["hi"])
+    return f"{r} [95% CI {lo:.3f}, {hi:.3f}] over {iv['n']} seeds" if words else f"{r} [{lo:.3f}, {hi:.3f}]"
 
 
 def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
@@ -132,7 +136,7 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
         rows.append([p["size"], f"{p['d_model']} x {p['num_layers']}", f"{p['tokens'] / 1e6:.2f}M",
                      f"{p['params_interdomain']:,}" if p["params_interdomain"] else "—",
                      f"{p['flops']:.2e}" if p["flops"] else "—"]
-                    + [f"{_ratio_text(st['points'][i]['interval'])} ({st['points'][i]['verdict']})"
+                    + [f"{ratio_text(st['points'][i]['interval'])} ({st['points'][i]['verdict']})"
                        for st in stats.values()])
     trend_lines = []
     for c, st in stats.items():

@@ -19,6 +19,7 @@ import shutil
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
+from idattn.studies.ladder import ratio_text
 from idattn.studies.repro_runs import ReproError
 from idattn.studies.repro_verdicts import INCONCLUSIVE, NO_VERDICT, NOT_REPRODUCED, REPRODUCED, VACUOUS
 
@@ -127,13 +128,6 @@ def run_totals(root: str) -> list[list[str]]:
     return rows
 
 
-def _ratio_iv(iv: dict[str, Any]) -> str:
-    """A per-seed log-ratio interval as a ratio: `r [95% CI lo, hi] over n seeds`."""
-    if iv.get("lo") is None:
-        return f"{math.exp(iv['mean']):.3f} (1 seed)"
-    return f"{math.exp(iv['mean']):.3f} [95% CI {math.exp(iv['lo']):.3f}, {math.exp(iv['hi']):.3f}] over {iv['n']} seeds"
-
-
 def _names(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
@@ -158,7 +152,7 @@ def _ladder_paragraph(c: str, st: dict[str, Any], points: list[dict[str, Any]], 
             waiting.append(p["size"])
             continue
         flops = f", {p['flops']:.1e} FLOPs" if p.get("flops") else ""
-        done.append(f"{p['size']}{flops}: **{pp['verdict']}**, {st['label']} {_ratio_iv(iv)}")
+        done.append(f"{p['size']}{flops}: **{pp['verdict']}**, {st['label']} {ratio_text(iv, words=True)}")
         if iv["n"] >= 3:
             top = (p["size"], pp["verdict"], math.exp(iv["mean"]))
     where = "; ".join(done) if done else "no point has paired seeds yet"
