@@ -312,6 +312,16 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
         recipe["steps"]
     runs.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
     assert len(calls) == 1
+    # trained by another synthetic-task training loop (idattn.eval.synthetic): trained again, the old one kept aside
+    marker = runs.read_marker(wd)
+    assert marker["train_src"] == runs.synthetic_train_hash()
+    runs.write_marker(wd, dict(marker, train_src="0000000000"))
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 2 and glob.glob(wd + ".stale-*") and runs.read_marker(wd)["train_src"] != "0000000000"
+    # a marker from before the loop was hashed is stamped, not trained again
+    runs.write_marker(wd, {k: v for k, v in runs.read_marker(wd).items() if k != "train_src"})
+    runs.ensure_mqar(ctx, "softmax", 0)
+    assert len(calls) == 2 and runs.read_marker(wd)["train_src"] == runs.synthetic_train_hash()
 
 
 def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp_path, monkeypatch):
@@ -442,6 +452,22 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
         (pkg / rel).write_bytes(original)
         assert fresh_hash() == base
     assert len(seen) == 1 + len(runs.TRAIN_FILES)
+    # the synthetic tasks' hash (MQAR, MAD, state tracking): their loop and the step, not the LM data pipeline
+    for rel in code_hash.SYNTHETIC_TRAIN_FILES:
+        (pkg / os.path.dirname(rel)).mkdir(parents=True, exist_ok=True)
+        shutil.copy(os.path.join(os.path.dirname(code_hash.__file__), "..", rel), pkg / rel)
+
+    def fresh_synthetic():
+        monkeypatch.setattr(code_hash, "_SYNTHETIC_SRC", [])
+        return code_hash.synthetic_train_hash()
+
+    synth = fresh_synthetic()
+    for rel, moves in [(r, True) for r in code_hash.SYNTHETIC_TRAIN_FILES] + [(os.path.join("data", "pipeline.py"),
+                                                                                False)]:
+        original = (pkg / rel).read_bytes()
+        (pkg / rel).write_bytes(original + b"\n# a change\n")
+        assert (fresh_synthetic() != synth) is moves, rel
+        (pkg / rel).write_bytes(original)
 
     wd = str(tmp_path / "run")
     runs.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})

@@ -48,7 +48,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-IGNORE = -100
+from idattn.eval.synthetic import IGNORE
 
 TASKS: dict[str, dict[str, Any]] = {
     "in_context_recall": dict(vocab_size=16, seq_len=128, multi_query=True, num_train=12_800, num_test=1_280),
@@ -452,47 +452,22 @@ def fit_and_score(model_cfg: Any, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.n
                   seed: int = 0, log_every: int = 0, log: Callable[[str], None] = print, name: str = "task",
                   auto_encode: bool = False) -> dict[str, Any]:
     """Trains on (inputs, targets) in the MAD format (targets IGNORE where not scored) and scores the test set
-    with `score`: {"acc", "loss", "steps", "train_seconds", "seq_len", "num_test"}. The step is the trainer's
-    (idattn.train.step.make_train_step, as idattn.eval.recall.train_mqar uses it) with MAD's optimiser: AdamW,
-    cosine to lr/100 after `warmup` (MAD: cosine to 1e-6, no warmup given), global-norm clip 1.0; batches drawn
-    with replacement from a generator seeded by `seed` + 1; the model initialised from `seed`. The test set may
-    be longer than the training set (idattn.eval.state_tracking). `auto_encode`: train ``auto_encoder``."""
-    import time
-
+    with `score`: {"acc", "loss", "steps", "train_seconds", "seq_len", "num_test"}. Training is
+    idattn.eval.synthetic.fit (the trainer's step; AdamW, global-norm clip 1.0, cosine to lr/100 after `warmup`:
+    MAD gives cosine to 1e-6 and no warmup; batches drawn with replacement from `seed` + 1; init from `seed`).
+    The test set may be longer than the training set (idattn.eval.state_tracking). `auto_encode`: train
+    ``auto_encoder``."""
     import jax
     import jax.numpy as jnp
-    import optax
-    from flax import linen as nn
 
+    from idattn.eval.synthetic import fit
     from idattn.models import build_model
-    from idattn.train.step import TrainState, make_train_step
 
-    n_train = len(x_tr)
     model = auto_encoder(model_cfg) if auto_encode else build_model(model_cfg)
-    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
-    step = jax.jit(make_train_step(model.apply, opt))
-    T = x_tr.shape[1]
-    positions = np.broadcast_to(np.arange(T, dtype=np.int32), (batch_size, T))
-
-    def batch_of(x, y):
-        mask = y != IGNORE
-        return {"inputs": jnp.asarray(x), "targets": jnp.asarray(np.where(mask, y, 0)),
-                "segment_ids": jnp.ones(x.shape, jnp.int32), "positions": jnp.asarray(positions),
-                "loss_mask": jnp.asarray(mask, jnp.float32)}
-
-    rng = np.random.default_rng(seed + 1)
-    t0, loss = time.time(), float("nan")
-    for i in range(steps):
-        idx = rng.integers(0, n_train, batch_size)
-        state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
-        loss = metrics["loss"]
-        if log_every and (i + 1) % log_every == 0:
-            log(f"{name} step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
+    res = fit(model, x_tr, y_tr, steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+              warmup=warmup, seed=seed, log_every=log_every, log=log, name=name)
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
-    p = state.params
+    p = res["params"]
     acc = score(lambda x: apply(p, jnp.asarray(x)), x_te, y_te)
-    return {"acc": acc, "loss": float(loss), "steps": steps, "train_seconds": time.time() - t0,
-            "seq_len": int(T), "num_test": int(len(x_te))}
+    return {"acc": acc, "loss": res["loss"], "steps": steps, "train_seconds": res["train_seconds"],
+            "seq_len": res["seq_len"], "num_test": int(len(x_te))}

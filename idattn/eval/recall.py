@@ -26,19 +26,18 @@ restricted to an answer at the start of the generation (a lower bound of its `co
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from idattn.eval.scoring import ScoreFn, TextTokenizer, loglikelihood
+from idattn.eval.synthetic import IGNORE
 
 # Zoology's standard MQAR grid (its `mqar` experiment config): (seq_len, num_kv_pairs, num_examples).
 MQAR_TRAIN_GRID = ((64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000))
 MQAR_TEST_GRID = ((64, 4, 1_000), (64, 8, 1_000), (64, 16, 1_000), (128, 32, 1_000), (256, 64, 1_000),
                   (512, 64, 1_000), (512, 128, 1_000), (1024, 256, 1_000))
 MQAR_VOCAB = 8192
-IGNORE = -100
 
 
 def _sample_without_replacement(rng: np.random.Generator, n_rows: int, n_items: int, k: int,
@@ -109,54 +108,28 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
     "loss_curve": [[step, batch loss], ...] every `curve_every` steps and at the last, ...}: the curve is what
     tells a seed that never leaves MQAR's loss plateau from one that leaves it late.
 
-    The step is the trainer's (idattn.train.step.make_train_step: masked token cross-entropy, the update
-    applied only when finite) with Zoology's optimiser: AdamW (b2 0.999, decay on every parameter), global-norm
-    clip 1.0, linear warmup then cosine to lr/100."""
+    Training is idattn.eval.synthetic.fit: the trainer's step (masked token cross-entropy, the update applied
+    only when finite) with Zoology's optimiser: AdamW (b2 0.999, decay on every parameter), global-norm clip 1.0,
+    linear warmup then cosine to lr/100."""
     import jax
     import jax.numpy as jnp
-    import optax
-    from flax import linen as nn
 
+    from idattn.eval.synthetic import fit
     from idattn.models import build_model
-    from idattn.train.step import TrainState, make_train_step
 
     V = int(vocab_size or model_cfg.vocab_size)
     if V > model_cfg.vocab_size:
         raise ValueError(f"train_mqar: vocab_size={V} exceeds model.vocab_size={model_cfg.vocab_size}.")
     model = build_model(model_cfg)
     x_tr, y_tr = mqar_generate(V, num_train, seq_len, num_kv_pairs, seed=seed)
-    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
-    sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, weight_decay=weight_decay))
-    state = TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
-    step = jax.jit(make_train_step(model.apply, opt))
-    positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len))
-
-    def batch_of(x, y):  # the trainer's batch: the loss only where MQAR marks a query's answer
-        mask = y != IGNORE
-        return {"inputs": jnp.asarray(x), "targets": jnp.asarray(np.where(mask, y, 0)),
-                "segment_ids": jnp.ones(x.shape, jnp.int32), "positions": jnp.asarray(positions),
-                "loss_mask": jnp.asarray(mask, jnp.float32)}
-
+    out = fit(model, x_tr, y_tr, steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+              warmup=warmup, seed=seed, log_every=log_every, curve_every=curve_every or steps, log=log,
+              name="mqar")
+    out.update(seq_len=seq_len, num_kv_pairs=num_kv_pairs, vocab_size=V)
     apply = jax.jit(lambda p, x: model.apply({"params": p}, x))
-    rng = np.random.default_rng(seed + 1)
-    t0, loss, first_loss, curve = time.time(), float("nan"), float("nan"), []
-    for i in range(steps):
-        idx = rng.integers(0, num_train, batch_size)
-        state, metrics = step(state, batch_of(x_tr[idx], y_tr[idx]))
-        loss = metrics["loss"]
-        if i == 0:
-            first_loss = float(loss)
-        if (curve_every and (i + 1) % curve_every == 0) or i + 1 == steps:
-            curve.append([i + 1, float(loss)])
-        if log_every and (i + 1) % log_every == 0:
-            log(f"mqar step {i + 1}/{steps} loss {float(loss):.4f} ({time.time() - t0:.0f}s)")
-    out: dict[str, Any] = {"loss": float(loss), "first_loss": first_loss if steps else float("nan"), "steps": steps, "train_seconds": time.time() - t0,
-                           "seq_len": seq_len, "num_kv_pairs": num_kv_pairs, "vocab_size": V, "loss_curve": curve}
-    out["acc"], out["grid"] = mqar_scores(lambda x: apply(state.params, jnp.asarray(x)), vocab_size=V,
+    out["acc"], out["grid"] = mqar_scores(lambda x: apply(out["params"], jnp.asarray(x)), vocab_size=V,
                                           seq_len=seq_len, num_kv_pairs=num_kv_pairs, num_test=num_test, seed=seed,
                                           test_grid=test_grid)
-    out["params"] = state.params
     return out
 
 

@@ -31,7 +31,8 @@ from typing import Any
 
 import numpy as np
 
-IGNORE = -100
+from idattn.eval.synthetic import IGNORE
+
 PROTOCOL = {"train_lengths": (3, 40), "test_lengths": (40, 256)}
 # task -> vocabulary (task tokens, `=`, pad), number of answers, the answer tokens are 0..C-1
 TASKS: dict[str, dict[str, Any]] = {

@@ -1,6 +1,7 @@
 """The code a study's numbers depend on, as hashes a run records (idattn.studies.repro_runs, the quickstart):
-the model code (`source_hash`, re-verifiable by evaluating a trained run) and the training code (`train_code_hash`,
-not re-verifiable: a change trains the run again)."""
+the model code (`source_hash`, re-verifiable by evaluating a trained run) and the training code (`train_code_hash`
+for language-model runs, `synthetic_train_hash` for MQAR / MAD / state tracking; not re-verifiable: a change
+trains the run again)."""
 from __future__ import annotations
 
 import hashlib
@@ -57,11 +58,29 @@ _TRAIN_SRC: list[str] = []
 def train_code_hash() -> str:
     """sha1 (10 hex) of TRAIN_FILES' contents, in their listed order."""
     if not _TRAIN_SRC:
-        h = hashlib.sha1()
-        for rel in TRAIN_FILES:
-            path = os.path.join(PACKAGE, rel)
-            if not os.path.isfile(path):
-                raise CodeHashError(f"no training code at {path} to hash (TRAIN_FILES in {__name__})")
-            h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
-        _TRAIN_SRC.append(h.hexdigest()[:10])
+        _TRAIN_SRC.append(_files_hash(TRAIN_FILES))
     return _TRAIN_SRC[0]
+
+
+def _files_hash(files: tuple[str, ...]) -> str:
+    h = hashlib.sha1()
+    for rel in files:
+        path = os.path.join(PACKAGE, rel)
+        if not os.path.isfile(path):
+            raise CodeHashError(f"no training code at {path} to hash ({rel} in {__name__})")
+        h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
+    return h.hexdigest()[:10]
+
+
+# What decides a synthetic-task run's numbers (MQAR, MAD, state tracking) besides the model and the task's data: the
+# one training loop they share and the trainer's step. Not TRAIN_FILES: those runs never read the LM data pipeline
+# or its tokenizer, so a change there must not train them again.
+SYNTHETIC_TRAIN_FILES = (os.path.join("eval", "synthetic.py"), os.path.join("train", "step.py"))
+_SYNTHETIC_SRC: list[str] = []
+
+
+def synthetic_train_hash() -> str:
+    """sha1 (10 hex) of SYNTHETIC_TRAIN_FILES' contents, in their listed order."""
+    if not _SYNTHETIC_SRC:
+        _SYNTHETIC_SRC.append(_files_hash(SYNTHETIC_TRAIN_FILES))
+    return _SYNTHETIC_SRC[0]

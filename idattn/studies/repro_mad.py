@@ -20,7 +20,8 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (Ctx, check_reuse, log, move_aside, read_marker, run_cost, run_name,
-                                       source_hash, write_marker, write_table, archive_now)
+                                       source_hash, synthetic_train_hash, write_marker, write_table,
+                                       archive_now)
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
@@ -71,14 +72,15 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
     src = source_hash()
     if m and m.get("recipe") != recipe and not ctx.keep_stale:
         move_aside(wd, m, "trained with another MAD recipe")
-    rec = check_reuse(wd, src, ctx.keep_stale)
+    train_src = synthetic_train_hash()
+    rec = check_reuse(wd, src, ctx.keep_stale, train_src=train_src)
     if rec.get("status") == "done":
         recs = read_results(wd, "mad")
         if recs:
             return float(recs[-1]["metrics"][f"mad/{task}/acc"])
     r = ctx.exp.MAD_SIZES[ctx.size]
-    write_marker(wd, {"src": src, "cell": cell, "task": task, "seed": seed, "size": ctx.size, "status": "training",
-                       "recipe": recipe})
+    write_marker(wd, {"src": src, "train_src": train_src, "cell": cell, "task": task, "seed": seed,
+                       "size": ctx.size, "status": "training", "recipe": recipe})
     t0 = time.time()
     log(f"MAD {task} {cell} seed {seed}: {r['steps']} steps x {r['batch_size']}")
     res = mad.train_mad(mad_model_config(ctx, cell), task, steps=int(r["steps"]), batch_size=int(r["batch_size"]),
@@ -90,8 +92,8 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
                  protocol={"corpus": f"mad.{task}", "tokens": int(res.get("num_test", 0)),
                            "context": int(res.get("seq_len", 0)),
                            "method": "MAD (Poli et al. 2024) task, accuracy at scored positions (idattn.eval.mad)"})
-    write_marker(wd, {"src": src, "cell": cell, "task": task, "seed": seed, "size": ctx.size, "status": "done",
-                       "recipe": recipe, "train_s": time.time() - t0})
+    write_marker(wd, {"src": src, "train_src": train_src, "cell": cell, "task": task, "seed": seed,
+                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0})
     archive_now(ctx)
     return float(res["acc"])
 

@@ -12,7 +12,8 @@ import time
 from typing import Any
 
 from idattn.configs import packaged_config
-from idattn.studies.code_hash import SRC_DIRS, SRC_EXCLUDE, TRAIN_FILES, source_hash, train_code_hash  # noqa: F401
+from idattn.studies.code_hash import (SRC_DIRS, SRC_EXCLUDE, TRAIN_FILES, source_hash,  # noqa: F401
+                                     synthetic_train_hash, train_code_hash)
 
 
 
@@ -83,9 +84,10 @@ def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str
     Same source hash: reuse / resume. Other source hash: a finished run whose `verify()` returns True (its
     trained parameters give the recorded perplexity with the current code) is reused and re-stamped; an
     unfinished one, or one that fails the check, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
-    kept and marked stale). With `train_src` (train_code_hash): a run recorded with other training code is
-    moved aside (kept and marked stale with --keep_stale) whatever `verify` would say; a marker written before the
-    training code was hashed (no `train_src`) is stamped with the current one, and the log says so."""
+    kept and marked stale). With `train_src` (train_code_hash; synthetic_train_hash for MQAR, MAD and state
+    tracking): a run recorded with other training code is moved aside (kept and marked stale with --keep_stale)
+    whatever `verify` would say; a marker written before the training code was hashed (no `train_src`) is
+    stamped with the current one, and the log says so."""
     rec = read_marker(wd)
     if rec and train_src is not None:
         if "train_src" not in rec:
@@ -426,7 +428,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                                                   if old["model"].get(k) != v) + ")")
         move_aside(wd, old, f"trained with {why}")
     # a run saved with its parameters (MQAR_PARAMS) is re-scored under new model code; an older one is retrained
-    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd))
+    train_src = synthetic_train_hash()
+    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd), train_src=train_src)
     if rec.get("status") == "done":
         recs = read_results(wd, "recall")
         if recs:
@@ -434,8 +437,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                 write_marker(wd, dict(rec, model=model))
             return recs[-1]
     log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
-    write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "training",
-                       "recipe": recipe, "model": model})
+    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
+                       "status": "training", "recipe": recipe, "model": model})
     t0 = time.time()
     res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                      num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
@@ -447,8 +450,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                                                      "seed": seed},
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
                                         "method": "Zoology MQAR, accuracy at query positions"})
-    write_marker(wd, {"src": src, "mixer": mixer, "seed": seed, "size": ctx.size, "status": "done",
-                       "recipe": recipe, "model": model, "train_s": time.time() - t0})
+    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
+                       "status": "done", "recipe": recipe, "model": model, "train_s": time.time() - t0})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
     archive_now(ctx)
     return read_results(wd, "recall")[-1]

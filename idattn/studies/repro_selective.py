@@ -38,7 +38,8 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log, move_aside,
-                                       read_marker, run_cost, run_name, source_hash, write_marker, write_table)
+                                       read_marker, run_cost, run_name, source_hash, synthetic_train_hash,
+                                       write_marker, write_table)
 from idattn.studies.repro_hybrid import answer_question
 
 # (numerator model, denominator model, task key, line, side, text): differences in accuracy points
@@ -112,11 +113,12 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
     src = source_hash()
     if m and m.get("recipe") != recipe and not ctx.keep_stale:
         move_aside(wd, m, "trained with another state-tracking recipe")
-    if check_reuse(wd, src, ctx.keep_stale).get("status") == "done" and read() is not None:
+    train_src = synthetic_train_hash()
+    if check_reuse(wd, src, ctx.keep_stale, train_src=train_src).get("status") == "done" and read() is not None:
         return read()
     r = ctx.exp.STATE_TRACKING[ctx.size]
-    write_marker(wd, {"src": src, "mixer": mixer, "task": task, "seed": seed, "size": ctx.size,
-                       "status": "training", "recipe": recipe})
+    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
+                       "size": ctx.size, "status": "training", "recipe": recipe})
     t0 = time.time()
     log(f"state tracking {task} {mixer} seed {seed}: {r['steps']} steps x {r['batch_size']}")
     res = train_state_tracking(state_model_config(ctx, mixer), task, steps=int(r["steps"]),
@@ -133,8 +135,8 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
                            "context": list(res["test_lengths"]),
                            "method": "accuracy at the `=` position, trained at the shorter lengths "
                                      "(idattn.eval.state_tracking)"})
-    write_marker(wd, {"src": src, "mixer": mixer, "task": task, "seed": seed, "size": ctx.size, "status": "done",
-                       "recipe": recipe, "train_s": time.time() - t0})
+    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
+                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0})
     archive_now(ctx)
     return read()
 
