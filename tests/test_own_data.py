@@ -206,6 +206,11 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
                   "--config.train.num_step=5"], "has no key 'num_step'")
     assert "did you mean 'num_steps'" in e and "\\n" not in e and "\\'" not in e
     assert sorted(os.listdir(tmp_path)) == ["a.xlsx", "docs"]
+    # a key with no near match: one sentence that says where the keys are (in-process: no second subprocess)
+    from idattn.configs.flags import config_flag_error
+    e = config_flag_error(KeyError("'nonsense'"), ["--config.model.nonsense=3"])
+    assert e == ("error: --config.model.nonsense=3: config.model has no key 'nonsense'; run with --helpfull to "
+                 "list the flags, or see the config file for its keys.")
 
     # the trainer refuses a prepared folder without a held-out split at start, before writing the workdir
     from idattn.data import prepare

@@ -43,8 +43,8 @@ def config_flag_error(exc: BaseException, argv: list[str]) -> str | None:
     near = hint.group(1) if hint else None
     msg = f"error: {flag}: {parent} has no key {key!r}"
     if near:
-        msg += f"; did you mean {near!r} ({flag.replace(key, near, 1).split('=')[0]})?"
-    return msg + " Run with --helpfull to list the flags, or see the config file for its keys."
+        return msg + f"; did you mean {near!r} ({flag.replace(key, near, 1).split('=')[0]})?"
+    return msg + "; run with --helpfull to list the flags, or see the config file for its keys."
 
 
 def run_app(main, argv=None) -> None:
