@@ -5,6 +5,8 @@
         --workdir=/tmp/mp --config.data.tokenizer=train:512 --config.model.vocab_size=512
     python launch/local.py --num_processes=2 --dry_run -- -m idattn.train ...   # print the commands only
 
+`launch/local.py` is a checkout's path; from an installed package the same program is `python -m
+idattn.launch.local`, and `--config=experiments/<file>.py` names the packaged recipe (idattn/configs).
 Everything after `--` is the python command line of one process (`-m idattn.train ...` or `script.py ...`).
 Process i gets IDATTN_COORDINATOR_ADDRESS=localhost:<port>, IDATTN_NUM_PROCESSES=N, IDATTN_PROCESS_ID=i
 (read by idattn.train.distributed), JAX_PLATFORMS (default cpu) and, with --devices_per_process=K on CPU,

@@ -7,6 +7,8 @@
         --config.data.source=arrayrecord --config.data.path=/shared/data/fineweb-edu
     python launch/slurm.py ... --dry_run        # print the script and the sbatch command only
 
+`launch/slurm.py` is a checkout's path; from an installed package the same program is `python -m
+idattn.launch.slurm`, and `--config=experiments/<file>.py` names the packaged recipe (idattn/configs).
 Modes: --mode=per_gpu (default) runs one process per GPU (`--ntasks-per-node=G --gpus-per-task=1`);
 --mode=per_node runs one process per node that sees all its G GPUs. In both, `srun` starts the processes and
 `python -m idattn.train --distributed=on` calls `jax.distributed.initialize()`, which reads the coordinator,

@@ -12,7 +12,9 @@ repository's tracked files to every worker and install them, train detached on e
     python launch/tpu.py stop    --name=idattn-v5p --zone=us-east5-a     # SIGTERM: the trainer saves and exits
     python launch/tpu.py delete  --name=idattn-v5p --zone=us-east5-a [--queued]
 
-Add --dry_run to print the gcloud commands instead of running them.
+Add --dry_run to print the gcloud commands instead of running them. `launch/tpu.py` is a checkout's path; from an
+installed package the same program is `python -m idattn.launch.tpu` (setup ships a checkout: --local_dir), and a
+`--config=experiments/<file>.py` names the packaged recipe (idattn/configs) wherever no such file exists.
 
 create --queued returns once the request is queued, long before the slice exists; `setup` on a slice that is not
 ACTIVE fails on ssh. With --wait_s=N (default 3600; 0: do not wait) create polls the queued resource's state every
