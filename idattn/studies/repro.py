@@ -524,10 +524,16 @@ def table_length_climb(ctx: Ctx) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------ recall
 
+def mqar_seeds(ctx: Ctx) -> list[int]:
+    """The recall table's MQAR seeds: --seeds when given, else experiments/repro.py MQAR_SEEDS at this size (5 at
+    `small`), else the size's seeds."""
+    return list(ctx.seeds) if ctx.seeds_given else list(ctx.exp.MQAR_SEEDS.get(ctx.size, ctx.seeds))
 
 
-
-
+def _seed_gap(accs: list) -> str:
+    """max − min of the per-seed accuracies in points (one decimal), or "—" with fewer than 2 seeds."""
+    vs = [v for v in accs if v is not None]
+    return f"{100 * (max(vs) - min(vs)):.1f} over {len(vs)} seeds" if len(vs) >= 2 else "—"
 
 
 def table_recall(ctx: Ctx) -> dict[str, Any]:
@@ -540,7 +546,8 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     mq_acc = {m: {k: [] for k in grid_keys} for m in MIXERS3}
     mq_seeds: dict[str, list[int]] = {m: [] for m in MIXERS3}
     mq_loss: dict[str, list] = {m: [] for m in MIXERS3}  # the last logged training loss: a seed that did not learn
-    for s in ctx.seeds:
+    seeds = mqar_seeds(ctx)
+    for s in seeds:
         for m in MIXERS3:
             r = ensure_mqar(ctx, m, s)
             if r is None:
@@ -563,7 +570,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                 continue
             for k in text_keys:
                 text[m][k].append(r.get(k))
-    ve = verdict_e(*(_by_seed(mq_seeds[m], mq_acc[m][main_key], ctx.seeds) for m in MIXERS3), judged=ctx.judged)
+    ve = verdict_e(*(_by_seed(mq_seeds[m], mq_acc[m][main_key], seeds) for m in MIXERS3), judged=ctx.judged)
     pct = lambda vs: " / ".join(f"{100 * v:.1f}" for v in vs if v is not None) or "—"  # noqa: E731
     mq_rows = [[LABEL[m]] + [pct(mq_acc[m][k]) for k in grid_keys]
                + [" / ".join("—" if v is None else f"{v:.3f}" for v in mq_loss[m]) or "—"] for m in MIXERS3]
@@ -577,11 +584,14 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"MQAR (Zoology's task; the paper reports no MQAR): model d_model {c.model.d_model} x {c.model.num_layers} "
         f"layers, vocabulary {c.mqar.vocab_size}, trained at T = {mq['seq_len']} with {mq['num_kv_pairs']} pairs, "
         f"{mq['steps']} steps x {mq['batch_size']}, the paper's Δ range; accuracy (%) at query positions on "
-        f"{mq['num_test']} test sequences per setting, per seed; the last column is the training loss (one batch, "
-        f"query positions) at the last step, per seed: a seed whose loss is still far above the others' has not "
-        f"finished learning the task when the schedule ends.", "",
+        f"{mq['num_test']} test sequences per setting, per seed (seeds {seeds}); the last column is the training "
+        f"loss (one batch, query positions) at the last step, per seed: a seed whose loss is still far above the "
+        f"others' has not finished learning the task when the schedule ends.", "",
         markdown_table(["mixer"] + [k.split("/")[0].replace("mqar@", "T x pairs ") for k in grid_keys]
                        + ["train loss at the end"], mq_rows), "",
+        f"Seeds alike (issue 32: no seed more than 10 points from the others at T x pairs {mq['seq_len']} x "
+        f"{mq['num_kv_pairs']}): the largest gap between two seeds, in points: " + "; ".join(
+            f"{LABEL[m]} {_seed_gap(mq_acc[m][main_key])}" for m in MIXERS3) + ".", "",
         f"Text recall on the `ppl` models (trained at {ctx.train_len()} tokens on KJV; seeds "
         f"{[s for s in ctx.seeds if s in tr.get('seeds', ctx.seeds)]}), {tr['n']} examples per "
         f"setting, greedy exact match (%), per seed; the paper's Table 9 (1.3B; S-NIAH-1 at 1K / 2K / 4K / 8K, "
@@ -596,7 +606,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
         f"included: {ctx.invocation_time(wall)})." + _missing_note(missing, ctx)])
     data = {"table": "recall", "paper_table": PAPER_TABLE["recall"], "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3},
-            "mqar_final_loss": mq_loss, "text": text,
+            "mqar_final_loss": mq_loss, "mqar_seeds": mq_seeds, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},
             "verdicts": {"e": verdict_json(ve, md=verdict_md(ve))},
