@@ -7,7 +7,8 @@ Six models (experiments/repro.py SELECTIVE), 3 seeds each: Softmax, Interdomain 
 Interdomain-selective+phase, S4D-only (LTI), and S4D-only-selective (the Mamba-like control: a selective decay and
 no query readout). Each task keeps a recipe of the reproduction's lower points, where its seeds agree:
 
-- selective copying and in-context recall: MAD's tasks and recipe (MAD_SIZES; the `mad` table's model, d 64 x 2);
+- selective copying and in-context recall: MAD's tasks, model (d 64 x 2) and optimiser with 10x the `mad` table's
+  steps (SELECTIVE_MAD: the size `mad-s2000`, where Softmax learns selective copying; runs of their own);
 - state tracking: parity and modular arithmetic without brackets (idattn.eval.state_tracking: trained at 3-40
   tokens, scored at 40-256, scaled accuracy; STATE_TRACKING);
 - MQAR: the recall table's (trained at 64 x 4, scored at 64 x 4, 64 x 8, 128 x 16; MQAR);
@@ -165,15 +166,16 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                 put(f"state/{task}", m, s, r["scaled"])
                 put(f"state/{task}", m, s, r["acc"], raw)
                 cost += run_cost(state_dir(ctx, m, task, s))
+    mctx = ctx.for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table (runs of its own)
     for s in seeds:
         for task in sel["mad_tasks"]:
             for m in mixers:
-                v = ensure_mad(ctx, m, task, s)
+                v = ensure_mad(mctx, m, task, s)
                 if v is None:
-                    missing.append(os.path.basename(mad_dir(ctx, m, task, s)))
+                    missing.append(os.path.basename(mad_dir(mctx, m, task, s)))
                     continue
                 put(f"mad/{task}", m, s, v)
-                cost += run_cost(mad_dir(ctx, m, task, s))
+                cost += run_cost(mad_dir(mctx, m, task, s))
     mq = ctx.exp.MQAR[ctx.size]
     mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
     for s in seeds:
@@ -231,10 +233,10 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     st = ctx.exp.STATE_TRACKING[ctx.size]
     from idattn.eval.state_tracking import PROTOCOL
     trl, tel = st.get("train_lengths", PROTOCOL["train_lengths"]), st.get("test_lengths", PROTOCOL["test_lengths"])
-    mad_r = ctx.exp.MAD_SIZES[ctx.size]
-    setup = (f"Ours, per seed (seeds {seeds}): MAD tasks at MAD's recipe of the `mad` table ({mad_r['steps']} steps x "
-             f"{mad_r['batch_size']}, d_model {mad_r['model']['d_model']} x {mad_r['model']['num_layers']} blocks), "
-             f"test accuracy %; state tracking ({st['steps']} steps x {st['batch_size']} at lengths {trl[0]}-{trl[1]}, "
+    mad_r = ctx.exp.MAD_SIZES[mctx.size]
+    setup = (f"Ours, per seed (seeds {seeds}): MAD tasks with the `mad` table's model, data and optimiser at "
+             f"{mad_r['steps']} steps x {mad_r['batch_size']} (size `{mctx.size}`; d_model "
+             f"{mad_r['model']['d_model']} x {mad_r['model']['num_layers']} blocks), test accuracy %; state tracking ({st['steps']} steps x {st['batch_size']} at lengths {trl[0]}-{trl[1]}, "
              f"scored at {tel[0]}-{tel[1]}, d_model {st['model']['d_model']} x {st['model']['num_layers']} blocks), "
              f"scaled accuracy % (0 chance, 100 solved; idattn.eval.state_tracking); MQAR (the recall table's "
              f"recipe: {mq['steps']} steps x {mq['batch_size']}, trained at T = {mq['seq_len']} with "
