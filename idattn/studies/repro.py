@@ -712,7 +712,10 @@ TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "reca
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("table", choices=TABLES + ("mad", "ladder", "pilot", "climb", "length_climb", "hybrid", "selective",
-                                              "all"))
+                                              "all", "verify"),
+                   help="a table, `all`, or `verify`: the root's finished runs by their model fingerprint (stamp it "
+                        "under the current model code; re-stamp a run whose fingerprint the current code reproduces; "
+                        "idattn/studies/fingerprint.py), then --archive; no table is written")
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -766,6 +769,16 @@ def main(argv=None) -> int:
             # the two seeds of a mixer (and reruns) compile the same programs
             jax.config.update("jax_compilation_cache_dir", os.path.join(ctx.root, ".jax-cache"))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+        if args.table == "verify":
+            from idattn.studies.fingerprint import verify_runs
+            out = verify_runs(ctx)
+            for k, names in out.items():
+                log(f"{k}: {len(names)}" + (f" ({'; '.join(names[:20])}{'; ...' if len(names) > 20 else ''})"
+                                            if names and k in ("changed", "unverifiable", "skipped") else ""))
+            if args.archive:
+                log(f"recorded {archive_runs(ctx.root, args.archive)} finished runs in {args.archive}")
+            log(f"total wall time {(time.time() - t0) / 60:.1f} min")
+            return 0
         # `all`: ALL_ORDER (the budgeted tables by evidence per CPU-minute, then MQAR's, outside the budget); at
         # toy size there is no ladder
         every = tuple(t for t in ALL_ORDER if size != "toy" or t not in NOT_AT_TOY)

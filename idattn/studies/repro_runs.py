@@ -586,7 +586,8 @@ def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
 ARCHIVE_FORMAT = "idattn.repro runs v1"
 
 
-def _run_dirs(root: str):
+def run_dirs(root: str):
+    """Every run folder under `<root>/runs` (a folder with a marker; never one moved aside as `.stale-`)."""
     base = os.path.join(root, "runs")
     for top, dirs, _ in os.walk(base):
         dirs[:] = sorted(d for d in dirs if ".stale-" not in d)
@@ -604,7 +605,7 @@ def archive_runs(root: str, path: str) -> int:
     runs: dict[str, dict[str, str]] = {}
     if os.path.exists(path):
         runs.update(_read_archive(path))
-    for wd in _run_dirs(root):
+    for wd in run_dirs(root):
         if read_marker(wd).get("status") != "done":
             continue
         files = {MARKER: pathlib.Path(wd, MARKER).read_text()}

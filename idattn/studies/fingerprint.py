@@ -1,0 +1,203 @@
+"""Model fingerprints: a recorded run outlives a change of model code that leaves its function alone.
+
+A run records the hash of the model code it was trained with (code_hash.source_hash). When that code changes, a
+run in its own root is re-verified from its checkpoint (its perplexity or accuracy recomputed); a run restored
+from the record has no checkpoint, so until now it could only be read unchecked or trained again, and any edit
+under idattn/ops, layers or models (a comment, a new option that defaults off) froze the study's 277 runs.
+
+A fingerprint is a small, exact probe of the function a model config computes: from a fixed init (key 0, not the
+run's seed: it probes the code, not the run) on a fixed batch of 2 rows x FP_LEN tokens (ragged across the
+16-token chunks, longer for wider chunks or an attention window: probe_len; the second row holds two documents,
+a segment reset at FP_RESET), in float32:
+
+    [ℓ(θ0), ℓ(θ0 − 0.5·∇ℓ/‖∇ℓ‖), ‖∂ℓ/∂θ_1‖, ..., ‖∂ℓ/∂θ_P‖]   (θ_i: the parameter leaves, in tree order)
+
+with ℓ the mean next-token cross-entropy over the rows' valid positions: the forward pass, the gradient's
+direction, and the gradient of every parameter. The per-leaf norms are what make it see a mixer: at init the
+output is close to uniform and the residual stream is mostly the embedding, so a change inside the mixer (e.g.
+the readout's conjugation) moves ℓ by ~1e-7 relative, but the gradient of the mixer's own parameters by far more
+(tests/test_fingerprint.py). A run stores the fingerprint of its model config computed by the code that trained it
+({"src": that code's hash, "values": [...]}, marker key "fingerprint"). Under new code, the same config's
+fingerprint equal to it (relative FP_RTOL per value, on at least 1e-3 of the largest value's scale; a neutral
+edit compiles to the same program, so the values are equal to the last bit on one machine, and FP_RTOL only
+allows for another CPU's reassociation) means the
+function is unchanged where the probe looks, and the run is kept: `python -m idattn.repro verify` re-stamps it.
+What the probe cannot see: a change confined to what a 2-row init at probe_len tokens does not reach (longer
+contexts, parameter values far from init such as the κ bound, decoding). Such a change must be declared by hand
+(move the runs aside, or train again); docs/reproduction.md says so beside the command.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+FP_LEN = 37  # at least: 2 full 16-token chunks and a ragged tail (probe_len: longer for wider chunks or windows)
+FP_RESET = 20  # the second row's second document starts here
+FP_RTOL = 1e-5
+FP_VERSION = 1  # the probe's own definition; a fingerprint of another version is not compared
+
+
+def probe_len(cfg: Any) -> int:
+    """The probe's tokens per row: FP_LEN, or more so that the first row crosses two chunks of the config's chunk
+    size and reaches past any attention window by 5 tokens (a window the probe does not exceed would be invisible
+    to it: a 1:3 hybrid with a 64-token window and one with global attention agree on 37 tokens)."""
+    T = max(FP_LEN, 2 * int(cfg.get("chunk_size", 16) or 16) + 5)
+    window = int(cfg.get("window", 0) or 0)
+    return max(T, window + 5) if window > 0 else T
+
+
+def model_fingerprint(model_cfg: Any) -> list[float]:
+    """[loss, loss after a step of length 0.5 down the gradient, the gradient norm of each parameter leaf] of
+    build_model(model_cfg) at init key 0 on the module's fixed batch (module docstring), float32, Python floats."""
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.models import build_model
+
+    cfg = model_cfg.copy_and_resolve_references() if hasattr(model_cfg, "copy_and_resolve_references") else model_cfg
+    model = build_model(cfg)
+    V, T = int(cfg.vocab_size), probe_len(cfg)
+    rng = np.random.default_rng(20261204)
+    tokens = rng.integers(0, min(V, 61), (2, T + 1))
+    inputs, targets = jnp.asarray(tokens[:, :-1], jnp.int32), jnp.asarray(tokens[:, 1:], jnp.int32)
+    segments = np.ones((2, T), np.int32)
+    segments[1, FP_RESET:] = 2
+    positions = np.tile(np.arange(T, dtype=np.int32), (2, 1))
+    positions[1, FP_RESET:] -= FP_RESET
+    mask = np.ones((2, T), np.float32)
+    mask[1, FP_RESET - 1] = 0.0  # the last token of a document does not predict the next document's first
+    segments, positions, mask = jnp.asarray(segments), jnp.asarray(positions), jnp.asarray(mask)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), inputs[:, :2])["params"])
+
+    def loss(p):
+        logits = model.apply({"params": p}, inputs, segment_ids=segments, positions=positions).astype(jnp.float32)
+        nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+        return jnp.sum(nll * mask) / jnp.sum(mask)
+
+    @jax.jit
+    def probe(p):
+        l0, g = jax.value_and_grad(loss)(p)
+        leaf_norms = [jnp.sqrt(jnp.sum(jnp.square(x.astype(jnp.float32)))) for x in jax.tree.leaves(g)]
+        norm = jnp.sqrt(sum(n * n for n in leaf_norms))
+        stepped = jax.tree.map(lambda x, gx: x - (0.5 / jnp.maximum(norm, 1e-30)) * gx.astype(x.dtype), p, g)
+        return jnp.stack([l0, loss(stepped)] + leaf_norms)
+
+    return [float(v) for v in np.asarray(probe(params))]
+
+
+def stamp(src: str, values: list[float]) -> dict[str, Any]:
+    """The marker's "fingerprint" entry: the values and the code hash (and probe version) they were computed by."""
+    return {"src": src, "version": FP_VERSION, "values": [float(v) for v in values]}
+
+
+def same(recorded: dict[str, Any] | None, values: list[float]) -> tuple[bool, str]:
+    """(equal?, why) of a recorded fingerprint entry and this code's values for the same config."""
+    if not recorded or "values" not in recorded:
+        return False, "no fingerprint recorded"
+    if recorded.get("version") != FP_VERSION:
+        return False, f"fingerprint of probe version {recorded.get('version')}, not {FP_VERSION}"
+    old = [float(v) for v in recorded["values"]]
+    if len(old) != len(values):
+        return False, f"fingerprint of {len(old)} values, not {len(values)}"
+    floor = 1e-3 * max(abs(a) for a in old)  # a leaf whose gradient is ~0 is compared on the others' scale
+    worst = max(abs(a - b) / max(abs(a), floor, 1e-30) for a, b in zip(old, values))
+    text = (f"fingerprint under {recorded.get('src')}: " + ", ".join(f"{v:.7g}" for v in old)
+            + "; now " + ", ".join(f"{v:.7g}" for v in values))
+    return worst <= FP_RTOL, text
+
+
+def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
+    """(model config, "") of a finished run as the current configs build it, or (None, why not): the run's kind
+    from its folder (runs/<size>/<lm|mqar|mad|state>/<name>), its size, mixer, Δ range and seed from its marker.
+    A run whose recorded recipe (or MQAR model) differs from the current config's is not this config's run."""
+    import json
+    import os
+
+    from idattn.studies import repro_runs as R
+    parts = os.path.relpath(wd, ctx.root).split(os.sep)
+    if len(parts) != 4 or parts[0] != "runs":
+        return None, f"not a run folder runs/<size>/<kind>/<name>: {'/'.join(parts)}"
+    size, kind = parts[1], parts[2]
+    c = ctx.for_size(size)
+    try:
+        if kind == "lm":
+            if "recipe" in rec and rec["recipe"] != R.size_recipe(c):
+                return None, "trained with another recipe than the current config's"
+            return c.config(rec["mixer"], rec["dt"], int(rec["seed"])).model, ""
+        if kind == "mqar":
+            cfg = c.exp.get_mqar_config(rec["mixer"], size)
+            model = {k: v for k, v in json.loads(json.dumps(cfg.model.to_dict(), default=str)).items()
+                     if k not in R.EXECUTION_KEYS}
+            if rec.get("model", model) != model:
+                return None, "trained with another MQAR model than the current config's"
+            return cfg.model, ""
+        if kind == "mad":
+            from idattn.studies.repro_mad import mad_model_config, mad_recipe
+            if rec.get("recipe") != mad_recipe(c):
+                return None, "trained with another MAD recipe than the current config's"
+            return mad_model_config(c, rec["cell"]), ""
+        if kind == "state":
+            from idattn.studies.repro_selective import state_model_config, state_recipe
+            if rec.get("recipe") != state_recipe(c):
+                return None, "trained with another state-tracking recipe than the current config's"
+            return state_model_config(c, rec["mixer"]), ""
+    except (KeyError, ValueError) as e:
+        return None, f"its config no longer builds ({type(e).__name__}: {e})"
+    return None, f"unknown run kind {kind!r}"
+
+
+def verify_runs(ctx: Any) -> dict[str, list[str]]:
+    """`python -m idattn.repro verify`: every finished run under ctx.root, by its model fingerprint.
+
+    - model code as recorded (marker "src" = the current hash): its fingerprint is computed and stored, unless one
+      of the current code is there already ("stamped");
+    - other model code, with a fingerprint: computed under the current code; equal -> the marker takes the current
+      hash and notes why in "verified" ("verified"), else it is left as it is ("changed": a table command trains
+      it again, or --render_only lists it as read without checking);
+    - other model code, no fingerprint: nothing to compare with ("unverifiable").
+    One probe per distinct model config (seeds share it). Returns {outcome: [run folder, ...]}."""
+    import json
+    import os
+
+    from idattn.studies import repro_runs as R
+    src = R.source_hash()
+    out: dict[str, list[str]] = {k: [] for k in ("stamped", "verified", "unchanged", "changed", "unverifiable",
+                                                 "skipped")}
+    cache: dict[str, list[float]] = {}
+    for wd in R.run_dirs(ctx.root):
+        rec = R.read_marker(wd)
+        name = os.path.relpath(wd, os.path.join(ctx.root, "runs"))
+        if rec.get("status") != "done":
+            continue
+        fp = rec.get("fingerprint")
+        if rec.get("src") == src and fp and fp.get("src") == src and fp.get("version") == FP_VERSION:
+            out["unchanged"].append(name)
+            continue
+        if rec.get("src") != src and not fp:
+            out["unverifiable"].append(name)
+            continue
+        cfg, why = run_model_config(ctx, wd, rec)
+        if cfg is None:
+            out["skipped"].append(f"{name} ({why})")
+            continue
+        key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+        if key not in cache:
+            cache[key] = model_fingerprint(cfg)
+            R.log(f"fingerprint of {name}'s config: {', '.join(f'{v:.7g}' for v in cache[key])}")
+        values = cache[key]
+        if rec.get("src") == src:
+            rec["fingerprint"] = stamp(src, values)
+            R.write_marker(wd, rec)
+            out["stamped"].append(name)
+            continue
+        ok, why = same(fp, values)
+        if ok:
+            rec["src"] = src
+            rec.setdefault("verified", []).append(why)
+            R.write_marker(wd, rec)
+            out["verified"].append(name)
+        else:
+            out["changed"].append(f"{name} ({why})")
+    return out

@@ -1,0 +1,110 @@
+"""Model fingerprints (idattn.studies.fingerprint) and `python -m idattn.repro verify`: a recorded run survives a
+model-code change that leaves its function alone, and only such a change."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from idattn.studies import fingerprint as F
+from idattn.studies import repro, repro_runs as R
+
+
+def _toy_model(ctx, mixer):
+    return ctx.config(mixer, "paper", 0).model
+
+
+@pytest.mark.slow  # three compiles of a model's value-and-grad: ~50 s on 2 cores
+def test_fingerprint_is_exact_and_sees_a_changed_function(tmp_path):
+    ctx = R.Ctx(str(tmp_path), "toy", (0,), True, False)
+    cfg = _toy_model(ctx, "interdomain")
+    cfg.num_layers = 1  # one layer: the same code paths, half the compile
+    a, b = F.model_fingerprint(cfg), F.model_fingerprint(cfg)
+    assert a == b and len(a) > 10 and all(v > 0 for v in a)  # the same program: equal to the last bit
+    assert F.same(F.stamp("h0", a), b)[0]
+    changed = cfg.copy_and_resolve_references()
+    changed.conj = not cfg.conj  # another function of the same parameters (the readout's conjugation)
+    c = F.model_fingerprint(changed)
+    ok, why = F.same(F.stamp("h0", a), c)
+    assert not ok and "now" in why, (a, c)
+    assert max(abs(x - y) / abs(x) for x, y in zip(a, c)) > 100 * F.FP_RTOL  # far outside the tolerance
+    assert not F.same({"src": "h0", "version": F.FP_VERSION + 1, "values": a}, a)[0]  # another probe: no answer
+    assert not F.same(None, a)[0]
+
+
+def _fake_lm(ctx, mixer, seed):
+    wd = ctx.lm_dir(mixer, "paper", seed)
+    R.write_marker(wd, {"status": "done", "src": R.source_hash(), "mixer": mixer, "dt": "paper", "seed": seed,
+                        "size": ctx.size, "recipe": R.size_recipe(ctx), "steps": 2})
+    return wd
+
+
+def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_changed_one(tmp_path, monkeypatch):
+    ctx = R.Ctx(str(tmp_path / "root"), "toy", (0, 1), False, False)
+    probes = []
+
+    def fake_probe(cfg):  # a function of the config, as the real probe is; counted
+        probes.append(cfg.mixer)
+        return [float(len(cfg.mixer)), 1.0 + cfg.num_layers, 0.5]
+
+    monkeypatch.setattr(F, "model_fingerprint", fake_probe)
+    wds = [_fake_lm(ctx, "interdomain", 0), _fake_lm(ctx, "interdomain", 1), _fake_lm(ctx, "softmax", 0)]
+    old = R.source_hash()
+    legacy = ctx.lm_dir("s4d_only", "paper", 0)  # another code's run without a fingerprint
+    R.write_marker(legacy, {"status": "done", "src": "0ldc0de000", "mixer": "s4d_only", "dt": "paper", "seed": 0,
+                            "size": "toy", "steps": 2})
+    probe_cfg = _toy_model(ctx, "softmax")
+    assert F.probe_len(probe_cfg) == F.FP_LEN
+    probe_cfg.window = 64  # a window the probe must reach past, or windowed and global attention look the same
+    assert F.probe_len(probe_cfg) == 69
+    out = F.verify_runs(ctx)
+    assert sorted(out["stamped"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1",
+                                      "toy/lm/softmax-scaled-s0"]
+    assert out["unverifiable"] == ["toy/lm/s4d_only-paper-s0"] and not out["changed"]
+    assert sorted(probes) == ["interdomain", "softmax"]  # one probe per config: the seeds share it
+    assert R.read_marker(wds[0])["fingerprint"] == {"src": old, "version": F.FP_VERSION,
+                                                    "values": [11.0, 1.0 + _toy_model(ctx, "interdomain").num_layers,
+                                                               0.5]}
+    assert F.verify_runs(ctx)["unchanged"] == [os.path.relpath(w, os.path.join(ctx.root, "runs")) for w in wds]
+
+    # the model code changes (another hash); the probe still sees the same function for interdomain, not softmax
+    monkeypatch.setattr(R, "source_hash", lambda: "newc0de000")
+    monkeypatch.setattr(F, "model_fingerprint",
+                        lambda cfg: fake_probe(cfg) if cfg.mixer != "softmax" else [7.0, 9.0, 9.0])
+    out = F.verify_runs(ctx)
+    assert sorted(out["verified"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
+    assert [c.split(" ")[0] for c in out["changed"]] == ["toy/lm/softmax-scaled-s0"]
+    rec = R.read_marker(wds[1])
+    assert rec["src"] == "newc0de000" and rec["fingerprint"]["src"] == old and "fingerprint under" in rec["verified"][-1]
+    assert R.read_marker(wds[2])["src"] == old  # left as it was: a table command trains it again
+
+
+def test_verify_cli_records_the_fingerprints(tmp_path, monkeypatch):
+    ctx = R.Ctx(str(tmp_path / "root"), "toy", (0,), False, False)
+    _fake_lm(ctx, "interdomain", 0)
+    monkeypatch.setattr(F, "model_fingerprint", lambda cfg: [1.0, 2.0, 3.0])
+    record = tmp_path / "rec.json"
+    assert repro.main(["verify", "--toy", f"--root={ctx.root}", f"--archive={record}", "--no_compile_cache"]) == 0
+    runs = json.loads(record.read_text())["runs"]
+    marker = json.loads(runs["runs/toy/lm/interdomain-paper-s0"]["repro.json"])
+    assert marker["fingerprint"]["values"] == [1.0, 2.0, 3.0]
+
+
+def test_every_recorded_run_maps_to_its_config_or_says_why_not(tmp_path):
+    """The committed record: each run's model config is rebuilt from its marker (no probe is computed here), or the
+    reason it is not this config's run is given (a recipe changed since it was trained)."""
+    root = str(tmp_path / "root")
+    R.restore_runs(os.path.join(os.path.dirname(__file__), "..", "docs", "reproduction-runs.json"), root)
+    ctx = R.Ctx(root, "small", (0, 1, 2), True, False)
+    built, why_not = 0, []
+    for wd in R.run_dirs(root):
+        cfg, why = F.run_model_config(ctx, wd, R.read_marker(wd))
+        if cfg is None:
+            why_not.append((os.path.relpath(wd, root), why))
+        else:
+            assert cfg.vocab_size > 0 and cfg.num_layers > 0
+            built += 1
+    assert built >= 250, why_not
+    # the recall table's 3000-step MQAR runs (replaced by the 6000-step recipe) are the ones that do not map
+    assert all("another" in why for _, why in why_not), why_not
