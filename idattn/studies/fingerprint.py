@@ -103,8 +103,9 @@ def same(recorded: dict[str, Any] | None, values: list[float]) -> tuple[bool, st
         return False, f"fingerprint of {len(old)} values, not {len(values)}"
     floor = 1e-3 * max(abs(a) for a in old)  # a leaf whose gradient is ~0 is compared on the others' scale
     worst = max(abs(a - b) / max(abs(a), floor, 1e-30) for a, b in zip(old, values))
-    text = (f"fingerprint under {recorded.get('src')}: " + ", ".join(f"{v:.7g}" for v in old)
-            + "; now " + ", ".join(f"{v:.7g}" for v in values))
+    i = max(range(len(old)), key=lambda j: abs(old[j] - values[j]) / max(abs(old[j]), floor, 1e-30))
+    text = (f"fingerprint under {recorded.get('src')} ({len(old)} values) against now: largest relative difference "
+            f"{worst:.1e} (tolerance {FP_RTOL:g}; value {i}: {old[i]:.7g} then, {values[i]:.7g} now)")
     return worst <= FP_RTOL, text
 
 
