@@ -85,6 +85,9 @@ def test_selective_table_answers_its_questions_with_intervals(tmp_path):
     assert "| Interdomain-selective |" in md and "| S4D-only-selective |" in md
     assert "Mamba-3 98.51" in md and "S4 (LTI) 18.3" in md  # published numbers, their own table
     assert "at 2000 steps x 16 (size `mad-s2000`" in md  # the MAD tasks' own recipe, named
+    mad_top = top.for_size(top.exp.SELECTIVE_MAD["small"])  # its runs train the `mad` table's model
+    assert repro_mad.mad_model_config(mad_top, "interdomain-selective") == repro_mad.mad_model_config(
+        top, "interdomain-selective")
     assert "(s2) the phase tracks parity" in md and "**yes**" in md and "Not available yet" not in md
 
 

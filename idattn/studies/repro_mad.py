@@ -44,7 +44,8 @@ def mad_recipe(ctx: Ctx) -> dict[str, Any]:
 def mad_model_config(ctx: Ctx, cell: str):
     """The MQAR recipe's model for `cell` (experiments/repro.py get_mqar_config) at MAD's width and depth, with a
     vocabulary holding every MAD task's (memorization: 256)."""
-    c = ctx.exp.get_mqar_config(cell, ctx.size).model
+    # a MAD size of its own (e.g. the selective table's mad-s2000) names the size whose MQAR model it trains
+    c = ctx.exp.get_mqar_config(cell, ctx.exp.MAD_SIZES[ctx.size].get("model_size", ctx.size)).model
     c.update(ctx.exp.MAD_SIZES[ctx.size]["model"])
     c.vocab_size = 256
     return c
