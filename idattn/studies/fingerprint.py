@@ -113,7 +113,6 @@ def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
     """(model config, "") of a finished run as the current configs build it, or (None, why not): the run's kind
     from its folder (runs/<size>/<lm|mqar|mad|state>/<name>), its size, mixer, Δ range and seed from its marker.
     A run whose recorded recipe (or MQAR model) differs from the current config's is not this config's run."""
-    import json
     import os
 
     from idattn.studies import repro_runs as R
@@ -129,8 +128,7 @@ def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
             return c.config(rec["mixer"], rec["dt"], int(rec["seed"])).model, ""
         if kind == "mqar":
             cfg = c.exp.get_mqar_config(rec["mixer"], size)
-            model = {k: v for k, v in json.loads(json.dumps(cfg.model.to_dict(), default=str)).items()
-                     if k not in R.EXECUTION_KEYS}
+            model = R.mqar_model_record(cfg.model)
             if rec.get("model", model) != model:
                 return None, "trained with another MQAR model than the current config's"
             return cfg.model, ""

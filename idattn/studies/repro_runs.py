@@ -403,6 +403,12 @@ def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
 EXECUTION_KEYS = ("impl", "attn_impl", "remat", "scan_layers")
 
 
+def mqar_model_record(model_cfg) -> dict[str, Any]:
+    """The MQAR model as a run's marker records it (JSON, without the execution-only keys)."""
+    return {k: v for k, v in json.loads(json.dumps(model_cfg.to_dict(), default=str)).items()
+            if k not in EXECUTION_KEYS}
+
+
 def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     from idattn.eval.recall import train_mqar
     from idattn.rundir.schema import read_results, write_result
@@ -414,7 +420,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     # so that a change of the MQAR model (e.g. HYBRID_MQAR) retrains the run; a marker from before this was recorded
     # has no "model": it is taken as the current one (those runs were trained with the configs of their commit) and
     # stamped with it when reused
-    model = {k: v for k, v in json.loads(json.dumps(c.model.to_dict(), default=str)).items() if k not in EXECUTION_KEYS}
+    model = mqar_model_record(c.model)
     same = lambda m: m.get("recipe") == recipe and m.get("model", model) == model  # noqa: E731
     if ctx.skip(mixer):
         recs = read_results(wd, "recall") if os.path.isdir(wd) else []
