@@ -589,3 +589,25 @@ def test_recall_table_shows_each_mqar_seeds_last_training_loss(tmp_path):
     row = next(ln for ln in open(ctx.table_path("recall", "md")).read().splitlines()
                if ln.startswith("| Interdomain |") and "64.0" in ln)
     assert row.rstrip(" |").endswith("| 0.020 / 0.360 / 0.010")
+
+
+def test_unchecked_runs_are_named_under_the_table_that_read_them_by_path(tmp_path, monkeypatch):
+    """A run read under other model code is listed by its path under the root (names repeat across sizes) and only
+    under the table that read it: `all` once listed an earlier table's runs under every later one."""
+    root = str(tmp_path)
+    runs.write_marker(os.path.join(root, "runs", "small", "lm", "interdomain-paper-s0"),
+                      {"src": "older-model-code", "status": "done"})
+
+    def reads_the_run(ctx):
+        assert runs.ensure_lm(ctx, "interdomain", "paper", 0)["status"] == "done"
+        open(ctx.table_path("ppl", "md"), "w").write("ppl" + repro._missing_note([], ctx))
+
+    def reads_nothing(ctx):
+        open(ctx.table_path("recall", "md"), "w").write("recall" + repro._missing_note([], ctx))
+
+    monkeypatch.setattr(repro, "TABLE_FNS", {"ppl": reads_the_run, "recall": reads_nothing})
+    monkeypatch.setattr(repro, "ALL_ORDER", ("ppl", "recall"))
+    assert repro.main(["all", f"--root={root}", "--render_only", "--no_compile_cache"]) == 0
+    ppl, recall = (open(os.path.join(root, f"{t}.md")).read() for t in ("ppl", "recall"))
+    assert "Read without checking" in ppl and ppl.rstrip().endswith("runs/small/lm/interdomain-paper-s0.")
+    assert recall == "recall"

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import Ctx, lm_ppl, read_marker, run_cost, write_table
+from idattn.studies.repro_runs import Ctx, lm_ppl, missing_note, read_marker, run_cost, write_table
 from idattn.studies.repro_verdicts import B_MARGIN, NO_VERDICT, judge, trend
 
 CLAIMS = {  # claim: (numerator mixer, denominator mixer, line, paper's side, label, paper value)
@@ -163,8 +163,7 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
         *trend_lines, "",
         (f"Figure: {os.path.basename(png)}" if png else "No figure (no point has runs yet)."), "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table."
-        + ("" if not missing else "\n\nNot available yet (rerun without --render_only to train them): "
-           + ", ".join(missing) + ".")])
+        + missing_note(missing, ctx, "rerun without --render_only to train them")])
     data = {"table": "ladder", "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
     write_table(ctx, "ladder", md, data)

@@ -80,8 +80,8 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, archive_runs, context_use, ensure_mqar, lm_ppl,
-                                       load_experiment, log, paper, read_marker, restore_runs, run_cost, run_name,
-                                       text_recall, write_table)
+                                       load_experiment, log, missing_note, paper, read_marker, restore_runs,
+                                       run_cost, run_name, text_recall, write_table)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
                                            verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
                                            verdict_md)
@@ -193,13 +193,7 @@ def _by_seed(have: list[int], vals: list, seeds) -> list:
 
 
 def _missing_note(missing: list[str], ctx: "Ctx | None" = None) -> str:
-    out = ("" if not missing else "\n\nNot available yet (rerun the command to train / evaluate them): "
-           + ", ".join(missing) + ".")
-    if ctx is not None and ctx.unverified:
-        out += ("\n\nRead without checking (this invocation did not train them): the model code changed since "
-                "these runs were trained, and a run without --render_only / --only re-evaluates them and retrains "
-                "the ones whose function changed: " + ", ".join(sorted(ctx.unverified)) + ".")
-    return out
+    return missing_note(missing, ctx, "rerun the command to train / evaluate them")
 
 
 # ------------------------------------------------------------------------------------------------ ppl
@@ -680,10 +674,9 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
     # a seed a point does not have is not missing (SEEDS: 3 at the lower points, 5 at the top two)
     own = {z: set(ctx.exp.SEEDS[z]) for z in sizes}
     missing = [m for m in data["missing"] if int(m.rsplit("-s", 1)[1]) in own.get(m.split("/")[0], set())]
-    if data["missing"]:
-        md = md[:md.index("\n\nNot available yet")]
-        if missing:
-            md += ("\n\nNot available yet (rerun without --render_only to train them): " + ", ".join(missing) + ".")
+    if data["missing"] or ctx.unverified:
+        md = md[:md.index("\n\nNot available yet" if data["missing"] else "\n\nRead without checking")]
+        md += missing_note(missing, ctx, "rerun without --render_only to train them")
     data["missing"] = missing
     md = md.replace("## Scale ladder: the Fig. 2 protocol at several compute points",
                     "## Scale ladder, the new recipe (issue 32): the Fig. 2 protocol at the points of CLIMB")
@@ -786,6 +779,7 @@ def main(argv=None) -> int:
         log(f"{', '.join(tables)} at size {size}, seeds {seeds}, root {ctx.root}")
         for t in tables:
             ts = time.time()
+            ctx.unverified.clear()  # each table names the unchecked runs it read itself, not an earlier table's
             TABLE_FNS[t](ctx)
             log(f"table {t} done in {(time.time() - ts) / 60:.1f} min")
             print(open(ctx.table_path(t, "md")).read(), flush=True)

@@ -30,8 +30,8 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, ensure_mqar, lm_ppl, read_marker, run_cost, text_recall,
-                                      write_table)
+from idattn.studies.repro_runs import (LABEL, Ctx, ensure_mqar, lm_ppl, missing_note, read_marker, run_cost,
+                                      text_recall, write_table)
 from idattn.studies.repro_verdicts import judge
 
 QUESTIONS = {  # name: (numerator, denominator, line, side, text)
@@ -178,7 +178,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         *lines, "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
         f"invocation {ctx.invocation_time(wall)})."
-        + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
+        + missing_note(missing, ctx)])
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},
             "text": text, "mqar": {m: {str(s): v for s, v in mq_acc[m].items()} for m in mq_acc},

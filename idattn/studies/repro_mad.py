@@ -19,7 +19,7 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (Ctx, check_reuse, log, move_aside, read_marker, run_cost, run_name,
+from idattn.studies.repro_runs import (Ctx, check_reuse, log, missing_note, move_aside, read_marker, run_cost, run_name,
                                        source_hash, synthetic_train_hash, write_marker, write_table,
                                        archive_now)
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
@@ -161,7 +161,7 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
     md = "\n".join(["## MAD synthetic tasks (Poli et al. 2024): Softmax and the mechanism cube", "", setup, "",
                     markdown_table(["cell"] + list(tasks), rows), "", rule, "", *lines, "",
                     f"Compute: {cost / 60:.1f} min of training over the runs of this table."
-                    + ("" if not missing else "\n\nNot available yet: " + ", ".join(missing) + ".")])
+                    + missing_note(missing, ctx)])
     data = {"table": "mad", "size": ctx.size, "tasks": list(tasks), "accuracy": acc, "verdicts": verdicts,
             "setup": setup, "recipe": mad_recipe(ctx), "compute_s": cost, "wall_s": time.time() - t0,
             "missing": missing}

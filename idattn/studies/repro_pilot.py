@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import LABEL, Ctx, lm_ppl, read_marker, run_cost, write_table
+from idattn.studies.repro_runs import LABEL, Ctx, lm_ppl, missing_note, read_marker, run_cost, write_table
 from idattn.studies.repro_verdicts import B_MARGIN, t975
 
 
@@ -211,8 +211,7 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
           if getattr(ctx.exp, "CLIMB_BUDGET", ()) else []),
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
         f"{ctx.invocation_time(time.time() - t0)})."
-        + ("" if not missing else "\n\nNot available yet (rerun without --render_only to train them): "
-           + ", ".join(missing) + ".")])
+        + missing_note(missing, ctx, "rerun without --render_only to train them")])
     data = {"table": "pilot", "cells": cells, "rule": rule, "targets": T, "compute_s": cost,
             "recipe": recipe_rows(ctx.exp) if getattr(ctx.exp, "CLIMB", ()) else [],
             "wall_s": time.time() - t0, "missing": missing}

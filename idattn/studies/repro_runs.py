@@ -125,7 +125,9 @@ class Ctx:
         self.exp = load_experiment()
         self.only = {run_name(m) for m in only}
         self.train_dt = ""
-        self.unverified: set[str] = set()  # runs read (not trained) whose model code differs from the current
+        # runs read (not trained) whose model code differs from the current, by path under root; shared by
+        # for_size copies, cleared before each table (main)
+        self.unverified: set[str] = set()
         self.root, self.size = os.path.abspath(root), size
         self.judged = size != "toy"  # toy size: numbers and intervals, never a verdict word
         self.seeds = tuple(seeds)
@@ -243,13 +245,24 @@ def loss_curve(wd: str) -> list[list[float]]:
     return [[k, out[k]] for k in sorted(out)]
 
 
+def missing_note(missing: list[str], ctx: "Ctx | None" = None, hint: str = "") -> str:
+    """The end of a table's text: the runs it lacks (`hint`: how to get them) and the runs it read without checking
+    them under the current model code (`Ctx.unverified`, cleared before each table)."""
+    out = "" if not missing else f"\n\nNot available yet{f' ({hint})' if hint else ''}: " + ", ".join(missing) + "."
+    if ctx is not None and ctx.unverified:
+        out += ("\n\nRead without checking (this invocation did not train them): the model code changed since "
+                "these runs were trained, and a run without --render_only / --only re-evaluates them and retrains "
+                "the ones whose function changed: " + ", ".join(sorted(ctx.unverified)) + ".")  # paths under --root
+    return out
+
+
 def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
     """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
     wd = ctx.lm_dir(mixer, dt, seed)
     if ctx.skip(mixer, dt):
         rec = read_marker(wd)
         if rec.get("status") == "done" and rec.get("src") != source_hash():
-            ctx.unverified.add(os.path.basename(wd))
+            ctx.unverified.add(os.path.relpath(wd, ctx.root))  # runs/<size>/lm/<name>: names repeat across sizes
         return rec if rec.get("status") == "done" else None
     cfg = ctx.config(mixer, dt, seed)
     src = source_hash()

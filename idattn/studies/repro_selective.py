@@ -38,9 +38,9 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log, move_aside,
-                                       read_marker, run_cost, run_name, source_hash, synthetic_train_hash,
-                                       write_marker, write_table)
+from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log,
+                                       missing_note, move_aside, read_marker, run_cost, run_name, source_hash,
+                                       synthetic_train_hash, write_marker, write_table)
 from idattn.studies.repro_hybrid import answer_question
 
 # (numerator model, denominator model, task key, line, side, text): differences in accuracy points
@@ -256,7 +256,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["source and task", "time-invariant / no rotation", "selective / rotating"],
                        [list(p) for p in PUBLISHED]), "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (this invocation "
-        f"{ctx.invocation_time(time.time() - t0)})." + (f"\n\nNot available yet: {', '.join(missing)}." if missing else "")])
+        f"{ctx.invocation_time(time.time() - t0)})." + missing_note(missing, ctx)])
     data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": {k: {m: {str(s): v for s, v in d.items()}
                                                                                       for m, d in a.items()}
                                                                                   for k, a in acc.items()},
