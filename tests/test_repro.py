@@ -611,3 +611,31 @@ def test_unchecked_runs_are_named_under_the_table_that_read_them_by_path(tmp_pat
     ppl, recall = (open(os.path.join(root, f"{t}.md")).read() for t in ("ppl", "recall"))
     assert "Read without checking" in ppl and ppl.rstrip().endswith("runs/small/lm/interdomain-paper-s0.")
     assert recall == "recall"
+
+
+def test_stdlib_tables_name_the_corpus_their_runs_recorded_and_refuse_to_train_beside_another(tmp_path):
+    """A record restored under another Python renders the corpus its runs were scored on (not the rendering
+    interpreter's), and training beside it under this interpreter is refused before anything is written."""
+    from idattn.data import stdlib_corpus
+    ctx = runs.Ctx(str(tmp_path), "small", (0,), False, False, ()).for_size("stdlib")
+    here = stdlib_corpus.corpus_id()
+    assert runs.corpus_name(ctx) == f"{here}.val" and "no run recorded yet" in repro._setup_line(ctx)
+
+    def record(name, corpus):
+        d = tmp_path / "runs" / "stdlib" / "lm" / name / "eval"
+        d.mkdir(parents=True)
+        (d / "extrapolation-x.json").write_text(json.dumps({"protocol": {"corpus": corpus}}))
+
+    other = "python-stdlib-9.9.9-0123456789ab"
+    record("softmax-scaled-s0", f"{other}.val")
+    assert runs.corpus_name(ctx) == f"{other}.val"
+    assert f"the Python 9.9.9 standard-library source ({other}, as its runs recorded" in repro._setup_line(ctx)
+    with pytest.raises(runs.ReproError) as e:
+        runs.ensure_lm(ctx, "interdomain", "paper", 0)
+    assert "\n" not in str(e.value) and other in str(e.value) and here in str(e.value)
+    assert not (tmp_path / "runs" / "stdlib" / "lm" / "interdomain-paper-s0").exists()
+    record("interdomain-paper-s0.stale-abc", f"{here}.val")  # a run moved aside is not read
+    assert runs.corpus_name(ctx) == f"{other}.val"
+    record("interdomain-paper-s1", f"{here}.val")
+    with pytest.raises(runs.ReproError, match="2 corpora"):
+        runs.recorded_corpus(ctx)

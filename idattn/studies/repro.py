@@ -80,8 +80,8 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, ReproError, archive_runs, context_use, ensure_mqar, lm_ppl,
-                                       load_experiment, log, missing_note, paper, read_marker, restore_runs,
-                                       run_cost, run_name, text_recall, write_table)
+                                       load_experiment, log, missing_note, paper, read_marker, recorded_corpus,
+                                       restore_runs, run_cost, run_name, text_recall, write_table)
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paired, paper_cube_axes, stats,
                                            verdict_a, verdict_b, verdict_c, verdict_d, verdict_e, verdict_json,
                                            verdict_md)
@@ -159,12 +159,12 @@ def f2(v, digits: int = 2) -> str:
 def _setup_line(ctx: Ctx) -> str:
     z = ctx.exp.SIZES[ctx.size]
     m = z["model"]
-    if z.get("source", "kjv") == "stdlib":
-        from idattn.data import stdlib_corpus
-        info = stdlib_corpus.corpus_info()
-        corpus = (f"the Python {info['python']} standard-library source ({stdlib_corpus.corpus_id()}: "
-                  f"{info['split']['train_files']} training files, {info['split']['heldout_files']} held out by "
-                  f"path hash; one file = one document)")
+    if z.get("source", "kjv") == "stdlib":  # named by what the runs recorded, never by the rendering machine
+        recorded = recorded_corpus(ctx)
+        how = "one file = one document, files held out by path hash: idattn/data/stdlib_corpus.py"
+        corpus = (f"the Python {recorded.split('-')[2]} standard-library source ({recorded[:-len('.val')]}, as its "
+                  f"runs recorded; {how})" if recorded else
+                  f"the standard-library source of the interpreter that trains it (no run recorded yet; {how})")
     else:
         corpus = "embedded KJV corpus"
     return (f"Ours: {corpus}, SentencePiece {z['tokenizer'].split(':')[1]}-piece vocabulary, "

@@ -264,6 +264,7 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
         if rec.get("status") == "done" and rec.get("src") != source_hash():
             ctx.unverified.add(os.path.relpath(wd, ctx.root))  # runs/<size>/lm/<name>: names repeat across sizes
         return rec if rec.get("status") == "done" else None
+    check_corpus(ctx)
     cfg = ctx.config(mixer, dt, seed)
     src = source_hash()
     recipe = size_recipe(ctx)
@@ -299,14 +300,51 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
 
 def corpus_name(ctx: Ctx) -> str:
     """The held-out split the size's runs are scored on: `kjv.val`, or `<stdlib corpus_id>.val` (the interpreter
-    version and the file list's hash, idattn.data.stdlib_corpus.corpus_id, so a result names its corpus exactly)."""
+    version and the file list's hash, idattn.data.stdlib_corpus.corpus_id, so a result names its corpus exactly).
+    For the stdlib, the corpus the size's recorded runs name (`recorded_corpus`) before the running interpreter's:
+    a record restored under another Python renders what was measured, and `ensure_lm` refuses to train beside it."""
     source = ctx.exp.SIZES[ctx.size].get("source", "kjv")
     if source == "kjv":
         return "kjv.val"
     if source == "stdlib":
         from idattn.data import stdlib_corpus
-        return f"{stdlib_corpus.corpus_id()}.val"
+        return recorded_corpus(ctx) or f"{stdlib_corpus.corpus_id()}.val"
     raise ReproError(f"size {ctx.size!r}: data source {source!r} has no held-out protocol here")
+
+
+def recorded_corpus(ctx: Ctx) -> str | None:
+    """The held-out corpus the size's language-model runs were scored on, as their extrapolation results name it
+    (e.g. `python-stdlib-3.11.7-dcb608b59349.val`); None when no run has one. Runs moved aside are not read; runs
+    of one size that name two corpora are refused."""
+    import glob
+    found = set()
+    for path in glob.glob(os.path.join(ctx.root, "runs", ctx.size, "lm", "*", "eval", "extrapolation-*.json")):
+        if ".stale-" in path:
+            continue
+        try:
+            with open(path) as f:
+                found.add(str(json.load(f)["protocol"]["corpus"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if len(found) > 1:
+        raise ReproError(f"size {ctx.size!r}: its runs were scored on {len(found)} corpora "
+                         f"({', '.join(sorted(found))}); move aside the runs of all but one under "
+                         f"{os.path.join(ctx.root, 'runs', ctx.size)}")
+    return next(iter(found), None)
+
+
+def check_corpus(ctx: Ctx) -> None:
+    """Refuses (one line, before anything is written) to train a stdlib run under an interpreter whose standard
+    library is not the corpus the size's recorded runs were trained on: the table would set unlike numbers side by
+    side."""
+    if ctx.exp.SIZES[ctx.size].get("source", "kjv") != "stdlib":
+        return
+    from idattn.data import stdlib_corpus
+    recorded, here = recorded_corpus(ctx), f"{stdlib_corpus.corpus_id()}.val"
+    if recorded is not None and recorded != here:
+        raise ReproError(f"size {ctx.size!r}: its runs were trained on {recorded[:-len('.val')]}, this interpreter's "
+                         f"standard library is {here[:-len('.val')]}; train it under that Python, or move "
+                         f"{os.path.join(ctx.root, 'runs', ctx.size)} aside to start the size over on this one")
 
 
 def ppl_protocol(ctx: Ctx, L: int) -> dict[str, Any]:
