@@ -558,15 +558,20 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
         runs.restore_runs(record, root2)
 
 
-def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path):
+def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path, monkeypatch):
     """docs/reproduction.md's generated part comes from docs/reproduction-runs.json and the committed code alone:
-    restored on a fresh root (as a new machine would) and rendered into a copy, the doc is unchanged."""
+    restored on a fresh root (as a new machine would) and rendered into a copy, the doc is unchanged, also where
+    the interpreter's standard library is another corpus (another Python: the stdlib tables name the corpus their
+    recorded runs were scored on, never the rendering machine's)."""
     import shutil
 
+    from idattn.data import stdlib_corpus
     from tests.train_helpers import REPO
     doc, record = os.path.join(REPO, "docs", "reproduction.md"), os.path.join(REPO, "docs", "reproduction-runs.json")
     if not (os.path.exists(doc) and os.path.exists(record)):
         pytest.skip("not a source checkout (docs/ absent)")
+    monkeypatch.setattr(stdlib_corpus, "corpus_id", lambda root=None: "python-stdlib-3.99.0-ffffffffffff")
+    monkeypatch.setattr(stdlib_corpus, "corpus_info", lambda *a, **k: pytest.fail("read this interpreter's corpus"))
     copy = tmp_path / "reproduction.md"
     shutil.copyfile(doc, copy)
     assert repro.main(["all", f"--root={tmp_path / 'root'}", f"--restore={record}", "--render_only",
