@@ -558,6 +558,47 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
         runs.restore_runs(record, root2)
 
 
+def test_archiving_a_root_keeps_the_records_later_stamps_and_adds_new_results(tmp_path):
+    """A study root restored from an older record holds markers without the stamps the record gained since
+    (re-verification, fingerprint): archiving that root into the record keeps the record's marker and adds the
+    root's new eval results; a run retrained in the root (another training) replaces the record's whole; a run
+    only in the root is added."""
+    root, record = str(tmp_path / "root"), str(tmp_path / "record.json")
+    base = {"status": "done", "seed": 0, "size": "toy", "src": "aaa", "train_s": 12.5, "final_train_loss": 3.1}
+    stamped = dict(base, src="bbb", verified=["model code aaa -> bbb: same ppl"],
+                   fingerprint={"src": "bbb", "values": [1.0, 2.0]})
+    record_runs = {
+        "runs/toy/lm/a-s0": {runs.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 30.0}'},
+        "runs/toy/lm/b-s0": {runs.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 31.0}'},
+    }
+    with open(record, "w") as f:
+        json.dump({"format": runs.ARCHIVE_FORMAT, "runs": record_runs}, f)
+    # a: the old copy, plus a result evaluated since; b: retrained (another training); c: new
+    for name, marker, ev in (("a-s0", base, {"ppl.json": '{"ppl": 30.0}', "context_use.json": '{"r": 0.9}'}),
+                             ("b-s0", dict(base, train_s=99.0, final_train_loss=2.9), {"ppl.json": '{"ppl": 28.0}'}),
+                             ("c-s0", base, {"ppl.json": '{"ppl": 40.0}'})):
+        wd = os.path.join(root, "runs", "toy", "lm", name)
+        runs.write_marker(wd, marker)
+        os.makedirs(os.path.join(wd, "eval"))
+        for n, text in ev.items():
+            with open(os.path.join(wd, "eval", n), "w") as f:
+                f.write(text)
+    assert runs.archive_runs(root, record) == 3
+    got = json.load(open(record))["runs"]
+    a = got["runs/toy/lm/a-s0"]
+    assert json.loads(a[runs.MARKER]) == stamped, "the root's older copy undid the record's stamps"
+    assert a["eval/context_use.json"] == '{"r": 0.9}' and a["eval/ppl.json"] == '{"ppl": 30.0}'
+    b = got["runs/toy/lm/b-s0"]
+    assert json.loads(b[runs.MARKER])["train_s"] == 99.0 and "fingerprint" not in json.loads(b[runs.MARKER])
+    assert b["eval/ppl.json"] == '{"ppl": 28.0}'
+    assert json.loads(got["runs/toy/lm/c-s0"][runs.MARKER]) == base
+    # the root re-stamped later than the record (its verified history extends the record's): the root's wins
+    later = dict(stamped, verified=stamped["verified"] + ["bbb -> ccc: same ppl"], src="ccc")
+    runs.write_marker(os.path.join(root, "runs", "toy", "lm", "a-s0"), later)
+    runs.archive_runs(root, record)
+    assert json.loads(json.load(open(record))["runs"]["runs/toy/lm/a-s0"][runs.MARKER]) == later
+
+
 def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path, monkeypatch):
     """docs/reproduction.md's generated part comes from docs/reproduction-runs.json and the committed code alone:
     restored on a fresh root (as a new machine would) and rendered into a copy, the doc is unchanged, also where

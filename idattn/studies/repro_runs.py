@@ -653,10 +653,48 @@ def run_dirs(root: str):
             yield top
 
 
+# Marker keys that later checks add to, or rewrite in, a finished run's marker without retraining it (the
+# re-verification of check_reuse, the fingerprint stamps of idattn/studies/fingerprint.py, evaluation times). The
+# other keys (seed, size, recipe, train_s, losses, ...) are fixed when the run finishes: they identify the training.
+STAMP_KEYS = frozenset({"src", "verified", "fingerprint", "train_src", "stale", "eval_s", "recall_s"})
+
+
+def _same_training(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return {k: v for k, v in a.items() if k not in STAMP_KEYS} == {k: v for k, v in b.items() if k not in STAMP_KEYS}
+
+
+def _supersedes(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Marker `a` is marker `b` of the same training with checks added since: its `verified` history extends b's,
+    and it has more of it, or a fingerprint / training-code stamp b lacks."""
+    va, vb = a.get("verified", []), b.get("verified", [])
+    if not _same_training(a, b) or va[:len(vb)] != vb:
+        return False
+    return len(va) > len(vb) or any(k in a and k not in b for k in ("fingerprint", "train_src"))
+
+
+def merge_run(recorded: dict[str, str] | None, found: dict[str, str]) -> dict[str, str]:
+    """One run's files for the record, from the record's copy and the copy found under the study root.
+
+    The root's copy wins (a retrained run replaces the old one whole), except where both are the same training:
+    then the eval results are the union (the root's where both have one: an evaluation run since), and the marker
+    is the record's when it supersedes the root's (`_supersedes`: the root holds a copy restored before the
+    record's runs were re-verified or fingerprinted, and archiving it must not undo that)."""
+    if not recorded or MARKER not in recorded:
+        return found
+    old, new = json.loads(recorded[MARKER]), json.loads(found[MARKER])
+    if not _same_training(old, new):
+        return found
+    merged = {**recorded, **found}
+    if _supersedes(old, new):
+        merged[MARKER] = recorded[MARKER]
+    return merged
+
+
 def archive_runs(root: str, path: str) -> int:
     """Write every finished run under `<root>/runs` - its `repro.json` marker and its `eval/*.json` results,
     never a checkpoint - into one JSON file at `path` (written whole, then renamed), merged with the runs
-    already recorded there (a run present in both is taken from the root). Returns the number of runs recorded.
+    already recorded there (`merge_run`: a run present in both is taken from the root, unless the root's is an
+    older copy of the same training than the record's). Returns the number of runs recorded.
     With `restore_runs` a later machine reuses them as finished runs (same model code and recipe: the markers
     are checked as usual), so a study can span sessions whose scratch folders do not survive."""
     runs: dict[str, dict[str, str]] = {}
@@ -670,7 +708,8 @@ def archive_runs(root: str, path: str) -> int:
         for n in sorted(os.listdir(ev)) if os.path.isdir(ev) else []:
             if n.endswith(".json"):
                 files[f"eval/{n}"] = pathlib.Path(ev, n).read_text()
-        runs[os.path.relpath(wd, root)] = files
+        rel = os.path.relpath(wd, root)
+        runs[rel] = merge_run(runs.get(rel), files)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump({"format": ARCHIVE_FORMAT, "runs": dict(sorted(runs.items()))}, f, indent=1, sort_keys=True)
