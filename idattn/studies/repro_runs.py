@@ -664,10 +664,10 @@ def _same_training(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def _supersedes(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """Marker `a` is marker `b` of the same training with checks added since: its `verified` history extends b's,
-    and it has more of it, or a fingerprint / training-code stamp b lacks."""
+    """Of two markers of the same training (`_same_training`, checked by the caller): `a` has checks added since
+    `b`: its `verified` history extends b's, and it has more of it, or a fingerprint / training-code stamp b lacks."""
     va, vb = a.get("verified", []), b.get("verified", [])
-    if not _same_training(a, b) or va[:len(vb)] != vb:
+    if va[:len(vb)] != vb:
         return False
     return len(va) > len(vb) or any(k in a and k not in b for k in ("fingerprint", "train_src"))
 
