@@ -404,6 +404,30 @@ def _fold_c(c, conj, rdt):
     return jnp.concatenate([top, bot], axis=-2)
 
 
+def _table_dot(x, table, eq: str):
+    """x [B, H, l, K] times a per-head table [H, ...] shared by every row -> [B, H, l, N]; `eq` names the table's
+    axes after the fold, "hxk,hkn->hxn" (table [H, K, N]) or "hxk,hnk->hxn" (table [H, N, K]).
+
+    The rows are folded into the matmul's free dimension, [H, B·l, K] · table, rather than written as one einsum
+    with a broadcast operand ("bhik,hkn->bhin"): XLA:CPU lowers the broadcast form, and above all its transpose
+    (the table's cotangent, contracted over B and l), to a slow dot, which made the chunked backward ~5x its forward
+    at the `small` shapes (python -m idattn.bench op). Same products and sums; only the association order of the
+    float additions may differ."""
+    bsz, h, l, k = x.shape
+    y = jnp.einsum(eq, jnp.swapaxes(x, 0, 1).reshape(h, bsz * l, k), table, precision=_HI)
+    return jnp.swapaxes(y.reshape(h, bsz, l, y.shape[-1]), 0, 1)
+
+
+def remat_chunk(body):
+    """A chunked form's scan body, recomputed in the backward pass (`jax.checkpoint`) instead of saving its
+    residuals: the chunk's L×L score matrices, masks and the per-head tables broadcast over the rows, which cost
+    more to store, stack and reload than the chunk's forward costs to recompute. On one CPU core at the `small`
+    shapes the chunked backward fell from ~5x to ~3x the forward with it (python -m idattn.bench op); on
+    accelerators it trades one forward of the chunk for its activation memory, as flash-linear-attention's
+    chunked kernels do. The values are the same computation, so the gradients are unchanged."""
+    return jax.checkpoint(body, prevent_cse=False)
+
+
 def _chunk_body(carry, xs, tables, kblock, conj):
     """One chunk. carry: (xk_r, xk_i [B,H,M,R], xv_r, xv_i [B,H,M,D], d_prev [B]); xs: fq, zk [B,H,l,R],
     zv [B,H,l,D], d [B,l]. Returns (new carry, o [B,H,l,D])."""
@@ -428,7 +452,7 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     g = jnp.where(mask, g, 0)
     # G · Ps as one real matmul on stacked planes [H, l, 2M].
     ps2 = jnp.concatenate([ps_r, ps_i], axis=-1)
-    gps = jnp.einsum("bhij,hjm->bhim", g, ps2, precision=_HI)
+    gps = _table_dot(g, ps2, "hxj,hjm->hxm")
     p_r, p_i = _cmul(pt_r[None], pt_i[None], gps[..., :m], gps[..., m:])
     # Carried term Pin ∘ (FQ · Xk0ᵀ).
     xk2 = jnp.concatenate([xk_r, xk_i], axis=2)  # [B, H, 2M, R]
@@ -440,7 +464,7 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     if kblock is None:
         w_r, w_i = q_r, q_i
     else:
-        w2 = jnp.einsum("bhlm,hmn->bhln", jnp.concatenate([q_r, q_i], -1), kblock, precision=_HI)
+        w2 = _table_dot(jnp.concatenate([q_r, q_i], -1), kblock, "hxm,hmn->hxn")
         w_r, w_i = w2[..., :m], w2[..., m:]
     # Carried readout Re((w ∘ Pin) · Xv0).
     a_r, a_i = _cmul(w_r, w_i, pin_r[None], pin_i[None])
@@ -448,7 +472,7 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     o_carry = jnp.einsum("bhlm,bhmd->bhld", jnp.concatenate([a_r, -a_i], -1), xv2, precision=_HI)
     # Intra-chunk readout mask(Re((w ∘ Pt) · Psᵀ)) · ZV.
     e_r, e_i = _cmul(w_r, w_i, pt_r[None], pt_i[None])
-    s = jnp.einsum("bhim,hjm->bhij", jnp.concatenate([e_r, -e_i], -1), ps2, precision=_HI)
+    s = _table_dot(jnp.concatenate([e_r, -e_i], -1), ps2, "hxm,hjm->hxj")
     s = jnp.where(mask, s, 0)
     o = jnp.einsum("bhij,bhjd->bhid", s, zv, precision=_HI) + jnp.where(carried, o_carry, 0)
     # Carry: lam^l ∘ X0 unless the chunk holds a reset, plus the last document's tokens.
@@ -492,7 +516,7 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
             return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1], n_full, big_l, x.shape[-1]), 2, 0)
 
         dsplit = jnp.moveaxis(docs[:, : n_full * big_l].reshape(bsz, n_full, big_l), 1, 0)
-        body = lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj)  # noqa: E731
+        body = remat_chunk(lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj))
         carry, o_full = lax.scan(body, carry, (split(fq_), split(zk_), split(zv_), dsplit))
         # [n, B, H, L, D] -> [B, H, n·L, D]
         outs.append(jnp.moveaxis(o_full, 0, 2).reshape(bsz, h, n_full * big_l, d))
@@ -574,7 +598,7 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     if kblock is None:
         w_r, w_i = q_r, q_i
     else:
-        w2 = jnp.einsum("bhlm,hmn->bhln", jnp.concatenate([q_r, q_i], -1), kblock, precision=_HI)
+        w2 = _table_dot(jnp.concatenate([q_r, q_i], -1), kblock, "hxm,hmn->hxn")
         w_r, w_i = w2[..., :m], w2[..., m:]
     a_r, a_i = _cmul(w_r, w_i, pin_r, pin_i)
     xv2 = jnp.concatenate([xv_r, xv_i], axis=2)
@@ -637,7 +661,7 @@ def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_sta
     gs = ch(g[..., None])[..., 0]  # [n, B, H, L]
     xs = (ch(fq.astype(rdt)), ch(zk.astype(rdt)), ch(zv.astype(rdt)), dsplit, gs, ch(ph),
           ch(jnp.real(b).astype(rdt)), ch(jnp.imag(b).astype(rdt)))
-    body = lambda cr, x: _chunk_body_selective(cr, x, kblock, conj)  # noqa: E731
+    body = remat_chunk(lambda cr, x: _chunk_body_selective(cr, x, kblock, conj))
     carry, o = lax.scan(body, carry, xs)  # o [n, B, H, L, D]
     o = jnp.moveaxis(o, 0, 2).reshape(bsz, h, n * big_l, d)[:, :, :t]
     xk_r, xk_i, xv_r, xv_i, _ = carry

@@ -53,7 +53,7 @@ import numpy as np
 from jax import lax
 
 from idattn.ops.interdomain import (check_selective_lam, complex_dtype, document_index, document_starts, is_concrete,
-                                    log_decay_angle, mode_powers, per_token, real_dtype, shape_str)
+                                    log_decay_angle, mode_powers, per_token, real_dtype, remat_chunk, shape_str)
 
 LINEAR_IMPLS = ("auto", "sequential", "chunked")
 _HI = lax.Precision.HIGHEST
@@ -205,7 +205,8 @@ def _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
         zs = z_[:, :, : n_full * big_l].reshape(bsz, h, n_full, big_l, w)
         zs = jnp.moveaxis(zs, 2, 0)
         ds = jnp.moveaxis(docs[:, : n_full * big_l].reshape(bsz, n_full, big_l), 1, 0)
-        carry, y_full = lax.scan(lambda cr, xs: _chunk_body(cr, xs, tables), carry, (zs, ds))
+        body = remat_chunk(lambda cr, xs: _chunk_body(cr, xs, tables))
+        carry, y_full = lax.scan(body, carry, (zs, ds))
         outs.append(jnp.moveaxis(y_full, 0, 2).reshape(bsz, h, n_full * big_l, w))
     if tail:
         tables = _tables(lam, b, c, tail, rdt)
