@@ -268,7 +268,6 @@ def _mix_chunked_selective(z, lam, b, c, segment_ids, initial_state, rdt, chunk_
 
     x0 = jnp.zeros((bsz, h, m, w), cdt) if initial_state is None else initial_state.astype(cdt)
     xs = (chunks(g), chunks(phi), chunks(b), chunks(z.astype(rdt)), chunks(docs, "edge"))
-    # not under remat_chunk: its residuals are cheap and its recompute (exp, cos, sin) is not; measured slower with it
     (x, _), ys = lax.scan(lambda cr, xc: _selective_chunk(cr, xc, c.astype(cdt)),
                           (x0, jnp.zeros((bsz,), jnp.int32)), xs)
     y = jnp.moveaxis(ys, 0, 1).reshape(bsz, n * big_l, h, w)[:, :t]
