@@ -289,7 +289,7 @@ def make_deps(dest):
     stdlib = sysconfig.get_paths()["stdlib"]
     tops = sorted({m.split(".")[0] for m in list(sys.modules)} | set(MODEL_DEPS))
     os.makedirs(dest, exist_ok=True)
-    copied, size = [], 0
+    copied, compiled, size = [], [], 0
     for top in tops:
         mod = sys.modules.get(top)
         f = getattr(mod, "__file__", None)
@@ -297,6 +297,9 @@ def make_deps(dest):
                 or "site-packages" not in f or f.startswith(stdlib + os.sep)):
             continue
         src = os.path.dirname(f) if os.path.basename(f) == "__init__.py" else f
+        if os.path.isdir(src) and any(x.endswith((".so", ".pyd")) for _, _, fs in os.walk(src) for x in fs):
+            compiled.append(top)  # built for this host's Python: useless on the device's, and often the bulk
+            continue
         dst = os.path.join(dest, os.path.basename(src))
         if os.path.isdir(src):
             shutil.copytree(src, dst, dirs_exist_ok=True, ignore=shutil.ignore_patterns("__pycache__", "tests"))
@@ -306,6 +309,8 @@ def make_deps(dest):
             size += sum(os.path.getsize(os.path.join(root, x)) for x in files)
         copied.append(top)
     print(f"copied {len(copied)} packages ({size / 2**20:.1f} MiB) into {dest}: {' '.join(copied)}")
+    if compiled:
+        print(f"not copied (compiled extensions; the device image must have its own): {' '.join(compiled)}")
     print(f"carry it to the device: run(..., carry=[{dest!r}])")
 
 
@@ -357,7 +362,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on any backend (CPU: interpret mode)")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,table,smoke,model,extra")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,long (the T = 65,536 pallas vs chunked row of the check),table,smoke,model,extra")
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
@@ -431,7 +436,8 @@ def main():
                 log(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:2000]}")
                 SUMMARY.append(f"ERROR {cs[0]}: {type(e).__name__}: {str(e)[:300]}")
                 traceback.print_exc(limit=3)
-        for (shape, T, tok) in ([((2, 32, 16), 128, 128)] if dry else [((16, 128, 32), 65536, 65536)]):
+        long_rows = [] if "long" in skip else [((2, 32, 16), 128, 128)] if dry else [((16, 128, 32), 65536, 65536)]
+        for (shape, T, tok) in long_rows:
             if time.time() > T0 + 0.3 * B:
                 break
             try:

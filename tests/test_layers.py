@@ -148,6 +148,12 @@ def test_softmax_attention_segment_mask():
                 a = np.exp(s - s.max())
                 ref[b, t, h] = (a / a.sum()) @ v[b, js, h]
     np.testing.assert_allclose(out, ref, atol=1e-5)
+    # the even-length wrapper of cuDNN's masked path (T = 9 is odd): the padded call, cut back, is the same attention
+    from idattn.layers.attention import _even_length, _xla_attention
+    seen = []
+    padded = _even_length(lambda *a: seen.append(a[0].shape[1]) or _xla_attention(*a))
+    np.testing.assert_allclose(padded(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(doc)), ref, atol=1e-5)
+    assert seen == [10]
     with pytest.raises(ValueError, match="attention impl"):
         causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), None, "flash3")
 

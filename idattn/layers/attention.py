@@ -77,9 +77,11 @@ def _window_xla(q, k, v, doc, window):
 
 
 def _window_cudnn(q, k, v, doc, window):
-    mask = None if doc is None else _segment_mask(doc)
-    return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, local_window_size=(window - 1, 0),
-                                        implementation="cudnn")
+    def attend(q, k, v, doc):
+        mask = None if doc is None else _segment_mask(doc)
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=True, local_window_size=(window - 1, 0),
+                                            implementation="cudnn")
+    return attend(q, k, v, None) if doc is None else _even_length(attend)(q, k, v, doc)  # a mask needs an even T
 
 
 def _xla_attention(q, k, v, doc):
@@ -114,10 +116,26 @@ def _tpu_flash(q, k, v, doc):
                          check_vma=False)(q, k, v, doc)
 
 
+def _even_length(fn):
+    """fn on [B, T, H, D] inputs with T padded to an even length (one position on the right when T is odd), the
+    pad's row dropped: exact under the causal mask, which hides the key at position T from every real query.
+    cuDNN's masked (bias) attention takes even lengths only in training (jax: "Unsupported sequence length Q 2047,
+    KV 2047" on an H200, e.g. the trainer's T − 1 inputs of a 2048-token row)."""
+    def run(q, k, v, doc):
+        t = q.shape[1]
+        if t % 2 == 0:
+            return fn(q, k, v, doc)
+        pad = lambda x: jnp.pad(x, ((0, 0), (0, 1), (0, 0), (0, 0)))  # noqa: E731
+        d = None if doc is None else jnp.pad(doc, ((0, 0), (0, 1)), mode="edge")
+        return fn(pad(q), pad(k), pad(v), d)[:, :t]
+    return run
+
+
 def _cudnn(q, k, v, doc):
     if doc is None:
         return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn")
-    return jax.nn.dot_product_attention(q, k, v, mask=_segment_mask(doc), is_causal=True, implementation="cudnn")
+    return _even_length(lambda q, k, v, doc: jax.nn.dot_product_attention(
+        q, k, v, mask=_segment_mask(doc), is_causal=True, implementation="cudnn"))(q, k, v, doc)
 
 
 def _or_xla(fn, name, platform):

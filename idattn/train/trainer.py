@@ -41,7 +41,7 @@ from jax.experimental import multihost_utils
 
 from idattn import models
 from idattn.configs import base_config
-from idattn.data import formats, pipeline, stdlib_corpus, tokenizer as tok_lib
+from idattn.data import formats, stdlib_corpus, tokenizer as tok_lib
 from idattn.rundir import layout, loading
 from idattn.rundir.schema import read_results, write_result
 from idattn.train import checkpoint as ckpt
@@ -59,6 +59,13 @@ _RESUME_LOCKED = ("model", "data.tokenizer")
 # Keys that must not change when a run with checkpoints resumes unless train.allow_data_change: the checkpoint's
 # data position is a stream index into this data (in another corpus it would land on an unrelated document).
 _DATA_LOCKED = ("data.source", "data.path")
+
+
+def _pipeline():
+    """idattn.data.pipeline, imported when a run first reads data: it needs grain, which the model-only paths
+    (`build_setup` for `python -m idattn.bench model` and the AOT twin) do not, so they run on images without it."""
+    from idattn.data import pipeline
+    return pipeline
 
 
 class TrainingError(RuntimeError):
@@ -258,11 +265,11 @@ def describe_data(config, tokenizer) -> str:
             meta = formats.read_meta(d.path)
             tokens = f"{int(meta.get('train_tokens', 0)):,} train / {int(meta.get('val_tokens', 0)):,} val tokens"
         elif source == "kjv":
-            docs = pipeline.kjv_token_docs(tokenizer, "train", float(d.val_fraction))
+            docs = _pipeline().kjv_token_docs(tokenizer, "train", float(d.val_fraction))
             tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
                       f"the paper's data)")
         elif source == "stdlib":
-            docs = pipeline.stdlib_token_docs(tokenizer, "train")
+            docs = _pipeline().stdlib_token_docs(tokenizer, "train")
             tokens = f"{sum(len(x) for x in docs):,} train tokens ({stdlib_corpus.corpus_id()})"
     except Exception as e:  # informative only
         tokens = f"n/a ({type(e).__name__}: {e})"
@@ -513,7 +520,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)
     except (ValueError, FileNotFoundError) as e:
         raise TrainingError(f"config.data.tokenizer={config.data.tokenizer!r} could not be loaded: {e}") from e
-    check_tokenizer(config, tokenizer, pipeline)
+    check_tokenizer(config, tokenizer, _pipeline())
     try:
         validate.check_shards(config)
     except (validate.ConfigError, ValueError, FileNotFoundError) as e:
@@ -541,7 +548,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
             raise TrainingError(f"config.train.init_from={plan.init_from!r} has no committed checkpoint")
     process_count, process_index = jax.process_count(), jax.process_index()
     try:
-        pipeline.check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation always runs
+        _pipeline().check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation always runs
         mesh = shd.make_mesh(config.mesh, devices)
         micro = shd.check_batch_divisible(plan.batch_size, plan.grad_accum, mesh, process_count)
         shd.check_sequence_split(int(config.data.seq_len), mesh)
@@ -708,7 +715,7 @@ class _Loop:
         self.restored_meta: dict = {}
         # a sequence group across hosts: every process reads the whole global batch and keeps its devices' blocks
         self.full_batches = shd.sequence_spans_processes(self.mesh)
-        self.data_iter = pipeline.make_train_iterator(
+        self.data_iter = _pipeline().make_train_iterator(
             config.data, tokenizer, global_batch_size=plan.batch_size, seq_len=self.seq_len,
             seed=int(config.data.shuffle_seed), process_index=0 if self.full_batches else jax.process_index(),
             process_count=1 if self.full_batches else jax.process_count())
@@ -958,7 +965,7 @@ class _Loop:
         """The trainer's validation (docs/evaluation.md): the first train.eval_batches packed held-out batches."""
 
         if self.eval_data is None:
-            self.eval_data = pipeline.make_eval_batches(self.config.data, self.tokenizer, batch_size=self.micro,
+            self.eval_data = _pipeline().make_eval_batches(self.config.data, self.tokenizer, batch_size=self.micro,
                                                         seq_len=self.seq_len, num_batches=self.plan.eval_batches)
         nll, cnt = 0.0, 0.0
         with self.setup.context():

@@ -396,7 +396,9 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
     kmat = None
     if c is not None:
         c = jnp.asarray(c).astype(jnp.complex64)
-        kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c), c) if conj else jnp.einsum("hkm,hkn->hmn", c, c)
+        # HIGHEST: XLA's default f32 dot on a GPU is TF32 (10-bit mantissa), which cost the f32 kernel ~3e-4
+        # relative in o and every gradient on an H200 (scripts/gpu_check.py, 2026-12-04); [H, M, M] is tiny
+        kmat = jnp.einsum("hkm,hkn->hmn", jnp.conj(c) if conj else c, c, precision=lax.Precision.HIGHEST)
     K = _kernels(family)
     kmix = None if kmat is None else jnp.pad(jnp.stack([kmat.real, kmat.imag], axis=1).astype(F32),
                                              ((0, 0), (0, 0), (0, m_pad - M), (0, m_pad - M)))
