@@ -78,6 +78,10 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     rec = R.read_marker(wds[1])
     assert rec["src"] == "newc0de000" and rec["fingerprint"]["src"] == old and "fingerprint under" in rec["verified"][-1]
     assert R.read_marker(wds[2])["src"] == old  # left as it was: a table command trains it again
+    assert rec["fingerprint"]["checked"] == "newc0de000"  # the values stay the training code's; a re-verify is free
+    n = len(probes)
+    assert sorted(F.verify_runs(ctx)["unchanged"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
+    assert len(probes) == n  # the verified runs were not probed again (softmax's changed run is probed, not faked)
 
 
 def test_verify_cli_records_the_fingerprints(tmp_path, monkeypatch):

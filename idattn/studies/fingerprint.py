@@ -153,7 +153,8 @@ def verify_runs(ctx: Any) -> dict[str, list[str]]:
     - model code as recorded (marker "src" = the current hash): its fingerprint is computed and stored, unless one
       of the current code is there already ("stamped");
     - other model code, with a fingerprint: computed under the current code; equal -> the marker takes the current
-      hash and notes why in "verified" ("verified"), else it is left as it is ("changed": a table command trains
+      hash, notes why in "verified" and marks the fingerprint "checked" under it, so that the next verify counts
+      it "unchanged" without a probe ("verified"), else it is left as it is ("changed": a table command trains
       it again, or --render_only lists it as read without checking);
     - other model code, no fingerprint: nothing to compare with ("unverifiable").
     One probe per distinct model config (seeds share it). Returns {outcome: [run folder, ...]}."""
@@ -171,7 +172,8 @@ def verify_runs(ctx: Any) -> dict[str, list[str]]:
         if rec.get("status") != "done":
             continue
         fp = rec.get("fingerprint")
-        if rec.get("src") == src and fp and fp.get("src") == src and fp.get("version") == FP_VERSION:
+        if (rec.get("src") == src and fp and fp.get("version") == FP_VERSION
+                and src in (fp.get("src"), fp.get("checked"))):
             out["unchanged"].append(name)
             continue
         if rec.get("src") != src and not fp:
@@ -193,7 +195,10 @@ def verify_runs(ctx: Any) -> dict[str, list[str]]:
             continue
         ok, why = same(fp, values)
         if ok:
+            # the values stay those of the code that trained the run (every later check compares with them, so
+            # tolerances do not chain); "checked" says which code last reproduced them, so the next verify skips it
             rec["src"] = src
+            rec["fingerprint"] = dict(fp, checked=src)
             rec.setdefault("verified", []).append(why)
             R.write_marker(wd, rec)
             out["verified"].append(name)
