@@ -41,6 +41,16 @@ def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
     return f"{r} [95% CI {lo:.3f}, {hi:.3f}] over {iv['n']} seeds" if words else f"{r} [{lo:.3f}, {hi:.3f}]"
 
 
+def _devices_note(points) -> str:
+    """Where the runs trained, when not all on CPU hosts (scripts/device_study.py): unlike seconds are not one
+    budget, so the note names each point's devices."""
+    if all(w.startswith("cpu:") for p in points for w in p.get("trained_on", ())):
+        return ""
+    return (" Trained on: " + "; ".join(f"{p['size']} {', '.join(w.split(':', 1)[1] for w in p['trained_on'])}"
+                                        for p in points if p.get("trained_on"))
+            + " (the seconds above add CPU-host and device time: they are not one budget).")
+
+
 def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
     """Per ladder size: compute, tokens, per-seed perplexities of the three mixers (None where missing)."""
     out = []
@@ -51,7 +61,7 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
         tokens = int(z["num_steps"]) * int(z["batch_size"]) * L
         dt = ctx.exp.PRIMARY_DT
         ppl: dict[str, list] = {m: [] for m in ("softmax", "interdomain", "s4d_only")}
-        params, cost, missing = None, 0.0, []
+        params, cost, missing, where = None, 0.0, [], set()
         for s in seeds:
             for m in ppl:
                 r = lm_ppl(ctx, m, dt, s, [L])
@@ -61,12 +71,13 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
                     continue
                 ppl[m].append(r[L])
                 cost += run_cost(ctx.lm_dir(m, dt, s))
+                where.add(read_marker(ctx.lm_dir(m, dt, s)).get("trained_on", "cpu:cpu"))  # none: a CPU-era run
                 if m == "interdomain" and params is None:
                     params = read_marker(ctx.lm_dir(m, dt, s)).get("params")
         flops = 6.0 * params * tokens if params else None
         out.append({"size": size, "d_model": z["model"]["d_model"], "num_layers": z["model"]["num_layers"],
                     "tokens": tokens, "params_interdomain": params, "flops": flops, "ppl": ppl,
-                    "compute_s": cost, "missing": missing, "judged": ctx.judged})
+                    "compute_s": cost, "missing": missing, "judged": ctx.judged, "trained_on": sorted(where)})
     return out
 
 
@@ -163,7 +174,7 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
         *trend_lines, "",
         (f"Figure: {os.path.basename(png)}" if png else "No figure (no point has runs yet)."), "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table."
-        + missing_note(missing, ctx, "rerun without --render_only to train them")])
+        + _devices_note(points) + missing_note(missing, ctx, "rerun without --render_only to train them")])
     data = {"table": "ladder", "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
     write_table(ctx, "ladder", md, data)

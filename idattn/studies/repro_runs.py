@@ -282,7 +282,7 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     log(f"train {os.path.basename(wd)}: python -m idattn.train --config={REPRO_CONFIG}:{mixer},{ctx.size},{dt},"
         f"{seed} --workdir={wd}")
     rec = dict(rec or {}, src=src, train_src=train_src, mixer=mixer, dt=dt, seed=seed, size=ctx.size, status="training",
-               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)], recipe=recipe)
+               dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)], recipe=recipe, trained_on=trained_on())
     write_marker(wd, rec)
     t0 = time.time()
     summary = run(cfg, wd)
@@ -460,6 +460,14 @@ def mqar_model_record(model_cfg) -> dict[str, Any]:
             if k not in EXECUTION_KEYS}
 
 
+def trained_on() -> str:
+    """Where a run trains, as its marker records it: "<platform>:<device kind>" of the first device (e.g. "cpu:cpu",
+    "gpu:NVIDIA H200"); markers from before this was recorded have none and were all trained on CPU hosts."""
+    import jax
+    d = jax.devices()[0]
+    return f"{d.platform}:{d.device_kind}"
+
+
 def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     from idattn.eval.recall import train_mqar
     from idattn.rundir.schema import read_results, write_result
@@ -495,7 +503,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
             return recs[-1]
     log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
     write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
-                       "status": "training", "recipe": recipe, "model": model})
+                       "status": "training", "recipe": recipe, "model": model, "trained_on": trained_on()})
     t0 = time.time()
     res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
                      num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size, lr=q.lr,
@@ -508,7 +516,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
                                         "method": "Zoology MQAR, accuracy at query positions"})
     write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
-                       "status": "done", "recipe": recipe, "model": model, "train_s": time.time() - t0})
+                       "status": "done", "recipe": recipe, "model": model, "train_s": time.time() - t0,
+                       "trained_on": trained_on()})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
     archive_now(ctx)
     return read_results(wd, "recall")[-1]

@@ -1,0 +1,161 @@
+"""Train the reproduction's runs on a lent GPU: many small runs side by side on one card, one record back.
+
+The study's upper ladder points (climb128, climb192: ~30 CPU-hours on this project's 2-core host) are seconds
+per step on an H200. Each (mixer, seed) job is its own `python -m idattn.repro <table> --only=<mixer>
+--seeds=<seed>` process in its own scratch root, restored from the committed record (so the points already
+trained are reused, not retrained); they share the card (no preallocation) and the host's cores. At the deadline
+the jobs still running are stopped (a stopped run is lost with the machine: only finished runs come back), and
+every finished run of every root is merged into one file, $OUT/device-runs.json (the `--archive` format).
+
+    # CPU host, each session (the device image lacks grain, array_record, portpicker and ml_collections):
+    echo /.whl/ >> .git/info/exclude
+    python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
+        -d .whl grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0
+    python scripts/device_study.py climb --mixers softmax,interdomain,s4d_only --seeds 0 --dry-run   # the jobs
+    # the device, one call (budget it: ~1 min to start, the deadline, ~30 s to merge):
+    run(command="python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && "
+                "PYTHONPATH=/tmp/site:. python3 scripts/device_study.py climb --mixers softmax,interdomain,s4d_only "
+                "--seeds 0,1,2,3,4 --deadline-s 360", timeout_s=450, carry=[".whl"])
+    # back on the CPU host: merge into the record, fingerprint on the CPU, render
+    python scripts/device_study.py merge /work/.device/N/device-runs.json docs/reproduction-runs.json
+
+Numerics: float32 matmuls at HIGHEST (JAX_DEFAULT_MATMUL_PRECISION=highest: no TF32, the CPU runs' arithmetic
+up to reduction order); every run's marker says where it trained (`trained_on`), and the tables say so.
+Not yet run on a device (written 2026-12-04, when the lease was paused after the kernel check).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RECORD = os.path.join(REPO, "docs", "reproduction-runs.json")
+
+
+def jobs(table: str, mixers, seeds, scratch: str):
+    """(name, argv, root) of each (mixer, seed) job."""
+    out = []
+    for m in mixers:
+        for s in seeds:
+            name = f"{table}-{m}-s{s}"
+            root = os.path.join(scratch, name)
+            argv = [sys.executable, "-m", "idattn.repro", table, f"--root={root}", f"--restore={RECORD}",
+                    f"--only={m}", f"--seeds={s}"]
+            out.append((name, argv, root))
+    return out
+
+
+def run_jobs(todo, deadline_s: float, scratch: str) -> dict[str, int | None]:
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_DEFAULT_MATMUL_PRECISION="highest",
+               PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p))
+    procs = {}
+    for name, argv, _ in todo:
+        log = open(os.path.join(scratch, name + ".log"), "w")
+        procs[name] = subprocess.Popen(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        print(f"started {name}: {' '.join(argv[1:])}", flush=True)
+    t0 = time.time()
+    while time.time() - t0 < deadline_s and any(p.poll() is None for p in procs.values()):
+        time.sleep(5)
+    for name, p in procs.items():
+        if p.poll() is None:
+            print(f"deadline: stopping {name}", flush=True)
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs.values():
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+    return {name: p.returncode for name, p in procs.items()}
+
+
+def collect(todo, out_path: str) -> int:
+    """Merge every root's finished runs into out_path; only runs trained here (marker `trained_on` set by this
+    machine's jobs), not the restored ones, so the file holds what is new."""
+    sys.path.insert(0, REPO)
+    from idattn.studies.repro_runs import archive_runs, read_marker, run_dirs
+    n = 0
+    for _, _, root in todo:
+        if not os.path.isdir(root):
+            continue
+        for wd in run_dirs(root):
+            rec = read_marker(wd)
+            if rec.get("status") == "done" and rec.get("trained_on", "cpu").split(":")[0] != "cpu":
+                n += 1
+        # archive_runs takes every finished run of a root; restored runs are byte-identical to the record's and
+        # merge as no-ops, so the file is the record plus the new runs: drop the restored ones below
+        archive_runs(root, out_path)
+    if os.path.exists(out_path):
+        data = json.load(open(out_path))
+        runs = data["runs"]
+        for rel in list(runs):
+            marker = json.loads(runs[rel].get("repro.json", "{}"))
+            if marker.get("trained_on", "cpu").split(":")[0] == "cpu":
+                del runs[rel]
+        json.dump(data, open(out_path, "w"))
+    return n
+
+
+def merge(device_record: str, record: str) -> None:
+    """Merge a device's runs into the record: their fingerprints (if any) are dropped so that
+    `python -m idattn.repro verify` stamps them on this CPU host, which every later check compares with."""
+    sys.path.insert(0, REPO)
+    import tempfile
+
+    from idattn.studies.repro_runs import archive_runs, restore_runs
+    data = json.load(open(device_record))
+    for files in data["runs"].values():
+        marker = json.loads(files["repro.json"])
+        marker.pop("fingerprint", None)
+        files["repro.json"] = json.dumps(marker)
+    with tempfile.TemporaryDirectory() as tmp:
+        clean = os.path.join(tmp, "device.json")
+        json.dump(data, open(clean, "w"))
+        root = os.path.join(tmp, "root")
+        n = restore_runs(clean, root)
+        archive_runs(root, record)
+    print(f"merged {n} device runs into {record}; now fingerprint them here: python -m idattn.repro verify "
+          f"--root=DIR --restore={record} --archive={record}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/device_study.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("table", help="a repro table whose runs are trained per (mixer, seed), e.g. climb; or `merge`")
+    ap.add_argument("paths", nargs="*", help="merge: DEVICE_RECORD RECORD")
+    ap.add_argument("--mixers", default="softmax,interdomain,s4d_only")
+    ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--deadline-s", type=float, default=360.0, help="stop the jobs still running after this long")
+    ap.add_argument("--scratch", default="/tmp/device_study")
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    a = ap.parse_args(argv)
+    if a.table == "merge":
+        if len(a.paths) != 2:
+            ap.error("merge takes DEVICE_RECORD RECORD")
+        merge(*a.paths)
+        return 0
+    todo = jobs(a.table, a.mixers.split(","), [int(s) for s in a.seeds.split(",")], a.scratch)
+    if a.dry_run:
+        for name, argv, _ in todo:
+            print(name, " ".join(argv[1:]))
+        return 0
+    os.makedirs(a.scratch, exist_ok=True)
+    import jax
+    print(f"jax {jax.__version__}, devices {jax.devices()}; {len(todo)} jobs, deadline {a.deadline_s:.0f} s", flush=True)
+    codes = run_jobs(todo, a.deadline_s, a.scratch)
+    out_dir = os.environ.get("OUT") or a.scratch
+    n = collect(todo, os.path.join(out_dir, "device-runs.json"))
+    for name, _, _ in todo:  # each job's last lines: what it trained, or why it stopped
+        tail = open(os.path.join(a.scratch, name + ".log")).read().splitlines()[-3:]
+        print(f"== {name} (exit {codes[name]})\n" + "\n".join(tail), flush=True)
+    print(f"{n} runs trained here -> {os.path.join(out_dir, 'device-runs.json')}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
