@@ -51,6 +51,17 @@ def jobs(table: str, mixers, seeds, scratch: str):
     return out
 
 
+def stale_runs(record: str) -> list[str]:
+    """The recorded finished runs whose marker names other model code than this checkout's (a table command would
+    move them aside and train them again)."""
+    sys.path.insert(0, REPO)
+    from idattn.studies.code_hash import source_hash
+    src = source_hash()
+    runs = json.load(open(record))["runs"]
+    return sorted(rel for rel, files in runs.items()
+                  if (m := json.loads(files.get("repro.json", "{}"))).get("status") == "done" and m.get("src") != src)
+
+
 def run_jobs(todo, deadline_s: float, scratch: str) -> dict[str, int | None]:
     env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_DEFAULT_MATMUL_PRECISION="highest",
                PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p))
@@ -133,6 +144,8 @@ def main(argv=None) -> int:
     ap.add_argument("--deadline-s", type=float, default=360.0, help="stop the jobs still running after this long")
     ap.add_argument("--scratch", default="/tmp/device_study")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
+    ap.add_argument("--allow-stale", action="store_true",
+                    help="start although recorded runs carry other model code (they are retrained)")
     a = ap.parse_args(argv)
     if a.table == "merge":
         if len(a.paths) != 2:
@@ -144,6 +157,13 @@ def main(argv=None) -> int:
         for name, argv, _ in todo:
             print(name, " ".join(argv[1:]))
         return 0
+    stale = stale_runs(RECORD)
+    if stale and not a.allow_stale:
+        print(f"device_study: {len(stale)} recorded runs (e.g. {stale[0]}) carry another model-code hash than this "
+              f"checkout's; the jobs would retrain them instead of climbing. Run `python -m idattn.repro verify "
+              f"--root=DIR --restore={RECORD} --archive={RECORD}` on the CPU host and commit first, or pass "
+              f"--allow-stale", file=sys.stderr)
+        return 2
     os.makedirs(a.scratch, exist_ok=True)
     import jax
     print(f"jax {jax.__version__}, devices {jax.devices()}; {len(todo)} jobs, deadline {a.deadline_s:.0f} s", flush=True)

@@ -63,3 +63,13 @@ def test_jobs_and_the_ladder_note():
     note = _devices_note([{"size": "climb96", "trained_on": ["cpu:cpu"]},
                           {"size": "climb192", "trained_on": ["gpu:NVIDIA H200"]}])
     assert "climb96 cpu" in note and "climb192 NVIDIA H200" in note and "not one budget" in note
+
+
+def test_a_record_under_other_model_code_is_refused(tmp_path):
+    root, record = str(tmp_path / "r"), str(tmp_path / "rec.json")
+    _run(root, "climb96", "softmax", 0, src=R.source_hash())
+    R.archive_runs(root, record)
+    assert DS.stale_runs(record) == []
+    _run(root, "climb96", "softmax", 1, src="0ldc0de000")  # trained before a model-code edit, not re-verified
+    R.archive_runs(root, record)
+    assert DS.stale_runs(record) == ["runs/climb96/lm/softmax-paper-s1"]
