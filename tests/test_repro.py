@@ -416,9 +416,18 @@ def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
     with open(pkg / "ops" / "pallas" / "gpu.py", "a") as f:  # the fused kernels: no study run executes them
         f.write("\n# a kernel change\n")
     assert fresh_hash() == base
-    with open(pkg / "layers" / "common.py", "a") as f:
-        f.write("\n# a change\n")
-    assert fresh_hash() != base
+    with open(pkg / "layers" / "common.py", "a") as f:  # prose: a comment, a docstring, blank lines
+        f.write('\n# a comment\n\n\ndef _f(x):  # another\n    """A docstring,\n    two lines."""\n    return x  # "#"\n')
+    with_f = fresh_hash()
+    assert with_f != base  # _f is code
+    src = (pkg / "layers" / "common.py").read_text()
+    (pkg / "layers" / "common.py").write_text(src.replace("# a comment", "# reworded").replace("two lines", "2 lines")
+                                              .replace("# another", ""))
+    assert fresh_hash() == with_f
+    (pkg / "layers" / "common.py").write_text(src.replace("return x  #", "return -x  #"))
+    assert fresh_hash() != with_f  # one character of code
+    (pkg / "layers" / "common.py").write_text(src.replace("return x", 'return "#" + x'))
+    assert fresh_hash() != with_f  # a '#' inside a string is code
     shutil.rmtree(pkg)
     pkg.mkdir()
     with pytest.raises(code_hash.CodeHashError, match="no model code"):

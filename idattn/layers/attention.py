@@ -120,7 +120,7 @@ def _even_length(fn):
     """fn on [B, T, H, D] inputs with T padded to an even length (one position on the right when T is odd), the
     pad's row dropped: exact under the causal mask, which hides the key at position T from every real query.
     cuDNN's masked (bias) attention takes even lengths only in training (jax: "Unsupported sequence length Q 2047,
-    KV 2047" on an H200, e.g. the trainer's T − 1 inputs of a 2048-token row)."""
+    KV 2047" on an H200, from `python -m idattn.bench.smoke`'s T − 1 inputs; the trainer's rows are T long)."""
     def run(q, k, v, doc):
         t = q.shape[1]
         if t % 2 == 0:

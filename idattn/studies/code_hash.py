@@ -25,11 +25,40 @@ SRC_EXCLUDE = (os.path.join("ops", "pallas"),)
 _SRC: list[str] = []
 
 
+def code_text(source: str) -> str:
+    """A Python file's code without its comments, docstrings and blank lines: what a hash of the model code sees.
+    Comments are found by `tokenize` (a '#' inside a string is not one), docstrings by `ast` (the string statement
+    opening a module, class or function body, removed with the lines it spans); both agree across the Python
+    versions this project runs (3.11 here, 3.12 on the device images), where token streams and `ast.dump` do not.
+    Source that does not parse is hashed as it is."""
+    import ast
+    import io
+    import tokenize
+    try:
+        tree = ast.parse(source)
+        comments = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]
+    except (SyntaxError, tokenize.TokenError):
+        return source
+    lines = source.splitlines()
+    for t in reversed(comments):  # cut each comment from its line (a line holds at most one, at its end)
+        (row, col) = t.start
+        lines[row - 1] = lines[row - 1][:col]
+    drop = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            drop.update(range(body[0].lineno, body[0].end_lineno + 1))
+    return "\n".join(ln.rstrip() for i, ln in enumerate(lines, 1) if i not in drop and ln.strip())
+
+
 def source_hash() -> str:
-    """sha1 (10 hex) of the model code: the contents of every .py file under idattn/ops, idattn/layers and
-    idattn/models but the fused kernels (SRC_EXCLUDE: no study run executes them), as a sorted set of per-file
-    hashes, so that moving or renaming a file changes nothing and only a change of code re-verifies a finished
-    run."""
+    """sha1 (10 hex) of the model code: every .py file under idattn/ops, idattn/layers and idattn/models but the
+    fused kernels (SRC_EXCLUDE: no study run executes them), each reduced to its code (`code_text`: no comments,
+    docstrings or blank lines, so that rewording the prose beside the math retrains and re-verifies nothing), as
+    a sorted set of per-file hashes, so that moving or renaming a file changes nothing either; any change of code
+    re-verifies a finished run."""
     if not _SRC:
         digests = []
         skip = [os.path.join(PACKAGE, x) for x in SRC_EXCLUDE]
@@ -37,7 +66,7 @@ def source_hash() -> str:
             for root, _, files in os.walk(os.path.join(PACKAGE, d)):
                 if any(root == x or root.startswith(x + os.sep) for x in skip):
                     continue
-                digests += [hashlib.sha1(pathlib.Path(root, n).read_bytes()).hexdigest()
+                digests += [hashlib.sha1(code_text(pathlib.Path(root, n).read_text()).encode()).hexdigest()
                             for n in files if n.endswith(".py")]
         if not digests:
             raise CodeHashError(f"no model code under {PACKAGE}/{{{','.join(SRC_DIRS)}}} to hash")
