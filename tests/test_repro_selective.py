@@ -4,6 +4,7 @@ ones at each ladder point), the published numbers in their own table, and what i
 study trains end to end for one model."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -115,3 +116,6 @@ def test_selective_study_trains_at_toy_size(tmp_path):
     row = next(ln for ln in md.splitlines() if ln.startswith("| Interdomain-selective+phase |"))
     assert "—" not in row, row  # every task's column has its seed
     assert "not judged (toy size)" in md and "softmax-parity-s0" in md
+    marker = json.load(open(os.path.join(root, "runs", "toy", "state", "interdomain-selective+phase-parity-s0",
+                                         "repro.json")))
+    assert marker["status"] == "done" and marker["trained_on"] == "cpu:cpu"  # where it trained (device_study)

@@ -40,7 +40,7 @@ from typing import Any
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log,
                                        missing_note, move_aside, read_marker, run_cost, run_name, source_hash,
-                                       synthetic_train_hash, write_marker, write_table)
+                                       synthetic_train_hash, trained_on, write_marker, write_table)
 from idattn.studies.repro_hybrid import answer_question
 
 # (numerator model, denominator model, task key, line, side, text): differences in accuracy points
@@ -119,7 +119,7 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
         return read()
     r = ctx.exp.STATE_TRACKING[ctx.size]
     write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
-                       "size": ctx.size, "status": "training", "recipe": recipe})
+                       "size": ctx.size, "status": "training", "recipe": recipe, "trained_on": trained_on()})
     t0 = time.time()
     log(f"state tracking {task} {mixer} seed {seed}: {r['steps']} steps x {r['batch_size']}")
     res = train_state_tracking(state_model_config(ctx, mixer), task, steps=int(r["steps"]),
@@ -137,7 +137,8 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
                            "method": "accuracy at the `=` position, trained at the shorter lengths "
                                      "(idattn.eval.state_tracking)"})
     write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
-                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0})
+                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0,
+                       "trained_on": trained_on()})
     archive_now(ctx)
     return read()
 
