@@ -87,29 +87,25 @@ def run_jobs(todo, deadline_s: float, scratch: str) -> dict[str, int | None]:
 
 
 def collect(todo, out_path: str) -> int:
-    """Merge every root's finished runs into out_path; only runs trained here (marker `trained_on` set by this
-    machine's jobs), not the restored ones, so the file holds what is new."""
+    """Write the finished runs trained on this machine (marker `trained_on` not a CPU) of every job's root into
+    out_path, the `--archive` format; the restored runs are the record's already and stay out. Returns their
+    number."""
+    import shutil
+    import tempfile
     sys.path.insert(0, REPO)
     from idattn.studies.repro_runs import archive_runs, read_marker, run_dirs
-    n = 0
-    for _, _, root in todo:
-        if not os.path.isdir(root):
-            continue
-        for wd in run_dirs(root):
-            rec = read_marker(wd)
-            if rec.get("status") == "done" and rec.get("trained_on", "cpu").split(":")[0] != "cpu":
-                n += 1
-        # archive_runs takes every finished run of a root; restored runs are byte-identical to the record's and
-        # merge as no-ops, so the file is the record plus the new runs: drop the restored ones below
-        archive_runs(root, out_path)
-    if os.path.exists(out_path):
-        data = json.load(open(out_path))
-        runs = data["runs"]
-        for rel in list(runs):
-            marker = json.loads(runs[rel].get("repro.json", "{}"))
-            if marker.get("trained_on", "cpu").split(":")[0] == "cpu":
-                del runs[rel]
-        json.dump(data, open(out_path, "w"))
+    with tempfile.TemporaryDirectory() as tmp:
+        n = 0
+        for _, _, root in todo:
+            for wd in run_dirs(root) if os.path.isdir(root) else []:
+                rec = read_marker(wd)
+                if rec.get("status") == "done" and rec.get("trained_on", "cpu").split(":")[0] != "cpu":
+                    shutil.copytree(wd, os.path.join(tmp, os.path.relpath(wd, root)),
+                                    ignore=lambda d, names: [x for x in names if x not in ("eval", "repro.json")
+                                                             and not x.endswith(".json")])
+                    n += 1
+        if n:
+            archive_runs(tmp, out_path)
     return n
 
 

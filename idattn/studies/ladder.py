@@ -71,9 +71,10 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
                     continue
                 ppl[m].append(r[L])
                 cost += run_cost(ctx.lm_dir(m, dt, s))
-                where.add(read_marker(ctx.lm_dir(m, dt, s)).get("trained_on", "cpu:cpu"))  # none: a CPU-era run
+                marker = read_marker(ctx.lm_dir(m, dt, s))
+                where.add(marker.get("trained_on", "cpu:cpu"))  # none: a CPU-era run
                 if m == "interdomain" and params is None:
-                    params = read_marker(ctx.lm_dir(m, dt, s)).get("params")
+                    params = marker.get("params")
         flops = 6.0 * params * tokens if params else None
         out.append({"size": size, "d_model": z["model"]["d_model"], "num_layers": z["model"]["num_layers"],
                     "tokens": tokens, "params_interdomain": params, "flops": flops, "ppl": ppl,
