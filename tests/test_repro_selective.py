@@ -35,7 +35,8 @@ def _fake_state(ctx, mixer, task, seed, scaled):
                            "size": ctx.size, "recipe": sel.state_recipe(ctx), "train_s": 10.0})
     c = {"parity": 2, "modular_arithmetic": 5}[task]
     write_result(wd, "state", 1, {f"state/{task}/acc": scaled * (1 - 1 / c) + 1 / c, f"state/{task}/scaled": scaled},
-                 run={"mixer": mixer, "seed": seed, "task": task}, protocol={"corpus": f"state.{task}"})
+                 run={"mixer": mixer, "seed": seed, "task": task}, protocol={"corpus": f"state.{task}"},
+                 details={"loss": (1 - scaled) * math.log(c)})  # the last training batch's loss
 
 
 def _fake_mad(ctx, mixer, task, seed, acc):
@@ -90,6 +91,12 @@ def test_selective_table_answers_its_questions_with_intervals(tmp_path):
     assert repro_mad.mad_model_config(mad_top, "interdomain-selective") == repro_mad.mad_model_config(
         top, "interdomain-selective")
     assert "(s2) the phase tracks parity" in md and "**yes**" in md and "Not available yet" not in md
+    # the training loss of each state-tracking run, beside chance, per seed
+    loss_row = next(ln for ln in md.splitlines() if ln.startswith("| Interdomain-selective+phase |") and ln != row)
+    want = [f"{(1 - x) * math.log(2):.3f}" for x in (0.89, 0.90, 0.91)]
+    assert loss_row.split("|")[2].strip() == " / ".join(want), loss_row
+    assert "ln 2 = 0.693 for parity, ln 5 = 1.609 for modular arithmetic" in md
+    assert data["state_train_loss"]["state/parity"]["softmax"]["0"] == pytest.approx((1 - 0.01) * math.log(2))
 
 
 def test_selective_table_is_undecided_on_two_seeds_and_names_what_is_missing(tmp_path):

@@ -106,8 +106,11 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
         recs = read_results(wd, "state") if os.path.isdir(wd) else []
         if not recs:
             return None
-        met = recs[-1]["metrics"]
-        return {"acc": float(met[f"state/{task}/acc"]), "scaled": float(met[f"state/{task}/scaled"])}
+        met, det = recs[-1]["metrics"], recs[-1].get("details") or {}
+        out = {"acc": float(met[f"state/{task}/acc"]), "scaled": float(met[f"state/{task}/scaled"])}
+        if det.get("loss") is not None:  # the last training batch's loss: was the task learnt at training lengths?
+            out["train_loss"] = float(det["loss"])
+        return out
 
     if ctx.skip(mixer):
         return read() if m.get("status") == "done" and m.get("recipe") == recipe else None
@@ -152,6 +155,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     mixers = list(sel["mixers"])
     acc: dict[str, dict[str, dict[int, float]]] = {}  # task key -> mixer -> seed -> accuracy (scaled for state)
     raw: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the unscaled accuracy
+    train_loss: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the last training batch's loss
     missing, cost = [], 0.0
 
     def put(key, m, s, v, store=acc):
@@ -166,6 +170,8 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                     continue
                 put(f"state/{task}", m, s, r["scaled"])
                 put(f"state/{task}", m, s, r["acc"], raw)
+                if "train_loss" in r:
+                    put(f"state/{task}", m, s, r["train_loss"], train_loss)
                 cost += run_cost(state_dir(ctx, m, task, s))
     mctx = ctx.for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table (runs of its own)
     for s in seeds:
@@ -243,6 +249,16 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
              f"recipe: {mq['steps']} steps x {mq['batch_size']}, trained at T = {mq['seq_len']} with "
              f"{mq['num_kv_pairs']} pairs), accuracy % at query positions; KJV perplexity at the training context "
              f"of each LM point ({', '.join(lm_sizes)}; paper Δ), per seed.")
+    from idattn.eval.state_tracking import TASKS as STATE_TASKS
+    loss_rows = [[label(m)] + [" / ".join(f"{train_loss[f'state/{t}'][m][s]:.3f}" for s in seeds
+                                          if s in train_loss.get(f"state/{t}", {}).get(m, {})) or "—"
+                               for t in sel["state_tasks"]] for m in mixers]
+    loss_note = (f"Was the state-tracking task learnt at the training lengths? The loss of the last training batch "
+                 f"({st['batch_size']} sequences of {trl[0]}-{trl[1]} tokens; cross-entropy at the `=` position; "
+                 f"chance: " + ", ".join(f"ln {STATE_TASKS[t]['classes']} = {math.log(STATE_TASKS[t]['classes']):.3f}"
+                                         f" for {t.replace('_', ' ')}" for t in sel["state_tasks"])
+                 + "), per seed. Near chance, the test lengths' chance-level accuracy is a failure to learn the task "
+                   "at this budget, not only to extrapolate it:")
     rule = ("Toy size: numbers and intervals only; no question is judged at this size." if not ctx.judged else
             "Questions: the 95% t interval of the paired per-seed difference (accuracy points) or log ratio "
             "(perplexity), judged against the line; `undecided` when it contains the line or fewer than 3 seeds "
@@ -251,6 +267,9 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         "## The selective core (issue 34): what a data-dependent decay and phase buy", "",
         setup, "",
         markdown_table(["model"] + heads + [f"KJV ppl {z}" for z in lm_sizes], rows), "",
+        loss_note, "",
+        markdown_table(["model"] + [f"{t.replace('_', ' ')}: training loss" for t in sel["state_tasks"]],
+                       loss_rows), "",
         rule, "", *lines, "",
         "Published numbers these echo (their models, data, lengths and training; not comparable with the rows "
         "above, and never averaged with them):", "",
@@ -263,6 +282,8 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                                                                                   for k, a in acc.items()},
             "state_raw_accuracy": {k: {m: {str(s): v for s, v in d.items()} for m, d in a.items()}
                                    for k, a in raw.items()},
+            "state_train_loss": {k: {m: {str(s): v for s, v in d.items()} for m, d in a.items()}
+                                 for k, a in train_loss.items()},
             "ppl": {z: {m: {str(s): v for s, v in d.items()} for m, d in p.items()} for z, p in ppl.items()},
             "verdicts": verdicts, "compute_s": cost, "wall_s": time.time() - t0, "missing": missing}
     write_table(ctx, "selective", md, data)
