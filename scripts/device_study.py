@@ -16,6 +16,9 @@ every finished run of every root is merged into one file, $OUT/device-runs.json 
     run(command="python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && "
                 "PYTHONPATH=/tmp/site:. python3 scripts/device_study.py climb --mixers softmax,interdomain,s4d_only "
                 "--seeds 0,1,2,3,4 --deadline-s 360", timeout_s=450, carry=[".whl"])
+    # the selective table (issue 34), its slow families only, 6 mixers x 3 seeds side by side:
+    #   ... device_study.py selective --mixers softmax,interdomain,interdomain-selective,interdomain-selective+phase,\
+    #       s4d_only,s4d_only-selective --seeds 0,1,2 --tasks mqar,mad,lm --deadline-s 360
     # back on the CPU host: merge into the record, fingerprint on the CPU, render
     python scripts/device_study.py merge /work/.device/N/device-runs.json docs/reproduction-runs.json
 
@@ -78,15 +81,15 @@ def job_env() -> dict[str, str]:
                 PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), REPO) if p))
 
 
-def jobs(table: str, mixers, seeds, scratch: str):
-    """(name, argv, root) of each (mixer, seed) job."""
+def jobs(table: str, mixers, seeds, scratch: str, tasks: str = ""):
+    """(name, argv, root) of each (mixer, seed) job; `tasks`: the selective table's --tasks (its families)."""
     out = []
     for m in mixers:
         for s in seeds:
             name = f"{table}-{m}-s{s}"
             root = os.path.join(scratch, name)
             argv = [sys.executable, "-m", "idattn.repro", table, f"--root={root}", f"--restore={RECORD}",
-                    f"--only={m}", f"--seeds={s}"]
+                    f"--only={m}", f"--seeds={s}"] + ([f"--tasks={tasks}"] if tasks else [])
             out.append((name, argv, root))
     return out
 
@@ -177,6 +180,8 @@ def main(argv=None) -> int:
     ap.add_argument("paths", nargs="*", help="merge: DEVICE_RECORD RECORD; wheels: [DIR]")
     ap.add_argument("--mixers", default="softmax,interdomain,s4d_only")
     ap.add_argument("--seeds", default="0,1,2,3,4")
+    ap.add_argument("--tasks", default="", help="selective table: the task families to train (python -m idattn.repro "
+                                                "--tasks), e.g. mqar,lm while CPU hosts train the state tracking")
     ap.add_argument("--deadline-s", type=float, default=360.0, help="stop the jobs still running after this long")
     ap.add_argument("--scratch", default="/tmp/device_study")
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run nothing")
@@ -192,7 +197,7 @@ def main(argv=None) -> int:
         argv = wheels(a.paths[0] if a.paths else os.path.join(REPO, ".whl"))
         print(" ".join(argv[1:]), flush=True)
         return 0 if a.dry_run else subprocess.call(argv)
-    todo = jobs(a.table, a.mixers.split(","), [int(s) for s in a.seeds.split(",")], a.scratch)
+    todo = jobs(a.table, a.mixers.split(","), [int(s) for s in a.seeds.split(",")], a.scratch, a.tasks)
     if a.dry_run:
         for name, argv, _ in todo:
             print(name, " ".join(argv[1:]))

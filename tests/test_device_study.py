@@ -84,6 +84,9 @@ def test_preflight_names_the_missing_module_and_wheels_pin_this_hosts_versions(m
     assert err is not None and "idattn_no_such_module" in err, err
     monkeypatch.setattr(DS, "PREFLIGHT", ("json", "idattn.studies.repro_runs"))
     assert DS.preflight(DS.job_env()) is None
+    (name, job, root), = DS.jobs("selective", ["interdomain-selective"], [2], "/s", tasks="mqar,lm")
+    assert name == "selective-interdomain-selective-s2" and root == "/s/selective-interdomain-selective-s2"
+    assert job[-3:] == ["--only=interdomain-selective", "--seeds=2", "--tasks=mqar,lm"], job
     argv = DS.wheels("/tmp/w")
     assert f"flax=={version('flax')}" in argv and f"orbax-checkpoint=={version('orbax-checkpoint')}" in argv
     assert argv[argv.index("--python-version") + 1] == "3.12" and argv[argv.index("-d") + 1] == "/tmp/w"

@@ -126,3 +126,31 @@ def test_selective_study_trains_at_toy_size(tmp_path):
     marker = json.load(open(os.path.join(root, "runs", "toy", "state", "interdomain-selective+phase-parity-s0",
                                          "repro.json")))
     assert marker["status"] == "done" and marker["trained_on"] == "cpu:cpu"  # where it trained (device_study)
+
+
+def test_tasks_flag_trains_only_the_named_families(tmp_path, monkeypatch):
+    """`--tasks=state`: the state-tracking runs are the invocation's own (reused here: all recorded), every other
+    family is only read, so a missing MQAR run is named missing and never trained; a bad family or another table
+    is refused in one line."""
+    import idattn.eval.recall as recall
+
+    def no_training(*a, **k):
+        raise AssertionError("--tasks=state trained an MQAR run")
+
+    monkeypatch.setattr(recall, "train_mqar", no_training)
+    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
+    top.tasks = frozenset({"state"})
+    _populate(top, skip=set())
+    missing_mqar = top.mqar_dir("interdomain-selective", 1)
+    import shutil
+    shutil.rmtree(missing_mqar)
+    assert top.for_task("state") is top and top.for_task("mqar").render_only
+    assert top.for_task("mad").for_size("climb96").render_only  # kept through a size change
+    data = repro.table_selective(top)
+    assert data["missing"] == ["mqar interdomain-selective-s1"]
+    assert data["verdicts"]["s2"]["answer"] == "yes"  # the state runs were read as the invocation's own
+    for argv, want in ((["selective", "--tasks=state,bogus"], "--tasks: bogus; expected some of state, mad, mqar, lm"),
+                       (["ppl", "--tasks=state"], "--tasks applies to the selective table only")):
+        p = subprocess.run([sys.executable, "-m", "idattn.repro", *argv, f"--root={tmp_path}/x", "--render_only"],
+                           capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        assert p.returncode == 1 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -697,6 +697,7 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
     return data
 
 
+SELECTIVE_TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # idattn/studies/repro_selective.py table_selective
 TABLE_FNS = {"ppl": table_ppl, "cube": table_cube, "length": table_length, "recall": table_recall,
              "ladder": table_ladder, "mad": table_mad, "pilot": table_pilot, "climb": table_climb,
              "hybrid": table_hybrid, "selective": table_selective, "length_climb": table_length_climb}
@@ -726,6 +727,8 @@ def main(argv=None) -> int:
                    "table of the root, in the order of `all`, from what the tables say after this invocation")
     p.add_argument("--only", default="", help="comma-separated mixers to train / evaluate; the tables read the "
                    "others' existing results (e.g. to run part of the grid first)")
+    p.add_argument("--tasks", default="", help="the selective table only: comma-separated task families to train "
+                   f"({', '.join(SELECTIVE_TASK_FAMILIES)}); the others' runs are read (e.g. a GPU for the slow ones)")
     p.add_argument("--restore", default="", help="first recreate under --root the finished runs this record "
                    "(written by --archive) holds and the root lacks: markers and results, no checkpoints; they are "
                    "reused as finished runs when the model code and recipe match (e.g. docs/reproduction-runs.json)")
@@ -751,7 +754,15 @@ def main(argv=None) -> int:
                     exp.get_config(f"{m},toy,paper,0")  # the name as a run would build it (+sum, a core's +phase)
             except ValueError as e:
                 raise ReproError(f"--only: {e}") from None
+        tasks = frozenset(t.strip() for t in args.tasks.split(",") if t.strip())
+        if tasks - set(SELECTIVE_TASK_FAMILIES):
+            raise ReproError(f"--tasks: {', '.join(sorted(tasks - set(SELECTIVE_TASK_FAMILIES)))}; expected some of "
+                             f"{', '.join(SELECTIVE_TASK_FAMILIES)}, comma-separated")
+        if tasks and args.table != "selective":
+            raise ReproError(f"--tasks applies to the selective table only (got table {args.table!r}); drop it, or "
+                             f"use --only / --seeds to choose runs")
         ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
+        ctx.tasks = tasks
         ctx.train_dt = args.train_dt
         ctx.seeds_given = bool(args.seeds)
         ctx.archive = args.archive  # recorded after every finished run too, so a stop loses nothing

@@ -135,6 +135,7 @@ class Ctx:
         self.tok = None
         self.archive = ""  # --archive: the record every finished run is written to as soon as it finishes
         self.seeds_given = False  # --seeds named the seeds (else each table's default)
+        self.tasks: frozenset[str] = frozenset()  # --tasks: the task families the selective table trains (empty: all)
 
     def invocation_time(self, seconds: float) -> str:
         """This invocation's wall time as a table prints it; with --render_only a fixed phrase, so that rendering
@@ -180,6 +181,16 @@ class Ctx:
         c.seeds_given = self.seeds_given
         c.judged = self.judged
         c.table_size = self.table_size
+        c.tasks = self.tasks
+        return c
+
+    def for_task(self, family: str) -> "Ctx":
+        """This invocation for one task family of the selective table (state, mad, mqar, lm): itself, or a copy
+        that only reads the family's runs when --tasks names others."""
+        if not self.tasks or family in self.tasks:
+            return self
+        c = self.for_size(self.size)
+        c.render_only = True
         return c
 
     @property

@@ -2,6 +2,7 @@
 where time-invariant cores are known to fail.
 
     python -m idattn.repro selective --root=DIR [--toy] [--restore=docs/reproduction-runs.json --archive=...]
+        [--only=MIXERS --seeds=SEEDS --tasks=state,mad,mqar,lm]   # train a part; the rest is read
 
 Six models (experiments/repro.py SELECTIVE), 3 seeds each: Softmax, Interdomain (LTI), Interdomain-selective,
 Interdomain-selective+phase, S4D-only (LTI), and S4D-only-selective (the Mamba-like control: a selective decay and
@@ -161,10 +162,12 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     def put(key, m, s, v, store=acc):
         store.setdefault(key, {x: {} for x in mixers})[m][s] = v
 
+    # --tasks: the families this invocation trains (the others' runs are only read)
+    sctx, qctx = ctx.for_task("state"), ctx.for_task("mqar")
     for s in seeds:  # the cheapest runs first: state tracking, then MAD, MQAR, the language models
         for task in sel["state_tasks"]:
             for m in mixers:
-                r = ensure_state(ctx, m, task, s)
+                r = ensure_state(sctx, m, task, s)
                 if r is None:
                     missing.append(os.path.basename(state_dir(ctx, m, task, s)))
                     continue
@@ -173,7 +176,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                 if "train_loss" in r:
                     put(f"state/{task}", m, s, r["train_loss"], train_loss)
                 cost += run_cost(state_dir(ctx, m, task, s))
-    mctx = ctx.for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table (runs of its own)
+    mctx = ctx.for_task("mad").for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table
     for s in seeds:
         for task in sel["mad_tasks"]:
             for m in mixers:
@@ -187,7 +190,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
     for s in seeds:
         for m in mixers:
-            r = ensure_mqar(ctx, m, s)
+            r = ensure_mqar(qctx, m, s)
             if r is None:
                 missing.append(f"mqar {m}-s{s}")
                 continue
@@ -199,7 +202,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     lm_sizes = list(ctx.exp.SELECTIVE_LM[ctx.size])
     ppl: dict[str, dict[str, dict[int, float]]] = {z: {m: {} for m in mixers} for z in lm_sizes}
     for z in lm_sizes:
-        c = ctx.for_size(z)
+        c = ctx.for_task("lm").for_size(z)
         L = c.train_len()
         for s in seeds:
             for m in mixers:
