@@ -241,7 +241,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
             row.append(" / ".join(f"{v:.2f}" for v in vals) or "—")
         rows.append(row)
     st = ctx.exp.STATE_TRACKING[ctx.size]
-    from idattn.eval.state_tracking import PROTOCOL
+    from idattn.eval.state_tracking import PROTOCOL, TASKS as STATE_TASKS
     trl, tel = st.get("train_lengths", PROTOCOL["train_lengths"]), st.get("test_lengths", PROTOCOL["test_lengths"])
     mad_r = ctx.exp.MAD_SIZES[mctx.size]
     setup = (f"Ours, per seed (seeds {seeds}): MAD tasks with the `mad` table's model, data and optimiser at "
@@ -252,7 +252,6 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
              f"recipe: {mq['steps']} steps x {mq['batch_size']}, trained at T = {mq['seq_len']} with "
              f"{mq['num_kv_pairs']} pairs), accuracy % at query positions; KJV perplexity at the training context "
              f"of each LM point ({', '.join(lm_sizes)}; paper Δ), per seed.")
-    from idattn.eval.state_tracking import TASKS as STATE_TASKS
     loss_rows = [[label(m)] + [" / ".join(f"{train_loss[f'state/{t}'][m][s]:.3f}" for s in seeds
                                           if s in train_loss.get(f"state/{t}", {}).get(m, {})) or "—"
                                for t in sel["state_tasks"]] for m in mixers]
