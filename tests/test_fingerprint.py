@@ -8,7 +8,7 @@ import os
 import pytest
 
 from idattn.studies import fingerprint as F
-from idattn.studies import repro, repro_runs as R
+from idattn.studies import repro, repro_runs as R, repro_verify as V
 
 
 def _toy_model(ctx, mixer):
@@ -58,7 +58,7 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert F.probe_len(probe_cfg) == F.FP_LEN
     probe_cfg.window = 64  # a window the probe must reach past, or windowed and global attention look the same
     assert F.probe_len(probe_cfg) == 69
-    out = F.verify_runs(ctx)
+    out = V.verify_runs(ctx)
     assert sorted(out["stamped"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1",
                                       "toy/lm/softmax-scaled-s0"]
     assert out["unverifiable"] == ["toy/lm/s4d_only-paper-s0"] and not out["changed"]
@@ -66,13 +66,13 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert R.read_marker(wds[0])["fingerprint"] == {"src": old, "version": F.FP_VERSION,
                                                     "values": [11.0, 1.0 + _toy_model(ctx, "interdomain").num_layers,
                                                                0.5]}
-    assert F.verify_runs(ctx)["unchanged"] == [os.path.relpath(w, os.path.join(ctx.root, "runs")) for w in wds]
+    assert V.verify_runs(ctx)["unchanged"] == [os.path.relpath(w, os.path.join(ctx.root, "runs")) for w in wds]
 
     # the model code changes (another hash); the probe still sees the same function for interdomain, not softmax
     monkeypatch.setattr(R, "source_hash", lambda: "newc0de000")
     monkeypatch.setattr(F, "model_fingerprint",
                         lambda cfg: fake_probe(cfg) if cfg.mixer != "softmax" else [7.0, 9.0, 9.0])
-    out = F.verify_runs(ctx)
+    out = V.verify_runs(ctx)
     assert sorted(out["verified"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
     assert [c.split(" ")[0] for c in out["changed"]] == ["toy/lm/softmax-scaled-s0"]
     rec = R.read_marker(wds[1])
@@ -80,7 +80,7 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert R.read_marker(wds[2])["src"] == old  # left as it was: a table command trains it again
     assert rec["fingerprint"]["checked"] == "newc0de000"  # the values stay the training code's; a re-verify is free
     n = len(probes)
-    assert sorted(F.verify_runs(ctx)["unchanged"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
+    assert sorted(V.verify_runs(ctx)["unchanged"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
     assert len(probes) == n  # the verified runs were not probed again (softmax's changed run is probed, not faked)
 
 
@@ -103,7 +103,7 @@ def test_every_recorded_run_maps_to_its_config_or_says_why_not(tmp_path):
     ctx = R.Ctx(root, "small", (0, 1, 2), True, False)
     built, why_not = 0, []
     for wd in R.run_dirs(root):
-        cfg, why = F.run_model_config(ctx, wd, R.read_marker(wd))
+        cfg, why = V.run_model_config(ctx, wd, R.read_marker(wd))
         if cfg is None:
             why_not.append((os.path.relpath(wd, root), why))
         else:
@@ -112,3 +112,102 @@ def test_every_recorded_run_maps_to_its_config_or_says_why_not(tmp_path):
     assert built >= 250, why_not
     # the recall table's 3000-step MQAR runs (replaced by the 6000-step recipe) are the ones that do not map
     assert all("another" in why for _, why in why_not), why_not
+
+
+def _age(wd, fingerprint=None):
+    """Make a finished run's marker that of older model code (as a record restored after a model-code change)."""
+    rec = R.read_marker(wd)
+    rec["src"] = "0ldc0de000"
+    if fingerprint is not None:
+        rec["fingerprint"] = {"src": "0ldc0de000", "version": F.FP_VERSION, "values": fingerprint}
+    R.write_marker(wd, rec)
+
+
+def test_tables_name_every_family_of_runs_they_read_under_other_model_code(tmp_path):
+    """--render_only reads state-tracking, MAD and MQAR runs as it reads language models: one of older model code
+    is named under the table as read without checking (only the LM runs were, before)."""
+    from idattn.studies import repro_mad, repro_selective as sel
+    from tests.test_repro_selective import _populate
+    top = R.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    _populate(top)
+    mad_top = top.for_size(top.exp.SELECTIVE_MAD[top.size])
+    old = [sel.state_dir(top, "interdomain", "parity", 1), repro_mad.mad_dir(mad_top, "softmax", "in_context_recall", 2),
+           top.mqar_dir("s4d_only", 0), top.for_size(top.exp.SELECTIVE_LM["small"][-1]).lm_dir("interdomain", "paper", 2)]
+    for wd in old:
+        _age(wd)
+    repro.table_selective(top)
+    text = open(top.table_path("selective", "md")).read()
+    listed = text[text.index("Read without checking"):]
+    for wd in old:
+        assert os.path.relpath(wd, top.root) in listed, (wd, listed)
+    assert sorted(top.unverified) == sorted(os.path.relpath(w, top.root) for w in old)
+
+
+def test_a_restored_run_is_reused_under_new_model_code_only_when_its_fingerprint_holds(tmp_path, monkeypatch):
+    """A finished run without its checkpoint (restored from the record) under other model code: a table command
+    reuses it, re-stamped, when the current code reproduces its fingerprint, and trains it again when not."""
+    import idattn.eval.state_tracking as st
+    from idattn.studies import repro_selective as sel
+    from tests.test_repro_selective import _fake_state
+
+    class Retrained(Exception):
+        pass
+
+    def no_training(*a, **k):
+        raise Retrained
+
+    monkeypatch.setattr(st, "train_state_tracking", no_training)
+    monkeypatch.setattr(F, "model_fingerprint", lambda cfg: [1.0, 2.0, 3.0])
+    ctx = R.Ctx(str(tmp_path), "small", (0, 1), render_only=False, keep_stale=False)
+    for seed, values in ((0, [1.0, 2.0, 3.0]), (1, [1.0, 2.0, 3.5])):
+        _fake_state(ctx, "interdomain", "parity", seed, 0.25)
+        _age(sel.state_dir(ctx, "interdomain", "parity", seed), values)
+    assert sel.ensure_state(ctx, "interdomain", "parity", 0)["scaled"] == 0.25  # same function: read, not trained
+    rec = R.read_marker(sel.state_dir(ctx, "interdomain", "parity", 0))
+    assert rec["src"] == R.source_hash() and rec["fingerprint"]["checked"] == R.source_hash()
+    assert "fingerprint under 0ldc0de000" in rec["verified"][-1]
+    with pytest.raises(Retrained):  # another function: moved aside and trained again
+        sel.ensure_state(ctx, "interdomain", "parity", 1)
+    assert os.path.isdir(sel.state_dir(ctx, "interdomain", "parity", 1) + ".stale-0ldc0de000")
+    # a language model restored without a checkpoint: the fingerprint decides before any re-evaluation is tried
+    lm = ctx.for_size("climb96")
+    wd = lm.lm_dir("interdomain", "paper", 0)
+    R.write_marker(wd, {"status": "done", "src": R.source_hash(), "train_src": R.train_code_hash(), "steps": 600,
+                        "mixer": "interdomain", "dt": "paper", "seed": 0, "size": "climb96",
+                        "recipe": R.size_recipe(lm)})
+    _age(wd, [1.0, 2.0, 3.0])
+    monkeypatch.setattr(R, "verify_lm", lambda *a: pytest.fail("re-evaluated a run its fingerprint verifies"))
+    monkeypatch.setattr(R, "check_corpus", lambda ctx: None)
+    assert R.ensure_lm(lm, "interdomain", "paper", 0)["src"] == R.source_hash()
+
+
+def test_a_finished_run_is_stamped_with_its_fingerprint(tmp_path, monkeypatch):
+    """A run finishing now carries its fingerprint (no `verify` needed before the next model-code change); a probe
+    that fails leaves the run finished and unstamped, and says so."""
+    import idattn.eval.state_tracking as st
+    from idattn.studies import repro_selective as sel
+
+    def fake_training(cfg, task, **k):
+        return {"acc": 0.75, "scaled": 0.5, "num_test": 4, "test_lengths": [40, 256], "loss": 0.3}
+
+    monkeypatch.setattr(st, "train_state_tracking", fake_training)
+    probes = []
+    monkeypatch.setattr(F, "model_fingerprint", lambda cfg: probes.append(cfg) or [4.0, 5.0])
+    ctx = R.Ctx(str(tmp_path), "small", (0, 2), render_only=False, keep_stale=False)
+    for seed in (0, 2):
+        assert sel.ensure_state(ctx, "interdomain", "parity", seed)["scaled"] == 0.5
+        rec = R.read_marker(sel.state_dir(ctx, "interdomain", "parity", seed))
+        assert rec["status"] == "done" and rec["fingerprint"] == F.stamp(R.source_hash(), [4.0, 5.0])
+    assert len(probes) == 1  # one invocation, one config: the seeds share the probe
+
+    def broken_probe(cfg):
+        raise RuntimeError("probe broke")
+
+    monkeypatch.setattr(F, "model_fingerprint", broken_probe)
+    lines = []
+    monkeypatch.setattr(R, "log", lines.append)
+    ctx = R.Ctx(str(tmp_path), "small", (1,), render_only=False, keep_stale=False)  # a new invocation: no probe cached
+    assert sel.ensure_state(ctx, "interdomain", "parity", 1)["scaled"] == 0.5
+    rec = R.read_marker(sel.state_dir(ctx, "interdomain", "parity", 1))
+    assert rec["status"] == "done" and "fingerprint" not in rec
+    assert any("fingerprint was not computed (RuntimeError: probe broke)" in s for s in lines), lines

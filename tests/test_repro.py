@@ -354,7 +354,13 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
     wd = ctx.mqar_dir("softmax", 0)
     first = runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 1 and os.path.exists(os.path.join(wd, runs.MQAR_PARAMS))
-    monkeypatch.setattr(runs, "source_hash", lambda: "0123456789")  # the model code changed
+    monkeypatch.setattr(runs, "source_hash", lambda: "0123012301")  # the model code changed
+    assert runs.ensure_mqar(ctx, "softmax", 0)["metrics"] == first["metrics"]  # its fingerprint holds: reused
+    marker = runs.read_marker(wd)
+    assert len(calls) == 1 and marker["src"] == "0123012301" and "fingerprint under" in marker["verified"][-1]
+    # a run finished before runs were stamped has no fingerprint: re-scored from its saved parameters instead
+    runs.write_marker(wd, {k: v for k, v in marker.items() if k not in ("fingerprint", "verified")})
+    monkeypatch.setattr(runs, "source_hash", lambda: "0123456789")
     again = runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 1 and again["metrics"] == first["metrics"]  # re-scored equal: reused
     marker = runs.read_marker(wd)
@@ -368,8 +374,9 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
     monkeypatch.setattr(runs, "source_hash", lambda: "abcdefabcd")
     runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 2 and glob.glob(wd + ".stale-0123456789")
-    # a run that kept no parameters (trained before they were saved) cannot be re-scored: retrained
+    # a run that kept no parameters nor a fingerprint (trained before either was saved) cannot be checked: retrained
     os.remove(os.path.join(wd, runs.MQAR_PARAMS))
+    runs.write_marker(wd, {k: v for k, v in runs.read_marker(wd).items() if k != "fingerprint"})
     monkeypatch.setattr(runs, "source_hash", lambda: "fedcbafedc")
     runs.ensure_mqar(ctx, "softmax", 0)
     assert len(calls) == 3

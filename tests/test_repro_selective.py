@@ -4,6 +4,7 @@ ones at each ladder point), the published numbers in their own table, and what i
 study trains end to end for one model."""
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
@@ -126,6 +127,10 @@ def test_selective_study_trains_at_toy_size(tmp_path):
     marker = json.load(open(os.path.join(root, "runs", "toy", "state", "interdomain-selective+phase-parity-s0",
                                          "repro.json")))
     assert marker["status"] == "done" and marker["trained_on"] == "cpu:cpu"  # where it trained (device_study)
+    for kind in ("state", "mad", "mqar", "lm"):  # every family's run is stamped with its fingerprint as it finishes
+        for wd in glob.glob(os.path.join(root, "runs", "*", kind, "*")):
+            m = json.load(open(os.path.join(wd, "repro.json")))
+            assert m["fingerprint"]["src"] == m["src"] and len(m["fingerprint"]["values"]) > 2, wd
 
 
 def test_tasks_flag_trains_only_the_named_families(tmp_path, monkeypatch):

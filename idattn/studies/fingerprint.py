@@ -28,7 +28,7 @@ contexts, parameter values far from init such as the κ bound, decoding). Such a
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -109,99 +109,44 @@ def same(recorded: dict[str, Any] | None, values: list[float]) -> tuple[bool, st
     return worst <= FP_RTOL, text
 
 
-def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
-    """(model config, "") of a finished run as the current configs build it, or (None, why not): the run's kind
-    from its folder (runs/<size>/<lm|mqar|mad|state>/<name>), its size, mixer, Δ range and seed from its marker.
-    A run whose recorded recipe (or MQAR model) differs from the current config's is not this config's run."""
-    import os
+def check(rec: dict[str, Any], src: str, config: Callable[[], tuple[Any, str]],
+          cache: dict[str, list[float]] | None = None, log: Callable[[str], None] | None = None) -> tuple[str, str]:
+    """(outcome, why) of one finished run's marker `rec` under the model code of hash `src`, by its fingerprint:
 
-    from idattn.studies import repro_runs as R
-    parts = os.path.relpath(wd, ctx.root).split(os.sep)
-    if len(parts) != 4 or parts[0] != "runs":
-        return None, f"not a run folder runs/<size>/<kind>/<name>: {'/'.join(parts)}"
-    size, kind = parts[1], parts[2]
-    c = ctx.for_size(size)
-    try:
-        if kind == "lm":
-            if "recipe" in rec and rec["recipe"] != R.size_recipe(c):
-                return None, "trained with another recipe than the current config's"
-            return c.config(rec["mixer"], rec["dt"], int(rec["seed"])).model, ""
-        if kind == "mqar":
-            cfg = c.exp.get_mqar_config(rec["mixer"], size)
-            model = R.mqar_model_record(cfg.model)
-            if rec.get("model", model) != model:
-                return None, "trained with another MQAR model than the current config's"
-            return cfg.model, ""
-        if kind == "mad":
-            from idattn.studies.repro_mad import mad_model_config, mad_recipe
-            if rec.get("recipe") != mad_recipe(c):
-                return None, "trained with another MAD recipe than the current config's"
-            return mad_model_config(c, rec["cell"]), ""
-        if kind == "state":
-            from idattn.studies.repro_selective import state_model_config, state_recipe
-            if rec.get("recipe") != state_recipe(c):
-                return None, "trained with another state-tracking recipe than the current config's"
-            return state_model_config(c, rec["mixer"]), ""
-    except (KeyError, ValueError) as e:
-        return None, f"its config no longer builds ({type(e).__name__}: {e})"
-    return None, f"unknown run kind {kind!r}"
-
-
-def verify_runs(ctx: Any) -> dict[str, list[str]]:
-    """`python -m idattn.repro verify`: every finished run under ctx.root, by its model fingerprint.
-
-    - model code as recorded (marker "src" = the current hash): its fingerprint is computed and stored, unless one
-      of the current code is there already ("stamped");
-    - other model code, with a fingerprint: computed under the current code; equal -> the marker takes the current
-      hash, notes why in "verified" and marks the fingerprint "checked" under it, so that the next verify counts
-      it "unchanged" without a probe ("verified"), else it is left as it is ("changed": a table command trains
-      it again, or --render_only lists it as read without checking);
-    - other model code, no fingerprint: nothing to compare with ("unverifiable").
-    One probe per distinct model config (seeds share it). Returns {outcome: [run folder, ...]}."""
+    - "unchanged": model code as recorded and a fingerprint of it already there (or checked under it): no probe;
+    - "stamped": model code as recorded: its fingerprint is computed and put in `rec`;
+    - "verified": other model code, with a fingerprint the current code reproduces: `rec` takes the current hash,
+      notes why in "verified" and marks the fingerprint "checked" under it (the values stay those of the code that
+      trained the run, so that tolerances do not chain; "checked" lets the next check skip the probe);
+    - "changed": other model code, a fingerprint it does not reproduce (`rec` is left as it is);
+    - "unverifiable": other model code and no fingerprint; "skipped": `config()` says why it has no config.
+    `config()`: (the run's model config as the current configs build it, "") or (None, why not), called only when a
+    probe is needed. `cache`: fingerprints by config, shared across calls (seeds share one probe). The caller
+    writes `rec` back when the outcome is "stamped" or "verified"."""
     import json
-    import os
-
-    from idattn.studies import repro_runs as R
-    src = R.source_hash()
-    out: dict[str, list[str]] = {k: [] for k in ("stamped", "verified", "unchanged", "changed", "unverifiable",
-                                                 "skipped")}
-    cache: dict[str, list[float]] = {}
-    for wd in R.run_dirs(ctx.root):
-        rec = R.read_marker(wd)
-        name = os.path.relpath(wd, os.path.join(ctx.root, "runs"))
-        if rec.get("status") != "done":
-            continue
-        fp = rec.get("fingerprint")
-        if (rec.get("src") == src and fp and fp.get("version") == FP_VERSION
-                and src in (fp.get("src"), fp.get("checked"))):
-            out["unchanged"].append(name)
-            continue
-        if rec.get("src") != src and not fp:
-            out["unverifiable"].append(name)
-            continue
-        cfg, why = run_model_config(ctx, wd, rec)
-        if cfg is None:
-            out["skipped"].append(f"{name} ({why})")
-            continue
-        key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
-        if key not in cache:
-            cache[key] = model_fingerprint(cfg)
-            R.log(f"fingerprint of {name}'s config: {', '.join(f'{v:.7g}' for v in cache[key])}")
-        values = cache[key]
-        if rec.get("src") == src:
-            rec["fingerprint"] = stamp(src, values)
-            R.write_marker(wd, rec)
-            out["stamped"].append(name)
-            continue
-        ok, why = same(fp, values)
-        if ok:
-            # the values stay those of the code that trained the run (every later check compares with them, so
-            # tolerances do not chain); "checked" says which code last reproduced them, so the next verify skips it
-            rec["src"] = src
-            rec["fingerprint"] = dict(fp, checked=src)
-            rec.setdefault("verified", []).append(why)
-            R.write_marker(wd, rec)
-            out["verified"].append(name)
-        else:
-            out["changed"].append(f"{name} ({why})")
-    return out
+    fp = rec.get("fingerprint")
+    if (rec.get("src") == src and fp and fp.get("version") == FP_VERSION
+            and src in (fp.get("src"), fp.get("checked"))):
+        return "unchanged", ""
+    if rec.get("src") != src and not fp:
+        return "unverifiable", "no fingerprint recorded"
+    cfg, why = config()
+    if cfg is None:
+        return "skipped", why
+    cache = {} if cache is None else cache
+    key = json.dumps(cfg.to_dict(), sort_keys=True, default=str)
+    if key not in cache:
+        cache[key] = model_fingerprint(cfg)
+        if log is not None:
+            log(f"fingerprint of a {cfg.get('mixer', '?')} config: {', '.join(f'{v:.7g}' for v in cache[key])}")
+    values = cache[key]
+    if rec.get("src") == src:
+        rec["fingerprint"] = stamp(src, values)
+        return "stamped", ""
+    ok, why = same(fp, values)
+    if not ok:
+        return "changed", why
+    rec["src"] = src
+    rec["fingerprint"] = dict(fp, checked=src)
+    rec.setdefault("verified", []).append(why)
+    return "verified", why

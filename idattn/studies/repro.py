@@ -709,7 +709,7 @@ def main(argv=None) -> int:
                                               "all", "verify"),
                    help="a table, `all`, or `verify`: the root's finished runs by their model fingerprint (stamp it "
                         "under the current model code; re-stamp a run whose fingerprint the current code reproduces; "
-                        "idattn/studies/fingerprint.py), then --archive; no table is written")
+                        "idattn/studies/repro_verify.py), then --archive; no table is written")
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "
@@ -774,7 +774,7 @@ def main(argv=None) -> int:
             jax.config.update("jax_compilation_cache_dir", os.path.join(ctx.root, ".jax-cache"))
             jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
         if args.table == "verify":
-            from idattn.studies.fingerprint import verify_runs
+            from idattn.studies.repro_verify import verify_runs
             out = verify_runs(ctx)
             for k, names in out.items():
                 log(f"{k}: {len(names)}" + (f" ({'; '.join(names[:20])}{'; ...' if len(names) > 20 else ''})"

@@ -19,9 +19,9 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (Ctx, check_reuse, log, missing_note, move_aside, read_marker, run_cost, run_name,
-                                       source_hash, synthetic_train_hash, write_marker, write_table,
-                                       archive_now)
+from idattn.studies.repro_runs import (Ctx, check_reuse, finish_run, log, missing_note, move_aside, read_marker,
+                                       read_only, run_cost, run_name, source_hash, synthetic_train_hash,
+                                       write_marker, write_table)
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
@@ -67,6 +67,7 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
     recipe = mad_recipe(ctx)
     m = read_marker(wd)
     if ctx.skip(cell):
+        m = read_only(ctx, wd)
         recs = read_results(wd, "mad") if os.path.isdir(wd) else []
         ok = recs and m.get("status") == "done" and m.get("recipe") == recipe
         return float(recs[-1]["metrics"][f"mad/{task}/acc"]) if ok else None
@@ -74,7 +75,8 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
     if m and m.get("recipe") != recipe and not ctx.keep_stale:
         move_aside(wd, m, "trained with another MAD recipe")
     train_src = synthetic_train_hash()
-    rec = check_reuse(wd, src, ctx.keep_stale, train_src=train_src)
+    model = mad_model_config(ctx, cell)
+    rec = check_reuse(wd, src, ctx.keep_stale, train_src=train_src, model=model, ctx=ctx)
     if rec.get("status") == "done":
         recs = read_results(wd, "mad")
         if recs:
@@ -84,7 +86,7 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
                        "size": ctx.size, "status": "training", "recipe": recipe})
     t0 = time.time()
     log(f"MAD {task} {cell} seed {seed}: {r['steps']} steps x {r['batch_size']}")
-    res = mad.train_mad(mad_model_config(ctx, cell), task, steps=int(r["steps"]), batch_size=int(r["batch_size"]),
+    res = mad.train_mad(model, task, steps=int(r["steps"]), batch_size=int(r["batch_size"]),
                         lr=float(r["lr"]), weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]), seed=seed,
                         num_train=_num_train(r, task), num_test=r.get("num_test"),
                         **dict(r.get("task_overrides", {}).get(task, {})))
@@ -93,9 +95,9 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
                  protocol={"corpus": f"mad.{task}", "tokens": int(res.get("num_test", 0)),
                            "context": int(res.get("seq_len", 0)),
                            "method": "MAD (Poli et al. 2024) task, accuracy at scored positions (idattn.eval.mad)"})
-    write_marker(wd, {"src": src, "train_src": train_src, "cell": cell, "task": task, "seed": seed,
-                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0})
-    archive_now(ctx)
+    finish_run(ctx, wd, {"src": src, "train_src": train_src, "cell": cell, "task": task, "seed": seed,
+                         "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0},
+               model)
     return float(res["acc"])
 
 

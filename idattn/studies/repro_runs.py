@@ -78,12 +78,16 @@ def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
     return {}
 
 
-def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str | None = None) -> dict[str, Any]:
+def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str | None = None,
+                model: Any = None, ctx: "Ctx | None" = None) -> dict[str, Any]:
     """The run's marker when it may be reused or resumed with the current model code, else {} (moved aside).
 
-    Same source hash: reuse / resume. Other source hash: a finished run whose `verify()` returns True (its
-    trained parameters give the recorded perplexity with the current code) is reused and re-stamped; an
-    unfinished one, or one that fails the check, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
+    Same source hash: reuse / resume. Other source hash: a finished run is reused and re-stamped when the current
+    code reproduces its model fingerprint (with `model`, the run's model config, and `ctx` for its probe cache;
+    idattn/studies/fingerprint.py: a probe of seconds that needs no checkpoint, so a run restored from the record is
+    checked too) or else when `verify()` returns
+    True (its trained parameters give the recorded perplexity or accuracy with the current code); an
+    unfinished one, or one that fails both, is moved to `<run>.stale-<old hash>` (with --keep_stale it is
     kept and marked stale). With `train_src` (train_code_hash; synthetic_train_hash for MQAR, MAD and state
     tracking): a run recorded with other training code is moved aside (kept and marked stale with --keep_stale)
     whatever `verify` would say; a marker written before the training code was hashed (no `train_src`) is
@@ -106,6 +110,14 @@ def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str
     if keep_stale:
         log(f"{wd}: trained with other model code ({rec.get('src')} != {src}); kept (--keep_stale)")
         return dict(rec, stale=True)
+    if rec.get("status") == "done" and model is not None and rec.get("fingerprint"):
+        from idattn.studies import fingerprint
+        outcome, why = fingerprint.check(rec, src, lambda: (model, ""), ctx.fingerprints if ctx else None)
+        if outcome == "verified":
+            write_marker(wd, rec)
+            log(f"{wd}: model code changed ({why}); same function, reused")
+            return rec
+        log(f"{wd}: model code changed; fingerprint {outcome} ({why})")
     if rec.get("status") == "done" and verify is not None:
         ok, why = verify()
         if ok:
@@ -128,6 +140,9 @@ class Ctx:
         # runs read (not trained) whose model code differs from the current, by path under root; shared by
         # for_size copies, cleared before each table (main)
         self.unverified: set[str] = set()
+        # model fingerprints by config (fingerprint.check_run's cache), shared by for_size copies: the seeds of a
+        # config finished by one invocation share one probe
+        self.fingerprints: dict[str, list[float]] = {}
         self.root, self.size = os.path.abspath(root), size
         self.judged = size != "toy"  # toy size: numbers and intervals, never a verdict word
         self.seeds = tuple(seeds)
@@ -177,6 +192,7 @@ class Ctx:
         (the `length` table trains at LENGTH_SIZE, the ladder at each LADDER size)."""
         c = Ctx(self.root, size, self.seeds, self.render_only, self.keep_stale, ())
         c.only, c.train_dt, c.unverified = self.only, self.train_dt, self.unverified
+        c.fingerprints = self.fingerprints
         c.archive = self.archive
         c.seeds_given = self.seeds_given
         c.judged = self.judged
@@ -239,6 +255,33 @@ def archive_now(ctx: Ctx) -> None:
         log(f"recorded {n} finished runs in {ctx.archive}")
 
 
+def finish_run(ctx: Ctx, wd: str, rec: dict[str, Any], model: Any) -> None:
+    """Writes a finished run's marker (rec, status "done"), stamps it with the fingerprint of its model config
+    `model` (idattn/studies/fingerprint.py: a later change of model code re-verifies it without its checkpoint) and
+    records it with --archive. A probe that fails leaves the run finished and unstamped, and says so: `python -m
+    idattn.repro verify` stamps it later."""
+    write_marker(wd, rec)
+    try:
+        from idattn.studies import fingerprint
+        if fingerprint.check(rec, rec["src"], lambda: (model, ""), ctx.fingerprints)[0] == "stamped":
+            write_marker(wd, rec)
+    except Exception as e:  # noqa: BLE001 - the run is trained and recorded; only its stamp is missing
+        log(f"{wd}: finished, but its fingerprint was not computed ({type(e).__name__}: {e}); "
+            "`python -m idattn.repro verify` stamps it")
+    archive_now(ctx)
+
+
+def read_only(ctx: Ctx, wd: str) -> dict[str, Any]:
+    """The marker of a run this invocation only reads (Ctx.skip: --render_only, --only without its mixer, --tasks
+    without its family). A finished run of other model code is named in ctx.unverified, and the table's
+    missing_note lists it as read without checking (`verify` first re-stamps the runs the current code
+    reproduces)."""
+    rec = read_marker(wd)
+    if rec.get("status") == "done" and rec.get("src") != source_hash():
+        ctx.unverified.add(os.path.relpath(wd, ctx.root))  # runs/<size>/<kind>/<name>: names repeat across sizes
+    return rec
+
+
 def loss_curve(wd: str) -> list[list[float]]:
     """[[step, training loss], ...] from the trainer's metrics.jsonl (one line per `log_every` steps; the loss of
     that step's batch, not an average), kept in the marker so that the record holds it (spikes are findings)."""
@@ -271,9 +314,7 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
     """Trains (or resumes / reuses) one language-model run; returns its marker, None when not available."""
     wd = ctx.lm_dir(mixer, dt, seed)
     if ctx.skip(mixer, dt):
-        rec = read_marker(wd)
-        if rec.get("status") == "done" and rec.get("src") != source_hash():
-            ctx.unverified.add(os.path.relpath(wd, ctx.root))  # runs/<size>/lm/<name>: names repeat across sizes
+        rec = read_only(ctx, wd)
         return rec if rec.get("status") == "done" else None
     check_corpus(ctx)
     cfg = ctx.config(mixer, dt, seed)
@@ -286,7 +327,7 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
         move_aside(wd, old, f"trained with another recipe ({old['recipe']} != {recipe})")
     train_src = train_code_hash()
     rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_lm(ctx, wd, read_marker(wd)),
-                      train_src=train_src)
+                      train_src=train_src, model=cfg.model, ctx=ctx)
     if rec.get("status") == "done":
         return rec
     from idattn.train import run
@@ -303,10 +344,9 @@ def ensure_lm(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None
         raise ReproError(f"{wd}: stopped by a signal; rerun the same command to resume")
     rec.update(status="done", params=int(summary["num_params"]), steps=int(cfg.train.num_steps),
                final_train_loss=summary.get("loss"), loss_curve=loss_curve(wd))
-    write_marker(wd, rec)
     log(f"trained {os.path.basename(wd)} in {rec['train_s']:.0f} s (loss {summary.get('loss')})")
-    archive_now(ctx)
-    return rec
+    finish_run(ctx, wd, rec, cfg.model)
+    return read_marker(wd)
 
 
 def corpus_name(ctx: Ctx) -> str:
@@ -494,7 +534,7 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     same = lambda m: m.get("recipe") == recipe and m.get("model", model) == model  # noqa: E731
     if ctx.skip(mixer):
         recs = read_results(wd, "recall") if os.path.isdir(wd) else []
-        m = read_marker(wd)
+        m = read_only(ctx, wd)
         return recs[-1] if recs and m.get("status") == "done" and same(m) else None
     src = source_hash()
     old = read_marker(wd)
@@ -505,7 +545,8 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
         move_aside(wd, old, f"trained with {why}")
     # a run saved with its parameters (MQAR_PARAMS) is re-scored under new model code; an older one is retrained
     train_src = synthetic_train_hash()
-    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd), train_src=train_src)
+    rec = check_reuse(wd, src, ctx.keep_stale, verify=lambda: verify_mqar(ctx, mixer, seed, wd), train_src=train_src,
+                      model=c.model, ctx=ctx)
     if rec.get("status") == "done":
         recs = read_results(wd, "recall")
         if recs:
@@ -526,11 +567,10 @@ def ensure_mqar(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                                                      "seed": seed},
                  details=res, protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
                                         "method": "Zoology MQAR, accuracy at query positions"})
-    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
-                       "status": "done", "recipe": recipe, "model": model, "train_s": time.time() - t0,
-                       "trained_on": trained_on()})
     log(f"MQAR {mixer} seed {seed}: acc {res['acc']:.3f} ({time.time() - t0:.0f} s)")
-    archive_now(ctx)
+    finish_run(ctx, wd, {"src": src, "train_src": train_src, "mixer": mixer, "seed": seed, "size": ctx.size,
+                         "status": "done", "recipe": recipe, "model": model, "train_s": time.time() - t0,
+                         "trained_on": trained_on()}, c.model)
     return read_results(wd, "recall")[-1]
 
 

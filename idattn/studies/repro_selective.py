@@ -39,9 +39,9 @@ import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, archive_now, check_reuse, ensure_mqar, lm_ppl, log,
-                                       missing_note, move_aside, read_marker, run_cost, run_name, source_hash,
-                                       synthetic_train_hash, trained_on, write_marker, write_table)
+from idattn.studies.repro_runs import (LABEL, Ctx, check_reuse, ensure_mqar, finish_run, lm_ppl, log,
+                                       missing_note, move_aside, read_marker, read_only, run_cost, run_name,
+                                       source_hash, synthetic_train_hash, trained_on, write_marker, write_table)
 from idattn.studies.repro_hybrid import answer_question
 
 # (numerator model, denominator model, task key, line, side, text): differences in accuracy points
@@ -114,19 +114,22 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
         return out
 
     if ctx.skip(mixer):
+        m = read_only(ctx, wd)
         return read() if m.get("status") == "done" and m.get("recipe") == recipe else None
     src = source_hash()
     if m and m.get("recipe") != recipe and not ctx.keep_stale:
         move_aside(wd, m, "trained with another state-tracking recipe")
     train_src = synthetic_train_hash()
-    if check_reuse(wd, src, ctx.keep_stale, train_src=train_src).get("status") == "done" and read() is not None:
+    model = state_model_config(ctx, mixer)
+    reused = check_reuse(wd, src, ctx.keep_stale, train_src=train_src, model=model, ctx=ctx)
+    if reused.get("status") == "done" and read() is not None:
         return read()
     r = ctx.exp.STATE_TRACKING[ctx.size]
     write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
                        "size": ctx.size, "status": "training", "recipe": recipe, "trained_on": trained_on()})
     t0 = time.time()
     log(f"state tracking {task} {mixer} seed {seed}: {r['steps']} steps x {r['batch_size']}")
-    res = train_state_tracking(state_model_config(ctx, mixer), task, steps=int(r["steps"]),
+    res = train_state_tracking(model, task, steps=int(r["steps"]),
                                batch_size=int(r["batch_size"]), lr=float(r["lr"]),
                                weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]), seed=seed,
                                num_train=int(r["num_train"]), num_test=int(r["num_test"]),
@@ -140,10 +143,9 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
                            "context": list(res["test_lengths"]),
                            "method": "accuracy at the `=` position, trained at the shorter lengths "
                                      "(idattn.eval.state_tracking)"})
-    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
-                       "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0,
-                       "trained_on": trained_on()})
-    archive_now(ctx)
+    finish_run(ctx, wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
+                         "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0,
+                         "trained_on": trained_on()}, model)
     return read()
 
 
