@@ -140,7 +140,7 @@ class Ctx:
         # runs read (not trained) whose model code differs from the current, by path under root; shared by
         # for_size copies, cleared before each table (main)
         self.unverified: set[str] = set()
-        # model fingerprints by config (fingerprint.check_run's cache), shared by for_size copies: the seeds of a
+        # model fingerprints by config (the cache of fingerprint.check), shared by for_size copies: the seeds of a
         # config finished by one invocation share one probe
         self.fingerprints: dict[str, list[float]] = {}
         self.root, self.size = os.path.abspath(root), size
