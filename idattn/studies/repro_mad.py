@@ -67,7 +67,7 @@ def ensure_mad(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
     recipe = mad_recipe(ctx)
     m = read_marker(wd)
     if ctx.skip(cell):
-        m = read_only(ctx, wd)
+        read_only(ctx, wd, m)  # names it when its model code is not the current
         recs = read_results(wd, "mad") if os.path.isdir(wd) else []
         ok = recs and m.get("status") == "done" and m.get("recipe") == recipe
         return float(recs[-1]["metrics"][f"mad/{task}/acc"]) if ok else None

@@ -271,12 +271,12 @@ def finish_run(ctx: Ctx, wd: str, rec: dict[str, Any], model: Any) -> None:
     archive_now(ctx)
 
 
-def read_only(ctx: Ctx, wd: str) -> dict[str, Any]:
+def read_only(ctx: Ctx, wd: str, rec: dict[str, Any] | None = None) -> dict[str, Any]:
     """The marker of a run this invocation only reads (Ctx.skip: --render_only, --only without its mixer, --tasks
-    without its family). A finished run of other model code is named in ctx.unverified, and the table's
-    missing_note lists it as read without checking (`verify` first re-stamps the runs the current code
-    reproduces)."""
-    rec = read_marker(wd)
+    without its family; `rec`: the marker when the caller has read it already). A finished run of other model code
+    is named in ctx.unverified, and the table's missing_note lists it as read without checking (`verify` first
+    re-stamps the runs the current code reproduces)."""
+    rec = read_marker(wd) if rec is None else rec
     if rec.get("status") == "done" and rec.get("src") != source_hash():
         ctx.unverified.add(os.path.relpath(wd, ctx.root))  # runs/<size>/<kind>/<name>: names repeat across sizes
     return rec

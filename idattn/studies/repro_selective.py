@@ -114,7 +114,7 @@ def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float]
         return out
 
     if ctx.skip(mixer):
-        m = read_only(ctx, wd)
+        read_only(ctx, wd, m)  # names it when its model code is not the current
         return read() if m.get("status") == "done" and m.get("recipe") == recipe else None
     src = source_hash()
     if m and m.get("recipe") != recipe and not ctx.keep_stale:
