@@ -86,11 +86,18 @@ def test_softmax_export_is_hf_llama(tmp_path):
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
 
 
+def _selective_cells():
+    from idattn.models import cube_cells
+    return [(f"{cell}-{core}", {}) for cell in cube_cells() for core in ("selective", "selective+phase")]
+
+
 @pytest.mark.parametrize("mixer,kw", [("interdomain", {}), ("generic-linear-rope", {"scan_layers": False}),
-                                      ("interdomain-selective+phase", {}), ("s4d_only-selective", {})])
+                                      ("interdomain-selective+phase", {}), ("s4d_only-selective", {}),
+                                      ("s4d_only-selective+phase", {})] + _selective_cells())
 def test_recurrent_export_roundtrip(tmp_path, mixer, kw):
     """Every core round-trips: the selective cores' Δ (and phase) projections are layer tensors like the rest, and
-    the config records the core (issue 34)."""
+    the config records the core (issue 34: every cube cell × selective core; no forward pass, so all in the
+    default suite)."""
     from idattn.models.spec import mixer_core
     cfg = _cfg(mixer, **kw)
     params = _random_params(cfg, seed=3)

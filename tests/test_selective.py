@@ -584,13 +584,24 @@ def test_layer_with_constant_delta_is_the_lti_layer():
     assert err <= 1e-5
 
 
-@pytest.mark.parametrize("mixer", ["dualkv-query-rope-selective+phase",
-                                   pytest.param("s4d_only-selective+phase", marks=pytest.mark.slow),
-                                   pytest.param("generic-query-norope-selective", marks=pytest.mark.slow)])
+def _selective_mixers():
+    """Every cube cell × selective core, and the S4D-only control's two cores (issue 34: "every cube cell × core
+    builds, trains, decodes and exports"; the LTI core is tests/test_model.py's)."""
+    from idattn.models import cube_cells
+    return [f"{cell}-{core}" for cell in cube_cells() for core in ("selective", "selective+phase")] + \
+        ["s4d_only-selective", "s4d_only-selective+phase"]
+
+
+_DEFAULT_SELECTIVE = "dualkv-query-rope-selective+phase"  # the default suite's one compiled model; the rest: -m slow
+
+
+@pytest.mark.parametrize("mixer", [m if m == _DEFAULT_SELECTIVE else pytest.param(m, marks=pytest.mark.slow)
+                                   for m in _selective_mixers()])
 def test_tiny_selective_model_decodes_packs_and_trains(mixer):
     """The full model with a selective core: token-by-token decoding equals the forward (≤ 1e-4 of the logit
     scale), a packed document is blind to the one before it, gradients are finite (non-zero for W_Δ, β_Δ and,
-    with the phase, W_θ) and four Adam steps lower the loss (tests/test_model.py's checks)."""
+    with the phase, W_θ) and four Adam steps lower the loss (tests/test_model.py's checks). Every cube cell ×
+    selective core (one in the default suite, the other 17 under -m slow)."""
     from tests.test_model import _batch, _check_fn, _init, _train_fn, small_cfg
     from idattn.models import build_model
     from idattn.models.spec import mixer_core, spec_from_config

@@ -1,0 +1,111 @@
+"""scripts/parity_probe.py: its data are what it says (checked by direct loops), and its reading of a layer's turn
+per bit is the layer's own lam_t (checked against the closed form of a selective layer whose projections are zero:
+Δ_t = softplus(β_Δ) and ϑ_t = 0 at every token, so lam = exp(Δ_h·(a_h + iω_h,m)) whatever the bit)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from idattn.eval import state_tracking as st
+
+_SPEC = importlib.util.spec_from_file_location(
+    "parity_probe", os.path.join(os.path.dirname(__file__), "..", "scripts", "parity_probe.py"))
+PP = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(PP)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _fast_compile():
+    """Compile time dominates on CPU (as in tests/test_model.py): most XLA optimisations off for this module."""
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)
+
+
+def test_prefix_labels_and_the_few_ones_set():
+    x, y = st.generate("parity", 50, seed=3, lengths=(3, 12))
+    t = PP.prefix_parity_targets(x, y)
+    for row, lab, orig in zip(x, t, y):
+        L = list(row).index(2)
+        parity = 0
+        for i in range(L):
+            parity ^= int(row[i])
+            assert lab[i] == parity
+        assert lab[L] == orig[L] == parity and (lab[L + 1:] == orig[L + 1:]).all()
+    x, y = PP.few_ones_set(40, seed=5, lengths=(41, 90), max_ones=6)
+    for row, lab in zip(x, y):
+        L = list(row).index(2)
+        assert 41 <= L <= 90 and set(row[:L]) <= {0, 1} and (row[L + 1:] == 3).all()
+        assert row[:L].sum() <= 6 and lab[L] == row[:L].sum() % 2 and (np.delete(lab, L) == -100).all()
+
+
+def _zero_projections(params):
+    """w_dt and w_theta kernels to zero: every token gets Δ = softplus(β_Δ) and ϑ = 0."""
+    def f(path, v):
+        k = jax.tree_util.keystr(path)
+        return np.zeros_like(v) if ("w_dt" in k or "w_theta" in k) else v
+    return jax.tree_util.tree_map_with_path(f, params)
+
+
+def test_read_turns_is_the_layers_lam():
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.models import build_model
+
+    model = build_model(PP.probe_config("s4d_only-selective+phase", width=16))
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    params = _zero_projections(params)
+    bits = np.random.default_rng(0).integers(0, 2, (4, 12)).astype(np.int32)
+    got = PP.read_turns(model, params, bits)
+    assert len(got) == 2  # both layers read
+    flat = {jax.tree_util.keystr(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    for name, r in got.items():
+        layer = name.split("/")[0]
+        pick = lambda s: next(v for k, v in flat.items() if layer in k and s in k)  # noqa: E731
+        dt = np.log1p(np.exp(pick("ssm_dt_bias")))[r["head"]]
+        a = -np.exp(pick("ssm_log_a_re"))[r["head"]]
+        w = pick("ssm_a_im")[r["head"], r["mode"]]
+        want = np.angle(np.exp(1j * dt * w)) / np.pi
+        assert abs(r["turn_over_pi"]) < 1e-5  # every token alike: no turn of a 1-bit past a 0-bit
+        assert r["angle1_over_pi"] == pytest.approx(want, abs=1e-5)
+        assert r["angle0_over_pi"] == pytest.approx(want, abs=1e-5)
+        assert r["concentration1"] == pytest.approx(1.0, abs=1e-6)
+        assert r["mag1"] == pytest.approx(np.exp(dt * a), rel=1e-5) and r["mag0"] == pytest.approx(np.exp(dt * a),
+                                                                                                  rel=1e-5)
+
+
+def test_refusals():
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.models import build_model
+
+    cfg = PP.probe_config("s4d_only-selective", width=16)
+    model = build_model(cfg)
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    with pytest.raises(ValueError, match="bits"):
+        PP.read_turns(model, params, np.full((1, 4), 2, np.int32))
+    cfg.scan_layers = True
+    with pytest.raises(ValueError, match="scan_layers"):
+        PP.read_turns(build_model(cfg), params, np.zeros((1, 4), np.int32))
+    with pytest.raises(SystemExit):
+        PP.main(["--mixer=interdomain"])
+
+
+@pytest.mark.slow  # one tiny training run end to end (~30 s)
+def test_probe_end_to_end(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert PP.main(["--mixer=s4d_only-selective", "--steps=3", "--width=16", f"--out={out}"]) == 0
+    res = json.loads(out.read_text())
+    assert res["steps"] == 3 and len(res["layers"]) == 2
+    for k in ("acc_3_40", "acc_40_256", "acc_41_256_at_most_20_ones"):
+        assert 0.0 <= res[k] <= 1.0
+    for r in res["layers"].values():
+        assert -1.0 <= r["turn_over_pi"] <= 1.0 and 0 < r["mag0"] <= 1.0 and 0 < r["mag1"] <= 1.0
