@@ -186,6 +186,17 @@ def test_mixed_data_tensor_mesh_compiles_for_v5p(tmp_path_factory):
                 {"interdomain": [(2, 1, 2), (4, 1, 1)], "softmax": [(1, 2, 2), (2, 1, 2), (4, 1, 1)]})
 
 
+@pytest.mark.slow  # ~1-2 min: one compile process, both selective cores on four chips
+def test_selective_train_step_compiles_for_v5p_on_the_chunked_form(tmp_path_factory):
+    """Issue 34: the selective cores have no Pallas kernel; with impl="pallas" they compile for a v5p on the chunked
+    XLA form (no Mosaic call in the program) under the fsdp x tensor mesh, and no chip holds full-batch logits."""
+    rows = _compile_cases(tmp_path_factory, [(m, "v5p:2x2x1", (1, 2, 2))
+                                             for m in ("interdomain-selective", "interdomain-selective+phase")])
+    assert [r["mixer"] for r in rows] == ["interdomain-selective", "interdomain-selective+phase"]
+    for r in rows:
+        assert r["chips"] == 4 and r["mosaic"] == 0 and r["full_logits"] == [], r
+
+
 def test_aot_cli_prints_closing_line(tmp_path):
     _need_libtpu()
     env = dict(T.subprocess_env(), ALLOW_MULTIPLE_LIBTPU_LOAD="1")
