@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -70,7 +71,7 @@ def _captured_lams(tree: Any, path: str = "") -> list[tuple[str, Any]]:
     for k, v in tree.items():
         if k == "selective_params":
             out.append((path, v[0][0]))  # the method's outputs (lam, b, c), captured once
-        elif isinstance(v, dict):
+        elif isinstance(v, Mapping):
             out += _captured_lams(v, f"{path}/{k}" if path else k)
     return out
 
@@ -93,21 +94,29 @@ def read_turns(model: Any, params: Any, inputs: np.ndarray) -> dict[str, dict[st
     lams = _captured_lams(dict(state["intermediates"]))
     if not lams:
         raise ValueError("parity probe: no selective_params captured; is the mixer's core selective?")
+    return {name: turn_stats(np.asarray(lam), inputs) for name, lam in lams}
+
+
+def turn_stats(lam: np.ndarray, inputs: np.ndarray) -> dict[str, Any]:
+    """The module docstring's statistics of one layer's lam [B, T, H, M] on bits `inputs` [B, T], at the (head, mode)
+    with the largest |turn|. That maximum is taken over K = H·M pairs, so it is near π by selection alone once the
+    turns spread over the circle (a per-token Δ_t turns mode m by (Δ₁ − Δ₀)·ω_m, which wraps for the fast modes):
+    `max_turn_if_uniform_over_pi` = K / (K + 1) is the expected maximum of K uniform |turns| / π, and
+    `near_pi` counts the pairs with |turn| ≥ 0.95π beside `near_pi_if_uniform` = 0.05·K."""
+    lam = np.asarray(lam, np.complex128)
     one, zero = inputs == 1, inputs == 0
-    out = {}
-    for name, lam in lams:
-        lam = np.asarray(lam, np.complex128)
-        mag = np.abs(lam)
-        unit = lam / np.maximum(mag, 1e-30)
-        u1, u0 = unit[one].mean(0), unit[zero].mean(0)  # [H, M] circular means
-        turn = np.angle(u1 * np.conj(u0))
-        h, m = np.unravel_index(np.argmax(np.abs(turn)), turn.shape)
-        out[name] = {"head": int(h), "mode": int(m), "turn_over_pi": float(turn[h, m] / np.pi),
-                     "angle1_over_pi": float(np.angle(u1[h, m]) / np.pi),
-                     "angle0_over_pi": float(np.angle(u0[h, m]) / np.pi),
-                     "concentration1": float(np.abs(u1[h, m])),
-                     "mag1": float(mag[one][:, h, m].mean()), "mag0": float(mag[zero][:, h, m].mean())}
-    return out
+    mag = np.abs(lam)
+    unit = lam / np.maximum(mag, 1e-30)
+    u1, u0 = unit[one].mean(0), unit[zero].mean(0)  # [H, M] circular means
+    turn = np.angle(u1 * np.conj(u0))
+    h, m = np.unravel_index(np.argmax(np.abs(turn)), turn.shape)
+    k = turn.size
+    return {"head": int(h), "mode": int(m), "turn_over_pi": float(turn[h, m] / np.pi),
+            "angle1_over_pi": float(np.angle(u1[h, m]) / np.pi), "angle0_over_pi": float(np.angle(u0[h, m]) / np.pi),
+            "concentration1": float(np.abs(u1[h, m])),
+            "mag1": float(mag[one][:, h, m].mean()), "mag0": float(mag[zero][:, h, m].mean()),
+            "near_pi": int((np.abs(turn) >= 0.95 * np.pi).sum()), "near_pi_if_uniform": 0.05 * k,
+            "max_turn_if_uniform_over_pi": k / (k + 1)}
 
 
 def probe_config(mixer: str, width: int):

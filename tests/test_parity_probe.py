@@ -81,6 +81,28 @@ def test_read_turns_is_the_layers_lam():
                                                                                                   rel=1e-5)
 
 
+def test_turn_stats_on_a_known_lam():
+    """A hand-made lam: at (head 1, mode 5) a 1-bit has angle 0.95π and magnitude 0.9, a 0-bit angle 0.1π and
+    magnitude 0.99 (turn 0.85π); every other pair turns by at most 0.2π; the masks must not be swapped."""
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2, (6, 20))
+    H, M = 2, 8
+    ang = np.where(bits[..., None, None] == 1, 0.12, 0.05) * np.pi * np.ones((1, 1, H, M))
+    mag = np.full(bits.shape + (H, M), 0.97)
+    ang[..., 1, 5] = np.where(bits == 1, 0.95 * np.pi, 0.1 * np.pi)
+    mag[..., 1, 5] = np.where(bits == 1, 0.9, 0.99)
+    r = PP.turn_stats(mag * np.exp(1j * ang), bits)
+    assert (r["head"], r["mode"]) == (1, 5)
+    assert r["turn_over_pi"] == pytest.approx(0.85) and r["angle1_over_pi"] == pytest.approx(0.95)
+    assert r["angle0_over_pi"] == pytest.approx(0.1) and r["concentration1"] == pytest.approx(1.0)
+    assert r["mag1"] == pytest.approx(0.9) and r["mag0"] == pytest.approx(0.99)
+    assert r["near_pi"] == 0 and r["near_pi_if_uniform"] == pytest.approx(0.8)
+    assert r["max_turn_if_uniform_over_pi"] == pytest.approx(16 / 17)
+    ang[..., 0, 2] = np.where(bits == 1, -0.5 * np.pi, 0.48 * np.pi)  # a turn of 0.98π, through the wrap
+    r = PP.turn_stats(mag * np.exp(1j * ang), bits)
+    assert (r["head"], r["mode"]) == (0, 2) and r["turn_over_pi"] == pytest.approx(-0.98) and r["near_pi"] == 1
+
+
 def test_refusals():
     import jax.numpy as jnp
     from flax import linen as nn
