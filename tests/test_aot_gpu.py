@@ -253,11 +253,9 @@ def test_oversized_kernel_fails_to_compile(h200):
         jax.jit(f).lower(x, x).compile(compiler_options=gpu.compiler_options())
 
 
-@pytest.mark.slow  # ~60 s: the 125M step; the default suite keeps the kernels' own compiles
-def test_interdomain_125m_train_step_compiles_for_8_h200():
-    """The 125M interdomain train step (loss, gradients, AdamW) with impl="pallas" under the fsdp mesh
-    (data 1 x fsdp 8 x tensor 1) compiles for 8 x H200: Triton kernels in the program, parameters sharded, and
-    the per-device footprint within the card's HBM. One sequence of 256 tokens per device keeps it quick."""
+def _compile_125m_for_8_h200(mixer: str):
+    """The 125M `mixer` train step (loss, gradients, AdamW) with impl="pallas" under the fsdp mesh (data 1 x fsdp 8
+    x tensor 1), compiled for 8 x H200 with one sequence of 256 tokens per device: (compiled, setup, target)."""
     _need_plugin()
     import jax
     import jax.numpy as jnp
@@ -268,45 +266,7 @@ def test_interdomain_125m_train_step_compiles_for_8_h200():
     from idattn.train.trainer import build_setup
 
     target = gpu.gpu_target("h200x8")
-    cfg = get_config("interdomain,125m")
-    cfg.model.impl = "pallas"
-    cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, 8, 1
-    cfg.data.seq_len, cfg.train.batch_size, cfg.train.grad_accum = 256, 8, 1
-    mesh = shd.make_mesh(cfg.mesh, target.devices)
-    setup = build_setup(cfg, mesh, num_steps=1000, warmup_steps=10)
-    B, T = cfg.train.batch_size, cfg.data.seq_len
-    dtypes = {"loss_mask": jnp.float32}
-    batch = {k: jax.ShapeDtypeStruct((B, T), dtypes.get(k, jnp.int32), sharding=setup.batch_shardings[k])
-             for k in BATCH_KEYS}
-    with setup.context():
-        compiled = setup.train.lower(setup.abstract_state, batch).compile(compiler_options=gpu.compiler_options())
-    text = compiled.as_text()
-    # the mixer's forward (2 kernels) and backward (4, with the saved states); the layers may be one scanned
-    # body (and remat may compile the forward twice), so at least the six names
-    assert {c["name"] for c in gpu.triton_calls(text)} >= KERNEL_NAMES
-    assert "all-gather" in text or "all-reduce" in text or "reduce-scatter" in text  # fsdp collectives
-    emb = setup.abstract_state.params["embedding"]
-    assert "fsdp" in str(emb.sharding.spec)
-    ma = compiled.memory_analysis()
-    per_device = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
-    assert 0 < per_device < target.hbm_bytes_per_device
-
-
-@pytest.mark.slow  # ~60 s: the 125M step on the chunked form
-def test_selective_125m_train_step_compiles_for_8_h200():
-    """Issue 34: the 125M interdomain-selective+phase train step (no kernel: impl="pallas" falls back to the chunked
-    XLA form) compiles for 8 x H200 under the fsdp mesh with no Triton call, and fits the card's HBM."""
-    _need_plugin()
-    import jax
-    import jax.numpy as jnp
-
-    from experiments.scaling import get_config
-    from idattn.train import sharding as shd
-    from idattn.train.step import BATCH_KEYS
-    from idattn.train.trainer import build_setup
-
-    target = gpu.gpu_target("h200x8")
-    cfg = get_config("interdomain-selective+phase,125m")
+    cfg = get_config(f"{mixer},125m")
     cfg.model.impl = "pallas"
     cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor = 1, 8, 1
     cfg.data.seq_len, cfg.train.batch_size, cfg.train.grad_accum = 256, 8, 1
@@ -317,12 +277,39 @@ def test_selective_125m_train_step_compiles_for_8_h200():
                                      sharding=setup.batch_shardings[k]) for k in BATCH_KEYS}
     with setup.context():
         compiled = setup.train.lower(setup.abstract_state, batch).compile(compiler_options=gpu.compiler_options())
+    return compiled, setup, target
+
+
+def _fits(compiled, target) -> bool:
+    ma = compiled.memory_analysis()
+    per_device = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
+    return 0 < per_device < target.hbm_bytes_per_device
+
+
+@pytest.mark.slow  # ~60 s: the 125M step; the default suite keeps the kernels' own compiles
+def test_interdomain_125m_train_step_compiles_for_8_h200():
+    """The 125M interdomain train step with impl="pallas" under the fsdp mesh compiles for 8 x H200: Triton kernels
+    in the program, parameters sharded, and the per-device footprint within the card's HBM."""
+    compiled, setup, target = _compile_125m_for_8_h200("interdomain")
+    text = compiled.as_text()
+    # the mixer's forward (2 kernels) and backward (4, with the saved states); the layers may be one scanned
+    # body (and remat may compile the forward twice), so at least the six names
+    assert {c["name"] for c in gpu.triton_calls(text)} >= KERNEL_NAMES
+    assert "all-gather" in text or "all-reduce" in text or "reduce-scatter" in text  # fsdp collectives
+    emb = setup.abstract_state.params["embedding"]
+    assert "fsdp" in str(emb.sharding.spec)
+    assert _fits(compiled, target)
+
+
+@pytest.mark.slow  # ~60 s: the 125M step on the chunked form
+def test_selective_125m_train_step_compiles_for_8_h200():
+    """Issue 34: the 125M interdomain-selective+phase train step (no kernel: impl="pallas" falls back to the chunked
+    XLA form) compiles for 8 x H200 under the fsdp mesh with no Triton call, and fits the card's HBM."""
+    compiled, _, target = _compile_125m_for_8_h200("interdomain-selective+phase")
     text = compiled.as_text()
     assert gpu.triton_calls(text) == []  # the fallback (warned once per process) is the chunked form
     assert "all-gather" in text or "all-reduce" in text or "reduce-scatter" in text  # fsdp collectives
-    ma = compiled.memory_analysis()
-    per_device = ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes - ma.alias_size_in_bytes
-    assert 0 < per_device < target.hbm_bytes_per_device
+    assert _fits(compiled, target)
 
 
 @pytest.mark.slow  # ~25 s: one fresh compile process, two bf16 cases at T = 16K

@@ -12,20 +12,12 @@ import numpy as np
 import pytest
 
 from idattn.eval import state_tracking as st
+from tests.test_model import _fast_compile  # noqa: F401  (autouse: most XLA optimisations off here too)
 
 _SPEC = importlib.util.spec_from_file_location(
     "parity_probe", os.path.join(os.path.dirname(__file__), "..", "scripts", "parity_probe.py"))
 PP = importlib.util.module_from_spec(_SPEC)
 _SPEC.loader.exec_module(PP)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compile():
-    """Compile time dominates on CPU (as in tests/test_model.py): most XLA optimisations off for this module."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
 
 
 def test_prefix_labels_and_the_few_ones_set():
