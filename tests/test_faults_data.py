@@ -191,3 +191,31 @@ def test_resume_with_another_data_path_is_refused_unless_allowed(tmp_path, corpo
     assert "the data changed under the run" in caplog.text  # the position that crashed the packer before
     assert done["status"] == "done" and done["step"] == 20 and committed_steps(str(wd)) == [10, 15, 20]
     assert json.loads((wd / "config.json").read_text())["data"]["path"] == str(other)
+
+
+# ------------------------------------------------------------------------------- data prepared again in place
+def test_data_prepared_again_in_place_is_refused_unless_allowed(tmp_path, corpora, in_process, env):
+    """The trial: `prepare --overwrite` into the same data.path with more documents resumed silently (the shard
+    checksums agree with the new meta.json): steps 21-40 differed from a straight run and the validation set
+    changed. The run records its data by content (identity.json) at its first start."""
+    from idattn.rundir import layout
+    data, _ = _copy(corpora, "long", tmp_path / "data")
+    wd = str(tmp_path / "run")
+    T.stop_at(in_process, wd, _cfg(data))
+    assert committed_steps(wd) == [5, 10, 15]
+    more = tmp_path / "more_texts"
+    _write_corpus(more, 3, 50, 120)
+    proc = subprocess.run([sys.executable, "-m", "idattn.data.prepare", f"--source={more}", f"--out={data}",
+                           *PREPARE, "--overwrite"], cwd=T.REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    files = lambda: {os.path.relpath(os.path.join(r, p), wd): open(os.path.join(r, p), "rb").read()  # noqa: E731
+                     for r, _, fs in os.walk(wd) for p in fs}
+    before = files()
+    with pytest.raises(in_process.TrainingError, match=rf"refusing to resume .* at step 15: the data at {re.escape(str(data))}"
+                       r" is other content \(train, val split\(s\) differ .*allow_data_change=true") as e:
+        in_process.run(_cfg(data), wd)
+    assert "\n" not in str(e.value)
+    assert files() == before  # nothing written
+    done = in_process.run(_cfg(data, **{"train.allow_data_change": True}), wd)
+    assert done["status"] == "done" and committed_steps(wd)[-1] == 20
+    assert [(h["what"], h["step"]) for h in layout.read_identity(wd)["history"]] == [("data", 15)]

@@ -57,23 +57,7 @@ def _snapshot(wd, skip=(lease_lib.LEASE_FILE,)):
     return out
 
 
-# Runs the trainer's CLI after applying an injection (a Python snippet) to the trainer's modules: the fault is
-# injected in the process that trains, through its real entry point.
-RUNNER = """
-import os, signal, sys, time
-from idattn.train import checkpoint as ckpt, trainer, metrics as metrics_lib
-{inject}
-from idattn.configs.flags import run_app
-from idattn.train.__main__ import main
-sys.argv = ["idattn.train", *sys.argv[1:]]
-run_app(main)
-"""
-
-
-def _runner_cmd(tmp_path, wd, inject, overrides=None):
-    path = tmp_path / f"runner_{abs(hash(inject)) % 10**8}.py"
-    path.write_text(RUNNER.format(inject=inject))
-    return [sys.executable, str(path), *T.train_command(wd, overrides=overrides)[3:]]
+_runner_cmd = T.runner_command
 
 
 # ------------------------------------------------------------------------------------ 1: the holder's threshold
@@ -202,17 +186,22 @@ def test_a_stopped_trainer_that_lost_its_lease_writes_nothing_when_continued(tmp
 
 
 # --------------------------------------------------------------------------------- 3: no silent restart from 0
-def test_a_shape_mismatch_is_a_config_error_and_nothing_is_moved(tmp_path, finished, in_process):
+@pytest.mark.parametrize("recorded", [True, False], ids=["identity", "run-before-identity"])
+def test_a_shape_mismatch_is_a_config_error_and_nothing_is_moved(tmp_path, finished, in_process, recorded):
     """The refusal's own advice after a hand-edited config.json (rerun with the saved d_model) used to move every
-    checkpoint to checkpoints.rejected/ and let the next rerun train from step 1."""
+    checkpoint to checkpoints.rejected/ and let the next rerun train from step 1. With identity.json (the config as
+    the trainer wrote it) the edit itself is named; a run from before it gets the shape mismatch."""
     wd = _copy(finished, tmp_path)
+    if not recorded:
+        os.remove(os.path.join(wd, layout.IDENTITY_FILE))
     path = os.path.join(wd, "config.json")
     cfg = json.load(open(path))
     cfg["model"]["d_model"] = 48
     json.dump(cfg, open(path, "w"), indent=1)
     before = _snapshot(wd)
-    with pytest.raises(in_process.TrainingError, match=r"other parameter shapes .*saved \(512, 64\), now \(512, 48\)"
-                       r".*Nothing was moved"):
+    match = (r"config.json was edited after the run wrote it \(model.d_model: written 64, now 48\)" if recorded else
+             r"other parameter shapes .*saved \(512, 64\), now \(512, 48\).*Nothing was moved")
+    with pytest.raises(in_process.TrainingError, match=match):
         in_process.run(T.tiny_config(**{"model.d_model": 48}), wd)
     assert _snapshot(wd) == before and not os.path.exists(os.path.join(wd, layout.REJECTED_DIR))
 

@@ -313,3 +313,80 @@ def test_tpu_foreground_returns_the_trainers_status(tmp_path, rc):
     assert p.returncode == rc, p.stderr
     assert (tmp_path / "calls").read_text().strip() == f"{remote}|-m idattn.train {' '.join(TRAIN)}"
     assert len(list((remote / "logs").glob("train-*.log"))) == 1  # tee still wrote the log
+
+
+# ------------------------------------------------------------------- issue 54: one check before every submission
+# a fake scheduler / interpreter first on PATH: records that it was called (a marker file) and fails
+FAKE_TOOL = """#!/bin/sh
+touch "{marker}"
+exit 1
+"""
+# the local launcher's --python: the check (`-m idattn.launch.check`) runs the real interpreter; any other start
+# (a trainer process) is recorded
+FAKE_PYTHON = """#!/bin/sh
+case "$*" in *idattn.launch.check*) exec "{python}" "$@";; esac
+touch "{marker}"
+exec "{python}" "$@"
+"""
+# a misspelled key and a value of the wrong type, each with the trainer's own reason
+BAD = {"typo": ("--config.train.num_stepz=5", ["config.train has no key 'num_stepz'", "did you mean 'num_steps'"]),
+       "type": ("--config.train.num_steps=ten", ["--config.train.num_steps=ten: invalid literal for int()",
+                                                 "give config.train.num_steps an int"])}
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    """sbatch, gcloud and a python first on PATH (inherited by the launchers' subprocesses); returns the folder
+    where each writes `called-<name>` when run."""
+    bin_dir, marks = tmp_path / "fake-bin", tmp_path / "marks"
+    bin_dir.mkdir()
+    marks.mkdir()
+    for name in ("sbatch", "gcloud"):
+        (bin_dir / name).write_text(FAKE_TOOL.format(marker=marks / f"called-{name}"))
+    (bin_dir / "python-fake").write_text(FAKE_PYTHON.format(python=sys.executable, marker=marks / "called-python"))
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return marks
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "submit"])
+@pytest.mark.parametrize("launcher", ["local", "slurm", "tpu"])
+def test_every_submission_is_checked_first(tmp_path, fake_tools, launcher, dry_run):
+    """Issue 54: every launcher, dry run or not, runs the trainer's check on the final arguments before it writes a
+    script or runs anything: a misspelled key and a value of the wrong type are refused with the trainer's own line
+    (key, value, reason, fix); no sbatch / gcloud / trainer process is started, no script written."""
+    logs = tmp_path / "slurm-logs"
+    pre = {"local": ["--num_processes=2", f"--python={fake_tools.parent / 'fake-bin' / 'python-fake'}"],
+           "slurm": ["--nodes=1", f"--log_dir={logs}"], "tpu": ["train", "--name=pod", "--zone=z"]}[launcher]
+    cmd = ["-m", "idattn.train"] if launcher == "local" else []
+    for flag, reason in BAD.values():
+        p = subprocess.run([sys.executable, os.path.join(REPO, "launch", f"{launcher}.py"), *pre,
+                            *(["--dry_run"] if dry_run else []), "--", *cmd, *TRAIN, flag],
+                           capture_output=True, text=True, timeout=120)
+        err = [ln for ln in p.stderr.splitlines() if ln.strip()]
+        assert p.returncode != 0 and p.stdout.strip() == "", (p.stdout, p.stderr)
+        assert err and err[-1].startswith("dry run refused: error: " if dry_run else "check refused: error: "), err
+        assert all(r in err[-1] for r in reason), err
+        assert "Traceback" not in p.stderr
+        assert sorted(os.listdir(fake_tools)) == [], "a scheduler or trainer process was started"
+        assert not logs.exists()  # no sbatch script written
+
+
+@pytest.mark.parametrize("launcher", ["slurm", "tpu"])
+def test_a_missing_scheduler_binary_is_one_line(tmp_path, launcher):
+    """Without sbatch / gcloud on PATH a submission is one line naming the binary and what to install, exit 127:
+    no traceback, no script written."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    logs = tmp_path / "slurm-logs"
+    argv = ({"slurm": ["--nodes=1", f"--log_dir={logs}", "--", *TRAIN]}.get(launcher)
+            or ["create", "--name=pod", "--zone=z", "--queued"])
+    p = subprocess.run([sys.executable, os.path.join(REPO, "launch", f"{launcher}.py"), *argv], capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PATH=str(empty)))
+    tool = {"slurm": "sbatch", "tpu": "gcloud"}[launcher]
+    said = [ln for ln in p.stderr.splitlines() if tool in ln]
+    assert p.returncode == 127 and "Traceback" not in p.stderr, p.stderr
+    assert len(said) == 1 and said[0].startswith(f"error: {tool} not found on PATH: "), p.stderr
+    assert ("SLURM" if tool == "sbatch" else "Google Cloud CLI") in said[0]
+    assert not logs.exists() and p.stdout.strip() == "", p.stdout

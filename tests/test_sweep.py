@@ -1,8 +1,9 @@
 """Shape rules (idattn.configs.sizes), sweep files and the sweep runner (idattn.sweep).
 
 The local runner is tested with a stand-in trainer (a tiny script given as --python) that writes the files
-the real trainer writes (config.json, metrics.jsonl, eval/validation-step<N>.json), so that skipping finished
-runs, resuming failed ones and the states shown by `status` are checked without compiling a model.
+the real trainer writes (config.json, metrics.jsonl, checkpoint folders, best/, eval/validation-step<N>.json), so
+that skipping finished runs, resuming failed ones and the states shown by `status` are checked without compiling
+a model.
 """
 from __future__ import annotations
 
@@ -96,10 +97,19 @@ def _main(argv):
 
 @pytest.fixture
 def no_subprocess(monkeypatch):
+    """A dry run starts no process but the trainer's check of every member (idattn/launch/check.py: it runs
+    nothing, writes nothing)."""
+    popen = subprocess.Popen
+
     def boom(*a, **k):
         raise AssertionError(f"a dry run started a process: {a}")
+
+    def only_the_check(cmd, *a, **k):
+        if "idattn.launch.check" in list(cmd):
+            return popen(cmd, *a, **k)
+        boom(cmd)
     monkeypatch.setattr(subprocess, "call", boom)
-    monkeypatch.setattr(subprocess, "Popen", boom)
+    monkeypatch.setattr(subprocess, "Popen", only_the_check)
 
 
 def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
@@ -150,8 +160,9 @@ def test_slurm_array_expands_the_run_in_quoted_paths(tmp_path, no_subprocess, mo
     assert any(a.endswith(":paper-softmax-125m") and a.startswith("--config=") for a in args), args
 
 
-def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch):
-    """Submitting writes the array script and creates its #SBATCH --output folder before calling sbatch."""
+def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch, fake_tools):
+    """Submitting writes the array script and creates its #SBATCH --output folder before calling sbatch (an sbatch
+    is on PATH: a missing one is refused first)."""
     calls = []
 
     def fake_call(cmd, *a, **k):
@@ -192,12 +203,16 @@ with open(os.path.join(os.path.dirname(wd), "calls.txt"), "a") as f:
     f.write(name + "\n")
 json.dump({{"train": {{"num_steps": 4, "batch_size": 1, "total_tokens": 4}}, "data": {{"seq_len": 1}}}},
           open(os.path.join(wd, "config.json"), "w"))
+os.makedirs(os.path.join(wd, "checkpoints", "2"), exist_ok=True)  # committed checkpoints are step folders
 if os.environ.get("STUB_FAIL") == name:
     with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
         f.write(json.dumps({{"step": 2, "loss": 3.5}}) + "\n")
     sys.exit(3)
 with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
     f.write(json.dumps({{"step": 4, "loss": 3.0}}) + "\n")
+os.makedirs(os.path.join(wd, "checkpoints", "4"), exist_ok=True)
+os.makedirs(os.path.join(wd, "best", "4"), exist_ok=True)
+json.dump({{"step": 4, "val_loss": 2.9}}, open(os.path.join(wd, "best", "4", "meta.json"), "w"))
 json.dump({{"schema": "idattn.eval/v1", "suite": "validation", "step": 4, "metrics": {{"loss": 2.9, "ppl": 18.2}}}},
           open(os.path.join(wd, "eval", "validation-step00000004.json"), "w"))
 '''
@@ -327,3 +342,59 @@ def test_a_run_another_live_trainer_holds_is_running_elsewhere_not_failed(tmp_pa
     (raced / "lease.json").unlink()
     rc, out = _main(argv)
     assert rc == 0 and "2 trained" in out, out
+
+
+# ------------------------------------------------------------------- issue 54: one check before every submission
+FAKE_TOOL = "#!/bin/sh\ntouch \"{marker}\"\nexit 1\n"  # a fake sbatch / gcloud: records that it was called
+
+
+@pytest.fixture
+def fake_tools(tmp_path, monkeypatch):
+    """sbatch and gcloud first on PATH; returns the folder where each writes `called-<name>` when run."""
+    bin_dir, marks = tmp_path / "fake-bin", tmp_path / "marks"
+    bin_dir.mkdir()
+    marks.mkdir()
+    for name in ("sbatch", "gcloud"):
+        (bin_dir / name).write_text(FAKE_TOOL.format(marker=marks / f"called-{name}"))
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return marks
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry_run", "submit"])
+@pytest.mark.parametrize("launcher", ["local", "slurm", "tpu"])
+def test_sweep_checks_every_member_before_anything(tmp_path, fake_tools, capsys, launcher, dry_run):
+    """Issue 54: the sweep runs the trainer's check on every member's final arguments before it writes, runs or
+    submits anything, with each launcher, dry run or not: a misspelled key and a value of the wrong type are refused
+    with the trainer's own line (key, value, reason); no trainer, sbatch or gcloud runs, the root stays unwritten."""
+    stub = tmp_path / "stub.py"  # the local launcher's trainer: records every run it starts in <root>/calls.txt
+    stub.write_text(STUB.format(python=sys.executable))
+    stub.chmod(stub.stat().st_mode | stat.S_IEXEC)
+    root = tmp_path / "root"
+    after = {"local": [], "slurm": ["--", "--nodes=1", f"--log_dir={tmp_path / 'logs'}"],
+             "tpu": ["--", "--zone=z", "--wait_s=0"]}[launcher]
+    for kv, reason in [("train.num_stepz=5", ["config.train has no key 'num_stepz'", "did you mean 'num_steps'"]),
+                       ("train.num_steps=ten", ["--config.train.num_steps=ten: invalid literal for int()",
+                                                "give config.train.num_steps an int"])]:
+        rc, out = _main([CPU_SWEEP, f"--root={root}", f"--launcher={launcher}", f"--python={stub}",
+                         "--only=d32L1-C3e10", "--set", kv, *(["--dry_run"] if dry_run else []), *after])
+        err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert rc != 0 and out == "", (out, err)
+        assert err and err[-1].startswith(("dry run" if dry_run else "check") + " refused (2 of 2 runs: "), err
+        assert all(r in err[-1] for r in reason), err
+        assert not root.exists() and not (tmp_path / "logs").exists()  # no manifest, script, state or log
+        assert os.listdir(fake_tools) == []  # neither sbatch nor gcloud was called
+
+
+def test_sweep_without_sbatch_is_one_line(tmp_path, monkeypatch, capsys):
+    """A SLURM sweep with no sbatch on PATH: one line naming it (exit 127), no traceback, nothing written."""
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    root = tmp_path / "root"
+    rc, out = _main([CPU_SWEEP, f"--root={root}", "--launcher=slurm", "--only=softmax-d32L1-C3e10", "--",
+                     "--nodes=1", f"--log_dir={tmp_path / 'logs'}"])
+    err = capsys.readouterr().err
+    said = [ln for ln in err.splitlines() if "sbatch" in ln]
+    assert rc == 127 and len(said) == 1 and said[0].startswith("error: sbatch not found on PATH: "), err
+    assert not root.exists() and not (tmp_path / "logs").exists() and out == ""

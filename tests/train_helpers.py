@@ -84,3 +84,47 @@ def run_train(workdir: str, *, overrides: dict | None = None, extra: Sequence[st
 def read_metrics(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         return [json.loads(l) for l in f if l.strip()]
+
+
+# Runs the trainer's CLI after applying an injection (a Python snippet) to the trainer's modules: the fault is
+# injected in the process that trains, through its real entry point.
+RUNNER = """
+import os, signal, sys, time
+from idattn.train import checkpoint as ckpt, trainer, metrics as metrics_lib
+{inject}
+from idattn.configs.flags import run_app
+from idattn.train.__main__ import main
+sys.argv = ["idattn.train", *sys.argv[1:]]
+run_app(main)
+"""
+
+
+def runner_command(tmp_path, workdir: str, inject: str, overrides: dict | None = None) -> list[str]:
+    """The trainer's command line for `workdir`, run through RUNNER with `inject` applied first."""
+    path = tmp_path / f"runner_{abs(hash(inject)) % 10**8}.py"
+    path.write_text(RUNNER.format(inject=inject))
+    return [sys.executable, str(path), *train_command(workdir, overrides=overrides)[3:]]
+
+
+def stop_at(trainer, workdir: str, config, step: int = 17) -> None:
+    """Trains `config` in `workdir` in this process until a metrics write fails at `step` (a full disk): a run
+    stopped mid-way with its checkpoints up to there (5, 10 and 15 for the tiny config at step 17)."""
+    import errno
+
+    from idattn.train import metrics as metrics_lib
+    real = metrics_lib.MetricsWriter.write
+
+    def full(self, s, *a, **k):
+        if s == step:
+            raise OSError(errno.ENOSPC, "No space left on device", self.path)
+        return real(self, s, *a, **k)
+
+    metrics_lib.MetricsWriter.write = full
+    try:
+        trainer.run(config, workdir)
+    except trainer.TrainingError:
+        pass
+    else:
+        raise AssertionError(f"the run did not stop at step {step}")
+    finally:
+        metrics_lib.MetricsWriter.write = real

@@ -218,7 +218,9 @@ def base_config() -> ml_collections.ConfigDict:
     t.wsd_shape = "1-sqrt"  # wsd decay shape: 1-sqrt | linear
     t.allow_schedule_change = False  # resume with a changed LR schedule (num_steps, peak_lr, ...): explicit only
     t.allow_data_change = False  # resume with another data.path / data.source than the saved run's: explicit only
-    #   (the checkpoint's data position is a stream index; in other data it continues at an unrelated document)
+    #   (the checkpoint's data position is a stream index; in other data it continues at an unrelated document),
+    #   and with other content at the same path (a folder prepared again in place: its shard checksums differ)
+    t.allow_tokenizer_change = False  # resume with another tokenizer file at the same data.tokenizer: explicit only
     t.branch_from = ""  # "<workdir>[:<step>]": start from that run's full state (a WSD decay branch)
     t.checkpoint_steps = ()  # extra steps always saved and never rotated away (branch points of a WSD trunk)
     t.max_bad_steps = 0  # non-finite steps (loss / grad norm / update) dropped before the run stops

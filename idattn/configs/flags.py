@@ -7,12 +7,20 @@ same mistake prints
 
     error: --config.train.num_step=5: config.train has no key 'num_step'; did you mean 'num_steps'? ...
 
-and exits with status 2, before anything runs. Errors raised by `main` itself pass through untouched.
+and exits with status 2, before anything runs. A value of the wrong type is one line too (exit 2), with the key,
+the value, the reason and the type the config holds there, where absl printed it under `FATAL Flags parsing error`
+followed by a help hint (which was all a launcher's dry run showed of it):
+
+    error: --config.train.num_steps=ten: invalid literal for int() with base 10: 'ten'; give config.train.num_steps
+    an int (the config has 200)
+
+Errors raised by `main` itself pass through untouched.
 """
 from __future__ import annotations
 
 import re
 import sys
+import textwrap
 import traceback
 
 
@@ -47,8 +55,53 @@ def config_flag_error(exc: BaseException, argv: list[str]) -> str | None:
     return msg + "; run with --helpfull to list the flags, or see the config file for its keys."
 
 
+def config_value_error(exc: BaseException) -> str | None:
+    """The one-line message for a `--config.<key>=<value>` override whose value does not parse (absl's
+    IllegalFlagValueError), or None when `exc` is not one."""
+    m = re.match(r"flag --(config\.[A-Za-z0-9_.]+)=(.*?): (.*)$", str(exc), re.S)
+    if m is None:
+        return None
+    path, value, reason = m.group(1), m.group(2), " ".join(m.group(3).split())
+    msg = f"error: --{path}={value}: {reason}"
+    from absl import flags
+
+    holder = flags.FLAGS["config"] if "config" in flags.FLAGS else None
+    node = getattr(holder, "value", None)
+    try:
+        for part in path.split(".")[1:]:
+            node = node[part]
+    except (KeyError, TypeError, AttributeError):
+        return msg
+    if node is None:
+        return msg
+    kind = type(node).__name__
+    return msg + f"; give {path} {'an' if kind[0] in 'aeiou' else 'a'} {kind} (the config has {node!r})"
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+    """absl's `parse_flags_with_usage`, with a bad `--config.<key>` value as one line (exit status 2)."""
+    from absl import flags
+
+    try:
+        return flags.FLAGS(argv)
+    except flags.IllegalFlagValueError as e:
+        msg = config_value_error(e)
+        if msg is not None:
+            print(msg, file=sys.stderr, flush=True)
+            sys.exit(2)
+        error = e
+    except flags.Error as e:
+        error = e
+    message = str(error)  # as absl.app.parse_flags_with_usage prints it
+    message = f"\n{textwrap.indent(message, '  ')}\n" if "\n" in message else f" {message}\n"
+    sys.stderr.write(f"FATAL Flags parsing error:{message}")
+    sys.stderr.write("Pass --helpshort or --helpfull to see help on flags.\n")
+    sys.exit(1)
+
+
 def run_app(main, argv=None) -> None:
-    """`absl.app.run(main)`; a mistyped `--config.<key>` is reported on one line (exit status 2)."""
+    """`absl.app.run(main)`; a mistyped `--config.<key>` or a value of the wrong type is reported on one line
+    (exit status 2)."""
     from absl import app
 
     from idattn.configs import resolve_argv
@@ -57,7 +110,7 @@ def run_app(main, argv=None) -> None:
     else:
         argv = resolve_argv(list(argv))
     try:
-        app.run(main, argv=argv)
+        app.run(main, argv=argv, flags_parser=_parse_flags)
     except (AttributeError, KeyError) as e:
         if not _from_flag_parsing(e):
             raise

@@ -113,7 +113,10 @@ DESCRIPTIONS = {
     "train.decay_fraction": "WSD: share of the steps in the decay.",
     "train.wsd_shape": "WSD decay shape: 1-sqrt | linear.",
     "train.allow_schedule_change": "Accept a resume whose LR schedule differs from the saved run's.",
-    "train.allow_data_change": "Accept a resume with another data.source / data.path than the saved run's.",
+    "train.allow_data_change": "Accept a resume with another data.source / data.path than the saved run's, or "
+                               "other data at the same path (recorded in identity.json's history).",
+    "train.allow_tokenizer_change": "Accept a resume whose tokenizer has other content than the run's first start's "
+                                    "(the same data.tokenizer name, another file; recorded in identity.json).",
     "train.branch_from": "<workdir>[:<step>]: start from that run's full state (a WSD decay branch).",
     "train.checkpoint_steps": "Steps always saved and never rotated away (branch points of a WSD trunk).",
     "train.max_bad_steps": "Non-finite steps dropped before the run stops (0: stop at the first).",

@@ -143,3 +143,36 @@ def shard_paths(data_dir, meta: dict, split: str) -> list[str]:
         raise FileNotFoundError(f"{data_dir}: meta.json lists shards that are missing: {missing[:3]}"
                                 f"{' ...' if len(missing) > 3 else ''}; copy the whole folder or prepare again.")
     return [str(p) for p in paths]
+
+
+def data_identity(data_cfg) -> dict:
+    """What a run trains and validates on, by content rather than by name: {"source", "train", "val"}, where
+    train / val are SHA-256 digests. For a prepared folder they are taken over each split's shard list with the
+    per-shard checksums prepare recorded (a folder prepared again in place, with other documents, gets other
+    digests although its path is the same; an older folder without checksums: names, sizes and counts); for the
+    embedded corpora over the corpus id and the held-out fraction. A run records it at its first start and a resume
+    compares it (idattn.train.trainer)."""
+    source = str(data_cfg.get("source", "") or "")
+    out: dict = {"source": source}
+
+    def digest(items) -> str:
+        return hashlib.sha256(json.dumps(items, sort_keys=True).encode()).hexdigest()
+
+    if source == "arrayrecord":
+        path = str(data_cfg.get("path", "") or "")
+        meta = read_meta(path)
+        table = shard_table(meta) or {}
+        for split in ("train", "val"):
+            names = list(meta.get({"train": "train_shards", "val": "val_shards"}[split]) or [])
+            rows = [[n, table.get(n) or {"bytes": (pathlib.Path(path) / n).stat().st_size
+                                         if (pathlib.Path(path) / n).is_file() else None}] for n in names]
+            out[split] = digest([rows, meta.get(f"{split}_tokens"), meta.get("tokenizer", {}).get("sha256")])
+    elif source == "kjv":
+        out["train"] = out["val"] = digest(["kjv-embedded-v1", float(data_cfg.get("val_fraction", 0.05))])
+    elif source == "stdlib":
+        from idattn.data import stdlib_corpus
+        out["train"] = out["val"] = digest([stdlib_corpus.corpus_id()])
+    else:  # tfds and others: the name is all this version knows to record
+        out["train"] = out["val"] = digest([source, str(data_cfg.get("tfds_name", "") or ""),
+                                            str(data_cfg.get("path", "") or "")])
+    return out

@@ -76,7 +76,8 @@ from typing import Iterator
 import numpy as np
 
 from idattn.data import formats, jsonl
-from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, atomic_write, load_tokenizer
+from idattn import atomic
+from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, load_tokenizer
 
 
 class PrepareError(ValueError):
@@ -932,7 +933,7 @@ def tokenizer_main(argv=None) -> int:
         print(f"tokenizer: refused: {e}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(out, proto)
+    atomic.write_bytes(str(out), proto)
     tok = Tokenizer(proto, str(out))
     print(f"tokenizer: wrote {out} ({tok.vocab_size} pieces, sha256 {tok.identity()['sha256'][:16]}...); use it with "
           f"--tokenizer={out} (prepare) and data.tokenizer={out} (train, eval)")

@@ -2,26 +2,24 @@
 `python -m idattn.launch.<name>` and `launch/<name>.py` in a source checkout."""
 
 import os
-import subprocess
 import sys
 
 
-def check_trainer_args(trainer_args: list[str], python: str = sys.executable) -> int:
-    """A launcher's dry run: resolve and check the trainer's arguments on this machine (`python -m idattn.train
-    <args> --check_only`: keys, values, the model, the data choice; no data read, nothing written) before a pod or a
-    job is paid for. Prints the trainer's one line to stderr (stdout stays the launcher's commands) and returns its
-    exit status (0 when it would start)."""
-    if "-m" in trainer_args and trainer_args[trainer_args.index("-m") + 1:][:1] != ["idattn.train"]:
-        return 0  # not the trainer (e.g. the local launcher running another module): nothing to check
-    args = trainer_args[trainer_args.index("idattn.train") + 1:] if "idattn.train" in trainer_args else trainer_args
-    env = dict(os.environ, JAX_PLATFORMS="cpu")  # a check, not a run: never the submitting host's accelerator
-    proc = subprocess.run([python, "-m", "idattn.train", *args, "--check_only"], capture_output=True, text=True,
-                          env=env)
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
-    last = lines[-1] if lines else f"exit {proc.returncode}"
-    # stderr either way: stdout stays exactly the commands (or the sbatch script) a user may redirect to a file
-    print(("dry run: " if proc.returncode == 0 else "dry run refused: ") + last, file=sys.stderr, flush=True)
-    return proc.returncode
+def check_trainer_args(trainer_args: list[str], python: str = sys.executable, dry_run: bool = True) -> int:
+    """The check before a launcher writes a script or submits (dry run or not): the trainer's `--check_only` on
+    these arguments, on this machine (idattn.launch.check.check_runs: keys, values, the model, the data choice; no
+    data read, nothing written), before a pod or a job is paid for. Prints the trainer's one line to stderr (stdout
+    stays the launcher's commands) and returns its exit status (0 when it would start). `trainer_args` may carry a
+    leading `-m idattn.train` (the local launcher's process command); another module is not checked."""
+    from idattn.launch.check import check_runs, trainer_args_of
+
+    if "-m" in trainer_args:
+        args = trainer_args_of(trainer_args)
+        if args is None:
+            return 0  # not the trainer (e.g. the local launcher running another module): nothing to check
+    else:
+        args = list(trainer_args)
+    return check_runs([args], python=python, dry_run=dry_run)
 
 
 def is_git_checkout(path: str) -> bool:

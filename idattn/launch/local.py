@@ -8,6 +8,8 @@
 `launch/local.py` is a checkout's path; from an installed package the same program is `python -m
 idattn.launch.local`, and `--config=experiments/<file>.py` names the packaged recipe (idattn/configs).
 Everything after `--` is the python command line of one process (`-m idattn.train ...` or `script.py ...`).
+Before any process starts (and before a dry run prints), `-m idattn.train <args>` is checked once here with the
+trainer's `--check_only` (idattn/launch/check.py): a bad key or value stops the launch with the trainer's line.
 Process i gets IDATTN_COORDINATOR_ADDRESS=localhost:<port>, IDATTN_NUM_PROCESSES=N, IDATTN_PROCESS_ID=i
 (read by idattn.train.distributed), JAX_PLATFORMS (default cpu) and, with --devices_per_process=K on CPU,
 XLA_FLAGS=--xla_force_host_platform_device_count=K. Output lines are prefixed with [i]. CPU collectives between
@@ -38,6 +40,7 @@ import sys
 import threading
 
 from idattn.launch import check_trainer_args
+from idattn.launch.check import trainer_args_of
 
 
 def free_port() -> int:
@@ -77,8 +80,8 @@ def main(argv=None) -> int:
     p.add_argument("--platform", default="cpu", help="JAX_PLATFORMS for the children ('' to leave unset)")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--dry_run", action="store_true", help="print the commands and exit")
-    p.add_argument("--no_check", action="store_true", help="dry run: print only, without checking the trainer's "
-                   "arguments here")
+    p.add_argument("--no_check", action="store_true", help="start (or print) without first checking the trainer's "
+                   "arguments here (`-m idattn.train ... --check_only`)")
     p.add_argument("--heartbeat_timeout_s", type=int, default=10,
                    help="jax.distributed heartbeat timeout: survivors of a dead process stop within this")
     p.add_argument("--stop_timeout_s", type=float, default=600.0,
@@ -93,10 +96,13 @@ def main(argv=None) -> int:
     if not cmd:
         p.error("nothing to run after `--`")
     jobs = build(args, cmd)
+    # the trainer's check, dry run or not, before any process starts (another module or a script: not checked)
+    targs = trainer_args_of(cmd)
+    rc = 0 if args.no_check or targs is None else check_trainer_args(targs, python=args.python,
+                                                                       dry_run=args.dry_run)
+    if rc:
+        return rc
     if args.dry_run:
-        rc = 0 if args.no_check else check_trainer_args(cmd, python=args.python)
-        if rc:
-            return rc
         for env, c in jobs:
             print(" ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + " " + shlex.join(c))
         return 0

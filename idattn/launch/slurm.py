@@ -23,17 +23,21 @@ modules, needed with the `cuda12-local` extra), `--setup=LINE` (repeatable) adds
 `cuda12` extra the CUDA libraries come from pip and no module is needed. `--signal=TERM@120` makes SLURM send SIGTERM 120 s before the time limit; the trainer saves a checkpoint and
 exits 143, and the script then requeues the job (`scontrol requeue`), which resumes where it stopped (the same
 command in the same workdir resumes). `--requeue` also requeues jobs preempted by the scheduler.
+
+Before the script is written or printed, the trainer's arguments are checked here with its `--check_only`
+(idattn/launch/check.py): a bad key or value is refused with the trainer's line, nothing written or submitted;
+without `sbatch` on PATH the launcher says so in one line (before writing the script).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 
 from idattn.launch import check_trainer_args
+from idattn.launch.check import call_tool, require_tools
 
 TEMPLATE = """#!/bin/bash
 #SBATCH --job-name={job_name}
@@ -125,7 +129,7 @@ def main(argv=None) -> int:
     p.add_argument("--setup", action="append", default=[],
                    help="shell line run on the nodes before training, verbatim (repeatable)")
     p.add_argument("--dry_run", action="store_true", help="print the script and the command, submit nothing")
-    p.add_argument("--no_check", action="store_true", help="dry run: print only, without checking the trainer's "
+    p.add_argument("--no_check", action="store_true", help="submit (or print) without first checking the trainer's "
                    "arguments here (for callers that checked them, e.g. idattn.sweep's array template)")
     args = p.parse_args(argv)
     if args.nodes < 1 or args.gpus_per_node < 1:
@@ -133,20 +137,24 @@ def main(argv=None) -> int:
     if not rest:
         p.error("pass the trainer's arguments after `--` (at least --config and --workdir)")
     script = render(args, rest)
+    # dry run or not: fails here as the job would, before a script is written or anything queues
+    rc = 0 if args.no_check else check_trainer_args(rest, dry_run=args.dry_run)
+    if rc:
+        return rc
     if args.dry_run:
-        rc = 0 if args.no_check else check_trainer_args(rest)  # fails here as the job would, before it queues
-        if rc:
-            return rc
         print(script)
         print("# submit with: sbatch <this script>")
         return 0
+    rc = require_tools(["sbatch"])  # one line naming it, before the script is written
+    if rc:
+        return rc
     log_dir = log_dir_of(args)
     os.makedirs(log_dir, exist_ok=True)
     fd, path = tempfile.mkstemp(prefix=f"{args.job_name}-", suffix=".sbatch", dir=log_dir)
     with os.fdopen(fd, "w") as f:
         f.write(script)
     print(f"wrote {path}")
-    return subprocess.call(["sbatch", path])
+    return call_tool(["sbatch", path])
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ repository's tracked files to every worker and install them, train detached on e
     python launch/tpu.py stop    --name=idattn-v5p --zone=us-east5-a     # SIGTERM: the trainer saves and exits
     python launch/tpu.py delete  --name=idattn-v5p --zone=us-east5-a [--queued]
 
-Add --dry_run to print the gcloud commands instead of running them. `launch/tpu.py` is a checkout's path; from an
-installed package the same program is `python -m idattn.launch.tpu` (setup ships a checkout: --local_dir), and a
-`--config=experiments/<file>.py` names the packaged recipe (idattn/configs) wherever no such file exists.
+Add --dry_run to print the gcloud commands instead of running them. `train`, dry run or not, first checks the
+trainer's arguments here with its `--check_only` (idattn/launch/check.py): a bad key or value is refused with the
+trainer's line before any gcloud command runs; without `gcloud` on PATH the launcher says so in one line.
+`launch/tpu.py` is a checkout's path; from an installed package the same program is `python -m idattn.launch.tpu`
+(setup ships a checkout: --local_dir), and a `--config=experiments/<file>.py` names the packaged recipe
+(idattn/configs) wherever no such file exists.
 
 create --queued returns once the request is queued, long before the slice exists; `setup` on a slice that is not
 ACTIVE fails on ssh. With --wait_s=N (default 3600; 0: do not wait) create polls the queued resource's state every
@@ -50,6 +53,7 @@ import subprocess
 import sys
 
 from idattn.launch import check_trainer_args, is_git_checkout
+from idattn.launch.check import call_tool, require_tools
 
 
 def _base(args, *cmd) -> list[str]:
@@ -213,11 +217,12 @@ def main(argv=None) -> int:
     p.add_argument("--lines", type=int, default=50, help="logs: last lines to show")
     p.add_argument("--follow", action="store_true", help="logs: keep following (tail -f)")
     p.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-    p.add_argument("--no_check", action="store_true", help="dry run: print only, without checking the trainer's "
-                   "arguments here (for callers that checked them, e.g. idattn.sweep)")
+    p.add_argument("--no_check", action="store_true", help="train: run (or print) without first checking the "
+                   "trainer's arguments here (for callers that checked them, e.g. idattn.sweep)")
     args = p.parse_args(argv)
-    if args.action == "train" and args.dry_run and rest and not args.no_check:
-        rc = check_trainer_args(rest)  # fails here as the real run would, before anything is rented
+    if args.action == "train" and rest and not args.no_check:
+        # dry run or not: fails here as the real run would, before any gcloud command runs
+        rc = check_trainer_args(rest, dry_run=args.dry_run)
         if rc:
             return rc
     if args.action == "setup" and not is_git_checkout(args.local_dir):
@@ -229,11 +234,16 @@ def main(argv=None) -> int:
         if dirty:
             print(f"note: {args.local_dir} has uncommitted changes; setup ships HEAD only (git archive):\n{dirty}",
                   file=sys.stderr)
-    for c in commands(args, rest):
+    cmds = commands(args, rest)
+    if not args.dry_run:
+        rc = require_tools([c[0] for c in cmds])  # gcloud (and git for setup): one line naming a missing one
+        if rc:
+            return rc
+    for c in cmds:
         if args.dry_run:
             print(shlex.join(c))
             continue
-        rc = subprocess.call(c)
+        rc = call_tool(c)
         if rc:
             return rc
     if args.action == "create" and args.queued and args.wait_s > 0:

@@ -12,6 +12,7 @@
     <workdir>/eval/                        result files (idattn.rundir.schema)
     <workdir>/metrics.jsonl, <workdir>/tb/ the trainer's per-step log
     <workdir>/progress.json                the newest step ever committed here (no silent restart from step 0)
+    <workdir>/identity.json                the run's id, its tokenizer and data by content, the config as written
     <workdir>/lease.json                   the live trainer's lease and fencing token (idattn.train.lease)
 
 A step directory appears only once committed (orbax writes into a temporary name and renames), so listing the
@@ -21,11 +22,14 @@ layout; everything downstream reads it through this package.
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any
 
 import ml_collections
 import numpy as np
+
+from idattn import atomic
 
 CONFIG_FILE = "config.json"
 CKPT_DIR = "checkpoints"
@@ -59,11 +63,7 @@ def read_progress(workdir: str) -> dict:
 def write_progress(workdir: str, committed_step: int) -> None:
     """Records that `committed_step` was committed (atomic replace); the trainer refuses to restart such a
     workdir from step 0 without train.restart_from_scratch, whatever happens to its checkpoints later."""
-    path = os.path.join(workdir, PROGRESS_FILE)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"committed_step": int(committed_step)}, f)
-    os.replace(tmp, path)
+    atomic.write_json(os.path.join(workdir, PROGRESS_FILE), {"committed_step": int(committed_step)})
 
 
 def best_info(workdir: str) -> dict | None:
@@ -80,6 +80,74 @@ def best_info(workdir: str) -> dict | None:
             continue
         return dict(meta, path=os.path.join(root, str(step)))
     return None
+
+
+def planned_steps(config: dict) -> int:
+    """The run's train.num_steps from its saved config dict (or ceil(total_tokens / tokens per step)), as the
+    trainer's RunPlan derives it."""
+    t, seq = config["train"], int(config["data"]["seq_len"])
+    if int(t.get("num_steps", -1)) > 0:
+        return int(t["num_steps"])
+    return -(-int(t["total_tokens"]) // (int(t["batch_size"]) * seq))
+
+
+def completion(workdir: str) -> dict[str, Any]:
+    """What a run has durably finished, read from the folder alone; the one definition of "done" that the trainer's
+    rerun, `sweep status`, a sweep's skip rule and `load_params` share.
+
+    {"done", "num_steps", "committed" (newest committed checkpoint step, the one `load_params` loads, or None),
+    "val_loss" (of the final validation, or None), "missing" (what keeps it from done, [] when done)}.
+    Done means all three: the final checkpoint (step num_steps) is committed, the final validation result exists,
+    and, when train.keep_best, best/ holds parameters at least as good as the final validation (a best/ write that
+    failed at the end leaves an older, worse best/). A validation file without its checkpoint is not done."""
+    out: dict[str, Any] = {"done": False, "num_steps": None, "committed": None, "val_loss": None, "missing": []}
+    try:
+        with open(os.path.join(workdir, CONFIG_FILE)) as f:
+            cfg = json.load(f)
+        out["num_steps"] = n = planned_steps(cfg)
+    except (OSError, ValueError, KeyError, TypeError):
+        out["missing"] = [f"a readable {CONFIG_FILE}"]
+        return out
+    steps = committed_steps(workdir)
+    out["committed"] = steps[-1] if steps else None
+    missing = []
+    if n not in steps:
+        missing.append(f"the final checkpoint {n} (newest committed: {out['committed']})")
+    try:
+        with open(os.path.join(workdir, "eval", f"validation-step{n:08d}.json")) as f:
+            out["val_loss"] = float(json.load(f)["metrics"]["loss"])
+    except (OSError, ValueError, KeyError, TypeError):
+        missing.append(f"the final validation at step {n}")
+    if bool(cfg["train"].get("keep_best", True)) and out["val_loss"] is not None:
+        best = best_info(workdir)
+        if best is None:
+            missing.append("best/")
+        elif float(best.get("val_loss", math.inf)) > out["val_loss"] * (1 + 1e-9):
+            missing.append(f"best/ (it holds step {best.get('step')} at validation loss {best.get('val_loss')}, worse "
+                           f"than the final {out['val_loss']:.6g})")
+    out["missing"] = missing
+    out["done"] = not missing
+    return out
+
+
+IDENTITY_FILE = "identity.json"  # the run's id and what it trains on, by content (written at its first start)
+
+
+def read_identity(workdir: str) -> dict | None:
+    """<workdir>/identity.json: {"run_id", "tokenizer": {"spec", "vocab_size", "sha256"}, "data": {"source",
+    "train", "val"} (idattn.data.formats.data_identity), "config": the config.json the trainer last wrote,
+    "history": [{"step", "time", "what", "old", "new"}] (allowed changes)}; None for a run that predates it or a
+    damaged file (the trainer then records it anew from the current content)."""
+    try:
+        with open(os.path.join(workdir, IDENTITY_FILE)) as f:
+            d = json.load(f)
+        return d if isinstance(d, dict) and d.get("run_id") else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_identity(workdir: str, identity: dict) -> str:
+    return atomic.write_json(os.path.join(workdir, IDENTITY_FILE), identity, indent=1, sort_keys=True)
 
 
 def archive_config(workdir: str, steps: list[int]) -> str | None:
@@ -110,12 +178,7 @@ def _json_default(o):
 
 
 def save_config(workdir: str, config, name: str = CONFIG_FILE) -> str:
-    path = os.path.join(workdir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(config_to_dict(config), f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return atomic.write_json(os.path.join(workdir, name), config_to_dict(config), indent=1, sort_keys=True)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

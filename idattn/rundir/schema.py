@@ -37,6 +37,8 @@ import re
 import time
 from typing import Any
 
+from idattn import atomic
+
 SCHEMA = "idattn.eval/v1"
 
 
@@ -89,11 +91,7 @@ def write_result(workdir: str, suite: str, step: int, metrics: dict[str, float],
               "metrics": {k: float(v) for k, v in metrics.items()}, "details": details or {}, "time": time.time()}
     if protocol:
         record["protocol"] = dict(protocol)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
-    return path
+    return atomic.write_json(path, record, indent=1, sort_keys=True)
 
 
 def read_results(workdir: str, suite: str | None = None) -> list[dict[str, Any]]:

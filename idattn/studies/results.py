@@ -42,6 +42,7 @@ import os
 import sys
 from typing import Any
 
+from idattn import atomic
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.models.spec import model_label
@@ -660,12 +661,19 @@ def main(argv=None) -> int:
         ap.error(f"--runs: not a directory: {missing}")
     runs = sorted((Run(d) for d in dirs), key=Run.sort_key)
     md = render(runs)
-    os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "results.md"), "w") as f:
-        f.write(md)
-    plot_extrapolation(runs, os.path.join(a.out, "extrapolation.png"))
-    plot_scaling(runs, os.path.join(a.out, "scaling.png"))
-    plot_recall(runs, os.path.join(a.out, "recall.png"))
+    try:
+        os.makedirs(a.out, exist_ok=True)
+        # the table and its plots are replaced together or not at all: they always describe the same runs
+        with atomic.Staged() as out:
+            with open(out.path(os.path.join(a.out, "results.md")), "w") as f:
+                f.write(md)
+            plot_extrapolation(runs, out.path(os.path.join(a.out, "extrapolation.png")))
+            plot_scaling(runs, out.path(os.path.join(a.out, "scaling.png")))
+            plot_recall(runs, out.path(os.path.join(a.out, "recall.png")))
+    except OSError as e:
+        print(f"error: {e} (results.md and the plots in {a.out} were left as they were; free space or choose "
+              f"another --out, then rerun)", file=sys.stderr)
+        return 1
     print(md)
     print(f"wrote {os.path.join(a.out, 'results.md')}, extrapolation.png, scaling.png, recall.png", file=sys.stderr)
     return 0

@@ -14,7 +14,10 @@ complete trainer config with a `sweep` section (`name`: the stable run name and 
 it; every launcher runs exactly that command with `--workdir=<root>/<name>`). `make_run()` below builds such a
 config from a mixer, a shape and a token budget.
 
-Launchers (each prints what it will do first; `--dry_run` prints and stops):
+Launchers (each prints what it will do first; `--dry_run` prints and stops). Before that, dry run or not, every
+member's final trainer arguments are checked here with the trainer's `--check_only` (idattn/launch/check.py, in one
+process): a bad key or value in any run stops the sweep with the trainer's line before anything is written, run or
+submitted; so does a missing `sbatch` / `gcloud` (one line naming it).
   local  runs the configs one after another, each as `python -m idattn.train` in a subprocess, output appended
          to `<root>/<name>/train.log`. A finished run (validation at its last step) is skipped; an interrupted
          one resumes from its last checkpoint (the trainer's resume). A failed run is recorded and the sweep
@@ -53,6 +56,7 @@ import time
 from typing import Any
 
 
+from idattn import atomic
 from idattn.configs.runs import load_sweep
 
 STATE_FILE = "sweep_state.json"
@@ -79,40 +83,29 @@ def _read_json(path: str) -> Any:
         return None
 
 
-def _num_steps(cfg: dict) -> int:
-    t, seq = cfg["train"], int(cfg["data"]["seq_len"])
-    if int(t.get("num_steps", -1)) > 0:
-        return int(t["num_steps"])
-    return -(-int(t["total_tokens"]) // (int(t["batch_size"]) * seq))
-
-
-def final_validation(workdir: str) -> dict | None:
-    """The validation record of the run's last step, or None if the run has not finished."""
-    cfg = _read_json(os.path.join(workdir, "config.json"))
-    if cfg is None:
-        return None
-    path = os.path.join(workdir, "eval", f"validation-step{_num_steps(cfg):08d}.json")
-    return _read_json(path)
-
-
 def run_status(workdir: str) -> dict[str, Any]:
-    """{state, step, num_steps, loss, val_loss} of one run folder (see the module docstring for the states)."""
+    """{state, step, num_steps, loss, val_loss} of one run folder (see the module docstring for the states).
+    "done" is idattn.rundir.layout.completion's (the final checkpoint committed, its validation written, best/
+    consistent); otherwise `step` is the newest committed checkpoint, the step a rerun resumes from and
+    `load_params` loads (metrics.jsonl may run ahead of it: those steps are trained again)."""
+    from idattn.rundir import layout  # the one reader of the run folder
+
     out: dict[str, Any] = {"state": "pending", "step": 0, "num_steps": None, "loss": None, "val_loss": None}
     cfg = _read_json(os.path.join(workdir, "config.json"))
-    if cfg is not None:
-        out["num_steps"] = _num_steps(cfg)
-    from idattn.rundir.layout import last_metrics  # the one reader of the trainer's metrics log
-
-    last = last_metrics(workdir)
+    done = layout.completion(workdir)
+    out["num_steps"] = done["num_steps"]
+    last = layout.last_metrics(workdir)
     if last:
-        out["step"], out["loss"] = int(last["step"]), last.get("loss")
-    val = final_validation(workdir)
+        out["loss"] = last.get("loss")
+    out["step"] = done["committed"] or 0
     st = _read_json(os.path.join(workdir, STATE_FILE)) or {}
-    holder = lease_holder(workdir) if val is None else None
-    if val is not None:
-        out.update(state="done", val_loss=val["metrics"]["loss"], step=out["num_steps"])
+    holder = lease_holder(workdir) if not done["done"] else None
+    if done["done"]:
+        out.update(state="done", val_loss=done["val_loss"], step=done["num_steps"])
     elif holder is not None:  # a live trainer holds the workdir (this sweep's, another sweep's, or by hand)
         out.update(state="running", where=f"host {holder.get('host', '?')} pid {holder.get('pid', '?')}")
+        if last:
+            out["step"] = int(last["step"])
     elif st.get("state") == "running" and _alive(st.get("pid")):
         out["state"] = "running"
     elif st.get("state") == "failed":
@@ -120,6 +113,7 @@ def run_status(workdir: str) -> dict[str, Any]:
         out["rc"] = st.get("rc")
     elif cfg is not None:
         out["state"] = "interrupted"
+        out["missing"] = done["missing"]
     return out
 
 
@@ -144,11 +138,13 @@ def _alive(pid) -> bool:
 
 
 def _write_state(workdir: str, **kw) -> None:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, STATE_FILE + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump({**kw, "time": time.time()}, f)
-    os.replace(tmp, os.path.join(workdir, STATE_FILE))
+    """sweep_state.json of one run, replaced whole. It only tells `status` what this controller did (done-ness is
+    read from the run folder), so a failed write is a one-line warning and the sweep goes on."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        atomic.write_json(os.path.join(workdir, STATE_FILE), {**kw, "time": time.time()})
+    except OSError as e:
+        print(f"warning: {e} (the sweep goes on; `status` reads each run's own files)", file=sys.stderr, flush=True)
 
 
 # ------------------------------------------------------------------------------------------------- commands
@@ -209,6 +205,16 @@ def wsd_branch_plan(configs, root: str) -> tuple[list, dict[str, list[str]]]:
 
 def train_args(sweep_file: str, name: str, root: str, extra: list[str]) -> list[str]:
     return [f"--config={sweep_file}:{name}", f"--workdir={os.path.join(root, name)}", *extra]
+
+
+def check_members(sweep_file, configs, root, extra, per_run=None, *, dry_run: bool) -> int:
+    """The trainer's `--check_only` on every member's final arguments (idattn/launch/check.py: one process, the
+    trainer's own flags and check per run), with this interpreter (the sweep's own; `--python` may be anything that
+    runs the trainer's command). 0 when every run would start; else the trainer's line per refusal (stderr) and its
+    exit status."""
+    per_run = per_run or {}
+    runs = [train_args(sweep_file, c.sweep.name, root, extra + per_run.get(c.sweep.name, [])) for c in configs]
+    return _launch_module("check").check_runs(runs, names=[c.sweep.name for c in configs], dry_run=dry_run)
 
 
 def _extra_flags(configs, args) -> list[str]:
@@ -365,7 +371,7 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
     with open(path, "w") as f:
         f.write(script)
     print(f"wrote {path}")
-    return subprocess.call(["sbatch", path])
+    return _launch_module("check").call_tool(["sbatch", path])
 
 
 def tpu_commands(sweep_file, configs, root, extra, launcher_args, *, tpu_name: str, prefix: str
@@ -398,14 +404,15 @@ def run_tpu(sweep_file, configs, root, extra, launcher_args, *, dry_run, tpu_nam
             print(f"# run {name}")
             last = name
         print("python launch/tpu.py " + shlex.join(argv))
+        # --dry_run / --no_check must precede `--` (after it, they would be trainer arguments); --no_check: main
+        # checked every member's arguments before this
+        k = argv.index("--") if "--" in argv else len(argv)
+        checked = [*argv[:k], "--no_check", *argv[k:]]
         if dry_run:
-            # --dry_run must precede `--` (after it, it would be a trainer argument and the command would run)
-            k = argv.index("--") if "--" in argv else len(argv)
-            dry = [*argv[:k], "--dry_run", "--no_check", *argv[k:]]  # each run's config was resolved here
             if any(a.startswith("--zone") for a in argv[:k]):  # launch/tpu.py requires --zone to render
-                tpu.main(dry)
+                tpu.main([*argv[:k], "--dry_run", *checked[k:]])
             continue
-        rc = tpu.main(argv)
+        rc = tpu.main(checked)
         if rc:
             print(f"launch/tpu.py {argv[0]} failed with exit {rc} for run {name}; stopping")
             return rc
@@ -490,12 +497,6 @@ def main(argv=None) -> int:
         if not configs:
             raise SystemExit(f"--only={a.only!r} matches no run of {a.sweep_file}")
     extra = _extra_flags(configs, a)
-    if not a.dry_run:
-        os.makedirs(a.root, exist_ok=True)
-        man = {"sweep_file": a.sweep_file, "launcher": a.launcher, "extra_flags": extra,
-               "runs": [c.sweep.name for c in load_sweep(a.sweep_file)], "time": time.time()}
-        with open(os.path.join(a.root, MANIFEST), "w") as f:
-            json.dump(man, f, indent=1)
     per_run = None
     if a.wsd_branches:
         if a.launcher != "local":
@@ -503,9 +504,22 @@ def main(argv=None) -> int:
                              "on slurm/tpu print the plan with --launcher=local --dry_run and submit the trunks, "
                              "then the branches")
         configs, per_run = wsd_branch_plan(configs, a.root)
+    if a.launcher == "local" and rest:
+        raise SystemExit(f"arguments after `--` ({rest}) are for the slurm/tpu launchers; local takes none")
+    # every member's final trainer arguments, checked before anything is written, printed, run or submitted
+    rc = check_members(a.sweep_file, configs, a.root, extra, per_run, dry_run=a.dry_run)
+    if rc:
+        return rc
+    if not a.dry_run:
+        rc = _launch_module("check").require_tools({"slurm": ["sbatch"], "tpu": ["gcloud"]}.get(a.launcher, []))
+        if rc:
+            return rc
+        os.makedirs(a.root, exist_ok=True)
+        man = {"sweep_file": a.sweep_file, "launcher": a.launcher, "extra_flags": extra,
+               "runs": [c.sweep.name for c in load_sweep(a.sweep_file)], "time": time.time()}
+        with open(os.path.join(a.root, MANIFEST), "w") as f:
+            json.dump(man, f, indent=1)
     if a.launcher == "local":
-        if rest:
-            raise SystemExit(f"arguments after `--` ({rest}) are for the slurm/tpu launchers; local takes none")
         return run_local(a.sweep_file, configs, a.root, extra, dry_run=a.dry_run, python=a.python, per_run=per_run)
     if a.launcher == "slurm":
         return run_slurm(a.sweep_file, configs, a.root, extra, rest, dry_run=a.dry_run, max_parallel=a.max_parallel)

@@ -63,6 +63,16 @@ def main(argv):
               f"{os.path.join(os.path.abspath(_WORKDIR.value), 'checkpoints', str(steps[-1])) if steps else 'none'}"
               f" (rerun to resume from it)", file=sys.stderr, flush=True)
         sys.exit(130)
+    except OSError as e:  # a write the trainer did not expect to fail (full disk, read-only mount): one line
+        from idattn.rundir import layout
+        wd = os.path.abspath(_WORKDIR.value)
+        steps = layout.committed_steps(wd)
+        first = (e.strerror or str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
+        print(f"error: {type(e).__name__}: {first}{f' ({e.filename})' if e.filename else ''}; stopping. Last "
+              f"committed checkpoint: {os.path.join(wd, 'checkpoints', str(steps[-1])) if steps else 'none'}. Free "
+              f"space or fix the workdir's permissions / mount, then rerun (it resumes from there).",
+              file=sys.stderr, flush=True)
+        sys.exit(1)
     except Exception as e:
         if jax.process_count() > 1 and _is_peer_failure(e):
             # Another process died: say so in one line and leave now. jax's exit-time shutdown barrier would

@@ -229,6 +229,10 @@ def check_restored(params, opt_state, meta, data_state) -> str | None:
     return None
 
 
+class _Foreign(Exception):
+    """restore_verified: this checkpoint is another run's (the message says whose)."""
+
+
 class ConfigMismatch(CheckpointError):
     """A checkpoint whose arrays have other shapes than the config builds: the config is wrong, not the file."""
 
@@ -297,19 +301,41 @@ def reject(workdir: str, step: int, reason: str) -> str:
     return dst
 
 
+def foreign_run(where: str, run_id: str | None) -> str | None:
+    """Why checkpoint folder `where` belongs to another run (its meta names another run id), or None. Read from
+    the meta item's file, before anything is loaded; checkpoints saved before run ids were recorded pass."""
+    if not run_id:
+        return None
+    try:
+        with open(os.path.join(where, "meta", "metadata")) as f:
+            theirs = json.load(f).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None  # unreadable: the restore judges it
+    if theirs and theirs != run_id:
+        return (f"copied from another run (its meta names run {str(theirs)[:12]}, this workdir's identity.json run "
+                f"{run_id[:12]})")
+    return None
+
+
 def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, *, fallback: bool = True,
-                     log=print, step: int | None = None):
+                     log=print, step: int | None = None, run_id: str | None = None):
     """The newest checkpoint that reads and verifies: (step, params, opt_state, meta, data_state), or None when
     the workdir has no committed checkpoint. A failing one is named with the reason and moved aside; with
-    fallback=False the first failure raises CheckpointError instead (nothing is moved). `step`: only that one."""
+    fallback=False the first failure raises CheckpointError instead (nothing is moved). `step`: only that one.
+    `run_id`: the workdir's run id; a checkpoint of another run (copied in) is rejected like a damaged one, before
+    its shapes are compared (a copy of another size would otherwise read as an edited config)."""
     steps = sorted(mngr.all_steps(), reverse=True) if step is None else [int(step)]
     rejected = []
     for step in steps:
         where = os.path.join(workdir, CKPT_DIR, str(step))
-        mismatch = shape_mismatch(mngr, step, abstract_state)  # from the metadata: before loading anything
-        if mismatch:
-            raise _config_mismatch(where, workdir, mismatch)
+        foreign = foreign_run(where, run_id)
+        if foreign is None:
+            mismatch = shape_mismatch(mngr, step, abstract_state)  # from the metadata: before loading anything
+            if mismatch:
+                raise _config_mismatch(where, workdir, mismatch)
         try:
+            if foreign is not None:
+                raise _Foreign(foreign)
             params, opt_state, meta, data_state = restore(mngr, step, abstract_state)
             # orbax restores an array at its saved shape whatever the target says: check again on the arrays
             mismatch = _tree_shape_mismatch(params, abstract_state.params)
@@ -318,6 +344,9 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
             reason = check_restored(params, opt_state, meta, data_state)
         except ConfigMismatch:
             raise
+        except _Foreign as e:
+            params = opt_state = meta = data_state = None
+            reason = str(e)
         except Exception as e:  # orbax / tensorstore / JSON errors: any of them means this one is unusable
             params = opt_state = meta = data_state = None
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
@@ -334,7 +363,8 @@ def restore_verified(mngr: ocp.CheckpointManager, workdir: str, abstract_state, 
             raise CheckpointError(f"checkpoint {where} failed verification: {reason}; refusing to resume "
                                   f"(train.checkpoint_fallback=false). Move it aside to fall back to an older one.")
         dst = reject(workdir, step, reason)
-        log(f"checkpoint {step} is damaged: {reason}; moved to {dst}")
+        log(f"checkpoint {step} {'is not this run' + chr(39) + 's' if foreign else 'is damaged'}: {reason}; moved "
+            f"to {dst}")
         rejected.append(f"{step} ({reason})")
         mngr.reload()
     if rejected:
@@ -384,16 +414,22 @@ def save_best(workdir: str, step: int, params, val_loss: float) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(root, exist_ok=True)
     _sync(f"idattn-best-start-{step}")
-    with ocp.StandardCheckpointer() as c:
-        c.save(epath.Path(tmp) / "params", params)
-    meta = {"step": int(step), "val_loss": float(val_loss), "digests": {
-        "algorithm": integrity.ALGORITHM, "params": integrity.state_digests(params)}}
+    try:
+        with ocp.StandardCheckpointer() as c:
+            c.save(epath.Path(tmp) / "params", params)
+        meta = {"step": int(step), "val_loss": float(val_loss), "digests": {
+            "algorithm": integrity.ALGORITHM, "params": integrity.state_digests(params)}}
+        if jax.process_index() == 0:
+            with open(os.path.join(tmp, "meta.json"), "w") as f:
+                json.dump(meta, f, indent=1)
+            if os.path.exists(final):
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except BaseException:
+        if jax.process_index() == 0:  # a failed write leaves the previous best/ alone and no half-written copy
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if jax.process_index() == 0:
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f, indent=1)
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(tmp, final)
         for n in os.listdir(root):
             if n.isdigit() and int(n) != int(step):
                 shutil.rmtree(os.path.join(root, n), ignore_errors=True)

@@ -6,7 +6,10 @@
 written to the workdir, and a thread rewrites it every `heartbeat_s` seconds (`heartbeat` = the holder's clock,
 `beat` += 1). Another trainer finding the lease is refused with who holds it, unless the lease is stale:
 
-  - same host and the pid is gone (the holder was killed, e.g. SIGKILL or a crashed node restarted), or
+  - same host and the pid is gone (the holder was killed, e.g. SIGKILL or a crashed node restarted), or now
+    belongs to another process (its start time differs from the one the lease recorded: a reused pid). A live,
+    running pid on the same host is conclusive the other way: the lease is held whatever any clock says; only a
+    stopped one (SIGSTOP, state T) is judged by age as below; or
   - the lease has not been renewed for the HOLDER's declared `stale_s` (written in the lease; the taker's own
     train.lease_stale_s never judges another trainer's lease, so a taker started with a small threshold cannot
     take a live run over). "Not renewed" is the age of the heartbeat by the taker's clock and the age of the
@@ -15,6 +18,12 @@ written to the workdir, and a thread rewrites it every `heartbeat_s` seconds (`h
     CLOCK_SKEW_S) is not believed: the file's age decides alone, so such a lease expires `stale_s` after its
     last write. Only if the file's time is in the future too does the taker watch the lease for two of the
     holder's heartbeat periods (capped at WATCH_MAX_S) and take it when `beat` did not move.
+
+Before judging a lease by age the taker measures its own clock against the shared filesystem (it writes a probe
+file in the workdir and reads back its modification time, which the file server stamps): a clock that differs by
+more than CLOCK_SKEW_S is refused in one line naming the skew and the fix (synchronise the clock), since every age
+it would compute is off by that much (a clock an hour ahead once took over a live run). Within the bound, ages
+are measured on the filesystem's clock (the probe's time), not the taker's.
 
 A stale lease is taken over with a message (renamed aside first, so two trainers cannot both take it).
 
@@ -42,8 +51,15 @@ CLOCK_SKEW_S = 60.0  # a heartbeat further than this in the taker's future is no
 WATCH_MAX_S = 120.0  # longest a taker watches a lease whose times are all in its future
 
 
+MOVED = "the workdir {workdir} no longer exists (moved or deleted while the run trained)"
+
+
 class LeaseHeld(RuntimeError):
     """Another live trainer holds the workdir."""
+
+
+class ClockSkew(LeaseHeld):
+    """This host's clock differs from the shared filesystem's by more than CLOCK_SKEW_S: a lease cannot be judged."""
 
 
 class LeaseLost(RuntimeError):
@@ -58,6 +74,42 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks since boot) of a process on this host, from /proc; None where
+    /proc is not there (not Linux) or the process is gone."""
+    try:
+        with open(f"/proc/{int(pid)}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state is field 3, starttime field 22
+    try:
+        return fields[0], int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def filesystem_skew(folder: str) -> float | None:
+    """Seconds this host's clock is ahead of the filesystem's at `folder` (negative: behind), measured by writing
+    a probe file and reading its modification time; None when the folder cannot be written."""
+    probe = os.path.join(folder, f".clock-probe-{uuid.uuid4().hex[:12]}")
+    try:
+        before = time.time()
+        with open(probe, "w") as f:
+            f.write("probe")
+        after = time.time()
+        stamped = os.stat(probe).st_mtime
+    except OSError:
+        return None
+    finally:
+        try:
+            os.unlink(probe)
+        except OSError:
+            pass
+    # the stamp fell between before and after on a synchronised clock; coarse stamps (1-2 s) stay well inside the bound
+    return (before + after) / 2 - stamped
 
 
 def _read(path: str) -> dict | None:
@@ -96,15 +148,31 @@ def _mtime(path: str) -> float | None:
 
 
 def stale_reason(path: str, holder: dict, *, own_token: str | None = None, default_stale_s: float = 600.0,
-                 watch=None) -> str | None:
+                 watch=None, skew: float | None = None) -> str | None:
     """Why the lease `holder` (read from `path`) may be taken over, or None while it is held (module docstring).
-    `watch(seconds) -> bool`: True when the lease's `beat` did not move in that time (tests replace it)."""
-    now = time.time()
+    `watch(seconds) -> bool`: True when the lease's `beat` did not move in that time (tests replace it).
+    `skew`: this host's clock minus the filesystem's (None: measured here with a probe file; ClockSkew is raised
+    when it exceeds CLOCK_SKEW_S)."""
     if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
-        if not _pid_alive(int(holder["pid"])):
-            return f"its process {holder['pid']} on this host is gone"
-        if int(holder["pid"]) == os.getpid() and holder.get("token") != own_token:
+        pid = int(holder["pid"])
+        if not _pid_alive(pid):
+            return f"its process {pid} on this host is gone"
+        stat = _proc_stat(pid)
+        if stat is not None and holder.get("pid_start") is not None and stat[1] != int(holder["pid_start"]):
+            return f"its process {pid} on this host is gone (the pid now belongs to another process)"
+        if pid == os.getpid() and holder.get("token") != own_token:
             return None  # same process, another lease (a test running two trainers in one process): held
+        if stat is None or stat[0] not in "Tt":
+            return None  # a live, running process on this host holds it: conclusive, whatever the clocks say
+    if skew is None:
+        skew = filesystem_skew(os.path.dirname(path))
+        if skew is not None and abs(skew) > CLOCK_SKEW_S:
+            raise ClockSkew(
+                f"this host's clock is {abs(skew):.0f} s {'ahead of' if skew > 0 else 'behind'} the filesystem's "
+                f"(measured by writing a file in {os.path.dirname(path)}), so the age of the lease held by "
+                f"{describe(holder)} cannot be judged; nothing was written. Synchronise this host's clock (e.g. "
+                f"`timedatectl set-ntp true` or `chronyc makestep`), then rerun")
+    now = time.time() - (skew or 0.0)  # the filesystem's clock: ages of files it stamped are exact on it
     limit = _declared_stale_s(holder, default_stale_s)
     mtime = _mtime(path)
     if mtime is None:
@@ -146,7 +214,7 @@ def holder_alive(workdir: str) -> dict | None:
         return None
     if holder == {}:
         return {"host": "?", "pid": "?"}  # being written: someone is there
-    return None if stale_reason(path, holder, watch=lambda s: False) else holder
+    return None if stale_reason(path, holder, watch=lambda s: False, skew=0.0) else holder
 
 
 def _lost(path: str, token: str) -> str | None:
@@ -157,6 +225,8 @@ def _lost(path: str, token: str) -> str | None:
         holder = _read(path)
     if holder and holder.get("token") == token:
         return None
+    if holder is None and not os.path.isdir(os.path.dirname(path)):
+        return MOVED.format(workdir=os.path.dirname(path))
     who = describe(holder) if holder else "nobody (the lease file was removed)"
     return f"the workdir lease {path} is now held by {who}"
 
@@ -195,9 +265,10 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._beats = 0
+        stat = _proc_stat(os.getpid())
         self._record = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": time.time(),
-                        "heartbeat_s": self.heartbeat_s, "stale_s": self.stale_s, "token": self.token,
-                        "argv": sys.argv[:8]}
+                        "pid_start": stat[1] if stat else None, "heartbeat_s": self.heartbeat_s,
+                        "stale_s": self.stale_s, "token": self.token, "argv": sys.argv[:8]}
 
     # --------------------------------------------------------------------------------------------- acquire
     def _stale_reason(self, holder: dict) -> str | None:
@@ -274,8 +345,7 @@ class Lease:
     def _beat(self) -> None:
         holder = _read(self.path)
         if not holder or holder.get("token") != self.token:
-            who = describe(holder) if holder else "nobody (the lease file was removed)"
-            self.lost = f"the workdir lease {self.path} is now held by {who}"
+            self.lost = _lost(self.path, self.token)
             return
         self._beats += 1
         rec = dict(self._record, heartbeat=time.time(), beat=self._beats)

@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+from idattn import atomic
+
 # Dense bf16 peak TFLOP/s per device (one JAX device: a TPU core pair on v4/v5p = one chip; a GPU).
 PEAK_TFLOPS = {
     "tpu v4": 275.0, "tpu v5 lite": 197.0, "tpu v5e": 197.0, "tpu v5p": 459.0, "tpu v5": 459.0,
@@ -86,10 +88,7 @@ def _read_records(path: str) -> list[tuple[int, str]]:
 
 
 def _write_lines(path: str, lines: list[str]) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("".join(l + "\n" for l in lines))
-    os.replace(tmp, path)
+    atomic.write_text(path, "".join(l + "\n" for l in lines))
 
 
 def truncate_jsonl(path: str, max_step: int) -> int:

@@ -181,6 +181,88 @@ def check_resume_compatible(workdir: str, config) -> dict | None:
     return {k: (a, b) for k, a, b in diffs}
 
 
+def current_identity(config, tokenizer) -> dict:
+    """The content this start trains on: the tokenizer's {"spec", "vocab_size", "sha256"} and the data's
+    idattn.data.formats.data_identity."""
+    tok = dict(tokenizer.identity()) if hasattr(tokenizer, "identity") else {"vocab_size": _vocab_size(tokenizer),
+                                                                            "sha256": None}
+    tok["spec"] = str(config.data.tokenizer)
+    try:
+        data = formats.data_identity(config.data)
+    except (OSError, ValueError, KeyError) as e:  # the start's own data checks name the problem
+        data = {"source": str(config.data.get("source", "")), "error": _first_line(e)}
+    return {"tokenizer": tok, "data": data}
+
+
+def check_config_edits(workdir: str) -> None:
+    """Refuses, before anything is written, a run whose config.json was edited by hand after the trainer wrote it
+    (identity.json keeps the config as written), naming each edited key with both values. Runs first: an edit
+    would otherwise surface as a schedule or model change the operator did not ask for on the command line."""
+    saved = layout.read_identity(workdir)
+    if saved is None or not layout.committed_steps(workdir):
+        return
+    path = os.path.join(workdir, layout.CONFIG_FILE)
+    written = saved.get("config")
+    if isinstance(written, dict) and os.path.exists(path):
+        on_disk = layout.config_to_dict(load_saved_config(workdir))
+        edits = layout.diff_dicts(written, on_disk)
+        if edits:
+            what = "; ".join(f"{k}: written {a!r}, now {b!r}" for k, a, b in edits[:4])
+            raise TrainingError(
+                f"refusing to resume {workdir}: its {path} was edited after the run wrote it ({what}). Restore the "
+                f"written value(s) in that file (the run trained with them); to change a value, pass it on the "
+                f"command line as --config.<key>=<value> instead, where the resume checks it and records the change")
+
+
+def check_identity(workdir: str, config, tokenizer) -> dict:
+    """Refuses, before anything is written, a resume whose content is not the run's: a tokenizer file replaced at
+    the same name (unless train.allow_tokenizer_change) and data whose shards differ at the same path (unless
+    train.allow_data_change; a changed data.path was judged by check_resume_compatible and is only recorded).
+    Only a run with committed checkpoints is held to its content (without one, nothing trained on it). Returns the
+    identity.json to write once the start's checks pass (idattn.rundir.layout.read_identity), with an allowed
+    change appended to its history."""
+    import uuid
+
+    now = current_identity(config, tokenizer)
+    saved = layout.read_identity(workdir)
+    steps = layout.committed_steps(workdir)
+    if saved is None:
+        if steps:
+            log(f"recording {layout.IDENTITY_FILE} for {workdir} now (the run predates it): its tokenizer and data "
+                f"are checked from this start on")
+        return {"run_id": uuid.uuid4().hex, **now, "config": layout.config_to_dict(config), "history": []}
+    history = list(saved.get("history") or [])
+    if not steps:
+        return dict(saved, **now, config=layout.config_to_dict(config), history=history)
+    step = steps[-1]
+    for kind, flag, fields in (("tokenizer", "allow_tokenizer_change", ("sha256", "vocab_size")),
+                               ("data", "allow_data_change", ("source", "train", "val"))):
+        old, new = saved.get(kind) or {}, now[kind]
+        changed = [f for f in fields if old.get(f) is not None and new.get(f) is not None and old[f] != new[f]]
+        if not changed:
+            continue
+        written = (saved.get("config") or {}).get("data") or {}
+        moved = kind == "data" and (written.get("path"), written.get("source")) != (
+            config.data.get("path"), config.data.get("source"))  # a new path: check_resume_compatible judged it
+        name = (f"data.tokenizer={config.data.tokenizer!r}" if kind == "tokenizer" else
+                f"the data at {config.data.get('path') or config.data.get('source')}")
+        detail = ("another file (vocab_size {}, sha256 {}..., was {}, {}...)".format(
+            new.get("vocab_size"), str(new.get("sha256"))[:12], old.get("vocab_size"), str(old.get("sha256"))[:12])
+            if kind == "tokenizer" else f"other content ({', '.join(changed)} split(s) differ from the run's first "
+                                        f"start: prepared again in place?)")
+        if not bool(config.train.get(flag, False)) and not moved:
+            raise TrainingError(
+                f"refusing to resume {workdir} at step {step}: {name} is {detail}; its checkpoints were trained on "
+                f"the content recorded in {os.path.join(workdir, layout.IDENTITY_FILE)}. Restore it, start a new "
+                f"--workdir (--config.train.init_from={workdir} starts from this run's parameters), or add "
+                f"--config.train.{flag}=true to continue on the new content (recorded in the run's history)")
+        if not moved:
+            log(f"warning: {name} is {detail}; continuing at step {step} (train.{flag}; recorded in "
+                f"{layout.IDENTITY_FILE})")
+        history.append({"step": step, "time": time.time(), "what": kind, "old": old, "new": new})
+    return dict(saved, **now, config=layout.config_to_dict(config), history=history)
+
+
 _SCHEDULE_KEYS = ("train.num_steps", "train.total_tokens", "train.warmup_steps", "train.warmup_tokens",
                   "train.peak_lr", "train.end_lr", "train.ssm_lr_cap", "train.schedule", "train.decay_steps",
                   "train.decay_fraction", "train.wsd_shape", "train.batch_size", "data.seq_len")
@@ -327,9 +409,27 @@ def hbm_estimate(n_params: int, config, mesh) -> dict[str, float]:
     lc = plan.loss_chunk
     live = min(lc, seq) / seq if lc > 0 else 1.0  # chunked loss: one chunk of logits (+ gradient) at a time
     logits = tok_dev * live * int(m.vocab_size) * 4 * 2 / mesh.shape["tensor"]
+    scores = attention_scores_bytes(config, tok_dev, mesh)
     del n_dev
-    return {"params": params, "opt_state": opt, "grads": grads, "activations": act + logits,
-            "total": params + opt + grads + act + logits}
+    return {"params": params, "opt_state": opt, "grads": grads, "activations": act + logits, "scores": scores,
+            "total": params + opt + grads + act + logits + scores}
+
+
+def attention_scores_bytes(config, tokens_per_device: float, mesh) -> float:
+    """The T x T attention scores of one softmax layer (live at a time under remat) when attention runs as XLA's
+    dot_product_attention, which materialises them: float32 scores, probabilities and their gradient per head,
+    3 x 4 x H x T bytes per token (sharded over tensor). cuDNN and the TPU flash kernel never hold them (0 then);
+    `model.attn_impl=auto` runs XLA on a CPU, so a Softmax run at T = 4096 on a CPU needs ~200 KiB x H per token."""
+    m = config.model
+    spec = models.spec_from_config(m)
+    if not any(s.family in models.spec.ATTENTION_FAMILIES for s in models.layer_specs(spec)):
+        return 0.0
+    impl = str(m.get("attn_impl", "auto"))
+    platform = mesh.devices.flat[0].platform
+    if impl != "xla" and not (impl == "auto" and platform == "cpu"):
+        return 0.0
+    seq = int(config.data.seq_len)
+    return 3.0 * 4.0 * tokens_per_device * seq * int(m.num_heads) / mesh.shape["tensor"]
 
 
 def _first_line(e: BaseException) -> str:
@@ -525,7 +625,9 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         validate.check_shards(config)
     except (validate.ConfigError, ValueError, FileNotFoundError) as e:
         raise TrainingError(str(e)) from e
+    check_config_edits(workdir)
     other_diffs = check_resume_compatible(workdir, config)
+    identity = check_identity(workdir, config, tokenizer)
     # a branch is read once, into an empty workdir; its resumes do not need the trunk any more
     if plan.branch_from and _branch_source(plan.branch_from) == workdir:
         raise TrainingError(f"config.train.branch_from={plan.branch_from!r} is the workdir itself; branch into a new "
@@ -562,13 +664,16 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
     is_main = process_index == 0
     lease = None
     if is_main:
-        os.makedirs(workdir, exist_ok=True)
         try:
+            os.makedirs(workdir, exist_ok=True)
             lease = lease_lib.Lease(workdir, heartbeat_s=plan.lease_heartbeat_s, stale_s=plan.lease_stale_s,
                                     log=log).acquire()
             held = None
         except lease_lib.LeaseHeld as e:
             held = str(e)
+        except OSError as e:  # a full disk or a read-only mount: the lease is the first file written
+            held = (f"cannot write the workdir lease in {workdir}: {type(e).__name__}: {e.strerror or _first_line(e)}"
+                    f"; nothing was written. Free space or fix the workdir's permissions / mount, then rerun")
     else:
         held = None
     if not ckpt.all_processes_agree(held is None):
@@ -581,7 +686,7 @@ def run(config, workdir: str, *, devices=None) -> dict[str, Any]:
         # they do not fence: a fenced-out process 0 stops, and the others lose contact with it and stop.
         fence = lease if lease is not None else lease_lib.NO_FENCE
         return _train(config, plan, workdir, t0=t0, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence,
-                      tag=token[:12], branch=branch, other_diffs=other_diffs)
+                      tag=token[:12], branch=branch, other_diffs=other_diffs, identity=identity)
     finally:
         if lease is not None:
             lease.release()
@@ -595,11 +700,13 @@ def _broadcast_token(token: str | None) -> str:
     return bytes(np.asarray(multihost_utils.broadcast_one_to_all(raw), np.uint8)).hex()
 
 
-def _write_config(workdir: str, config, other_diffs, fence) -> None:
-    """config.json, written only once every check of this start has passed (restore included), so a refused
-    rerun leaves the file as the run wrote it."""
+def _write_config(workdir: str, config, other_diffs, fence, identity: dict) -> None:
+    """config.json and identity.json, written only once every check of this start has passed (restore included),
+    so a refused rerun leaves both as the run wrote them."""
     if jax.process_index() != 0:
         return
+    fence.check(layout.IDENTITY_FILE)
+    layout.write_identity(workdir, identity)
     if other_diffs is None:
         fence.check("config.json")
         layout.save_config(workdir, config)
@@ -648,14 +755,17 @@ def _check_branch(config, workdir: str) -> tuple[str, int]:
 
 
 def _train(config, plan: RunPlan, workdir: str, *, t0: float, setup: "Setup", tokenizer, micro: int, fence, tag: str,
-           branch, other_diffs) -> dict[str, Any]:
+           branch, other_diffs, identity: dict) -> dict[str, Any]:
     """The phases of a run once it may write: report, restore (or branch / init), config.json, the metrics log,
     what a finished run still owes or the loop, the summary."""
     _log_startup(config, plan, workdir, setup, tokenizer, micro)
-    loop = _Loop(config, plan, workdir, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence, tag=tag)
+    # a checkpoint must carry this run's id once the run has recorded one (a copy from another run is rejected)
+    check_id = identity["run_id"] if layout.read_identity(workdir) is not None else None
+    loop = _Loop(config, plan, workdir, setup=setup, tokenizer=tokenizer, micro=micro, fence=fence, tag=tag,
+                 run_id=identity["run_id"])
     try:
-        loop.restore(branch)
-        _write_config(workdir, config, other_diffs, fence)
+        loop.restore(branch, check_id)
+        _write_config(workdir, config, other_diffs, fence, identity)
         loop.open_writer()
     except lease_lib.LeaseLost as e:
         loop.close()
@@ -686,7 +796,9 @@ def _log_startup(config, plan: RunPlan, workdir: str, setup: "Setup", tokenizer,
         f"{_maybe(models.count_params, config.model)}); state budget per layer "
         f"{_maybe(models.state_budget, config.model)} real dof")
     log(f"  HBM estimate per device: params {fmt(est['params'])} + opt state {fmt(est['opt_state'])} + grads "
-        f"{fmt(est['grads'])} + activations {fmt(est['activations'])} = {fmt(est['total'])}")
+        f"{fmt(est['grads'])} + activations {fmt(est['activations'])}"
+        + (f" + attention scores {fmt(est['scores'])} (XLA attention holds T x T per head)" if est["scores"] else "")
+        + f" = {fmt(est['total'])}")
     log(describe_data(config, tokenizer))
     log(f"  schedule: {plan.num_steps} steps x {plan.batch_size} x {plan.seq_len} tokens (grad_accum "
         f"{plan.grad_accum}, microbatch {micro}), warmup {plan.warmup_steps}, peak lr {plan.peak_lr:g} (ssm "
@@ -703,7 +815,8 @@ class _Loop:
     boundaries: each either completes or stops the run naming the last committed checkpoint."""
 
     def __init__(self, config, plan: RunPlan, workdir: str, *, setup: "Setup", tokenizer, micro: int, fence,
-                 tag: str):
+                 tag: str, run_id: str):
+        self.run_id = run_id
 
         self.config, self.plan, self.workdir, self.setup = config, plan, workdir, setup
         self.tokenizer, self.micro, self.fence = tokenizer, micro, fence
@@ -731,11 +844,11 @@ class _Loop:
         self.writer = None
 
     # ---- state
-    def restore(self, branch) -> None:
+    def restore(self, branch, run_id: str | None = None) -> None:
         plan, workdir, setup = self.plan, self.workdir, self.setup
         try:
             restored = ckpt.restore_verified(self.mngr, workdir, setup.abstract_state,
-                                             fallback=plan.checkpoint_fallback, log=log)
+                                             fallback=plan.checkpoint_fallback, log=log, run_id=run_id)
             if restored is None and branch is not None:
                 src_mngr = ckpt.make_manager(branch[0], plan, read_only=True)
                 try:
@@ -821,8 +934,11 @@ class _Loop:
         try:
             self.mngr.wait_until_finished()
         except Exception as e:  # don't mask the original error
-            print(f"warning: waiting for pending checkpoint saves failed: {e}", file=sys.stderr)
-        self.mngr.close()
+            print(f"warning: waiting for pending checkpoint saves failed: {_first_line(e)}", file=sys.stderr)
+        try:
+            self.mngr.close()
+        except Exception as e:  # e.g. the workdir vanished under an in-flight save: the error being raised says why
+            print(f"warning: closing the checkpoint manager failed: {_first_line(e)}", file=sys.stderr)
         if self.writer is not None:
             self.writer.close()
         if hasattr(self.data_iter, "close"):
@@ -871,6 +987,12 @@ class _Loop:
             raise self._fenced_out(s, e) from None
 
     def _fenced_out(self, s: int, e: BaseException) -> TrainingError:
+        # moved (or deleted): the folder is gone, or holds no config.json any more (an in-flight save may have
+        # re-created the bare path)
+        if not os.path.exists(os.path.join(self.workdir, layout.CONFIG_FILE)):
+            return TrainingError(f"stopping at step {s} without writing: {lease_lib.MOVED.format(workdir=self.workdir)}"
+                                 f"; no other trainer is involved. Rerun the command with --workdir=<its new path> "
+                                 f"to resume from its last committed checkpoint.")
         return TrainingError(f"stopping at step {s} without writing: {e}. Another trainer took over {self.workdir}; "
                              f"this process wrote nothing after that (its in-flight checkpoint, if any, is "
                              f"discarded) and the new owner's files are untouched.")
@@ -889,14 +1011,18 @@ class _Loop:
         if err is not None:
             raise self._save_failed(s, err) from None
 
-    def _record_progress(self) -> None:
-        """progress.json: the newest committed step (cheap listing; written when it moved)."""
+    def _record_progress(self, s: int) -> None:
+        """progress.json: the newest committed step (cheap listing; written when it moved). A failed write stops
+        the run in one line like any other write."""
         if not self.is_main:
             return
         steps = layout.committed_steps(self.workdir)
         if steps and steps[-1] > int(layout.read_progress(self.workdir).get("committed_step", 0) or 0):
-            self.fence.check("progress.json")
-            layout.write_progress(self.workdir, steps[-1])
+            self.fenced(s, "progress.json")
+            try:
+                layout.write_progress(self.workdir, steps[-1])
+            except OSError as e:
+                raise self.write_failed(s, os.path.join(self.workdir, layout.PROGRESS_FILE), e) from None
 
     def _rotation_victims(self, s: int) -> list[int]:
         """Committed steps that the rotation after saving step `s` deletes anyway (train.keep_last newest are kept,
@@ -926,7 +1052,7 @@ class _Loop:
     def save(self, s: int, data_state, *, force: bool = False) -> None:
         self.check_saves(s)
         self.fenced(s, f"checkpoint {s}")
-        self._record_progress()
+        self._record_progress(s)
         fmt = metrics_lib.format_bytes
         free = self._make_room(s)
         if free is not None:
@@ -941,7 +1067,7 @@ class _Loop:
             if free < 3 * self.state_bytes:
                 log(f"warning: {fmt(free)} free in {self.workdir}: room for fewer than 3 more checkpoints of "
                     f"{fmt(self.state_bytes)}")
-        meta = {"time": time.time(), "loss": self.summary["loss"], "bad_steps": self.bad_steps}
+        meta = {"time": time.time(), "loss": self.summary["loss"], "bad_steps": self.bad_steps, "run_id": self.run_id}
         if self.writer is not None and self.is_main:
             meta["metrics_log"] = metrics_lib.pack_lines(self.writer.lines_up_to(s))
         try:
@@ -954,6 +1080,19 @@ class _Loop:
         except Exception as e:
             raise self._save_failed(s, e) from None
         self.last_save_time = time.monotonic()
+
+    def wait_committed(self, s: int) -> None:
+        """Blocks until checkpoint `s` is committed; a save that failed in the background stops the run in one
+        line naming the last committed checkpoint (the rerun trains from there)."""
+        try:
+            self.mngr.wait_until_finished()
+        except lease_lib.LeaseLost as e:
+            raise self._fenced_out(s, e) from None
+        except Exception as e:
+            raise self._save_failed(s, e) from None
+        self.check_saves(s)
+        if s not in layout.committed_steps(self.workdir):
+            raise self._save_failed(s, RuntimeError(f"checkpoint {s} was not committed"))
 
     def write_failed(self, s: int, what: str, e: OSError) -> TrainingError:
         return TrainingError(f"could not write {what} at step {s}: {type(e).__name__}: {_first_line(e)}. Stopping "
@@ -995,7 +1134,17 @@ class _Loop:
         if not self.plan.keep_best or val_loss >= best_loss:
             return best_loss
         self.fenced(step, f"best/ at step {step}")
-        where = ckpt.save_best(self.workdir, step, self.state.params, val_loss)
+        try:
+            where = ckpt.save_best(self.workdir, step, self.state.params, val_loss)
+        except lease_lib.LeaseLost as e:
+            raise self._fenced_out(step, e) from None
+        except Exception as e:  # orbax/tensorstore raise their own types for a full disk (RESOURCE_EXHAUSTED)
+            kept = layout.best_info(self.workdir)
+            raise TrainingError(
+                f"could not write best/ at step {step}: {type(e).__name__}: {_first_line(e)[:300]}. best/ keeps "
+                f"{'step ' + str(kept.get('step')) if kept else 'nothing'}; last committed checkpoint: "
+                f"{self.last_committed()}. The run is not done until best/ is written: free space, then rerun (it "
+                f"writes best/ from the committed checkpoint or trains on from it).") from None
         log(f"best validation loss so far: kept step {step} in {where}")
         return val_loss
 
@@ -1005,22 +1154,28 @@ class _Loop:
 
         step = self.start_step
         try:
-            done = any(int(r["step"]) == step for r in read_results(self.workdir, "validation"))
-        except (OSError, ValueError):
-            done = False
+            val = next((float(r["metrics"]["loss"]) for r in read_results(self.workdir, "validation")
+                        if int(r["step"]) == step), None)
+        except (OSError, ValueError, KeyError, TypeError):
+            val = None
         best = layout.best_info(self.workdir) if self.plan.keep_best else None
-        owed = ([] if done else ["the final validation"]) + (["best/"] if self.plan.keep_best and best is None
-                                                              else [])
+        best_loss = float(best.get("val_loss", math.inf)) if best else math.inf
+        # best/ is owed when missing or older and worse than the final validation (its write failed at the end)
+        owe_best = self.plan.keep_best and (best is None or (val is not None and best_loss > val * (1 + 1e-9)))
+        owed = ([] if val is not None else ["the final validation"]) + (["best/"] if owe_best else [])
         try:
             if not owed:
                 log(f"run already complete at step {step} (train.num_steps={self.num_steps})")
                 return dict(self.summary, status="already_done")
             log(f"run trained to step {step} (train.num_steps={self.num_steps}) but was stopped before "
                 f"{' and '.join(owed)}: finishing that now")
-            val_loss, val_ppl = self.evaluate(step)
+            if val is None:
+                val_loss, val_ppl = self.evaluate(step)
+            else:
+                val_loss, val_ppl = val, math.exp(min(val, 700.0))
             self.summary.update(val_loss=val_loss, val_ppl=val_ppl,
                                 loss=self.restored_meta.get("loss", self.summary["loss"]))
-            self.best_step(step, val_loss, float(best["val_loss"]) if best else math.inf)
+            self.best_step(step, val_loss, best_loss)
             return dict(self.summary, status="done")
         finally:
             self.close()
@@ -1056,7 +1211,7 @@ class _Loop:
                         self.save(step, data_state, force=True)
                     self.mngr.wait_until_finished()
                     self.check_saves(step)
-                    self._record_progress()
+                    self._record_progress(step)
                     summary.update(status="interrupted" if preempt.interrupted else "preempted", step=step)
                     break
                 tw = time.perf_counter()
@@ -1100,6 +1255,8 @@ class _Loop:
                     win_steps, win_wait, win_t = 0, 0.0, time.perf_counter()
                 if is_ckpt:
                     self.save(step, data_state)
+                    if step == num_steps:  # "done" needs the final checkpoint durable before its validation
+                        self.wait_committed(step)
                 if is_eval:
                     summary["val_loss"], summary["val_ppl"] = self.evaluate(step)
                     best_loss = self.best_step(step, summary["val_loss"], best_loss)
@@ -1109,7 +1266,7 @@ class _Loop:
                     summary["loss"] = self.check_finite(*pending)
             self.mngr.wait_until_finished()
             self.check_saves(step)
-            self._record_progress()
+            self._record_progress(step)
         finally:
             preempt.uninstall()
             self.close()
