@@ -1,6 +1,7 @@
 """Files an operator reads later are replaced whole or not at all (temp file + rename).
 
     write_text(path, text)            write_json(path, obj)            write_bytes(path, data)
+    savefig(fig, path, dpi=...)       # a matplotlib figure
     with replacing(path) as tmp:      ...write tmp (e.g. fig.savefig(tmp))...   # renamed over `path` on success
     with Staged() as out:             out.path("a.md"), out.path("b.png") ...  # all renamed together, or none
 
@@ -85,6 +86,13 @@ def write_text(path: str, text: str) -> str:
 
 def write_json(path: str, obj: Any, **dump_kw) -> str:
     return write_text(path, json.dumps(obj, **dump_kw))
+
+
+def savefig(fig, path: str, **kw) -> str:
+    """`fig.savefig(path, **kw)`, replacing `path` whole (a plot cut by a full disk never replaces a good one)."""
+    with replacing(path) as tmp:
+        fig.savefig(tmp, **kw)
+    return path
 
 
 class Staged:

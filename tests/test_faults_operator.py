@@ -20,7 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
 import time
 
 import pytest

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from idattn import atomic
 from idattn.eval import datasets as ds
 from idattn.eval.scoring import ScoreFn, loglikelihood_rolling, score_sequences
 
@@ -265,6 +266,6 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", trai
     fig.suptitle(title or "length extrapolation")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=110)
+    atomic.savefig(fig, path, dpi=110)
     plt.close(fig)
     return path

@@ -19,6 +19,7 @@ import os
 import time
 from typing import Any
 
+from idattn import atomic
 from idattn.eval.markdown import markdown_table
 from idattn.studies.repro_runs import Ctx, lm_ppl, missing_note, read_marker, run_cost, write_table
 from idattn.studies.repro_verdicts import B_MARGIN, NO_VERDICT, judge, trend
@@ -130,7 +131,7 @@ def _plot(path: str, points, stats) -> str | None:
         ax.set_ylabel(st["label"])
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic.savefig(fig, path, dpi=120)
     plt.close(fig)
     return path
 

@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 
+from idattn import atomic
 from idattn.configs import packaged_config
 from idattn.eval.markdown import markdown_table
 
@@ -112,7 +113,7 @@ def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) ->
     ax.set_title("Quickstart length sweep: tiny models on the KJV corpus")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic.savefig(fig, path, dpi=120)
     labels = {"xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title()}
     plt.close(fig)
     return labels
@@ -254,9 +255,9 @@ def main(argv=None) -> int:
     ok = all(math.isfinite(r["ppl"][train_len]) and r["ppl"][train_len] <= (1 - REQUIRED_GAIN) * unigram[train_len]
              for r in rows)
     wall = time.time() - t0
-    with open(os.path.join(args.workdir, "quickstart.json"), "w") as f:
-        json.dump({"lengths": list(lengths), "unigram": unigram, "unigram_train_tokens": n_tok,
-                   "models": rows, "wall_time_s": wall, "pass": ok}, f, indent=1, default=str)
+    atomic.write_json(os.path.join(args.workdir, "quickstart.json"),
+                      {"lengths": list(lengths), "unigram": unigram, "unigram_train_tokens": n_tok, "models": rows,
+                       "wall_time_s": wall, "pass": ok}, indent=1, default=str)
     print(f"\nPerplexity at each evaluation length on the first {exp.EVAL_TOKENS:,} held-out KJV tokens (trained at "
           f"context {train_len}; unigram from {n_tok:,} training tokens):\n")
     print(table)

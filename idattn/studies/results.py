@@ -530,7 +530,7 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     ax.legend(fontsize=6)
     ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic.savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -586,7 +586,7 @@ def plot_scaling(runs: list[Run], path: str) -> str:
     ax.set_title("Validation perplexity against scale (Fig. 2)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic.savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 
@@ -618,7 +618,7 @@ def plot_recall(runs: list[Run], path: str) -> str:
     ax.set_title("Recall against context length (Table 9)")
     ax.legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    atomic.savefig(fig, path, dpi=110)
     plt.close(fig)
     return path
 

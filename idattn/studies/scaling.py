@@ -51,6 +51,7 @@ from typing import Sequence
 
 import numpy as np
 
+from idattn import atomic
 from idattn.rundir.layout import last_metrics
 from idattn.studies.scaling_laws import (HUBER_DELTA, Point, difference_test, fit_mixer, frontier_with_band,
                                          isoflop_groups, paired_runs, predict_with_band)
@@ -176,7 +177,7 @@ def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> s
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "law.png")
-    fig.savefig(path, dpi=80)
+    atomic.savefig(fig, path, dpi=80)
     plt.close(fig)
     return path
 
@@ -209,7 +210,7 @@ def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) 
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "isoflop.png")
-    fig.savefig(path, dpi=80)
+    atomic.savefig(fig, path, dpi=80)
     plt.close(fig)
     return path
 
@@ -252,7 +253,7 @@ def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "frontier.png")
-    fig.savefig(path, dpi=80)
+    atomic.savefig(fig, path, dpi=80)
     plt.close(fig)
     return path
 
@@ -287,7 +288,7 @@ def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
     fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "gap.png")
-    fig.savefig(path, dpi=80)
+    atomic.savefig(fig, path, dpi=80)
     plt.close(fig)
     return path
 
@@ -369,8 +370,7 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
               "paper_predictions_note": "extrapolation of the fitted law far beyond the data (N, D up to "
                                         "10^4-10^5 x larger); the paper trained on FineWeb-Edu with a 32K "
                                         "tokenizer: absolute losses are not comparable to these runs'"}
-    with open(os.path.join(out, "scaling_fit.json"), "w") as f:
-        json.dump(result, f, indent=1, default=_json_default)
+    atomic.write_json(os.path.join(out, "scaling_fit.json"), result, indent=1, default=_json_default)
     result["_fits"] = fits
     return result
 
