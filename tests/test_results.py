@@ -88,7 +88,7 @@ def test_tables_from_result_files(tmp_path, capsys):
     assert "99.00" not in t2 and "98.00" not in t2 and "pydocs" in t2  # named as not averaged in
     # the per-corpus table: the user's corpus by its name, each value at its length
     r = row("| pydocs |")
-    assert r[1] == "dualkv-query-rope (d128xl2)" and r[3] == "3 docs, first L tokens of each" and r[4] == "30.00 @64 (1x), 31.50 @128 (2x)"
+    assert r[1] == "dualkv-query-rope (lti core, d128xl2)" and r[3] == "3 docs, first L tokens of each" and r[4] == "30.00 @64 (1x), 31.50 @128 (2x)"
     # Table 8: per corpus
     assert row("| qmsum | S4D-only")[5:8] == ["12.06", "12.13", "12.22"]
     assert row("| govreport | Softmax")[5:8] == ["10.56", "10.63", "10.72"]
@@ -275,3 +275,155 @@ def test_table6_never_sets_runs_of_two_corpora_side_by_side(tmp_path):
     assert ce_row(kjv)[:2] == [f"{math.log(40.0):.4f}", f"{math.log(42.0):.4f}"]
     assert ce_row(py)[:2] == ["—", f"{math.log(9.0):.4f}"]
     assert "never set side by side" in md
+
+
+def _tables(md, heading):
+    """(header, rows) of the first Markdown table under every section whose heading starts with `heading`."""
+    out = []
+    for part in md.split("### " + heading)[1:]:
+        lines = [ln for ln in part.split("\n###")[0].splitlines() if ln.startswith("|")]
+        cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
+        end = next((i for i in range(2, len(cells)) if len(cells[i]) != len(cells[0])), len(cells))
+        out.append((cells[0], cells[2:end]))
+    return out
+
+
+# (run folder, the mixer its result files record, what results must call it, its core)
+ZOO = [("softmax", "softmax", "Softmax", None), ("interdomain", "interdomain", "Interdomain", "lti"),
+       ("s4d_only", "s4d_only", "S4D-only", "lti"),
+       ("hybrid-global", "hybrid[interdomain,softmax]", "hybrid[interdomain,softmax]", "lti"),
+       ("hybrid-swa", "hybrid[interdomain,swa@64]", "hybrid[interdomain,swa@64]", "lti"),
+       ("selective", "interdomain-selective", "interdomain-selective", "selective"),
+       ("cube", "generic-query-rope", "generic-query-rope", "lti")]
+
+
+def test_every_run_has_its_numbers_in_every_table_it_belongs_to(tmp_path):
+    """Issue 54 item 1: hybrid (global and sliding-window), selective and cube-cell runs beside the three baselines,
+    all of one size on one corpus, each with validation, harness, extrapolation and recall files: every run is
+    described in the header (mixer or layer pattern, core, size, corpus) and has its own numbers in Fig. 2,
+    Tables 4, 6, 7 and 9, the per-corpus table and the scaling plot's series."""
+    root = str(tmp_path)
+    dirs = []
+    for i, (name, mixer, _, _) in enumerate(ZOO):
+        wd = os.path.join(root, name)
+        run = {"mixer": mixer, "size": "d128l2", "seq_len": 64, "params": 600000 + 1000 * i}
+        _trainer_val(wd, "kjv.val", 4.0 + 0.1 * i, run)
+        write_result(wd, "harness", 100, {"lambada_openai/acc": 0.01 * (i + 1), "average/acc": 0.3 + 0.01 * i},
+                     run=run)
+        write_result(wd, "extrapolation", 100, {f"kjv/ppl@{L}": 50.0 + i + L / 1000 for L in (64, 128)}, run=run,
+                     details={"corpora": {"kjv": {"docs": 3}}})
+        write_result(wd, "recall", 100, {"niah@1024/acc": 0.05 * (i + 1)}, run=run)
+        dirs.append(wd)
+    runs = [results.Run(d) for d in dirs]
+    md = results.render(runs)
+
+    header = md.split("Runs: ")[1].split("\n")[0]
+    for (name, _, _, core), r in zip(ZOO, runs):
+        desc = f"`{os.path.join(root, name)}` ({r.mixer}" + (f", {core} core" if core else "") + \
+            ", d128l2, validated on kjv.val)"
+        assert desc in header, (desc, header)
+    assert "selective core" in header and "hybrid[interdomain,swa@64]" in header
+
+    def col(header_row, label, suffix):
+        hits = [j for j, h in enumerate(header_row) if h.startswith(label) and suffix in h
+                and (label != "Interdomain" or not h.startswith("Interdomain ("))]
+        assert len(hits) == 1, (label, header_row)
+        return hits[0]
+
+    (h, rows), = _tables(md, "Fig. 2")
+    row = next(r for r in rows if r[0] == "d128l2")
+    for i, (_, _, label, _) in enumerate(ZOO):
+        assert row[col(h, label, "ours")] == f"{math.exp(4.0 + 0.1 * i):.2f}", (label, h, row)
+    (h, rows), = _tables(md, "Table 6")
+    row = next(r for r in rows if r[0].startswith("Validation CE"))
+    for i, (_, _, label, _) in enumerate(ZOO):
+        assert row[col(h, label, "ours")] == f"{4.0 + 0.1 * i:.4f}", (label, h, row)
+    (h, rows), = _tables(md, "Table 7")
+    row = next(r for r in rows if r[0] == "LAMBADA (acc)")
+    for i, (_, _, label, _) in enumerate(ZOO):
+        assert row[col(h, label, "ours")] == f"{i + 1:.2f}", (label, h, row)
+    (h, rows), = _tables(md, "Table 9")
+    for i, (_, _, label, _) in enumerate(ZOO):
+        row = next((r for r in rows if r[0] == "S-NIAH-1" and (r[1] == label or r[1].startswith(label + " ("))),
+                   None)
+        assert row and row[h.index("ours 1024")] == f"{5 * (i + 1):.2f}", (label, rows)
+    # Table 4: the cube's cells (the cube-cell run included) and every other model of the cube's size, each
+    # against the softmax run of its protocol
+    (h, rows), = _tables(md, "Table 4")
+    t4 = {r[0]: r for r in rows if r[h.index("ours loss")] != "—"}
+    want = {"softmax": 0, "dualkv-query-rope": 1, "generic-linear-norope": 2, "generic-query-rope": 6}
+    for i, (_, _, label, _) in enumerate(ZOO):
+        cell = next((c for c in t4 if c == label or c.startswith(label + " ")), None) if i not in want.values() \
+            else next(c for c, j in want.items() if j == i)
+        assert cell in t4 and t4[cell][h.index("ours loss")] == f"{4.0 + 0.1 * i:.4f}", (label, sorted(t4))
+        if i:
+            rel = (math.exp(4.0 + 0.1 * i) / math.exp(4.0) - 1) * 100
+            assert t4[cell][h.index("ours vs softmax")] == f"{rel:+.2f}%"
+    (h, rows), = _tables(md, "Length extrapolation per corpus")
+    assert sorted(r[1] for r in rows) == sorted(f"{r.label()}" for r in runs) and len(rows) == len(ZOO)
+    series = results.scaling_series(runs)
+    assert sorted(round(pts[0][1], 2) for _, _, pts in series) == \
+        sorted(round(math.exp(4.0 + 0.1 * i), 2) for i in range(len(ZOO)))
+
+
+def test_plot_legends_sit_outside_the_data_and_the_axis_labels(tmp_path, monkeypatch):
+    """Issue 54 item 1: with seven runs the scaling plot's legend covered points and the y-axis label. Every plot's
+    legend is drawn beside the axes: its box overlaps neither the axes (the data) nor either axis label, and it
+    stays inside the saved figure."""
+    root = str(tmp_path)
+    for i, (name, mixer, _, _) in enumerate(ZOO):
+        wd = os.path.join(root, name)
+        run = {"mixer": mixer, "size": "d128l2", "seq_len": 64, "params": 600000 + 1000 * i}
+        _trainer_val(wd, "kjv.val", 4.0 + 0.1 * i, run)
+        write_result(wd, "extrapolation", 100, {f"kjv/ppl@{L}": 50.0 + i + L / 1000 for L in (64, 128)}, run=run,
+                     details={"corpora": {"kjv": {"docs": 3}}})
+        write_result(wd, "recall", 100, {"niah@1024/acc": 0.05 * (i + 1)}, run=run)
+    runs = [results.Run(os.path.join(root, n)) for n, *_ in ZOO]
+    figs = []
+
+    def keep(fig, path, **kw):
+        fig.canvas.draw()
+        figs.append((os.path.basename(path), fig, kw))
+        return path
+
+    monkeypatch.setattr(results.atomic, "savefig", keep)
+    monkeypatch.setattr("matplotlib.pyplot.close", lambda *a: None)
+    results.plot_scaling(runs, str(tmp_path / "scaling.png"))
+    results.plot_extrapolation(runs, str(tmp_path / "extrapolation.png"))
+    results.plot_recall(runs, str(tmp_path / "recall.png"))
+    assert [n for n, _, _ in figs] == ["scaling.png", "extrapolation.png", "recall.png"]
+    for name, fig, kw in figs:
+        ax = fig.axes[0]
+        legend = ax.get_legend() or fig.legends[0]
+        r = fig.canvas.get_renderer()
+        box = legend.get_window_extent(r)
+        assert len(legend.get_texts()) >= len(ZOO), name
+        for other, what in ((ax.get_window_extent(r), "the axes"), (ax.yaxis.label.get_window_extent(r), "y label"),
+                            (ax.xaxis.label.get_window_extent(r), "x label")):
+            assert not box.overlaps(other), (name, what, box, other)
+        whole = fig.bbox if kw.get("bbox_inches") != "tight" else fig.get_tightbbox(r).transformed(
+            fig.dpi_scale_trans)
+        assert whole.x0 - 1 <= box.x0 and box.x1 <= whole.x1 + 1 and whole.y0 - 1 <= box.y0 and \
+            box.y1 <= whole.y1 + 1, (name, box, whole)
+
+
+def test_rolling_extrapolation_never_hides_the_paper_protocol(tmp_path):
+    """Issue 54 item 6: a run scored on one corpus with the paper's protocol (first L tokens of each document) and
+    later with rolling windows: the per-corpus table has a row for each, named by its protocol, and Table 8 takes
+    only the paper protocol's numbers."""
+    wd = str(tmp_path / "run")
+    run = {"mixer": "interdomain", "size": "1.3b", "seq_len": 64}
+    write_result(wd, "extrapolation", 100, {f"pg19/ppl@{L}": 20.0 + L / 1000 for L in (64, 128, 224)}, run=run,
+                 details={"corpora": {"pg19": {"docs": 4}}},
+                 protocol={"corpus": "pg19", "context": [64, 128, 224]})
+    write_result(wd, "extrapolation", 100, {f"pg19/ppl@{L}": 30.0 + L / 1000 for L in (64, 128, 224)}, run=run,
+                 details={"corpora": {"pg19": {"docs": 9, "224": {"tokens": 5000}}}},
+                 protocol={"corpus": "pg19", "context": [64, 128, 224], "mode": "rolling"})
+    md = results.render([results.Run(wd)])
+    (_, rows), = _tables(md, "Length extrapolation per corpus")
+    got = sorted((r[3], r[4]) for r in rows if r[0] == "pg19")
+    assert got == [("4 docs, first L tokens of each", "20.06 @64 (1x), 20.13 @128 (2x), 20.22 @224 (3.5x)"),
+                   ("9 docs whole, 5,000 tokens, disjoint windows of L (rolling)",
+                    "30.06 @64 (1x), 30.13 @128 (2x), 30.22 @224 (3.5x)")], rows
+    (_, rows), = _tables(md, "Table 8")
+    assert next(r for r in rows if r[:2] == ["pg19", "Interdomain"])[5:8] == ["20.06", "20.13", "20.22"]

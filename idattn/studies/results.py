@@ -25,13 +25,17 @@ paper corpora; any other corpus appears, named, in the per-corpus table.
 
 Which run fills a column: a run's identity is its result files' `run` record (mixer, size, ...) and the corpus
 its validation was measured on; the mixer is canonicalised (`interdomain` = `dualkv-query-rope`, `s4d_only` =
-`generic-linear-norope`). Every run given appears, whatever the order of `--runs` (runs are sorted by mixer,
-size, corpus, folder): the validation tables (Table 4, Fig. 2) and `scaling.png` have one row / line per
+`generic-linear-norope`; a core suffix is kept: `interdomain-selective` = `dualkv-query-rope-selective`). Every run
+given appears, with its numbers in every table it has numbers for, whatever the order of `--runs` (runs are sorted
+by mixer, size, corpus, folder): the header describes each (mixer or layer pattern, core, size, corpus); a model
+outside the paper's three (hybrid, selective core, cube cell) gets its own column or row, named by its mixer or
+layer pattern and core (`family_label`), in Tables 2, 4 (below the cube), 6, 7, 8, 9 and Fig. 2; the validation tables (Table 4, Fig. 2) and `scaling.png` have one row / line per
 validation protocol, labelled with it. For the 1.3B tables each mixer's column takes its largest run (1.3b if present) and
 the header names the size, so small runs still render. When several runs compete for one cell the latest step
 wins, then the corpus and folder names, and the section "Which run fills a cell" says which was chosen over
 which. Validation loss is best-of-run (the minimum over all validation files, as the paper reports);
-every other suite takes the latest step.
+every other suite takes the latest step (extrapolation: the latest of each protocol, the paper's and rolling
+windows, each its own row in the per-corpus table; Tables 2 and 8 read the paper's). Plot legends sit beside the axes.
 """
 from __future__ import annotations
 
@@ -45,7 +49,7 @@ from typing import Any
 from idattn import atomic
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
-from idattn.models.spec import model_label
+from idattn.models.spec import ATTENTION_FAMILIES, mixer_core, model_label, parse_mixer
 from idattn.rundir.schema import protocol_of, read_results
 
 SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
@@ -54,13 +58,45 @@ FAMILY = {v: k for k, v in CANON.items()}
 
 
 def canonical_mixer(name: str) -> str:
-    return CANON.get(name, name)
+    """The cube-cell name of a mixer, its core suffix kept: interdomain-selective = dualkv-query-rope-selective."""
+    base, core = mixer_core(name)
+    c = CANON.get(base, base)
+    return c if core == "lti" else f"{c}-{core}"
 
 
 def mixer_family(name: str) -> str:
-    """softmax | interdomain | s4d_only for the three headline mixers, else the cube cell name."""
-    c = canonical_mixer(name)
-    return "softmax" if c == "softmax" else FAMILY.get(c, c)
+    """softmax | interdomain | s4d_only for the three headline mixers, else the cube cell name (with its core
+    suffix: interdomain-selective), or a hybrid's label (hybrid[...])."""
+    base, core = mixer_core(canonical_mixer(name))
+    fam = "softmax" if base == "softmax" else FAMILY.get(base, base)
+    return fam if core == "lti" else f"{fam}-{core}"
+
+
+def mixer_cores(mixer: str) -> list[str]:
+    """The recurrence cores (lti | selective | selective+phase) of a model's recurrent layers, of every entry of a
+    hybrid's layer pattern; [] for attention alone or a name that is no mixer."""
+    m = str(mixer)
+    entries = m[len("hybrid["):-1].split(",") if m.startswith("hybrid[") and m.endswith("]") else [m]
+    cores = []
+    for e in entries:
+        name = e.split("@")[0].strip()  # swa@<window>
+        try:
+            if parse_mixer(name)[0] in ATTENTION_FAMILIES:
+                continue
+        except ValueError:
+            continue
+        cores.append(mixer_core(name)[1])
+    return list(dict.fromkeys(cores))
+
+
+def family_label(fam: str) -> str:
+    """What a table calls a model: the paper's name for the three headline mixers; any other model by its mixer
+    or layer pattern and core, e.g. "hybrid[interdomain,swa@64] (lti core)", "interdomain-selective (selective
+    core)"."""
+    if fam in P.MIXER_LABEL:
+        return P.MIXER_LABEL[fam]
+    cores = mixer_cores(fam)
+    return f"{fam} ({'/'.join(cores)} core)" if cores else fam
 
 
 class Run:
@@ -92,9 +128,12 @@ class Run:
         for r in recs:
             if r["suite"] == "validation":
                 continue
-            if r["suite"] not in latest or (r["step"], r.get("time", 0)) >= (latest[r["suite"]]["step"],
-                                                                           latest[r["suite"]].get("time", 0)):
-                latest[r["suite"]] = r
+            # the paper protocol's extrapolation and a rolling one are two results (`extrapolation` and
+            # `extrapolation-rolling`): the latest of one never hides the other
+            key = extrap_suite(protocol_of(r).get("mode")) if r["suite"] == "extrapolation" else r["suite"]
+            if key not in latest or (r["step"], r.get("time", 0)) >= (latest[key]["step"],
+                                                                     latest[key].get("time", 0)):
+                latest[key] = r
         for suite, r in latest.items():
             m = dict(r["metrics"])
             if suite == "extrapolation" and not any("/" in k for k in m):
@@ -150,11 +189,27 @@ class Run:
         p = self.ident.get("params")
         return int(p) if isinstance(p, (int, float)) and p > 0 else None
 
-    def extrap_corpora(self) -> list[str]:
-        """Corpora with per-corpus extrapolation numbers, in first-seen order."""
+    def what(self) -> str:
+        """The model: its mixer or layer pattern and the core of its recurrent layers (none for attention alone)."""
+        cores = mixer_cores(self.mixer)
+        return self.mixer + (f", {'/'.join(cores)} core" if cores else "")
+
+    def describe(self) -> str:
+        """Mixer or layer pattern, core, size and validation corpus: what the run is, for the tables' header."""
+        return f"{self.what()}, {self.size}, validated on {self.corpus}"
+
+    def label(self) -> str:
+        """A row's name for the run: e.g. "hybrid[interdomain,softmax] (lti core, d128l2)"."""
+        cores = mixer_cores(self.mixer)
+        core = f"{'/'.join(cores)} core, " if cores else ""
+        return f"{self.mixer} ({core}{self.size})"
+
+    def extrap_corpora(self, suite: str = "extrapolation") -> list[str]:
+        """Corpora with per-corpus extrapolation numbers of `suite` (extrapolation: the paper's protocol;
+        extrapolation-rolling: rolling windows), in first-seen order."""
         out: list[str] = []
         for k in self.metrics:
-            if k.startswith("extrapolation/") and k.count("/") == 2:
+            if k.startswith(suite + "/") and k.count("/") == 2:
                 c = k.split("/")[1]
                 if c not in out:
                     out.append(c)
@@ -183,6 +238,20 @@ class Run:
 
 
 P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
+
+
+def extrap_suite(mode: str | None) -> str:
+    """Where a run keeps an extrapolation result of protocol mode `mode`: `extrapolation` for the paper's (first L
+    tokens of each document), `extrapolation-<mode>` for another (rolling windows)."""
+    return "extrapolation" if mode in (None, "", "docs") else f"extrapolation-{mode}"
+
+
+def families(runs: list[Run], need: str | None = None) -> list[str]:
+    """The three headline mixers, then every other model (family) among `runs` with a metric of prefix `need`, in
+    the runs' order: the rows or columns of a table, so that every run given has its numbers shown."""
+    extra = dict.fromkeys(r.family for r in sorted(runs, key=Run.sort_key)
+                          if need is None or any(k.startswith(need) for k in r.metrics))
+    return list(P.MIXERS) + [f for f in extra if f not in P.MIXERS]
 
 
 def protocol_key(p: dict | None) -> tuple:
@@ -244,7 +313,7 @@ def pick(runs: list[Run], family: str, *, size: str | None = None, need: str | N
     chosen = tied[0]
     if why is not None and len(tied) > 1:
         others = ", ".join(f"`{r.workdir}` ({r.corpus}, step {r.step})" for r in tied[1:])
-        why.append(f"{P.MIXER_LABEL.get(family, family)} {chosen.size}" + (f" on {corpus}" if corpus else "") +
+        why.append(f"{family_label(family)} {chosen.size}" + (f" on {corpus}" if corpus else "") +
                    (f" ({need.rstrip('/@')})" if need else "") + f": `{chosen.workdir}` ({chosen.corpus}, step "
                    f"{chosen.step}) chosen over {others}: the latest step, then the corpus and folder names")
     return chosen
@@ -257,7 +326,7 @@ def fmt(v: float | None, digits: int = 2, pct: bool = False) -> str:
 
 
 def _col(run: Run | None, fam: str) -> str:
-    return f"{P.MIXER_LABEL.get(fam, fam)} ours ({run.size})" if run else f"{P.MIXER_LABEL.get(fam, fam)} ours"
+    return f"{family_label(fam)} ours ({run.size})" if run else f"{family_label(fam)} ours"
 
 
 def _extrap_lengths(run: Run, prefix: str = "extrapolation/ppl@") -> list[int]:
@@ -279,10 +348,11 @@ def table2(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS] + ["ours run"]
     rows = []
     five = [r for r in runs if r.five_corpus_mean()]
-    for fam in P.MIXERS:
+    for fam in families(five, "extrapolation/ppl@"):  # the paper's three, then every other model measured
         r = pick(five, fam, need="extrapolation/ppl@", why=why)
         ours = [fmt(_ratio_value(r, x, "extrapolation/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
-        rows.append([P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE2[fam]] + ours + [r.size if r else "—"])
+        paper = P.TABLE2.get(fam, (None,) * len(P.EXTRAP_RATIOS))
+        rows.append([family_label(fam)] + [fmt(v) for v in paper] + ours + [r.size if r else "—"])
     others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
     note = ("\n\n'ours' is filled only from runs evaluated on all five corpora (PG19, CodeParrot, GovReport, "
             "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
@@ -295,20 +365,10 @@ def table_corpora(runs: list[Run]) -> str:
     """Every (run, corpus) measured, each on its own row, at the lengths it was measured (no averaging)."""
     rows = []
     for r in runs:
-        for c in r.extrap_corpora():
-            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
-            base = r.seq_len()
-            vals = ", ".join(f"{r.metrics[f'extrapolation/{c}/ppl@{L}']:.2f} @{L}" +
-                             (f" ({L / base:g}x)" if base else "") for L in Ls)
-            docs = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get("docs")
-            proto = r.protocols.get("extrapolation") or {}
-            tokens = proto.get("tokens")
-            scored = (r.details.get("extrapolation", {}).get("corpora", {}).get(c, {}) or {}).get(str(Ls[-1]), {})
-            on = (f"{docs} docs whole, {int(scored.get('tokens', 0)):,} tokens, disjoint windows of L (rolling)"
-                  if proto.get("mode") == "rolling" else
-                  f"first {int(tokens):,} tokens, rows of L" if tokens else
-                  f"{docs} docs, first L tokens of each" if docs is not None else "?")
-            rows.append([c, f"{r.mixer} ({r.size})", str(base or "?"), on, vals])
+        # the paper's protocol first, then any other of the same run (rolling windows): each its own row
+        for suite in ["extrapolation"] + sorted(k for k in r.protocols if k.startswith("extrapolation-")):
+            for c in r.extrap_corpora(suite):
+                rows.append([c, r.label()] + _corpus_cells(r, suite, c))
     if not rows:
         return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
     return ("### Length extrapolation per corpus (ours; perplexity per token at each context length L, each row "
@@ -316,14 +376,32 @@ def table_corpora(runs: list[Run]) -> str:
             markdown_table(["corpus", "run", "train length", "measured on", "ppl @ L (x train length)"], rows))
 
 
+def _corpus_cells(r: Run, suite: str, c: str) -> list[str]:
+    """The per-corpus table's train length, "measured on" and values of run `r`'s `suite` result on corpus `c`."""
+    Ls = _extrap_lengths(r, f"{suite}/{c}/ppl@")
+    base = r.seq_len()
+    vals = ", ".join(f"{r.metrics[f'{suite}/{c}/ppl@{L}']:.2f} @{L}" + (f" ({L / base:g}x)" if base else "")
+                     for L in Ls)
+    corpus = (r.details.get(suite, {}).get("corpora", {}).get(c, {}) or {})
+    docs = corpus.get("docs")
+    proto = r.protocols.get(suite) or {}
+    tokens = proto.get("tokens")
+    scored = corpus.get(str(Ls[-1]), {}) or {}
+    on = (f"{docs} docs whole, {int(scored.get('tokens', 0)):,} tokens, disjoint windows of L (rolling)"
+          if proto.get("mode") == "rolling" else
+          f"first {int(tokens):,} tokens, rows of L" if tokens else
+          f"{docs} docs, first L tokens of each" if docs is not None else "?")
+    return [str(base or "?"), on, vals]
+
+
 def table8(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["corpus", "mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS]
     rows = []
     for corpus, per in P.TABLE8.items():
-        for fam in P.MIXERS:
+        for fam in families(runs, f"extrapolation/{corpus}/ppl@"):
             r = pick(runs, fam, need=f"extrapolation/{corpus}/ppl@", why=why)
             ours = [fmt(_ratio_value(r, x, f"extrapolation/{corpus}/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
-            rows.append([corpus, P.MIXER_LABEL[fam]] + [fmt(v) for v in per[fam]] + ours)
+            rows.append([corpus, family_label(fam)] + [fmt(v) for v in per.get(fam, (None,) * 3)] + ours)
     return "### Table 8: per-corpus extrapolation perplexity (NarrativeQA outside the Table 2 mean)\n\n" + \
         markdown_table(header, rows)
 
@@ -367,8 +445,12 @@ def table4(runs: list[Run], why: list[str] | None = None) -> str:
     measured = [r for r in runs if r.size == size and "validation/loss" in r.metrics]
     protocols = _validation_protocols(measured)
     text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in measured}
-    for cell, desc, loss, ppl in P.TABLE4:
-        got = [(pk, pick(runs, mixer_family(cell), size=size, need="validation/loss", exact=True, protocol=pk,
+    cube = [(mixer_family(cell), cell, desc, loss, ppl) for cell, desc, loss, ppl in P.TABLE4]
+    # every other model of ours at this size (a selective core, a hybrid stack, ...) below the cube, paper "—"
+    others = [(f, family_label(f), _not_in_cube(f), None, None) for f in families(measured)
+              if f not in {c[0] for c in cube}]
+    for fam, cell, desc, loss, ppl in cube + others:
+        got = [(pk, pick(runs, fam, size=size, need="validation/loss", exact=True, protocol=pk,
                          why=why)) for pk in protocols]
         got = [(pk, r) for pk, r in got if r] or [(None, None)]
         for pk, r in got:
@@ -387,10 +469,19 @@ def table4(runs: list[Run], why: list[str] | None = None) -> str:
             markdown_table(header, rows) + note)
 
 
+def _not_in_cube(fam: str) -> str:
+    """Table 4's description of a model of ours outside the paper's cube."""
+    if fam.startswith("hybrid["):
+        return "hybrid stack (this layer pattern repeated to the depth); not in the paper"
+    base, core = mixer_core(canonical_mixer(fam))
+    if core != "lti":
+        return f"{base} with the {core} core (per-token Δ_t{', θ_t' if 'phase' in core else ''}); not in the paper"
+    return "not in the paper's cube"
+
+
 def _corpora(runs: list[Run], need: str | None) -> list[str]:
-    """The validation corpora of the headline mixers' runs that have metric prefix `need`, sorted."""
-    return sorted({r.corpus for r in runs if r.family in P.MIXERS
-                   and (need is None or any(k.startswith(need) for k in r.metrics))})
+    """The validation corpora of the runs (of any model) that have metric prefix `need`, sorted."""
+    return sorted({r.corpus for r in runs if need is None or any(k.startswith(need) for k in r.metrics)})
 
 
 def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm"),
@@ -398,14 +489,15 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
     """Paper columns beside ours, every 'ours' value of the table from runs validated on one corpus (`corpus`;
     None when the runs have one corpus between them)."""
     need0 = spec[0][0].split("/")[0] if spec else None
-    picked = {fam: pick(runs, fam, size="1.3b", need=need0, corpus=corpus) for fam in P.MIXERS}
-    header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in P.MIXERS]
+    fams = families([r for r in runs if corpus is None or r.corpus == corpus], need0)  # + every other model
+    picked = {fam: pick(runs, fam, size="1.3b", need=need0, corpus=corpus) for fam in fams}
+    header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in fams]
     rows = []
     for key, label, paper in spec:
         pct = key.split("/")[-1] in pct_keys
         digits = 4 if ("bpb" in key or "bits" in key or "loss" in key) else 2
         ours = []
-        for f in P.MIXERS:
+        for f in fams:
             r = pick(runs, f, size="1.3b", need=key, corpus=corpus, why=why) or picked[f]
             ours.append(fmt(r.metrics.get(key) if r else None, digits, pct=pct))
         rows.append([label] + [fmt(paper[f], digits) for f in P.MIXERS] + ours)
@@ -430,7 +522,7 @@ def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None, **kw)
 def table6(runs: list[Run], why: list[str] | None = None) -> str:
     def note(corpus):
         return _protocol_notes(runs, [pick(runs, f, size="1.3b", need="validation/loss", corpus=corpus)
-                                      for f in P.MIXERS])[1]
+                                      for f in families(runs, "validation/loss")])[1]
     return _split_by_corpus("Table 6: validation and downstream (paper: 1.3B / 26B tokens)", P.TABLE6, runs, why,
                             note_fn=note)
 
@@ -442,15 +534,17 @@ def table7(runs: list[Run], why: list[str] | None = None) -> str:
 def table9(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["task", "mixer"] + [f"paper {x}" for x in P.NIAH_LENGTHS] + [f"ours {x}" for x in P.NIAH_LENGTHS] + ["ours run"]
     rows = []
-    for fam in P.MIXERS:
+    for fam in families(runs, "recall/niah@"):  # the paper's three, then every other model measured
         r = pick(runs, fam, size="1.3b", need="recall/niah@", why=why)
         ours = [fmt(r.metrics.get(f"recall/niah@{L}/acc") if r else None, 2, pct=True) for L in P.NIAH_LENGTHS]
-        rows.append(["S-NIAH-1", P.MIXER_LABEL[fam]] + [fmt(v) for v in P.TABLE9_NIAH[fam]] + ours + [r.size if r else "—"])
-    for fam in P.MIXERS:
+        paper = P.TABLE9_NIAH.get(fam, (None,) * len(P.NIAH_LENGTHS))
+        rows.append(["S-NIAH-1", family_label(fam)] + [fmt(v) for v in paper] + ours + [r.size if r else "—"])
+    for fam in families(runs, "recall/phonebook@"):
         r = pick(runs, fam, size="1.3b", need="recall/phonebook@", why=why)
         ours = [fmt(r.metrics.get(f"recall/phonebook@{N}/acc") if r else None, 2, pct=True) for N in P.PHONEBOOK_SIZES]
-        rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", P.MIXER_LABEL[fam]] +
-                    [fmt(v) for v in P.TABLE9_PHONEBOOK[fam]] + ours + [r.size if r else "—"])
+        paper = P.TABLE9_PHONEBOOK.get(fam, (None,) * len(P.PHONEBOOK_SIZES))
+        rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", family_label(fam)] +
+                    [fmt(v) for v in paper] + ours + [r.size if r else "—"])
     based = markdown_table(["mixer"] + list(P.BASED_TASKS),
                    [[P.MIXER_LABEL[f]] + [fmt(v) for v in P.TABLE9_BASED[f]] for f in P.MIXERS])
     mqar = [r for r in runs if any(k.startswith("recall/mqar@") for k in r.metrics)]
@@ -459,18 +553,19 @@ def table9(runs: list[Run], why: list[str] | None = None) -> str:
         keys = sorted({k for r in mqar for k in r.metrics if k.startswith("recall/mqar@")})
         extra = "\n\nMQAR (ours; query accuracy %)\n\n" + markdown_table(
             ["run"] + [k[len("recall/"):] for k in keys],
-            [[f"{r.mixer} ({r.size})"] + [fmt(r.metrics.get(k), 2, pct=True) for k in keys] for r in mqar])
+            [[r.label()] + [fmt(r.metrics.get(k), 2, pct=True) for k in keys] for r in mqar])
     return ("### Table 9: recall, accuracy % (paper: 1.3B; columns are context tokens for S-NIAH-1, entries for "
             "the phonebook)\n\n" + markdown_table(header, rows) + "\n\nBased recall suite (paper only; not run here)\n\n" +
             based + extra)
 
 
 def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
+    shown = [r for r in runs if "validation/ppl" in r.metrics]
+    fams = families(shown)  # the paper's three, then a column for every other model of ours
     header = (["size", "ours on"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] +
-              [f"{P.MIXER_LABEL[f]} ours" for f in P.MIXERS])
+              [f"{family_label(f)} ours" for f in fams])
     rows = []
     sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=lambda s: (_size_rank(s), s))
-    shown = [r for r in runs if r.family in P.MIXERS and "validation/ppl" in r.metrics]
     text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in shown}
     for s in sizes:
         paper = P.VAL_PPL.get(s, {})
@@ -479,7 +574,7 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
         # values are always of one protocol
         for pk in _validation_protocols([r for r in shown if r.size == s]) or [None]:
             ours = []
-            for f in P.MIXERS:
+            for f in fams:
                 r = pick(shown, f, size=s, exact=True, protocol=pk, why=why) if pk else None
                 ours.append(fmt(r.metrics["validation/ppl"] if r else None))
             rows.append([s, text[pk] if pk else "—"] +
@@ -490,6 +585,20 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
 
 PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
 PAPER_TRAIN_LEN = 4096
+
+
+def _legend_outside(fig, ax) -> None:
+    """The legend beside the axes, right of them, so that it never covers a point or an axis label; the figure is
+    widened by the legend's width (the axes keep their size) and laid out to hold both."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        fig.tight_layout()
+        return
+    legend = ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                       borderaxespad=0.0, ncol=1 + (len(labels) - 1) // 24)
+    fig.canvas.draw()
+    fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.3, fig.get_figheight())
+    fig.tight_layout()
 
 
 def plot_extrapolation(runs: list[Run], path: str) -> str | None:
@@ -503,34 +612,38 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
     five = [r for r in runs if r.five_corpus_mean()]
-    for i, fam in enumerate(P.MIXERS):
-        ax.plot(P.EXTRAP_RATIOS, P.TABLE2[fam], ls="--", marker="x", color=f"C{i}",
-                label=f"{P.MIXER_LABEL[fam]} paper 1.3B (five-corpus mean)")
+    fams = families(five, "extrapolation/ppl@")
+    for i, fam in enumerate(fams):
+        if fam in P.TABLE2:
+            ax.plot(P.EXTRAP_RATIOS, P.TABLE2[fam], ls="--", marker="x", color=f"C{i % 10}",
+                    label=f"{P.MIXER_LABEL[fam]} paper 1.3B (five-corpus mean)")
         r = pick(five, fam, need="extrapolation/ppl@")
         if r:
             Ls = _extrap_lengths(r)
             base = r.seq_len() or Ls[0]
             ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/ppl@{L}"] for L in Ls], marker="o",
-                    color=f"C{i}", label=f"{P.MIXER_LABEL[fam]} ours {r.size} (five-corpus mean)")
+                    color=f"C{i % 10}", label=f"{family_label(fam)} ours {r.size} (five-corpus mean)")
             drawn = True
-    k = len(P.MIXERS)
+    k = len(fams)
     for r in runs:
-        for c in [c for c in r.extrap_corpora() if not (r in five and c in P_FIVE)]:
-            Ls = _extrap_lengths(r, f"extrapolation/{c}/ppl@")
-            base = r.seq_len() or Ls[0]
-            ax.plot([L / base for L in Ls], [r.metrics[f"extrapolation/{c}/ppl@{L}"] for L in Ls], marker="o", ls=":",
-                    color=f"C{k % 10}", label=f"{r.mixer} ours {r.size} on {c}")
-            k += 1
-            drawn = True
+        for suite in ["extrapolation"] + sorted(x for x in r.protocols if x.startswith("extrapolation-")):
+            for c in [c for c in r.extrap_corpora(suite) if not (suite == "extrapolation" and r in five
+                                                                 and c in P_FIVE)]:
+                Ls = _extrap_lengths(r, f"{suite}/{c}/ppl@")
+                base = r.seq_len() or Ls[0]
+                mode = "" if suite == "extrapolation" else f" ({suite.split('-', 1)[1]})"
+                ax.plot([L / base for L in Ls], [r.metrics[f"{suite}/{c}/ppl@{L}"] for L in Ls], marker="o",
+                        ls=":", color=f"C{k % 10}", label=f"{r.label()} ours on {c}{mode}")
+                k += 1
+                drawn = True
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
     ax.set_xlabel("context length / training length (ratio; paper: 4K tokens = 1)")
     ax.set_ylabel("perplexity (per token, log scale)")
     ax.set_yscale("log")
-    ax.legend(fontsize=6)
     ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
-    fig.tight_layout()
-    atomic.savefig(fig, path, dpi=110)
+    _legend_outside(fig, ax)
+    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -547,7 +660,7 @@ def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, floa
         for pk in _validation_protocols(mine):
             rs = [r for r in mine if protocol_key(r.protocols.get("validation")) == pk]
             pts = sorted((r.params(), r.metrics["validation/ppl"], "") for r in rs)
-            out.append((fam, f"{P.MIXER_LABEL.get(fam, fam)} ours ({protocol_text(rs[0].protocols['validation'])})",
+            out.append((fam, f"{family_label(fam)} ours ({protocol_text(rs[0].protocols['validation'])})",
                         pts))
     return out
 
@@ -584,9 +697,8 @@ def plot_scaling(runs: list[Run], path: str) -> str:
     ax.set_xlabel("parameters (count, log scale)")
     ax.set_ylabel("validation perplexity (per token, log scale)")
     ax.set_title("Validation perplexity against scale (Fig. 2)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    atomic.savefig(fig, path, dpi=110)
+    _legend_outside(fig, ax)
+    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -601,24 +713,24 @@ def plot_recall(runs: list[Run], path: str) -> str:
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.axvline(PAPER_TRAIN_LEN, color="k", lw=0.8, ls=":", label=f"paper training length {PAPER_TRAIN_LEN}")
-    for i, fam in enumerate(P.MIXERS):
-        ax.plot(P.NIAH_LENGTHS, P.TABLE9_NIAH[fam], ls="--", marker="x", color=f"C{i}",
-                label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
+    for i, fam in enumerate(families(runs, "recall/niah@")):  # the paper's three, then every other model
+        if fam in P.TABLE9_NIAH:
+            ax.plot(P.NIAH_LENGTHS, P.TABLE9_NIAH[fam], ls="--", marker="x", color=f"C{i % 10}",
+                    label=f"{P.MIXER_LABEL[fam]} paper 1.3B")
         r = pick(runs, fam, size="1.3b", need="recall/niah@")
         if r:
             Ls = sorted(int(k.split("@")[1].split("/")[0]) for k in r.metrics if k.startswith("recall/niah@"))
-            ax.plot(Ls, [100 * r.metrics[f"recall/niah@{L}/acc"] for L in Ls], marker="o", color=f"C{i}",
-                    label=f"{P.MIXER_LABEL[fam]} ours {r.size}")
+            ax.plot(Ls, [100 * r.metrics[f"recall/niah@{L}/acc"] for L in Ls], marker="o", color=f"C{i % 10}",
+                    label=f"{family_label(fam)} ours {r.size}")
             if r.seq_len():
-                ax.axvline(r.seq_len(), color=f"C{i}", lw=0.8, ls=":",
-                           label=f"{P.MIXER_LABEL[fam]} ours training length {r.seq_len()}")
+                ax.axvline(r.seq_len(), color=f"C{i % 10}", lw=0.8, ls=":",
+                           label=f"{family_label(fam)} ours training length {r.seq_len()}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("context length (tokens)")
     ax.set_ylabel("S-NIAH-1 accuracy (%)")
     ax.set_title("Recall against context length (Table 9)")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    atomic.savefig(fig, path, dpi=110)
+    _legend_outside(fig, ax)
+    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
 
@@ -627,7 +739,7 @@ def render(runs: list[Run]) -> str:
     runs = sorted(runs, key=Run.sort_key)  # the same tables whatever the order of --runs
     why: list[str] = []
     parts = ["# idattn results against the paper (arXiv 2605.24330)", "",
-             "Runs: " + ", ".join(f"`{r.workdir}` ({r.mixer}, {r.size}, validated on {r.corpus})" for r in runs), "",
+             "Runs: " + ", ".join(f"`{r.workdir}` ({r.describe()})" for r in runs), "",
              "Accuracies in %, perplexities per token (WikiText-2: per word). '—': not measured.", ""]
     for fn in (table2, table_corpora, table4, table6, table7, table8, table9, fig2_table):
         parts += [fn(runs, why) if fn is not table_corpora else fn(runs), ""]
