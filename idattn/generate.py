@@ -6,7 +6,7 @@
 
     python -m idattn.generate --workdir=/tmp/run --prompts=prompts.jsonl [--text_field=text] --out=gen.jsonl
 
-`--prompts` (JSON Lines, the prompt in `--text_field`): one record a line to `--out` in input order, {"prompt",
+`--prompts` (JSON Lines, the prompt in `--text_field`; or plain text, .txt/.text/.md, one prompt a line): one record a line to `--out` in input order, {"prompt",
 "prompt_ids", "generated_ids", "text" (the continuation), "full_text" (the prompt echoed, then the continuation)},
 generated in batches of up to `--batch_size` prompts of equal token length (exact: a recurrent state never reads
 padding because there is none). `--workdir` loads the latest checkpoint with `idattn.rundir.load_params`; `--config` builds the model
@@ -49,7 +49,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("prefill_chunk", 256, "prefill chunk length")
     flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
     flags.DEFINE_string("out", None, "write a JSON record here (JSON Lines with --prompts)")
-    flags.DEFINE_string("prompts", None, "JSON Lines file of prompts (instead of --prompt)")
+    flags.DEFINE_string("prompts", None, "file of prompts (instead of --prompt): JSON Lines, or plain text "
+                        "(.txt/.text/.md) with one prompt a line")
     flags.DEFINE_string("text_field", "text", "the field of --prompts holding the prompt")
     flags.DEFINE_integer("batch_size", 8, "prompts generated together (--prompts; equal token lengths)")
 

@@ -4,11 +4,12 @@
     python -m idattn.score --config=experiments/scaling.py:softmax,tiny --tokenizer=bytes --text=abc
 
     python -m idattn.score --workdir=/tmp/run --texts=texts.jsonl [--text_field=text] --out=scores.jsonl
+    python -m idattn.score --workdir=/tmp/run --texts=texts.txt --out=scores.jsonl     (one text a line)
 
 Writes JSON: {"text", "token_ids", "pieces", "logprobs" (log p(token_i | tokens_<i), natural log; the first
 token has null: nothing predicts it), "total_logprob", "num_scored", "mean_nll"} to --out, or stdout, and prints
 a one-line summary (tokens scored, mean NLL, perplexity) to stderr. With `--texts` (JSON Lines, the text in
-`--text_field`): one such record a line in input order to `--out` (JSON Lines), the texts scored in batches of
+`--text_field`; or plain text, .txt/.text/.md and .gz of them, one text a line, blank lines skipped): one such record a line in input order to `--out` (JSON Lines), the texts scored in batches of
 `--batch_size` (right-padded; a causal model never reads the padding), and the summary over all of them.
 """
 from __future__ import annotations
@@ -37,15 +38,31 @@ def define_flags() -> None:
     flags.DEFINE_bool("add_bos", True, "prepend the tokenizer's BOS id when it has one")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
     flags.DEFINE_string("out", None, "JSON output path (default: stdout); JSON Lines with --texts")
-    flags.DEFINE_string("texts", None, "JSON Lines file of texts to score (instead of --text)")
+    flags.DEFINE_string("texts", None, "file of texts to score (instead of --text): JSON Lines (the text in "
+                        "--text_field), or plain text (.txt/.text/.md) with one text a line")
     flags.DEFINE_string("text_field", "text", "the field of --texts holding the text")
     flags.DEFINE_integer("batch_size", 8, "texts scored per forward (--texts)")
 
 
+PLAIN_TEXT = (".txt", ".text", ".md")  # --texts / --prompts files read as one text a line
+
+
 def read_jsonl_texts(path: str, field: str, flag: str) -> list[str]:
-    """The `field` of every line of a JSON Lines file (idattn.data.jsonl; .gz read through gzip); a bad line, an
-    empty text or an empty file is refused naming the flag, file, line and fix."""
+    """The texts of a --texts / --prompts file: a plain text file (PLAIN_TEXT suffixes, .gz of them too) holds one
+    text a line (its newline removed; blank lines skipped); any other file is JSON Lines, the `field` of every line
+    (idattn.data.jsonl; .gz read through gzip). A bad line, an empty text or an empty file is refused naming the
+    flag, file, line and fix."""
     from idattn.data import jsonl
+    name = path.lower()[:-3] if path.lower().endswith(".gz") else path.lower()
+    if name.endswith(PLAIN_TEXT):
+        try:
+            with jsonl.open_text(path) as f:
+                out = [line.rstrip("\r\n") for line in f if line.strip()]
+        except (OSError, EOFError, UnicodeDecodeError) as e:
+            raise app.UsageError(f"--{flag}={path}: unreadable ({e}); expected UTF-8 text, one text a line") from None
+        if not out:
+            raise app.UsageError(f"--{flag}={path}: no line to read (blank lines are skipped)")
+        return out
     out = []
     try:
         for n, text in jsonl.texts(path, field):
@@ -78,7 +95,7 @@ def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
     if (FLAGS.text is None) == (FLAGS.texts is None):
-        raise app.UsageError("pass --text=<text> or --texts=<file.jsonl> (one of them)")
+        raise app.UsageError("pass --text=<text> or --texts=<file.jsonl | file.txt> (one of them)")
     if FLAGS.texts is not None and not FLAGS.out:
         raise app.UsageError("--texts needs --out=<file.jsonl> (one record a line)")
     texts = [FLAGS.text] if FLAGS.text is not None else read_jsonl_texts(FLAGS.texts, FLAGS.text_field, "texts")

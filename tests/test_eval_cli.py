@@ -228,6 +228,24 @@ def test_extrapolation_rolling_mode_scores_short_documents_and_says_how_many(tmp
     assert os.path.getsize(rec["path"][:-5] + ".png") > 1000
 
 
+def test_eval_table_orders_lengths_as_numbers(tmp_path):
+    """Issue 54 item 6: the eval CLI's table printed ppl@1024, ppl@16384, ppl@256, ppl@4096 (the result file's key
+    order); lengths, sizes and contexts are numbers, ascending, whatever the file's order."""
+    from idattn.eval.evaluate import results_table
+    from idattn.rundir.schema import write_result
+
+    lengths = (256, 1024, 4096, 16384)
+    write_result(str(tmp_path), "extrapolation", 5, {f"pg19/ppl@{L}": L / 100 for L in lengths} |
+                 {f"mine/ppl@{L}": L / 10 for L in lengths}, protocol={"corpus": "mine+pg19", "context": list(lengths)})
+    write_result(str(tmp_path), "recall", 5, {"niah@8192/acc": 0.1, "niah@512/acc": 0.2, "phonebook@64/acc": 0.3,
+                                              "phonebook@128/acc": 0.4})
+    recs = read_results(str(tmp_path))
+    assert list(recs[0]["metrics"])[:2] == ["mine/ppl@1024", "mine/ppl@16384"]  # the file's (text) order
+    got = [ln.split("|")[3].strip() for ln in results_table(recs).splitlines()[2:]]
+    assert got == [f"mine/ppl@{L}" for L in lengths] + [f"pg19/ppl@{L}" for L in lengths] + \
+        ["niah@512/acc", "niah@8192/acc", "phonebook@64/acc", "phonebook@128/acc"], got
+
+
 def test_eval_cli_refuses_unknown_corpus_before_anything(tmp_path, capsys):
     from idattn.eval.__main__ import main
 

@@ -269,6 +269,18 @@ def test_bad_values_are_refused_before_any_write(tmp_path, in_process, overrides
     assert not os.path.exists(wd)
 
 
+@pytest.mark.parametrize("key, typo, meant", [("data.source", "arrayrecrod", "arrayrecord"),
+                                               ("data.source", "stdlb", "stdlib"),
+                                               ("train.schedule", "wds", "wsd")])
+def test_a_misspelled_choice_is_refused_naming_the_value_meant(key, typo, meant):
+    """Issue 54 item 6: data.source=arrayrecrod suggested `kjv` (the first choice); the fix names the closest."""
+    with pytest.raises(validate.ConfigError) as e:
+        validate.check_values(T.tiny_config(**{key: typo}))
+    msg = str(e.value)
+    assert msg.startswith(f"config.{key}={typo!r}: expected one of (") and "\n" not in msg, msg
+    assert msg.endswith(f"; set --config.{key}={meant}"), msg
+
+
 def test_unwritable_workdirs_are_refused_in_one_line(tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")

@@ -57,3 +57,24 @@ def test_callers_keep_their_error_types_and_the_message(tmp_path):
     missing = tmp_path / "nope.jsonl"
     with pytest.raises(app.UsageError, match=r"--texts=.*nope\.jsonl: unreadable"):
         read_jsonl_texts(str(missing), "text", "texts")
+
+
+@pytest.mark.parametrize("name", ["texts.txt", "notes.md", "texts.txt.gz"])
+def test_score_reads_plain_text_one_text_a_line(tmp_path, name):
+    """Issue 54 item 6: `score --texts=file.txt` refused plain text (JSON Lines only). A .txt / .text / .md file (or
+    its .gz) holds one text a line, blank lines skipped, each line's text kept as written (no JSON parsing)."""
+    from absl import app
+
+    from idattn.score import read_jsonl_texts
+    body = 'In the beginning\n\n  {"text": "not JSON here"}\r\nthe end \n   \n'
+    p = tmp_path / name
+    if name.endswith(".gz"):
+        with gzip.open(p, "wt", encoding="utf-8", newline="") as f:
+            f.write(body)
+    else:
+        p.write_bytes(body.encode())
+    assert read_jsonl_texts(str(p), "text", "texts") == ["In the beginning", '  {"text": "not JSON here"}',
+                                                         "the end "]
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    with pytest.raises(app.UsageError, match=r"^--prompts=.*blank\.txt: no line to read"):
+        read_jsonl_texts(str(tmp_path / "blank.txt"), "text", "prompts")

@@ -9,6 +9,7 @@ to score), `check_train_overlap` (none of them a training document of the run), 
 from __future__ import annotations
 
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -260,8 +261,15 @@ def format_number(v: float) -> str:
 SHOWN = ("corpus", "tokens", "requested_tokens", "context", "batch", "lengths", "mode", "scored", "train_overlap")
 
 
+def metric_order(name: str) -> tuple:
+    """Sort key of a metric name with its numbers read as numbers: ppl@256 < ppl@4096 < ppl@16384 (a JSON file's
+    keys come back in text order: 1024, 16384, 256, 4096)."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
 def results_table(records: list[dict[str, Any]]) -> str:
-    """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals)."""
+    """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals); a record's
+    metrics in `metric_order` (lengths, sizes and contexts ascending as numbers)."""
     from idattn.eval.markdown import markdown_table
     from idattn.rundir.schema import protocol_of
 
@@ -269,7 +277,8 @@ def results_table(records: list[dict[str, Any]]) -> str:
     for rec in records:
         p = protocol_of(rec)
         on = ", ".join(f"{k.replace('_', ' ')} {p[k]}" for k in SHOWN if p.get(k) not in (None, "", [], {}))
-        rows += [[rec["suite"], on or "-", k, format_number(v)] for k, v in rec["metrics"].items()]
+        rows += [[rec["suite"], on or "-", k, format_number(rec["metrics"][k])]
+                 for k in sorted(rec["metrics"], key=metric_order)]
     return markdown_table(["suite", "measured on", "metric", "value"], rows)
 
 

@@ -55,9 +55,14 @@ def _real(cfg, section, key, *, lo=None, hi=None, lo_open=False, hi_open=False, 
 
 
 def _choice(cfg, section, key, choices):
+    """Refuses a value outside `choices`; the fix names the closest choice (a misspelling's intended value), else
+    the first."""
+    import difflib
+
     v = _num(cfg, section, key)
     if v is not None and v not in choices:
-        _fail(section, key, v, f"one of {tuple(choices)}", f"set --config.{section}.{key}={choices[0]}")
+        near = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
+        _fail(section, key, v, f"one of {tuple(choices)}", f"set --config.{section}.{key}={(near or choices)[0]}")
 
 
 def check_values(config) -> None:
