@@ -10,6 +10,10 @@ temporary file; the error is re-raised as `WriteFailed`, an `OSError` whose mess
 and the reason. The temporary file sits in the target's folder (a rename within one filesystem is atomic) and keeps
 the target's suffix (matplotlib and others choose the format from it). Contents are flushed and fsynced before the
 rename, so a crash after it cannot leave an empty file under the final name.
+
+One copy stays elsewhere on purpose: ``idattn.data.tokenizer.atomic_write`` (the tokenizer cache), because that
+file's bytes are part of the training-code hash every recorded study run carries (idattn.studies.code_hash): an
+edit there would mark every run of the reproduction as trained with other code.
 """
 from __future__ import annotations
 

@@ -31,11 +31,10 @@ import importlib.resources
 import io
 import os
 import pathlib
+import tempfile
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
-
-from idattn import atomic
 
 MISTRAL_MODEL_RESOURCE = ("mistral_common", "data/tokenizer.model.v1")
 # Byte fallback needs 256 byte pieces plus <unk>, <s>, </s>; below this SentencePiece cannot train.
@@ -168,7 +167,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
     if model_prefix is not None:
         out = pathlib.Path(f"{model_prefix}.model")
         out.parent.mkdir(parents=True, exist_ok=True)
-        atomic.write_bytes(str(out), proto)
+        atomic_write(out, proto)
     return proto
 
 
@@ -180,6 +179,14 @@ def _train(lines, buf, vocab_size, model_type, num_threads) -> None:
         normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         num_threads=num_threads, max_sentence_length=1 << 16, shuffle_input_sentence=False,
         input_sentence_size=2_000_000, minloglevel=2)
+
+
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache may be shared
+    os.replace(tmp, path)
 
 
 def default_cache_dir() -> pathlib.Path:
