@@ -227,3 +227,48 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path):
     with pytest.raises(TrainingError, match="the val split is empty.*--val_fraction > 0"):
         run(cfg, str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
+
+
+def test_documented_hybrid_and_selective_commands_pass_the_config_check():
+    """Issue 54 item 5: docs/own-data.md's quickstart-size hybrid (global and sliding-window) and selective commands
+    cannot rot: each `python -m idattn.train` line of its section 7 is built from the experiments/ file it names,
+    with its --config.* flags, and passes the trainer's config check (no training); each is the quickstart's recipe
+    (data, tokenizer, context, batch, steps, validation, width) apart from the model's layers, so its numbers compare
+    with the quickstart's; between them they hold a global hybrid, a sliding-window hybrid and a selective core; the
+    section's results command reads every run they train."""
+    from idattn.configs import apply_overrides, load_config_file
+    from idattn.models import layer_specs, spec_from_config
+    from idattn.train.trainer import check_config
+
+    section = open(DOC).read().split("\n## 7. Hybrid and selective models")[1]
+    cmds = [shlex.split(ln) for ln in section.splitlines() if ln.startswith("python -m idattn.train ")]
+    assert len(cmds) == 3, cmds
+    kinds, workdirs = set(), []
+    for cmd in cmds:
+        flags = dict(a[2:].split("=", 1) for a in cmd[3:])
+        path, _, arg = flags.pop("config").partition(":")
+        assert path.startswith("experiments/") and os.path.isfile(os.path.join(REPO, path)), path
+        workdirs.append(flags.pop("workdir"))
+        sets = [f"{k[len('config.'):]}={v}" for k, v in flags.items()]
+        assert len(sets) == len(flags), flags  # nothing but --config.* besides --config and --workdir
+        config = apply_overrides(load_config_file(os.path.join(REPO, path) + ":" + arg), sets)
+        assert check_config(config).startswith("config OK"), cmd
+        quick = apply_overrides(load_config_file(os.path.join(REPO, "experiments", "quickstart.py") + ":interdomain"),
+                                sets)
+        for key in ("data.source", "data.path", "data.tokenizer", "data.seq_len", "train.batch_size",
+                    "train.num_steps", "train.peak_lr", "train.eval_batches", "model.d_model", "model.num_heads",
+                    "model.head_dim", "model.num_modes", "model.ffn_dim", "model.vocab_size"):
+            section_, name = key.split(".")
+            assert config[section_][name] == quick[section_][name], (cmd, key)
+        spec = spec_from_config(config.model)
+        layers = {(s.family, s.core) for s in layer_specs(spec)}
+        if ("softmax", "lti") in layers:
+            kinds.add("hybrid-global")
+        if ("swa", "lti") in layers:
+            kinds.add("hybrid-swa")
+        if spec.core == "selective" and spec.family == "interdomain":
+            kinds.add("selective")
+    assert kinds == {"hybrid-global", "hybrid-swa", "selective"}, kinds
+    res = next(ln for ln in section.splitlines() if ln.startswith("python -m idattn.results "))
+    runs = re.search(r"--runs=(\S+)", res).group(1).split(",")
+    assert set(workdirs) <= set(runs) and "runs/pystdlib-interdomain" in runs, (runs, workdirs)

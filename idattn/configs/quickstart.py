@@ -1,6 +1,7 @@
 """Quickstart config: tiny Softmax / Interdomain / S4D-only models on the embedded King James corpus (CPU).
 
-Run everything (three models, evaluation, table and plot; under 15 minutes on 2 CPU cores):
+Run everything (three models, evaluation, table and plot; 9-16 minutes on 2 CPU cores, depending on their load:
+README.md says when and how it was measured):
 
     pip install -e . && python -m idattn.quickstart                     # writes /tmp/idattn-quickstart/
 
@@ -14,7 +15,12 @@ One model alone, with the ordinary trainer entry point:
 
     python -m idattn.train --config=experiments/quickstart.py:interdomain --workdir=/tmp/qs-interdomain
 
-    get_config("<mixer>")   mixer: softmax | interdomain | s4d_only | any mechanism-cube cell
+    get_config("<mixer>")   mixer: softmax | interdomain | s4d_only | any mechanism-cube cell, each recurrent one
+                            optionally with a core suffix: interdomain-selective, interdomain-selective+phase,
+                            s4d_only-selective (the selective core, docs/model.md "Selective core")
+
+The same size with a selective core, and hybrid stacks of the same size (experiments/quickstart_hybrid.py), on your
+own data: docs/own-data.md, "Hybrid and selective models".
 """
 from __future__ import annotations
 
