@@ -18,7 +18,10 @@ skip (c) / (d) with the reason; they never stop (a) / (b).
     chunk. Prints max relative errors and PASS/FAIL. Its long row, pallas vs the XLA chunked path at T = 65,536
     (~140 s on an H200), runs last, when that much budget is left (`--skip long` drops it).
 (b) the operator table of `python -m idattn.bench op` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
-    T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run.
+    T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run; beside
+    it the cost model's prediction per row (`python -m idattn.bench gpu`, fitted on the 2026-12-04 rows);
+(b2) every Pallas launch of a fwd+bwd timed alone (idattn.bench.per_kernel) at (16, 128, 32) 4K and 16K and
+    (32, 64, 64) 4K, beside the whole program: the split the cost model needs.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
@@ -363,7 +366,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on any backend (CPU: interpret mode)")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,long (the T = 65,536 pallas vs chunked row of the check),table,smoke,model,extra")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,long (the T = 65,536 pallas vs chunked row of the check),table,kernels (per-kernel times),smoke,model,extra")
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
@@ -451,6 +454,33 @@ def main():
         table = bop.format_table(rows)
         log("\n" + table)
         SUMMARY.append(table)
+        # the cost model (python -m idattn.bench gpu; constants fitted on the 2026-12-04 rows) beside this run
+        from idattn.bench import gpu_model
+        beside = gpu_model.beside_measured(rows)
+        log("cost model beside the measured times (a prediction from the compiled kernels):\n" + beside)
+        SUMMARY.append("cost model vs measured:\n" + beside)
+
+    if "kernels" not in skip:
+        # where the time goes: every launch of a forward + backward timed alone (what the cost model needs to split
+        # a program's time into kernels; the first device run had whole programs only)
+        log("=== (b2) per-kernel times: every Pallas launch of fwd+bwd alone, bf16 ===")
+        from idattn.bench import per_kernel as PK
+        whole = {(tuple(r.shape), r.T, r.mode): r.ms for r in rows if r.impl == "pallas" and r.ms}
+        cases = ([((2, 32, 16), 128, 256)] if dry else
+                 [((16, 128, 32), 4096, tokens), ((32, 64, 64), 4096, tokens), ((16, 128, 32), 16384, tokens)])
+        for shape, T, tok in cases:
+            if time.time() > T0 + 0.68 * B:
+                SUMMARY.append(f"(b2) per-kernel {shape} T={T} SKIPPED (time budget)")
+                continue
+            try:
+                krows = PK.per_kernel_times(shape, T, tok, "fwdbwd", jnp.float32 if dry else jnp.bfloat16,
+                                            chunk=16 if dry else 64, interpret=True if dry else None,
+                                            repeats=1 if dry else 10, deadline=T0 + 0.72 * B, log=log)
+                text = PK.format_rows(shape, T, tok, "fwdbwd", krows, whole.get((shape, T, "fwdbwd")))
+            except Exception as e:
+                text = f"(b2) per-kernel {shape} T={T} ERROR {type(e).__name__}: {str(e)[:300]}"
+            log(text)
+            SUMMARY.append(text)
 
     if "smoke" not in skip:
         log("=== (c) python -m idattn.bench.smoke ===")

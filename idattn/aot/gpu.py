@@ -212,6 +212,30 @@ def mode_round_trips(hlo_text: str, B: int, T: int, H: int, M: int) -> list[str]
     return out
 
 
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "c64": 8, "s32": 4, "u32": 4, "pred": 1, "s8": 1, "u8": 1, "s64": 8,
+          "f64": 8, "c128": 16}
+_SHAPES = re.compile(r"\b(f32|bf16|f16|c64|c128|s32|u32|s64|f64|pred|s8|u8)\[([\d,]*)\]")
+
+
+def glue_traffic(hlo_text: str) -> dict:
+    """What XLA does around the Triton kernels in a compiled module's entry computation: {"glue_ops": the
+    instructions that run (fusions, copies, reductions: not parameters, tuples, bitcasts or the kernels),
+    "glue_bytes": the bytes they write (each output once; their reads are at least that again)}."""
+    entry = hlo_text[hlo_text.find("ENTRY"):] if "ENTRY" in hlo_text else hlo_text
+    ops, nbytes = 0, 0
+    for line in entry.splitlines():
+        m = _HLO_INSTR.match(line)
+        if not m or m.group(2) in _FREE_OPS or m.group(2) in ("constant", "copy-start", "copy-done"):
+            continue
+        ops += 1
+        for dt, dims in _SHAPES.findall(m.group(1)):
+            n = 1
+            for x in dims.split(","):
+                n *= int(x) if x else 1
+            nbytes += n * _BYTES[dt]
+    return {"glue_ops": ops, "glue_bytes": nbytes}
+
+
 def _records(text: str):
     """absl log records (thread id, source file, message incl. continuation lines)."""
     recs = []

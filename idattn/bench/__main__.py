@@ -8,10 +8,11 @@ COMMANDS = {
     "theory": "LegS convergence table (idattn.ops.theory)",
     "model": "training tok/s and MFU per mixer (the trainer's step), decode tok/s vs context (needs flax)",
     "tpu": "static model of the TPU kernels: grid steps, VMEM, HBM bytes, FLOPs, v5p / v6e roofline vs splash",
+    "gpu": "cost model of the fused GPU kernels from their SASS, fitted and tested on the H200 run (no GPU needed)",
     "checksum": "cost of the checkpoint checksums vs one read of the state (idattn.rundir.integrity)",
 }
 
-MODULES = {"tpu": "tpu_model"}
+MODULES = {"tpu": "tpu_model", "gpu": "gpu_model"}
 
 
 def main(argv=None) -> int:

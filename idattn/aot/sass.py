@@ -1,0 +1,370 @@
+"""What the H100/H200 will run: the fused kernels' SASS, read on a CPU host (no GPU).
+
+    python -m idattn.aot.sass [--shape 16,128,32] [--dtype bfloat16] [--T 4096] [--B 16] [--out DIR]
+
+compiles the fused operator's forward + backward (impl="pallas") for an H200 deviceless (idattn.aot.gpu), with
+XLA's ``ptxas`` replaced by a wrapper that keeps every PTX file it assembles and the sm_90a cubin it writes; each
+cubin is disassembled (``cuobjdump -sass``) and read per kernel:
+
+  - the instruction mix of the whole kernel and of its innermost-enclosing **chunk loop** (the largest backward
+    branch: the ``fori_loop`` over chunks of the serial kernels; chunk-parallel kernels have none and count whole):
+    tensor-core MMAs (``HMMA``: the mma.sync path Triton takes, 16x8x16 per warp; ``HGMMA``: wgmma, 64xNx16 per
+    warpgroup), FP32 FMA/MUL/ADD, MUFU (exp, sin/cos, reciprocal), global / shared loads and stores, ldmatrix,
+    barriers, and the rest;
+  - the tensor-core work per instruction: an ``HMMA.16816.F32.BF16`` is 16·8·16 = 2,048 MACs per warp, an
+    ``HGMMA.64xNx16`` 64·N·16 per warpgroup;
+  - registers, spills and shared memory from ptxas -v (as ``idattn.aot.gpu`` reports them);
+  - the launch grid and warps from the compiled HLO's Triton calls.
+
+``cuobjdump`` and ``nvdisasm`` come with Triton's wheel (``triton/backends/nvidia/bin``; ``pip install triton``,
+CPU-only hosts included), or from PATH / ``IDATTN_CUOBJDUMP``. docs/kernels.md, "What the hardware runs", holds
+the table and what it says; ``idattn.bench.gpu_model`` turns these counts into predicted times.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+# SASS opcode (the mnemonic before the first '.') -> class. Order of the table is the order of the report.
+CLASSES = {
+    "mma": ("HMMA", "HGMMA", "IMMA", "DMMA"),
+    "ffma": ("FFMA", "FFMA2"),
+    "fmul/fadd": ("FMUL", "FADD", "FMUL2", "FADD2", "FMNMX", "FSETP", "FSEL", "FCHK"),
+    "mufu": ("MUFU",),
+    "cvt/pack": ("F2F", "F2FP", "I2F", "F2I", "F2IP", "PRMT"),
+    "ldg": ("LDG", "LDGSTS", "UTMALDG", "LDGDEPBAR"),
+    "stg": ("STG", "RED", "ATOMG", "UTMASTG"),
+    "lds": ("LDS", "LDSM"),
+    "local (spill)": ("LDL", "STL"),
+    "shfl": ("SHFL",),
+    "sts": ("STS", "STSM"),
+    "barrier": ("BAR", "BSYNC", "BSSY", "WARPSYNC", "DEPBAR", "WARPGROUP", "SYNCS", "MEMBAR", "FENCE"),
+    "int/addr": ("IMAD", "IADD3", "ISETP", "SEL", "MOV", "UMOV", "LOP3", "SHF", "LEA", "VIADD", "UIADD3", "R2UR",
+                 "SGXT", "IABS", "IMNMX", "S2R", "S2UR", "ULDC", "USHF", "ULOP3", "UISETP", "USEL", "UIMAD", "ULEA",
+                 "P2R", "R2P", "PLOP3", "CS2R", "VIMNMX", "IMAD.WIDE", "ISCADD", "BMSK", "FLO", "POPC", "BREV"),
+}
+_CLASS_OF = {op: c for c, ops in CLASSES.items() for op in ops}
+# MACs one instruction does, per warp (HMMA) or per warpgroup (HGMMA): from the shape in its mnemonic
+_HMMA_SHAPE = re.compile(r"HMMA\.(16)(8)(16|8|4|32)\b")  # HMMA.16816 -> m16 n8 k16; HMMA.1688 -> m16 n8 k8
+_HGMMA_SHAPE = re.compile(r"HGMMA\.(\d+)x(\d+)x(\d+)")
+_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)([.\w]*)\s*(.*?);")
+_FUNC = re.compile(r"Function : (\S+)")
+_BRA_TARGET = re.compile(r"`?\(?\.L_x_(\d+)\)?|0x([0-9a-f]+)")
+
+
+@dataclasses.dataclass
+class Instr:
+    addr: int
+    op: str  # the mnemonic (HMMA, FFMA, ...)
+    mods: str  # its modifiers (.16816.F32.BF16)
+    args: str
+
+
+def parse_sass(text: str) -> dict[str, list[Instr]]:
+    """{kernel name: [Instr in address order]} from `cuobjdump -sass` output (one or more functions)."""
+    out: dict[str, list[Instr]] = {}
+    cur = None
+    labels: dict[str, int] = {}
+    for line in text.splitlines():
+        m = _FUNC.search(line)
+        if m:
+            cur = m.group(1)
+            out[cur] = []
+            continue
+        if cur is None:
+            continue
+        m = _LINE.search(line)
+        if m:
+            out[cur].append(Instr(int(m.group(1), 16), m.group(2), m.group(3), m.group(4)))
+    del labels
+    return out
+
+
+def macs(ins: Instr) -> int:
+    """Multiply-accumulates of one tensor-core instruction (per warp for HMMA, per warpgroup for HGMMA); 0 else."""
+    if ins.op == "HMMA":
+        m = _HMMA_SHAPE.match(ins.op + ins.mods)
+        if m:
+            return int(m.group(1)) * int(m.group(2)) * int(m.group(3))
+    if ins.op == "HGMMA":
+        m = _HGMMA_SHAPE.match(ins.op + ins.mods)
+        if m:
+            return int(m.group(1)) * int(m.group(2)) * int(m.group(3))
+    return 0
+
+
+def loops(instrs: list[Instr]) -> list[tuple[int, int]]:
+    """(start, end) index ranges of the backward branches (a BRA whose target address is at or before itself),
+    outermost first. The target is read from the branch's immediate (cuobjdump prints `(.L_x_N)` labels or an
+    address); a branch whose target cannot be read is skipped."""
+    by_addr = {ins.addr: i for i, ins in enumerate(instrs)}
+    out = []
+    for i, ins in enumerate(instrs):
+        if ins.op != "BRA":
+            continue
+        m = re.search(r"0x([0-9a-f]+)", ins.args)
+        if not m:
+            continue
+        tgt = int(m.group(1), 16)
+        if tgt <= ins.addr and tgt in by_addr:
+            out.append((by_addr[tgt], i))
+    return sorted(out, key=lambda r: r[0] - r[1])
+
+
+_WIDTH = re.compile(r"\.(128|64|32|U16|S16|U8|S8)\b")
+
+
+def access_bytes(ins: Instr) -> int:
+    """Bytes one thread moves with a global load or store (LDG / STG / LDGSTS: .128 = 16, .64 = 8, none = 4)."""
+    m = _WIDTH.search(ins.mods)
+    w = m.group(1) if m else "32"
+    return {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}[w]
+
+
+def mix(instrs: list[Instr], warps: int = 4) -> dict:
+    """{class: count} over `instrs` (CLASSES order, then "other"): instructions in one warp's stream; plus
+    "bar_sync" (BAR.SYNC: every warp of the program waits), "hgmma" (wgmma instructions), "mma_macs" (the
+    program's tensor-core MACs: each warp issues its HMMAs, each warpgroup of four warps one HGMMA) and "total"."""
+    c = collections.Counter(_CLASS_OF.get(i.op, "other") for i in instrs)
+    out = {k: c.get(k, 0) for k in list(CLASSES) + ["other"]}
+    out["bar_sync"] = sum(1 for i in instrs if i.op == "BAR" and "SYNC" in i.mods)
+    out["hgmma"] = sum(1 for i in instrs if i.op == "HGMMA")
+    out["mma_macs"] = (sum(macs(i) for i in instrs if i.op == "HMMA") * warps
+                       + sum(macs(i) for i in instrs if i.op == "HGMMA") * warps // 4)
+    # bytes one program moves to / from global memory (L2, then HBM): every thread of every warp
+    out["ldg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("LDG", "LDGSTS"))
+    out["stg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("STG", "RED", "ATOMG"))
+    out["total"] = len(instrs)
+    return out
+
+
+def kernel_report(name: str, instrs: list[Instr], warps: int = 4, resources: dict | None = None) -> dict:
+    """Per kernel: its whole mix, and the mix of its chunk loop (the outermost backward branch) if it has one;
+    `resources`: cuobjdump -res-usage's {REG, SHARED, LOCAL, STACK} of the kernel."""
+    lp = loops(instrs)
+    body = instrs[lp[0][0]:lp[0][1] + 1] if lp else []
+    return {"name": name, "warps": warps, "instructions": len(instrs), "all": mix(instrs, warps),
+            "loop": mix(body, warps) if body else None, "loops": len(lp), **(resources or {})}
+
+
+_RES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def parse_res_usage(text: str) -> dict[str, dict]:
+    """{kernel: {"registers", "stack", "smem_static", "local"}} from `cuobjdump -res-usage`."""
+    return {m.group(1): {"registers": int(m.group(2)), "stack": int(m.group(3)), "smem_static": int(m.group(4)),
+                         "local": int(m.group(5))} for m in _RES.finditer(text)}
+
+
+# ---------------------------------------------------------------------------------------------- the toolchain
+def find_tool(name: str) -> str | None:
+    """cuobjdump / nvdisasm: $IDATTN_<NAME>, then Triton's wheel (found without importing it), then PATH."""
+    env = os.environ.get(f"IDATTN_{name.upper()}")
+    if env and os.path.isfile(env):
+        return env
+    spec = importlib.util.find_spec("triton")
+    for root in (list(spec.submodule_search_locations or []) if spec else []):
+        p = os.path.join(root, "backends", "nvidia", "bin", name)
+        if os.path.isfile(p):
+            return p
+    return shutil.which(name)
+
+
+_WRAPPER = r"""#!{python}
+# ptxas stand-in for idattn.aot.sass: keeps the PTX it assembles and the cubin it writes, then runs the real one
+import os, shutil, subprocess, sys, uuid
+args = sys.argv[1:]
+real = {real!r}
+dump = {dump!r}
+rc = subprocess.call([real] + args)
+tag = uuid.uuid4().hex[:8]
+ptx = [a for a in args if a.endswith(".ptx")]
+out = args[args.index("-o") + 1] if "-o" in args else None
+for p in ptx:
+    if os.path.exists(p):
+        shutil.copy(p, os.path.join(dump, tag + ".ptx"))
+if out and os.path.exists(out):
+    shutil.copy(out, os.path.join(dump, tag + ".cubin"))
+sys.exit(rc)
+"""
+
+
+def capturing_cuda_dir(dump: str) -> str:
+    """A CUDA data folder for ``xla_gpu_cuda_data_dir`` whose bin/ptxas is a wrapper around the nvcc wheel's (PTX
+    and cubins copied into `dump`); its nvvm/ (libdevice) is the wheel's."""
+    from idattn.aot import gpu
+    wheel = gpu.nvcc_wheel_dir()
+    if wheel is None:
+        raise RuntimeError(gpu.cuda_plugin_missing() or "the nvcc wheel is missing: pip install -e '.[cuda12]'")
+    root = tempfile.mkdtemp(prefix="idattn-ptxas-")
+    os.makedirs(os.path.join(root, "bin"))
+    os.symlink(os.path.join(wheel, "nvvm"), os.path.join(root, "nvvm"))
+    path = os.path.join(root, "bin", "ptxas")
+    with open(path, "w") as f:
+        f.write(_WRAPPER.format(python=sys.executable, real=os.path.join(wheel, "bin", "ptxas"), dump=dump))
+    os.chmod(path, 0o755)
+    return root
+
+
+_COMPILE_SCRIPT = r"""
+import json, sys, time
+sys.path.insert(0, {root!r})
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.experimental import topologies
+from idattn.aot import gpu
+from idattn.ops import interdomain_mix
+from idattn.ops.pallas import op as pallas_op
+for k, v in {env_opts!r}.items():  # a setter (set_save_states) is called, a constant (GPU_PARALLEL_FWD_MIN_T) set
+    getattr(pallas_op, k)(v) if k.startswith("set_") else setattr(pallas_op, k, v)
+topo = topologies.get_topology_desc(platform="cuda", target_config=gpu.target_config({card!r}), topology="1x1x1")
+s = NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), P())
+sd = lambda shp, d: jax.ShapeDtypeStruct(shp, d, sharding=s)
+H, dh, M, dt, B, T, L = {case!r}
+dt = jnp.dtype(dt)
+def loss(fq, zk, zv, lam, b, c, sg):
+    o = interdomain_mix(fq, zk, zv, lam, b, c, impl="pallas", chunk_size=L, segment_ids=sg)
+    return jnp.sum(o.astype(jnp.float32))
+args = ((sd((B, T, H, dh), dt),) * 3 + (sd((H, M), jnp.complex64),) * 2 + (sd((H, M, M), jnp.complex64),)
+        + (sd((B, T), jnp.int32),))
+fn = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5)) if {mode!r} == "fwdbwd" else loss
+c = jax.jit(fn).lower(*args).compile(compiler_options=dict(xla_gpu_cuda_data_dir={cuda_dir!r}))
+txt = c.as_text()
+print("@@CALLS", json.dumps(gpu.triton_calls(txt)), flush=True)
+print("@@XLA", json.dumps(dict(gpu.glue_traffic(txt), fusions=txt.count(" fusion("))), flush=True)
+"""
+
+
+def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_opts=None) -> dict:
+    """Compiles one case (H, d_h, M, dtype name, B, T, chunk L) in a fresh process and returns {"calls": the
+    Triton calls of the compiled HLO (name, grid, warps, stages), "kernels": {entry name: kernel_report}, "ptx":
+    {entry name: PTX text}}. env_opts: {setter in idattn.ops.pallas.op: value}, e.g. {"set_save_states": False}."""
+    dump = tempfile.mkdtemp(prefix="idattn-sass-")
+    cuda_dir = capturing_cuda_dir(dump)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = _COMPILE_SCRIPT.format(root=root, case=tuple(case), card=card, mode=mode, cuda_dir=cuda_dir,
+                                    env_opts=dict(env_opts or {}))
+    p = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, JAX_PLATFORMS="cpu"),
+                       capture_output=True, text=True, timeout=timeout)
+    if p.returncode != 0:
+        raise RuntimeError(f"compile failed for {case}:\n{p.stderr[-3000:]}")
+    calls = next((json.loads(l[8:]) for l in p.stdout.splitlines() if l.startswith("@@CALLS")), [])
+    xla = next((json.loads(l[6:]) for l in p.stdout.splitlines() if l.startswith("@@XLA")), {})
+    tool = find_tool("cuobjdump")
+    if tool is None:
+        raise RuntimeError("cuobjdump not found: pip install triton (its wheel carries cuobjdump and nvdisasm, no "
+                           "GPU needed), or set IDATTN_CUOBJDUMP")
+    kernels, ptx = {}, {}
+    warps = {c["name"]: int(c["num_warps"] or 4) for c in calls if c.get("name")}
+    for cubin in sorted(glob.glob(os.path.join(dump, "*.cubin"))):
+        text = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, timeout=120).stdout
+        res = parse_res_usage(subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True,
+                                             timeout=120).stdout)
+        for name, instrs in parse_sass(text).items():
+            if name.startswith("idattn_"):
+                w = warps.get(name) or next((v for n, v in warps.items() if name.startswith(n)), 4)
+                kernels[name] = kernel_report(name, instrs, w, res.get(name))
+        src = cubin[:-6] + ".ptx"
+        if os.path.exists(src):
+            body = open(src).read()
+            for name in re.findall(r"\.entry\s+(\w+)", body):
+                ptx[name] = body
+    shutil.rmtree(dump, ignore_errors=True)
+    shutil.rmtree(cuda_dir, ignore_errors=True)
+    return {"case": tuple(case), "mode": mode, "calls": calls, "kernels": kernels, "ptx_kernels": sorted(ptx),
+            "xla": xla}
+
+
+def format_report(rep: dict) -> str:
+    H, dh, M, dt, B, T, L = rep["case"]
+    lines = [f"(H, d_h, M) = ({H}, {dh}, {M}) {dt} B={B} T={T} chunk {L}, {rep['mode']}: "
+             f"{len(rep['calls'])} Triton launches"]
+    grid = {c["name"]: c for c in rep["calls"]}
+    cols = ["mma", "hgmma", "ffma", "fmul/fadd", "mufu", "cvt/pack", "ldg", "stg", "lds", "sts", "local (spill)",
+            "barrier", "bar_sync", "int/addr", "other", "total"]
+    lines.append("| kernel | grid / warps | where | " + " | ".join(cols) + " | MMA MACs |")
+    lines.append("|" + "---|" * (len(cols) + 4))
+    for name, k in sorted(rep["kernels"].items()):
+        c = grid.get(name) or next((v for n, v in grid.items() if n and name.startswith(n)), None)
+        g = f"{tuple(c['grid'])} / {c['num_warps']}" if c else "?"
+        for where in ("loop", "all"):
+            mx = k[where]
+            if mx is None:
+                continue
+            lines.append(f"| {name} | {g} | {'chunk loop' if where == 'loop' else 'whole kernel'} | "
+                         + " | ".join(str(mx[col]) for col in cols) + f" | {mx['mma_macs']:,} |")
+    return "\n".join(lines)
+
+
+def collect(out: str, rows=None, log=print) -> dict:
+    """Compiles every configuration of ``idattn.bench.gpu_model.MEASURED`` (or `rows`: (tag, (H, d_h, M), T, chunk,
+    mode, options)) at 65,536 tokens, bf16, and writes {row key: compile_and_capture report} to `out` (whole, after
+    every configuration, so a stop keeps what was done; a rerun skips the keys already there)."""
+    import time
+
+    from idattn import atomic
+    from idattn.bench import gpu_model as G
+    rows = rows if rows is not None else [(t, s, T, L, m, G.OPTIONS.get(t, {})) for t, s, T, L, m, _, _ in G.MEASURED]
+    data = json.load(open(out)) if os.path.exists(out) else {}
+    for tag, (H, dh, M), T, L, mode, opts in rows:
+        k = G.key(tag, (H, dh, M), T, L, mode)
+        if k in data:
+            continue
+        t0 = time.time()
+        rep = compile_and_capture((H, dh, M, "bfloat16", G.TOKENS // T, T, L), mode=mode, env_opts=opts)
+        rep.update(tag=tag, opts=opts, compile_s=time.time() - t0)
+        data[k] = rep
+        atomic.write_json(out, data, indent=1, sort_keys=True)
+        log(f"{k}: {len(rep['calls'])} launches, compiled in {time.time() - t0:.0f} s")
+    return data
+
+
+def main(argv=None) -> int:
+    import argparse
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["collect"]:
+        ap = argparse.ArgumentParser(prog="python -m idattn.aot.sass collect",
+                                     description="compile every configuration the GPU cost model reads")
+        from idattn.bench import gpu_model as G
+        ap.add_argument("--out", default=G.DATA)
+        a = ap.parse_args(argv[1:])
+        try:
+            collect(a.out)
+        except RuntimeError as e:
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 1
+        return 0
+    ap = argparse.ArgumentParser(prog="python -m idattn.aot.sass", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="16,128,32", help="H,d_h,M")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--B", type=int, default=16)
+    ap.add_argument("--chunk", type=int, default=64)
+    ap.add_argument("--mode", default="fwdbwd", choices=("fwd", "fwdbwd"))
+    ap.add_argument("--json", default="", help="also write the report as JSON here")
+    a = ap.parse_args(argv)
+    H, dh, M = (int(x) for x in a.shape.split(","))
+    try:
+        rep = compile_and_capture((H, dh, M, a.dtype, a.B, a.T, a.chunk), mode=a.mode)
+    except RuntimeError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    print(format_report(rep))
+    if a.json:
+        from idattn import atomic
+        atomic.write_json(a.json, rep, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

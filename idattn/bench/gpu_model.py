@@ -1,0 +1,258 @@
+"""A cost model of the fused GPU kernels, built from what the compiled kernels do and tested on device times it was
+not fitted on (``python -m idattn.bench gpu``).
+
+Inputs, per configuration (shape, T, chunk, forward or forward + backward, options), from the deviceless compile
+for an H200 (``python -m idattn.aot.sass collect``, written to ``gpu_kernels.json`` beside this file): every
+Triton launch's grid and warps, and per kernel from its SASS the instructions of one chunk iteration (the loop
+body: all instructions, ``BAR.SYNC`` barriers, tensor-core MACs), its registers and the XLA ops around the calls.
+From those, per kernel:
+
+    programs per SM  occ   = min(65536 // (32 · warps · regs), 64 // warps)        (registers bind first here)
+    waves                  = ceil(programs / (132 · occ))
+    iterations             = T/L for the serial kernels (a program walks every chunk: fwd_p, fwd_o, scan_*),
+                             else the chunks of one group (the chunk-parallel kernels' ``_groups``)
+    t_iter                 = c_iter + c_bar · barriers + c_issue · (instructions · warps / 4) · occ
+    t_kernel               = c_launch + waves · iterations · t_iter
+
+and the configuration's time is the sum over its launches plus c_xla per XLA fusion around them. c_iter is the
+fixed latency of one dependent iteration (a load that is not prefetched: the big kernels run one stage), c_bar the
+cost of one barrier (every layout change between chained dots goes through shared memory: a store, a barrier, a
+load), c_issue the time per instruction slot of one of the SM's four schedulers. The four constants are fitted, in
+relative error, on the first device run's main rows (2026-12-04, H200, bf16, 65,536 tokens, ``MEASURED`` below,
+role "fit") and then predict the rows of that day the fit never saw (role "held-out": ``save_states`` off, chunk
+128, the serial forward at 16K). Every time this prints for a configuration without a measured row is a
+prediction and says so. What the fitted constants mean and where the model misses: docs/kernels.md, "Where the
+time goes".
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import numpy as np
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_kernels.json")
+SMS = 132  # H100 / H200 SXM
+REGS_PER_SM = 65536
+MAX_WARPS_PER_SM = 64
+TOKENS = 65536
+# name prefixes of the serial kernels (a program walks every chunk); the chunk-parallel readouts
+# (idattn_fwd_p_readout, ...) walk one group of chunks
+SERIAL = ("idattn_fwd_p", "idattn_fwd_o", "idattn_scan_fwd", "idattn_scan_rev")
+BWD_TARGET_PROGRAMS = 512  # idattn.ops.pallas.gpu.BWD_TARGET_PROGRAMS (chunk groups of the parallel kernels)
+
+# The first device run (docs/kernels.md, "Measured on an H200", 2026-12-04): H200, jax 0.11.2 (CUDA 13 plugin),
+# code 16957a3, bf16, 65,536 tokens per batch, median ms. (tag, (H, d_h, M), T, chunk, mode, ms, role)
+MEASURED = (
+    ("main", (16, 128, 32), 1024, 64, "fwd", 4.028, "fit"),
+    ("main", (16, 128, 32), 1024, 64, "fwdbwd", 14.264, "fit"),
+    ("main", (16, 128, 32), 2048, 64, "fwd", 4.022, "fit"),
+    ("main", (16, 128, 32), 2048, 64, "fwdbwd", 14.117, "fit"),
+    ("main", (16, 128, 32), 4096, 64, "fwd", 4.691, "fit"),
+    ("main", (16, 128, 32), 4096, 64, "fwdbwd", 13.777, "fit"),
+    ("main", (16, 128, 32), 16384, 64, "fwd", 4.921, "fit"),
+    ("main", (16, 128, 32), 16384, 64, "fwdbwd", 15.191, "fit"),
+    ("main", (32, 64, 64), 4096, 64, "fwd", 5.550, "fit"),
+    ("main", (32, 64, 64), 4096, 64, "fwdbwd", 24.887, "fit"),
+    ("main", (32, 64, 64), 16384, 64, "fwd", 6.587, "fit"),
+    ("main", (32, 64, 64), 16384, 64, "fwdbwd", 27.950, "fit"),
+    ("save_states_off", (16, 128, 32), 4096, 64, "fwdbwd", 14.6, "held-out"),
+    ("save_states_off", (16, 128, 32), 16384, 64, "fwdbwd", 17.0, "held-out"),
+    ("chunk128", (16, 128, 32), 4096, 128, "fwdbwd", 16.0, "held-out"),
+    ("chunk128", (16, 128, 32), 16384, 128, "fwdbwd", 16.2, "held-out"),
+    ("serial_fwd", (16, 128, 32), 16384, 64, "fwd", 4.64, "held-out"),
+    ("serial_fwd", (16, 128, 32), 16384, 64, "fwdbwd", 14.7, "held-out"),
+)
+TERMS = ("c_launch", "c_path", "c_issue", "c_bar", "c_bytes", "c_glue_op", "c_glue_bytes")
+# how each tag's configuration is compiled (idattn.aot.sass env_opts: setters of idattn.ops.pallas.op, constants)
+OPTIONS = {"save_states_off": {"set_save_states": False}, "serial_fwd": {"GPU_PARALLEL_FWD_MIN_T": 1 << 30}}
+
+
+def key(tag, shape, T, L, mode) -> str:
+    H, dh, M = shape
+    return f"{tag}_{H}_{dh}_{M}_T{T}_L{L}_{mode}"
+
+
+@dataclasses.dataclass
+class KernelCost:
+    name: str
+    programs: int
+    occupancy: int
+    waves: int
+    iterations: int
+    barriers: int  # BAR.SYNC per program per iteration
+    instructions: int  # per warp per iteration
+    warps: int
+    loop_bytes: int  # global bytes per program per iteration (loads + stores)
+    once_bytes: int  # global bytes per program outside the loop
+    macs: int  # tensor-core MACs per program per iteration
+
+    def features(self) -> np.ndarray:
+        """Coefficients of TERMS in this kernel's time (us per unit):
+        c_launch   per launch;
+        c_path     per iteration on the critical path (waves x iterations: one dependent iteration's latency);
+        c_issue    per instruction slot of one of the machine's 132 x 4 schedulers, all programs' work spread evenly;
+        c_bar      per barrier of one SM, all programs' barriers spread evenly over the SMs;
+        c_bytes    per GB of global loads and stores (L2 / HBM) of all programs."""
+        work = self.programs * self.iterations
+        return np.array([1.0, self.waves * self.iterations, work * self.instructions * self.warps / (SMS * 4),
+                         work * self.barriers / SMS,
+                         (work * self.loop_bytes + self.programs * self.once_bytes) / 1e9, 0.0, 0.0])
+
+
+def _groups_per(NC: int, rows: int) -> int:
+    """Chunks per program of a chunk-parallel kernel over `rows` (B·H·feature blocks) rows (gpu._groups)."""
+    return max(1, -(-NC * rows // BWD_TARGET_PROGRAMS))
+
+
+def kernel_costs(rep: dict) -> list[KernelCost]:
+    """Per Triton launch of a collected configuration (idattn.aot.sass.compile_and_capture's report)."""
+    H, dh, M, _, B, T, L = rep["case"]
+    NC = T // L
+    out = []
+    for call in rep["calls"]:
+        k = rep["kernels"].get(call["name"])
+        if k is None:
+            continue
+        gx, gy, gz = call["grid"]
+        warps = int(call["num_warps"])
+        regs = -(-int(k["registers"]) // 8) * 8
+        occ = max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps))
+        programs = gx * gy * gz
+        if call["name"].startswith(SERIAL) and "readout" not in call["name"]:
+            iters = NC
+        else:  # (B, H, feature blocks x groups): the blocks nb that reproduce the grid's z
+            iters = next((per for nb in (1, 2, 4, 8, 16) for per in [_groups_per(NC, B * H * nb)]
+                          if nb * -(-NC // per) == gz), -(-NC // gz))
+        body = k["loop"] or k["all"]
+        loop_b = body.get("ldg_bytes", 0) + body.get("stg_bytes", 0)
+        all_b = k["all"].get("ldg_bytes", 0) + k["all"].get("stg_bytes", 0)
+        out.append(KernelCost(call["name"], programs, occ, -(-programs // (SMS * occ)), iters, body["bar_sync"],
+                              body["total"], warps, loop_b, max(0, all_b - loop_b) if k["loop"] else 0,
+                              body["mma_macs"]))
+    return out
+
+
+def features(rep: dict) -> np.ndarray:
+    f = sum((kc.features() for kc in kernel_costs(rep)), np.zeros(len(TERMS)))
+    xla = rep.get("xla") or {}
+    f[TERMS.index("c_glue_op")] = float(xla.get("glue_ops") or 0)  # per XLA op around the kernels
+    f[TERMS.index("c_glue_bytes")] = 2.0 * float(xla.get("glue_bytes") or 0) / 1e9  # per GB (written + read)
+    return f
+
+
+def fit(rows: list[tuple[np.ndarray, float]]) -> np.ndarray:
+    """Non-negative constants (us) minimising the relative error over `rows` [(features, ms)] (an active-set
+    least squares: a constant that comes out negative is fixed at 0 and the rest refitted)."""
+    A = np.array([f / (1000.0 * y) for f, y in rows])  # relative: (f·c)/(1000 y) - 1 -> 0, c in us
+    b = np.ones(len(rows))
+    active = list(range(A.shape[1]))
+    while True:
+        c_act, *_ = np.linalg.lstsq(A[:, active], b, rcond=None)
+        if (c_act >= 0).all():
+            break
+        active.pop(int(np.argmin(c_act)))
+    c = np.zeros(A.shape[1])
+    c[active] = c_act
+    return c
+
+
+def predict_ms(rep: dict, c: np.ndarray) -> float:
+    return float(features(rep) @ c) / 1000.0
+
+
+def breakdown(rep: dict, c: np.ndarray) -> list[dict]:
+    """Per launch: its predicted us and how much of it each term is."""
+    rows = []
+    for kc in kernel_costs(rep):
+        f = kc.features()
+        rows.append(dict(name=kc.name, programs=kc.programs, occupancy=kc.occupancy, waves=kc.waves,
+                         iterations=kc.iterations, barriers=kc.barriers, instructions=kc.instructions, macs=kc.macs,
+                         us=float(f @ c), terms={t: float(f[i] * c[i]) for i, t in enumerate(TERMS)}))
+    return rows
+
+
+def load(path: str = DATA) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def evaluate(data: dict) -> tuple[np.ndarray, list[dict]]:
+    """Fit on the "fit" rows of MEASURED, predict every row: (constants, [{row, predicted, measured, error}])."""
+    fit_rows, out = [], []
+    for tag, shape, T, L, mode, ms, role in MEASURED:
+        rep = data.get(key(tag, shape, T, L, mode))
+        if rep is not None and role == "fit":
+            fit_rows.append((features(rep), ms))
+    c = fit(fit_rows)
+    for tag, shape, T, L, mode, ms, role in MEASURED:
+        rep = data.get(key(tag, shape, T, L, mode))
+        pred = predict_ms(rep, c) if rep is not None else None
+        out.append(dict(tag=tag, shape=shape, T=T, L=L, mode=mode, role=role, measured=ms, predicted=pred,
+                        error=None if pred is None else pred / ms - 1.0))
+    return c, out
+
+
+def beside_measured(measured: list, data: dict | None = None) -> str:
+    """A table of the model's prediction beside times measured now (``idattn.bench.op`` rows of impl "pallas":
+    shape, T, mode, ms), for the device check (scripts/gpu_check.py): the constants are fitted on MEASURED's fit
+    rows, so a row there is in-sample; every other row is a test of the model. Rows without collected kernel data
+    say so."""
+    try:
+        data = load() if data is None else data
+    except OSError as e:
+        return f"(no model: {e})"
+    c, _ = evaluate(data)
+    fitted = {(tuple(sh), T, m) for tag, sh, T, L, m, _, role in MEASURED if tag == "main" and role == "fit"}
+    lines = ["| (H, d_h, M) | T | mode | measured ms (now) | model ms | error | model fitted on this row? |",
+             "|---|---|---|---|---|---|---|"]
+    for r in measured:
+        if r.impl != "pallas" or not r.ms:
+            continue
+        rep = data.get(key("main", tuple(r.shape), r.T, 64, r.mode))
+        pred = predict_ms(rep, c) if rep is not None else None
+        lines.append(f"| {tuple(r.shape)} | {r.T} | {r.mode} | {r.ms:.3f} | "
+                     + ("no kernel data | - |" if pred is None else f"{pred:.3f} | {100 * (pred / r.ms - 1):+.0f}% |")
+                     + (" yes (2026-12-04 row) |" if (tuple(r.shape), r.T, r.mode) in fitted else " no |"))
+    return "\n".join(lines)
+
+
+def format_table(c: np.ndarray, rows: list[dict]) -> str:
+    lines = ["Constants (us, fitted on the 'fit' rows): " + ", ".join(f"{t} = {v:.4g}" for t, v in zip(TERMS, c)),
+             "", "| row | (H, d_h, M) | T | chunk | mode | role | measured ms (H200, 2026-12-04) | model ms | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        pred = "-" if r["predicted"] is None else f"{r['predicted']:.2f}"
+        err = "-" if r["error"] is None else f"{100 * r['error']:+.0f}%"
+        lines.append(f"| {r['tag']} | {tuple(r['shape'])} | {r['T']} | {r['L']} | {r['mode']} | {r['role']} | "
+                     f"{r['measured']:.2f} | {pred} | {err} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m idattn.bench gpu", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", default=DATA, help="collected kernel facts (python -m idattn.aot.sass collect)")
+    ap.add_argument("--breakdown", default="", help="a row key (e.g. main_16_128_32_T4096_L64_fwdbwd): per kernel")
+    a = ap.parse_args(argv)
+    if not os.path.exists(a.data):
+        print(f"error: {a.data} not found: run `python -m idattn.aot.sass collect --out {a.data}` (a CPU host with "
+              f"the cuda12 extra and triton)")
+        return 1
+    data = load(a.data)
+    c, rows = evaluate(data)
+    print(format_table(c, rows))
+    held = [abs(r["error"]) for r in rows if r["role"] == "held-out" and r["error"] is not None]
+    if held:
+        print(f"\nheld-out rows: mean |error| {100 * np.mean(held):.0f}%, max {100 * max(held):.0f}% "
+              f"({sum(e <= 0.30 for e in held)} of {len(held)} within 30%)")
+    if a.breakdown:
+        rep = data[a.breakdown]
+        print(f"\n{a.breakdown} (model ms {predict_ms(rep, c):.2f}; a prediction unless a row above measured it):")
+        for b in breakdown(rep, c):
+            print(f"  {b['name']:<22} programs {b['programs']:>5} occ {b['occupancy']} waves {b['waves']:>2} "
+                  f"iters {b['iterations']:>3} barriers {b['barriers']:>3} instr {b['instructions']:>5}: "
+                  f"{b['us']:>7.0f} us (" + ", ".join(f"{t} {v:.0f}" for t, v in b["terms"].items() if v) + ")")
+    return 0 if math.isfinite(float(np.sum(c))) else 1

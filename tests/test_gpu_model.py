@@ -1,0 +1,83 @@
+"""idattn.bench.gpu_model: the features it reads from a compiled configuration (programs, occupancy, waves,
+iterations, barriers, bytes), its fit (exact constants come back from times made with them; a constant that would be
+negative is held at 0), and the committed table in docs/kernels.md is what the committed kernel data give."""
+import os
+
+import numpy as np
+import pytest
+
+from idattn.bench import gpu_model as G
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mix(total, bars, ldg, stg=0):
+    return {"total": total, "bar_sync": bars, "ldg_bytes": ldg, "stg_bytes": stg, "mma_macs": 0}
+
+
+def _rep(B, T, H, L, warps=8, regs=240):
+    """Two launches: a serial kernel (grid (B, H, 2): two feature blocks, every chunk) and a chunk-parallel one."""
+    NC = T // L
+    per = G._groups_per(NC, B * H)
+    return {"case": [H, 128, 32, "bfloat16", B, T, L],
+            "calls": [{"name": "idattn_fwd_p", "num_warps": warps, "num_stages": 1, "grid": [B, H, 2]},
+                      {"name": "idattn_bwd_o", "num_warps": warps, "num_stages": 1, "grid": [B, H, -(-NC // per)]}],
+            "kernels": {"idattn_fwd_p": {"registers": regs, "loop": _mix(1000, 40, 1000), "all": _mix(1200, 50, 1500)},
+                        "idattn_bwd_o": {"registers": 128, "loop": _mix(3000, 140, 4000, 500),
+                                         "all": _mix(3300, 150, 4000, 500)}},
+            "xla": {"glue_ops": 20, "glue_bytes": 10**8}}
+
+
+def test_features_count_programs_waves_and_iterations_by_hand():
+    rep = _rep(B=16, T=4096, H=16, L=64)
+    serial, par = G.kernel_costs(rep)
+    assert (serial.programs, serial.occupancy, serial.iterations) == (512, 1, 64)  # 240 regs x 256 threads: 1 per SM
+    assert serial.waves == 4  # ceil(512 / 132)
+    assert par.occupancy == 2 and par.iterations == 32  # 128 regs: 2 per SM; 64 chunks x 256 rows / 512 programs
+    assert par.programs == 16 * 16 * 2 and par.waves == 2
+    f = G.features(rep)
+    work = 512 * 64
+    assert f[G.TERMS.index("c_launch")] == 2
+    assert f[G.TERMS.index("c_path")] == 4 * 64 + 2 * 32
+    assert f[G.TERMS.index("c_bar")] == pytest.approx((work * 40 + 512 * 32 * 140) / 132)
+    assert f[G.TERMS.index("c_bytes")] == pytest.approx((work * 1000 + 512 * 500 + 512 * 32 * 4500) / 1e9)
+    assert f[G.TERMS.index("c_glue_op")] == 20 and f[G.TERMS.index("c_glue_bytes")] == pytest.approx(0.2)
+
+
+def test_the_fit_returns_the_constants_the_times_were_made_with():
+    rng = np.random.default_rng(0)
+    true = np.array([5.0, 2.0, 0.0, 0.01, 300.0, 3.0, 0.0])
+    rows = [(f, float(f @ true) / 1000) for f in rng.uniform(1, 100, size=(20, len(G.TERMS)))]
+    assert np.allclose(G.fit(rows), true, atol=1e-6)
+    # a constant the data would make negative is held at 0 and the rest refitted
+    true_neg = np.array([5.0, -2.0, 0.0, 0.01, 300.0, 3.0, 0.0])
+    rows = [(f, max(float(f @ true_neg), 1.0) / 1000) for f in rng.uniform(1, 100, size=(20, len(G.TERMS)))]
+    c = G.fit(rows)
+    assert (c >= 0).all() and c[1] == 0
+
+
+def test_the_committed_model_table_is_the_committed_data():
+    if not os.path.exists(G.DATA):
+        pytest.fail(f"{G.DATA} is missing: python -m idattn.aot.sass collect")
+    c, rows = G.evaluate(G.load())
+    table = G.format_table(c, rows)
+    doc = open(os.path.join(REPO, "docs", "kernels.md")).read()
+    assert table in doc, "docs/kernels.md's cost-model table is stale: paste `python -m idattn.bench gpu`'s table"
+    assert all(r["predicted"] is not None for r in rows), "a measured row has no collected kernel data"
+
+
+@pytest.mark.slow  # the operator's fwd+bwd in Pallas' interpreter, each launch alone (~1.5 min here)
+def test_per_kernel_times_record_every_launch_of_the_operator():
+    """scripts/gpu_check.py's (b2) on this host: every pallas_call of a forward + backward is recorded while the
+    operator is traced and then runs alone (interpret mode: the times mean nothing; the launches and grids do)."""
+    import jax.numpy as jnp
+
+    from idattn.bench import per_kernel as PK
+    rows = PK.per_kernel_times((2, 32, 16), 128, 256, "fwdbwd", jnp.float32, chunk=16, repeats=1, interpret=True)
+    names = [r["name"] for r in rows]
+    assert sorted(names) == sorted(["idattn_fwd_p", "idattn_fwd_o", "idattn_scan_rev_v", "idattn_bwd_o",
+                                    "idattn_scan_rev_k", "idattn_bwd_p"]), names  # no c: no mixing kernels
+    assert all(r["ms"] is not None and r["ms"] > 0 for r in rows), rows
+    assert all(r["grid"][:2] == (2, 2) for r in rows)  # (B, H, ...)
+    text = PK.format_rows((2, 32, 16), 128, 256, "fwdbwd", rows, total_ms=1e6)
+    assert "6 launches" in text and "XLA around the kernels" in text

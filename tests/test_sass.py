@@ -1,0 +1,85 @@
+"""idattn.aot.sass reads what the GPU will run from `cuobjdump -sass`: a hand-written listing in cuobjdump's format
+(two functions, a loop, tensor-core and barrier instructions) is counted by hand here, and (slow) the fused
+kernels compiled for an H200 on this CPU host are read end to end."""
+import os
+
+import pytest
+
+from idattn.aot import sass
+
+LISTING = """
+	code for sm_90a
+		Function : idattn_toy
+	.headerflags	@"EF_CUDA_SM90"
+        /*0000*/                   LDC R1, c[0x0][0x28] ;                                  /* 0x00000a00ff017b82 */
+                                                                                           /* 0x000e620000000800 */
+        /*0010*/                   S2R R11, SR_TID.X ;                                     /* 0x00000000000b7919 */
+        /*0020*/                   LDG.E.128 R4, desc[UR4][R2.64] ;                        /* 0x0000000402047981 */
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;                           /* 0x0000000000007b1d */
+        /*0040*/                   HGMMA.64x16x16.F32.BF16 R32, gdesc[UR12].tnspB, RZ ;    /* 0x402000000c2079f0 */
+        /*0050*/                   HMMA.16816.F32.BF16 R8, R12, R16, R8 ;                  /* 0x000000100c08723c */
+        /*0060*/                   FFMA R3, R4, R5, R3 ;                                   /* 0x0000000504037223 */
+        /*0070*/                   FMUL R6, R6, 0.5 ;                                      /* 0x3f00000006067820 */
+        /*0080*/                   MUFU.EX2 R7, R7 ;                                       /* 0x0000000700077308 */
+        /*0090*/                   STS.128 [R0], R8 ;                                      /* 0x0000000800007388 */
+        /*00a0*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;                           /* 0x0000000000007b1d */
+        /*00b0*/                   LDS.128 R8, [R0] ;                                      /* 0x0000000000087984 */
+        /*00c0*/               @P0 BRA 0x40 ;                                              /* 0xfffffffc00a80947 */
+        /*00d0*/                   STG.E desc[UR4][R2.64], R8 ;                            /* 0x0000000802007986 */
+        /*00e0*/                   EXIT ;                                                  /* 0x000000000000794d */
+        /*00f0*/                   BRA 0xf0;                                               /* 0xfffffffc00fc7947 */
+		..........
+		Function : other_kernel
+        /*0000*/                   FADD R1, R1, R2 ;                                       /* 0x0000000201017221 */
+        /*0010*/                   EXIT ;                                                  /* 0x000000000000794d */
+"""
+
+RES = """
+Resource usage:
+ Common:
+  GLOBAL:24 CONSTANT[4]:8
+ Function idattn_toy:
+  REG:236 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:600 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+def test_a_listing_is_counted_as_by_hand():
+    fns = sass.parse_sass(LISTING)
+    assert sorted(fns) == ["idattn_toy", "other_kernel"] and len(fns["idattn_toy"]) == 16
+    ins = fns["idattn_toy"]
+    assert sass.loops(ins) == [(4, 12), (15, 15)]  # the chunk loop 0x40..0xc0, then the trailing self-branch
+    rep = sass.kernel_report("idattn_toy", ins, warps=8, resources=sass.parse_res_usage(RES)["idattn_toy"])
+    loop = rep["loop"]
+    assert loop["total"] == 9 and loop["mma"] == 2 and loop["hgmma"] == 1 and loop["ffma"] == 1
+    assert loop["fmul/fadd"] == 1 and loop["mufu"] == 1 and loop["sts"] == 1 and loop["lds"] == 1
+    assert loop["bar_sync"] == 1 and loop["ldg"] == 0  # the load before the loop is not in it
+    # 8 warps each issue the HMMA (16x8x16), 2 warpgroups the HGMMA (64x16x16)
+    assert loop["mma_macs"] == 8 * 16 * 8 * 16 + 2 * 64 * 16 * 16
+    assert rep["all"]["ldg"] == 1 and rep["all"]["stg"] == 1 and rep["all"]["bar_sync"] == 2
+    assert rep["registers"] == 236 and rep["smem_static"] == 1024
+
+
+def test_tensor_core_shapes():
+    i = sass.Instr(0, "HMMA", ".1688.F32.TF32", "")
+    assert sass.macs(i) == 16 * 8 * 8
+    assert sass.macs(sass.Instr(0, "HGMMA", ".64x128x16.F32.BF16", "")) == 64 * 128 * 16
+    assert sass.macs(sass.Instr(0, "FFMA", "", "")) == 0
+
+
+@pytest.mark.slow  # compiles the fused forward for an H200 (~1 min here)
+def test_the_fused_forward_for_an_h200_reads_as_tensor_core_loops():
+    from idattn.aot import gpu
+    if gpu.cuda_plugin_missing() or sass.find_tool("cuobjdump") is None:
+        pytest.skip(f"needs the CUDA compiler extra and cuobjdump (pip install triton): "
+                    f"{gpu.cuda_plugin_missing() or 'no cuobjdump'}")
+    rep = sass.compile_and_capture((16, 128, 32, "bfloat16", 16, 4096, 64), mode="fwd")
+    names = {c["name"] for c in rep["calls"]}
+    assert names == {"idattn_fwd_p", "idattn_fwd_mix", "idattn_fwd_o"} and set(rep["kernels"]) == names
+    for name, k in rep["kernels"].items():
+        assert k["loop"] is not None and k["loop"]["mma"] > 0, name  # a chunk loop on the tensor cores
+        assert k["loop"]["local (spill)"] == 0 and k["local"] == 0, name  # bf16: no spills (as ptxas -v says)
+        assert 0 < k["registers"] <= 255
+    # the P-half's chunk products: at least the G = FQ·ZKᵀ, G·Ps, FQ·Xᵀ and state-update MACs per chunk
+    L, M, R = 64, 32, 128
+    assert rep["kernels"]["idattn_fwd_p"]["loop"]["mma_macs"] >= L * L * R + L * L * 2 * M + 2 * L * R * 2 * M
+    assert os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"
