@@ -154,15 +154,7 @@ def _full(self, directory, *a, **k):
 ckpt.ocp.StandardCheckpointer.save = _full
 """
 
-FAIL_FINAL_CHECKPOINT = """
-import errno
-_real = ckpt.DataStateHandler.save
-def _no_space(self, directory, args):
-    if "/20.orbax-checkpoint-tmp" in str(directory):
-        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
-    return _real(self, directory, args)
-ckpt.DataStateHandler.save = _no_space
-"""
+FAIL_FINAL_CHECKPOINT = T.fail_save_at(20)
 
 
 def _status(wd):

@@ -307,15 +307,7 @@ def test_a_failing_metrics_write_names_the_last_committed_checkpoint(tmp_path, i
     assert "\n" not in str(e.value)
 
 
-FAIL_SAVE_10 = """
-import errno
-_real = ckpt.DataStateHandler.save
-def _no_space(self, directory, args):
-    if "/10.orbax-checkpoint-tmp" in str(directory):
-        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
-    return _real(self, directory, args)
-ckpt.DataStateHandler.save = _no_space
-"""
+FAIL_SAVE_10 = T.fail_save_at(10)
 
 
 def test_a_failed_save_ends_the_cli_with_one_line_last(tmp_path, env):

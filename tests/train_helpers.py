@@ -128,3 +128,16 @@ def stop_at(trainer, workdir: str, config, step: int = 17) -> None:
         raise AssertionError(f"the run did not stop at step {step}")
     finally:
         metrics_lib.MetricsWriter.write = real
+
+
+def fail_save_at(step: int) -> str:
+    """A RUNNER injection: the checkpoint save of `step` fails as a full disk does (in the data-state writer)."""
+    return f"""
+import errno
+_real = ckpt.DataStateHandler.save
+def _no_space(self, directory, args):
+    if "/{int(step)}.orbax-checkpoint-tmp" in str(directory):
+        raise OSError(errno.ENOSPC, "No space left on device", str(directory))
+    return _real(self, directory, args)
+ckpt.DataStateHandler.save = _no_space
+"""
