@@ -62,7 +62,7 @@ def test_cli_dispatch(capsys, monkeypatch):
     from idattn.bench.__main__ import main
     with pytest.raises(SystemExit) as e:
         main([])
-    assert e.value.code == 2 and "{op,theory,model,tpu,checksum}" in capsys.readouterr().err
+    assert e.value.code == 2 and "{op,theory,model,tpu,gpu,checksum}" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main(["thoery"])
     assert e.value.code == 2 and "invalid choice: 'thoery'" in capsys.readouterr().err

@@ -198,12 +198,25 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
                 f"use a smaller chunk_size (e.g. {max(16, L // 2)}) or impl='chunked'")
 
 
+# idattn.bench.per_kernel sets a list here while it traces the operator: every launch built below is appended as
+# (name, callable, [operand ShapeDtypeStructs], grid), so each can be timed alone on a device
+LAUNCH_RECORDER: list | None = None
+
+
 def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
     kw = {}
     if not interpret and plan is not None:
         kw["compiler_params"] = _compiler_params(plan.num_warps, plan.num_stages)
-    return pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, name=f"idattn_{name}",
-                          **kw)
+    f = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, name=f"idattn_{name}", **kw)
+    if LAUNCH_RECORDER is None:
+        return f
+    recorder = LAUNCH_RECORDER
+
+    def recorded(*args):
+        recorder.append((f"idattn_{name}", f, [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args],
+                         tuple(int(g) for g in grid)))
+        return f(*args)
+    return recorded
 
 
 # table refs per kernel: sp, pt, pin, ep, ps, pe [H, 2, L, M], lamL [H, 2, M, 1], lam^(mu+1), lam^mu, b [H, 2, 1, M]
