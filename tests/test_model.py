@@ -170,7 +170,10 @@ def _scan_carry_dtypes(jaxpr) -> list[list]:
     out = []
     for e in jaxpr.eqns:
         if e.primitive.name == "scan":
-            nc, ncar = e.params["num_consts"], e.params["num_carry"]
+            if "num_consts" in e.params:  # jax <= 0.11
+                nc, ncar = e.params["num_consts"], e.params["num_carry"]
+            else:  # jax >= 0.12: the flat tree of (consts, carry, xs)
+                nc, ncar = (len(list(t.vals)) for t in e.params["ft_in"].unpack()[:2])
             out.append([v.aval.dtype for v in e.invars[nc:nc + ncar]])
         for p in e.params.values():
             for sub in p if isinstance(p, (list, tuple)) else [p]:

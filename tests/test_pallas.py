@@ -4,6 +4,7 @@ References written here, independent of the library: a numpy float64 loop (forwa
 float64 ``lax.scan`` loop under ``jax.enable_x64`` (for full gradients of every input). Shapes are tiny:
 interpret mode executes the kernels op by op. One jit per case (outputs and the VJP of a random cotangent).
 """
+import contextlib
 import re
 
 import numpy as np
@@ -277,8 +278,14 @@ def _lower(platform, family):
                                             interpret=False, family=family)
         return jnp.sum(o.astype(jnp.float32)) + jnp.sum(xk.real)
 
-    g = jax.grad(loss, argnums=(0, 1, 2, 3, 4, 5))
-    return jax.jit(g).trace(fq, fq, zv, lam, lam, c).lower(lowering_platforms=(platform,)).as_text()
+    # value and gradients, as the trainer takes them: under jax.grad alone jax >= 0.12 drops the forward's output
+    # kernel, whose value the gradient of this loss does not need
+    g = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5))
+    # jax >= 0.12 lowers a Triton kernel only for a known GPU: an abstract one here (no device, no plugin needed)
+    gpu = jax.sharding.AbstractDevice(device_kind="NVIDIA H100 80GB HBM3", num_cores=132, platform="gpu")
+    with jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("x",), abstract_device=gpu)) if (
+            platform == "cuda") else contextlib.nullcontext():
+        return jax.jit(g).trace(fq, fq, zv, lam, lam, c).lower(lowering_platforms=(platform,)).as_text()
 
 
 def _kernel_names(txt: str) -> list[str]:
