@@ -13,7 +13,6 @@ measured only whole programs (3-10 launches each), which a cost model cannot spl
 from __future__ import annotations
 
 import contextlib
-import statistics
 import time
 
 import jax
@@ -62,15 +61,8 @@ def per_kernel_times(shape, T, tokens, mode="fwdbwd", dtype=jnp.bfloat16, chunk=
         try:
             keys = jax.random.split(jax.random.PRNGKey(i), max(1, len(specs)))
             ops = [_operand(s, k) for s, k in zip(specs, keys)]
-            compiled = jax.jit(f).lower(*ops).compile()
-            for _ in range(warmup):
-                jax.block_until_ready(compiled(*ops))
-            ts = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                jax.block_until_ready(compiled(*ops))
-                ts.append((time.perf_counter() - t0) * 1e3)
-            rows.append(dict(name=name, grid=grid, ms=statistics.median(ts), note=""))
+            ms, _ = bop.time_compiled(f, ops, warmup, repeats)  # compile once, median of the repeats
+            rows.append(dict(name=name, grid=grid, ms=ms, note=""))
         except Exception as e:  # one launch's failure never stops the others
             rows.append(dict(name=name, grid=grid, ms=None, note=f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"))
         if log:
