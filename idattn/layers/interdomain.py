@@ -24,7 +24,7 @@ Complex parameters are stored as pairs of real float32 arrays. All SSM parameter
 log Δ, A, B, C) have names starting with `ssm_` so that `idattn.models.param_labels` puts them in the SSM
 optimiser group.
 
-Selective core (`core`, ../shared/BEYOND.md §1.3c and §3.2; docs/model.md "Selective core"), either readout (the
+Selective core (`core`; docs/model.md "Selective core" derives the chunked form), either readout (the
 linear one with a selective core is S4D-only selective, the Mamba-like control):
   Δ_t = softplus(x_t·W_Δ + β_Δ) ∈ R^H      (W_Δ [d, H] normal(init_std); β_Δ = softplus⁻¹(Δ0), log Δ0 ~ U[log dt_min,
                                             log dt_max]: at W_Δ = 0 the LTI layer's Δ range)

@@ -47,7 +47,7 @@ when the inputs are float64 under x64); matmuls use precision=HIGHEST.
 Cost per token-head (real MACs, complex counted as real planes): L(R+D) + 4M(L+R+D) + 4M² (R=D=M=L=64: ~74K;
 without c, 57K), against about T·D for causal softmax attention at context T.
 
-Selective (per-token lam_t, b_t [B, T, H, M]; ../shared/BEYOND.md §1.3c and §3.2). The recurrence is
+Selective (per-token lam_t, b_t [B, T, H, M]; derived in docs/model.md, "Selective core"). The recurrence is
 
     Xk_t = lam_t ⊙ Xk_{t-1} + b_t ⊗ zk_t,   Xv_t = lam_t ⊙ Xv_{t-1} + b_t ⊗ zv_t
 
