@@ -103,8 +103,8 @@ def cost_model(size: str, mixer: str, seq_len: int, sequence: int = 4, chips: in
             "compute_s": compute_s, "ratio": comm_s / compute_s, "tokens_per_chip": tokens_per_chip}
 
 
-# State passing at scale (issue 37 item 2): how the shards' end states could travel, per layer and transfer, for
-# a sequence group of P chips. S = one shard's end state (2·H·M·(R + d_h)·4 bytes per row).
+# State passing at scale (docs/pods.md, "State passing at scale"): how the shards' end states could travel, per
+# layer and transfer, for a sequence group of P chips. S = one shard's end state (2·H·M·(R + d_h)·4 bytes per row).
 #   all_gather (what the code does; LASP-2): one collective; each chip receives (P − 1)·S; on a bidirectional
 #     ring along a torus axis (2 links): time (P − 1)·(α + S / (2·β_link)) (bandwidth-optimal ring all-gather).
 #   ring (LASP-1): shard p waits for p − 1 (a dependent chain of P − 1 hops of S on one link): the same bytes on

@@ -137,7 +137,7 @@ def base_config() -> ml_collections.ConfigDict:
     m.head_dim = 64
     m.ffn_dim = 2048
     m.mixer = "interdomain"  # softmax | swa | interdomain | s4d_only | <input>-<readout>-<rope> cube cell
-    # Hybrid stacks (issue 35; docs/model.md "Hybrid stacks"): comma-separated mixer names repeated to the depth,
+    # Hybrid stacks (docs/model.md "Hybrid stacks"): comma-separated mixer names repeated to the depth,
     # e.g. "interdomain,interdomain,interdomain,softmax" (num_layers a multiple of its length). "" = every layer is
     # `mixer` (checkpoints and counts unchanged). `window`: tokens a `swa` (sliding-window attention) layer sees.
     m.layer_pattern = ""

@@ -1,4 +1,4 @@
-"""Hybrid stacks at the paper's sizes (issue 35; docs/model.md "Hybrid stacks"): a recurrent mixer with one
+"""Hybrid stacks at the paper's sizes (docs/model.md "Hybrid stacks"): a recurrent mixer with one
 attention layer every k + 1 layers, with the scaling study's full recipe (idattn/configs/scaling.py, App. A.2).
 
     get_config("<recurrent>,<attention>,1:<k>,<size>")

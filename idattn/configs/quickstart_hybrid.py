@@ -1,4 +1,4 @@
-"""Quickstart-size hybrid stacks (issue 54; docs/own-data.md "Hybrid and selective models"): the quickstart's tiny
+"""Quickstart-size hybrid stacks (docs/own-data.md "Hybrid and selective models"): the quickstart's tiny
 model and recipe (idattn/configs/quickstart.py: d=128, 4x32 heads, M=16 modes, context 256, 150 steps of 16 x 256
 tokens, the same 32,768-token validation) with one attention layer per k recurrent ones, so that its runs compare
 with the quickstart's Softmax / Interdomain / S4D-only runs on the same data.

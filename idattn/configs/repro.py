@@ -18,15 +18,15 @@ What it should produce (docs/reproduction.md holds the measured runs):
   mad     the MAD tasks (Poli et al. 2024) for Softmax and the 8 cube cells, 3 seeds: (d) and (e) per task.
   recall  Table 9 at small size: MQAR (Zoology's task, trained per mixer, 3 seeds) and the paper's text suites
           (S-NIAH-1 and phonebook, at contexts of this scale) scored on the `ppl` models. Outside the budget below.
-  pilot   issue 32: Softmax and Interdomain at the new ladder's lowest point (PILOT's cells of steps x peak LR,
+  pilot   Softmax and Interdomain at the new ladder's lowest point (PILOT's cells of steps x peak LR,
           3 seeds): the seed spread that fixes the new recipe by the rule of docs/reproduction.md.
-  climb   issue 32: the new ladder (CLIMB: 1.51 decades of 6·N·D, 3 seeds at the lower two points, 5 at the top
+  climb   the new ladder (CLIMB: 1.51 decades of 6·N·D, 3 seeds at the lower two points, 5 at the top
           two, ~40 CPU-hours estimated from STEP_S; CLIMB_BUDGET is the ~11 CPU-hour cut). The tables above and
-          the budget below are the previous recipe's (issue 20).
+          the budget below are the previous recipe's (the first study, sized to ~3 CPU-hours).
 
-Budget (issue 20: the whole study in about 3 CPU-hours of training). Measured on this project's 2-core machine,
-one process pinned to one core (`taskset -c 1`, XLA single-threaded), steady state after compilation: the `small`
-LM step (8 x 256 tokens, d 64 x 4) takes 0.45 s for Softmax, 0.46 s for Interdomain, 0.37 s for a linear-readout
+Budget of the previous recipe (the whole study in about 3 CPU-hours of training). Measured on this project's
+2-core machine, one process pinned to one core (`taskset -c 1`, XLA single-threaded), steady state after
+compilation: the `small` LM step (8 x 256 tokens, d 64 x 4) takes 0.45 s for Softmax, 0.46 s for Interdomain, 0.37 s for a linear-readout
 cell, so a 200-step run is ~90 s of steps and ~2 min with compilation (10-26 s, the first seed of each mixer;
 later seeds read JAX's persistent cache), checkpointing and evaluation; a MAD step at the old recipe (d 128 x 4
 blocks, 128 x 127 tokens) 8.8 s for Interdomain and 5.3 s for Softmax, at the recipe below (d 64 x 2 blocks,
@@ -41,8 +41,8 @@ blocks, 128 x 127 tokens) 8.8 s for Interdomain and 5.3 s for Softmax, at the re
 What was cut to get there, each for the reason given where it is set: the KJV runs with the context-scaled Δ
 range (PPL_DTS), S4D-only on the stdlib corpus (LENGTH_MIXERS), the ladder's points above `small` (LADDER), and
 MAD's width, length, batch and steps (MAD). Not one cube cell and not one seed was cut. MQAR (`recall`, then 9 runs of
-3,000 steps, 16-27 min each measured on 2 cores; 15 of 6,000 since issue 32) is not in the 3 hours; (e) is read from the MAD recall tasks
-within them, and from MQAR when its runs exist.
+3,000 steps, 16-27 min each measured on 2 cores; 15 of 6,000 with the new recipe) is not in the 3 hours; (e) is
+read from the MAD recall tasks within them, and from MQAR when its runs exist.
 
 Every language model is trained by the real trainer (`idattn.train.run`, the path of `python -m idattn.train`)
 on the embedded King James corpus (or, for `length`, the stdlib corpus) with a 1024-piece SentencePiece
@@ -91,8 +91,8 @@ SIZES = {
                 seq_len=32, batch_size=4, num_steps=4, warmup_steps=1, chunk_size=16, tokenizer="train:512"),
 }
 
-# The scale ladder (issue 20, item 2): the `ppl` protocol (Softmax, Interdomain, S4D-only at the primary Δ, every
-# seed) at three compute points with `small` at the top, so that the whole study fits the issue's ~3 CPU-hours on
+# The scale ladder (the previous recipe's): the `ppl` protocol (Softmax, Interdomain, S4D-only at the primary Δ, every
+# seed) at three compute points with `small` at the top, so that the whole study fits its ~3 CPU-hours on
 # one core (docs/reproduction.md "Budget"). Width and tokens grow together (4 layers, context 256, batch 8 and the
 # `small` schedule's shape): d 32 x 100 steps (0.20M tokens), d 48 x 150 (0.31M), d 64 x 200 (0.41M, the `small`
 # runs, shared with the `ppl` table). Compute per run 6·N·D (N: Interdomain, idattn.models.counting): 1.5e11,
@@ -111,7 +111,7 @@ SIZES["ladder48"] = dict(model=dict(vocab_size=1024, d_model=48, num_layers=4, n
                          seq_len=256, batch_size=8, num_steps=150, warmup_steps=15, chunk_size=64,
                          tokenizer="train:1024")
 
-# The pilot (issue 32, item 1): before the new ladder's recipe is fixed, one mixer pair (Softmax, Interdomain; the
+# The pilot: before the new ladder's recipe is fixed, one mixer pair (Softmax, Interdomain; the
 # `ppl` protocol on KJV, paper Δ) at the new ladder's lowest point (the `small` model, d 64 x 4, batch raised to
 # 16 x 256) for a few step counts and peak LRs, 3 seeds, to measure the seed spread of ln ppl and of the paired
 # log-ratio ln(ppl_Interdomain / ppl_Softmax) against steps and LR (idattn/studies/repro_pilot.py; `python -m
@@ -167,9 +167,9 @@ STEP_S = {
 # checkpoints (the pilot's runs: see the pilot table's compute against its steps).
 RUN_OVERHEAD_S = 45.0
 
-# The new ladder (issue 32; `python -m idattn.repro climb`): the `ppl` protocol (Softmax, Interdomain, S4D-only,
+# The new ladder (`python -m idattn.repro climb`): the `ppl` protocol (Softmax, Interdomain, S4D-only,
 # paper Δ) at points that climb from the pilot's passing cell, each with its own steps, batch, warmup and peak LR,
-# chosen by the pilot's rule (docs/reproduction.md "Issue 32"): batch 16 x 256 and warmup 10% everywhere; tokens
+# chosen by the pilot's rule (docs/reproduction.md, the pilot): batch 16 x 256 and warmup 10% everywhere; tokens
 # never below the pilot cell's 1.64M; peak LR 3e-3 x 64 / d_model (3e-3, 2e-3, 1.5e-3, 1e-3), as the paper's falls
 # from 3e-3 at d 768 to 1e-3 at d 1536-2048. LADDER above stays the previous recipe's (its runs and table are kept;
 # tests/test_ladder.py builds it as 3 points).
@@ -185,7 +185,7 @@ for _name, _d, _l, _n, _lr in CLIMB_POINTS + CLIMB_BUDGET_POINTS:
 CLIMB = (pilot_size(400, 3e-3),) + tuple(p[0] for p in CLIMB_POINTS)
 CLIMB_BUDGET = CLIMB[:2] + tuple(p[0] for p in CLIMB_BUDGET_POINTS)
 
-# The long-document corpus of the `length` table (issue 20, item 3): the `small` model and schedule trained on the
+# The long-document corpus of the `length` table: the `small` model and schedule trained on the
 # running interpreter's standard-library source (idattn/data/stdlib_corpus.py; data.source = "stdlib", its own
 # 1024-piece SentencePiece vocabulary trained on the training files only, "stdlib:1024"), evaluated on the
 # held-out files. Every `small` setting but the corpus and the tokenizer is the same.
@@ -197,10 +197,10 @@ LENGTH_SIZE = {"small": "stdlib", "toy": "toy"}
 # The mixers of the `length` table. Claim (c) compares Interdomain with Softmax only, so S4D-only (a Table 2 row
 # of the paper, not part of any verdict) is not trained on the stdlib corpus: 3 runs per seed instead of 5.
 LENGTH_MIXERS = ("softmax", "interdomain")
-# (c) at the new recipe (issue 32, item 3; `python -m idattn.repro length_climb`): the `length` table at two points
+# (c) at the new recipe (`python -m idattn.repro length_climb`): the `length` table at two points
 # of the new ladder on the stdlib corpus: the pilot's passing cell (400 steps x 16 x 256, d 64 x 4, where Softmax on
 # KJV already degraded past its training length: ln R 0.12-0.17, the pilot table) and climb96 (600 steps, d 96 x
-# 4). 5 seeds each: the pilot's rule says 3 cannot resolve (c)'s flatness part (docs/reproduction.md "Issue 32").
+# 4). 5 seeds each: the pilot's rule says 3 cannot resolve (c)'s flatness part (docs/reproduction.md, the pilot).
 # Estimated 15 runs x ~5 min + 15 x ~13 min on one core (STEP_S), ~4.5 CPU-hours.
 LENGTH_CLIMB = ("stdlib-s400", "stdlib-climb96")
 SIZES["stdlib-s400"] = dict(SIZES[pilot_size(400, 3e-3)], tokenizer="stdlib:1024", source="stdlib")
@@ -221,12 +221,12 @@ EVAL_TOKENS.update({z: 7 * 1024 * 4 for z in PILOT_SIZES + CLIMB + CLIMB_BUDGET 
 
 # Recall at small size. MQAR: Zoology's task with the `experiments/mqar.py` model and recipe (d 64, 2 layers,
 # 256-token vocabulary, the paper's Δ range; AdamW at 1e-3, 100 warmup steps, cosine), the same for every mixer,
-# at 6000 steps x 64 (issue 32, 2026-12-04; 3000 before). The recurrent mixers' loss stays flat until a phase
+# at 6000 steps x 64 (since 2026-12-04; 3000 before). The recurrent mixers' loss stays flat until a phase
 # transition (docs/evaluation.md), and at 3000 steps the slowest Interdomain seed had not finished it when the cosine
 # schedule ended (63.7% against 97.8 / 99.8): the same seed, init and data reach 97.9% at 6000 steps with the LR
 # kept (docs/reproduction.md, "Why an MQAR seed fails"), so the fix is the schedule, for every mixer and seed;
-# 300 x 32 at 3e-3 (this table's first recipe) left both recurrent mixers at chance. 5 seeds (MQAR_SEEDS; the
-# issue's count), ~25-35 min per run on one loaded core. Text suites: S-NIAH-1 at contexts up to 4x the LM's
+# 300 x 32 at 3e-3 (this table's first recipe) left both recurrent mixers at chance. 5 seeds
+# (MQAR_SEEDS), ~25-35 min per run on one loaded core. Text suites: S-NIAH-1 at contexts up to 4x the LM's
 # training length, phonebook with 4 / 8 / 16 entries, `n` examples each, on the seed-0 `ppl` models.
 MQAR = {
     "small": dict(seq_len=64, num_kv_pairs=4, steps=6000, batch_size=64, lr=1e-3, warmup=100, num_train=20_000,
@@ -260,12 +260,12 @@ TEXT_RECALL = {
     "toy": dict(niah_ratios=(4.0,), phonebook_sizes=(2,), n=2, seeds=(0,)),
 }
 
-# Seeds per cell: at least 3 (issue 20: a verdict needs an interval, and a t interval over per-seed log-ratios needs
+# Seeds per cell: at least 3 (a verdict needs an interval, and a t interval over per-seed log-ratios needs
 # n >= 3 to be finite enough to exclude anything; the verdict rule refuses to judge on fewer, see
 # idattn/studies/repro_verdicts.py). Seed s varies both the init (42 + s) and the data order (shuffle seed s).
 SEEDS = {size: (0, 1, 2) for size in ("small", "toy", "stdlib") + LADDER}
 SEEDS.update({z: tuple(PILOT["seeds"]) for z in PILOT_SIZES})
-# 3 seeds at every point of a ladder, 5 at its top two (issue 32)
+# 3 seeds at every point of a ladder, 5 at its top two (the seed counts the pilot's rule was applied at)
 SEEDS.update({z: (0, 1, 2) for z in CLIMB_BUDGET[2:] + CLIMB[1:]})  # CLIMB[0] is a pilot cell: seeds 0-2
 SEEDS.update({z: (0, 1, 2, 3, 4) for z in CLIMB[-2:] + CLIMB_BUDGET[-2:] + LENGTH_CLIMB})
 
@@ -329,8 +329,8 @@ SELECTIVE = dict(mixers=("softmax", "interdomain", "interdomain-selective", "int
 # steps no mixer has learnt either task (Softmax: selective copying 23.4%, in-context recall 32.0%); at 2,000 x 16
 # Softmax copies 99.9%, so (s1) is asked of a task that is learnt. In-context recall stays at 32.0% at 2,000 x
 # 16 (LR 1e-3 and 3e-3) and 36.0% at 2,000 x 64: MAD's attention solves it after 200 epochs of 12,800 sequences
-# (~2.6M sequences; 2,000 x 16 is 32K), which this machine cannot give 18 runs; it is kept, as the issue lists
-# it, and read as "not learnt at this budget".
+# (~2.6M sequences; 2,000 x 16 is 32K), which this machine cannot give 18 runs; it is kept, as the study's plan
+# lists it, and read as "not learnt at this budget".
 MAD_SIZES["mad-s2000"] = dict(MAD, steps=2000, warmup=100, model_size="small")  # the `small` MAD model
 SELECTIVE_MAD = {"small": "mad-s2000", "toy": "toy"}  # table size -> the MAD size its MAD tasks train at
 SELECTIVE_LM = {"small": CLIMB[:2], "toy": ("toy",)}

@@ -1,5 +1,5 @@
 """A second built-in corpus of long documents: the Python standard library's source files of the running
-interpreter (always present, no download), for length extrapolation (issue 20, item 3).
+interpreter (always present, no download), for length extrapolation (the reproduction's `length` table).
 
 **Which files.** Every `*.py` file under `sysconfig.get_paths()["stdlib"]`, walked in sorted order, as POSIX paths
 relative to that folder, except:

@@ -1,8 +1,8 @@
 """The paper's numbers (arXiv 2605.24330v1), as data for `idattn.results` to print beside ours.
 
-Transcribed from the paper's tables (see /work/shared/PAPER.md and the text in reference/). Accuracies are in
-percent, as the paper prints them; our result files store fractions and the tables convert. Values marked "≈"
-in PAPER.md (Fig. 2 read-offs) are kept as floats with `APPROX_FIG2 = True`.
+Transcribed from the paper's tables (arXiv 2605.24330v1). Accuracies are in percent, as the paper prints them;
+our result files store fractions and the tables convert. The validation perplexities at the sizes in
+`APPROX_FIG2` (350M, 760M) are read off Fig. 2, so approximate; the others are transcribed as printed.
 """
 from __future__ import annotations
 

@@ -137,7 +137,7 @@ def sequence_mesh(sequence: int, devices=None):
 
 
 def prefill_on_mesh(model, params, tokens, cache, mesh, chunk_size: int = 256, rules=None):
-    """Chunked prefill of a long prompt with each chunk's length split over the mesh's "sequence" axis (issue 37):
+    """Chunked prefill of a long prompt with each chunk's length split over the mesh's "sequence" axis:
     the layers pass the cached state into shard 0 and fold it through the shards (Interdomain, the linear-readout
     cells: `interdomain_mix_sequence` / `s4d_linear_mix_sequence` with `initial_state`, `return_state`), Softmax
     writes the chunk's K and V into its cache and attends over it as XLA partitions the call (K / V gathered).

@@ -22,7 +22,7 @@ at `=`, the MAD format (idattn.eval.mad), so `mad.score` scores them and `mad.fi
 **Protocol** (`PROTOCOL`): training lengths L uniform in [3, 40], test lengths uniform in [40, 256] (Grazzi et
 al.'s ranges; for arithmetic, L odd); accuracy at the scored position over the test set; scaled accuracy
 (acc − 1/C) / (1 − 1/C) with C the number of answers (2, 5): 0 is chance, 1 solved, negative below chance.
-Mamba-3 reports it in % (BEYOND.md: Mamba-3 parity 100, arithmetic without brackets 98.51; Mamba-2 0.90 and
+Mamba-3 reports it in % (arXiv 2603.15569: Mamba-3 parity 100, arithmetic without brackets 98.51; Mamba-2 0.90 and
 47.81) with models, data and training of its own: set beside ours, never mixed with them.
 """
 from __future__ import annotations
