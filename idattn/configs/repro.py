@@ -24,13 +24,13 @@ What it should produce (docs/reproduction.md holds the measured runs):
           two, ~40 CPU-hours estimated from STEP_S; CLIMB_BUDGET is the ~11 CPU-hour cut). The tables above and
           the budget below are the previous recipe's (the first study, sized to ~3 CPU-hours).
 
-Budget of the previous recipe (the whole study in about 3 CPU-hours of training). Measured on this project's
-2-core machine, one process pinned to one core (`taskset -c 1`, XLA single-threaded), steady state after
-compilation: the `small` LM step (8 x 256 tokens, d 64 x 4) takes 0.45 s for Softmax, 0.46 s for Interdomain, 0.37 s for a linear-readout
-cell, so a 200-step run is ~90 s of steps and ~2 min with compilation (10-26 s, the first seed of each mixer;
-later seeds read JAX's persistent cache), checkpointing and evaluation; a MAD step at the old recipe (d 128 x 4
-blocks, 128 x 127 tokens) 8.8 s for Interdomain and 5.3 s for Softmax, at the recipe below (d 64 x 2 blocks,
-16 x 63-64 tokens) ~0.1-0.15 s. Estimated totals (the doc records what each table took):
+Budget of the previous recipe (the whole study in about 3 CPU-hours of training). Measured on this project's 2-core
+machine, one process pinned to one core (`taskset -c 1`, XLA single-threaded), steady state after compilation: the
+`small` LM step (8 x 256 tokens, d 64 x 4) takes 0.45 s for Softmax, 0.46 s for Interdomain, 0.37 s for a
+linear-readout cell, so a 200-step run is ~90 s of steps and ~2 min with compilation (10-26 s, the first seed of
+each mixer; later seeds read JAX's persistent cache), checkpointing and evaluation; a MAD step at the old recipe (d
+128 x 4 blocks, 128 x 127 tokens) 8.8 s for Interdomain and 5.3 s for Softmax, at the recipe below (d 64 x 2
+blocks, 16 x 63-64 tokens) ~0.1-0.15 s. Estimated totals (the doc records what each table took):
 
   ppl + cube (KJV `small`)  30 runs (9 cells + the mode-sum variant, x 3 seeds)          ~62 min
   length (stdlib `small`)    9 runs (Softmax, Interdomain x 2 Δ ranges, x 3 seeds)        ~21 min
