@@ -1,9 +1,10 @@
 """Quickstart config: tiny Softmax / Interdomain / S4D-only models on the embedded King James corpus (CPU).
 
-Run everything (three models, evaluation, table and plot; 9-16 minutes on 2 CPU cores, depending on their load:
-README.md says when and how it was measured):
+Run everything (three models, evaluation, table and plot; 9-16 minutes on 2 CPU cores, depending on their load;
+measured on this project's 2-core host on 2026-12-03: 9.2 min in all, 2.4-3.9 min per model, with an
+ahead-of-time compile on the other core, and 15.9 min with both cores shared with other jobs):
 
-    pip install -e . && python -m idattn.quickstart                     # writes /tmp/idattn-quickstart/
+    pip install -e . && python -m idattn.quickstart                     # writes ./idattn-quickstart/
 
 It trains each mixer with the real trainer (`python -m idattn.train`'s code path) at context 256 on the KJV
 text with a 1024-piece SentencePiece vocabulary trained on the same text, evaluates validation perplexity at
