@@ -236,10 +236,10 @@ MQAR = {
 }
 # The recall table's MQAR seeds (its text suites keep TEXT_RECALL's): seeds 0-2 first, then 3 and 4 (seed-major).
 MQAR_SEEDS = {"small": (0, 1, 2, 3, 4)}
-# Issue 35's study: hybrids at the pilot's 400-step cell (where seeds agree, docs/reproduction.md), 3 seeds. A hybrid
-# run is named hybrid-<recurrent>-<attention>-1to<k>: k recurrent layers then one attention layer (the 4-layer
-# model is one group of 1:3); the window of swa is a quarter of the training context, so a windowed layer sees less
-# than the task's context where global attention sees all of it.
+# The hybrid study (`python -m idattn.repro hybrid`): hybrids at the pilot's 400-step cell (where seeds agree,
+# docs/reproduction.md), 3 seeds. A hybrid run is named hybrid-<recurrent>-<attention>-1to<k>: k recurrent layers then
+# one attention layer (the 4-layer model is one group of 1:3); the window of swa is a quarter of the training context,
+# so a windowed layer sees less than the task's context where global attention sees all of it.
 HYBRID = dict(size=pilot_size(400, 3e-3), window=64, seeds=(0, 1, 2),
               mixers=("softmax", "interdomain", "s4d_only", "hybrid-interdomain-softmax-1to3",
                       "hybrid-interdomain-swa-1to3", "hybrid-s4d_only-softmax-1to3"))
@@ -311,13 +311,14 @@ MAD_SIZES = {"small": MAD,
 # MAD's MLP decoder from the last position) at MAD's length 32 and vocabulary 16 (no override: at 64 tokens a
 # width-64 state would have to hold 63 random tokens).
 
-# Issue 34's evaluation (`python -m idattn.repro selective`; idattn/studies/repro_selective.py): what the selective
-# core buys, on the tasks where LTI cores are known to fail, against the same mixers' LTI forms, Softmax, and
-# S4D-only with the selective core (the Mamba-like control: selective decay, no query readout). Every task reuses a
-# recipe of the reproduction at its lower points, where its seeds agree (docs/reproduction.md): MAD's (selective
-# copying, in-context recall; MAD_SIZES, with 10x the steps: SELECTIVE_MAD below), the recall table's MQAR (64 x 4 trained, 64 x 8 and 128 x 16 tested),
-# KJV perplexity at the climb's two lowest points (the pilot's 400-step cell and climb96, whose Softmax /
-# Interdomain / S4D-only runs are the climb's), and state tracking (STATE_TRACKING). 3 seeds each.
+# The selective core's evaluation (`python -m idattn.repro selective`; idattn/studies/repro_selective.py): what the
+# selective core buys, on the tasks where LTI cores are known to fail, against the same mixers' LTI forms, Softmax,
+# and S4D-only with the selective core (the Mamba-like control: selective decay, no query readout). Every task reuses
+# a recipe of the reproduction at its lower points, where its seeds agree (docs/reproduction.md): MAD's (selective
+# copying, in-context recall; MAD_SIZES, with 10x the steps: SELECTIVE_MAD below), the recall table's MQAR (64 x 4
+# trained, 64 x 8 and 128 x 16 tested), KJV perplexity at the climb's two lowest points (the pilot's 400-step cell and
+# climb96, whose Softmax / Interdomain / S4D-only runs are the climb's), and state tracking (STATE_TRACKING). 3 seeds
+# each.
 SELECTIVE = dict(mixers=("softmax", "interdomain", "interdomain-selective", "interdomain-selective+phase",
                          "s4d_only", "s4d_only-selective"),
                  seeds=(0, 1, 2), mad_tasks=("selective_copying", "in_context_recall"),
