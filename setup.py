@@ -1,7 +1,8 @@
 """idattn: Interdomain Attention in JAX/Flax (arXiv 2605.24330).
 
 Core install: the operator, layers, models, trainer, data pipeline and evaluation.
-Extras: `test` (pytest, xdist, and the TPU/CUDA compilers for the ahead-of-time tests), `tpu` (TPU VMs, libtpu), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter),
+Extras: `test` (pytest, xdist, and the TPU/CUDA compilers for the ahead-of-time tests), `tpu` (TPU VMs, libtpu), `tfds` (tensorflow-datasets sources), `harness` (lm-evaluation-harness adapter; torch and
+transformers for the Hugging Face export),
 `gcs` (bucket paths for the data prep step), `cuda12` (NVIDIA GPUs, CUDA libraries from pip; deviceless H100/H200
 compilation), `cuda12-local` (NVIDIA GPUs on a cluster that provides CUDA 12, cuDNN and NCCL itself), `cuda13` and
 `cuda13-local` (the same for CUDA 13). The accelerator extras follow the installed jax (see _JAX below).
@@ -80,7 +81,10 @@ setup(
         "tfds": ["tensorflow-datasets>=4.9"],
         # Weights & Biases beside TensorBoard (train.wandb_project; offline by default, idattn/train/tracker.py)
         "wandb": _WANDB,
-        "harness": ["lm-eval>=0.4.5"],
+        # lm-evaluation-harness, and the Hugging Face side of `python -m idattn.export` (loading the folder in
+        # transformers, lm-eval's `hf` backend on it). torch: CI installs its CPU build (2.13.0) first, which this
+        # range accepts, so that pip does not pull a multi-GB CUDA one.
+        "harness": ["lm-eval>=0.4.5", "torch>=2.13.0", "transformers>=5.25.0"],
         "gcs": ["gcsfs>=2024.1"],
         "hub": ["huggingface_hub>=0.24"],
         # GPU: the CUDA 12 plugin at exactly the installed jax's version with the CUDA libraries it loads (cuDNN,
