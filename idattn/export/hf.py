@@ -101,6 +101,7 @@ def write_tokenizer(tokenizer, out_dir: str, max_length: int = 2048) -> list[str
                "unk_token": names.get(0), "pad_token": names.get(int(tokenizer.pad_id))}
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
             "clean_up_tokenization_spaces": False, "add_bos_token": True, "add_eos_token": False,
+            "split_special_tokens": True,  # "<s>" typed in a text is text, as SentencePiece encodes it
             **{k: v for k, v in special.items() if v is not None}}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(conf, f, indent=1)
