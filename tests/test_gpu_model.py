@@ -56,6 +56,34 @@ def test_the_fit_returns_the_constants_the_times_were_made_with():
     assert (c >= 0).all() and c[1] == 0
 
 
+def test_a_fit_with_a_fixed_launch_cost_returns_the_free_constants():
+    rng = np.random.default_rng(1)
+    true = np.zeros(len(G.TERMS))
+    true[G.TERMS.index("c_launch")] = G.LAUNCH_US
+    true[G.TERMS.index("c_issue")] = 0.003
+    true[G.TERMS.index("c_glue_bytes")] = 600.0
+    rows = [(f, float(f @ true) / 1000) for f in rng.uniform(1, 1e5, size=(12, len(G.TERMS)))]
+    c = G.fit_model(rows)
+    assert np.allclose(c, true, rtol=1e-9), c  # the other five terms stay 0, the launch stays fixed
+
+
+def test_fla_launches_count_programs_and_iterations_by_layout():
+    """An fla launch at T = 4096 (16 rows of 65,536 tokens, 64 chunks): a serial kernel has a program per
+    (row, head, K block, V block) walking every chunk; a per-chunk kernel a program per (chunk, V or K block,
+    row, head) looping over the other feature's blocks (or once, when its loop is the exit pad)."""
+    kern = {"registers": 128, "shared_triton": 96 * 1024, "loop": _mix(500, 2, 1000), "all": _mix(700, 3, 3000)}
+    var = {"config": {"BK": 64, "BV": 32, "num_warps": 4, "num_stages": 2}, "kernel": kern}
+    s = G.fla_cost("fla_fwd_h", var, 4096)
+    assert (s.programs, s.iterations) == (2 * 4 * 16 * 16, 64)
+    assert s.occupancy == 2  # 228 KiB / 96 KiB of shared memory binds before 128 regs x 128 threads (4)
+    assert s.once_bytes == 2000 and s.instructions == 500
+    o = G.fla_cost("fla_fwd_o", var, 4096)
+    assert (o.programs, o.iterations) == (4 * 64 * 16 * 16, 2)
+    pad = {**kern, "loop": _mix(1, 0, 0)}
+    d = G.fla_cost("fla_bwd_dqkwg", {**var, "kernel": pad}, 4096)
+    assert (d.programs, d.iterations, d.instructions) == (2 * 64 * 16 * 16, 1, 700)
+
+
 def test_the_committed_model_table_is_the_committed_data():
     if not os.path.exists(G.DATA):
         pytest.fail(f"{G.DATA} is missing: python -m idattn.aot.sass collect")
@@ -64,6 +92,8 @@ def test_the_committed_model_table_is_the_committed_data():
     doc = open(os.path.join(REPO, "docs", "kernels.md")).read()
     assert table in doc, "docs/kernels.md's cost-model table is stale: paste `python -m idattn.bench gpu`'s table"
     assert all(r["predicted"] is not None for r in rows), "a measured row has no collected kernel data"
+    fla = G.format_fla(c, G.load(G.FLA_DATA))
+    assert fla in doc, "docs/kernels.md's fla table is stale: paste `python -m idattn.bench gpu`'s fla table"
 
 
 @pytest.mark.slow  # the operator's fwd+bwd in Pallas' interpreter, each launch alone (~1.5 min here)
