@@ -211,9 +211,13 @@ def test_gpu_mix_kernels_fit_the_card_or_are_refused():
 
 
 @pytest.mark.slow  # 11 s of the default suite's budget; CI's slow pass runs it
-def test_gpu_family_f32_plain_conj_false():
+@pytest.mark.parametrize("prescaled", [True, False])
+def test_gpu_family_f32_plain_conj_false(monkeypatch, prescaled):
     """No c, no segments, no initial state, conj=False, T = 37, two heads; the forward keeps its
-    chunk-boundary states for the backward (save_states=True) instead of recomputing them."""
+    chunk-boundary states for the backward (save_states=True) instead of recomputing them. The adjoint scans
+    read their per-token factor formed in XLA (op.GPU_PRESCALED_SCAN, the default) or form it themselves."""
+    from idattn.ops.pallas import op
+    monkeypatch.setattr(op, "GPU_PRESCALED_SCAN", prescaled)
     _run_case("gpu", jnp.float32, False, B=1, T=37, H=2, R=8, D=16, M=4, L=16,
               with_c=False, with_x0=False, with_seg=False, tol_fwd=1e-4, tol_grad=1e-4, seed=1, save_states=True)
 

@@ -228,6 +228,15 @@ def carry_rev(x, g, Y, tb: Tabs, mk: Masks, dot: Dots, conj_g: bool):
     return yr + dot.tn(ur, x), yi + dot.tn(ui, x)
 
 
+def carry_rev_scaled(x, gs, Y, tb: Tabs, mk: Masks, dot: Dots):
+    """carry_rev with its per-token factor formed outside the kernel: gs = cm·conj(pin)∘g' [L, M] planes (the
+    compute dtype; ``gpu.prescale_rev``), so the chunk's work is the state's decay and two products:
+    Y_c = keep·conj(lamL)∘Y_{c+1} + gsᵀ·x."""
+    yr, yi = cmul_conj(Y[0], Y[1], tb.laml[0], tb.laml[1])
+    yr, yi = _keep(yr, yi, mk.keep)
+    return yr + dot.tn(gs[0], x), yi + dot.tn(gs[1], x)
+
+
 class Acc:
     """Running parameter-cotangent sums of one program: s_log, s_b as [1, M] planes; dlamL as [M, 1] planes
     (``flat``: all six as [M] vectors, what the GPU's o_bwd_modes / p_bwd_modes take: Triton holds a [1, M]

@@ -547,12 +547,38 @@ def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, c
     return _call(kernel, out, (B, H, nb * NG), interpret, plan, kind + "_readout")(*args)
 
 
+def prescale_rev(g, tabs, segs, *, L, conj, cdt):
+    """The adjoint scan's per-token factor, formed once per token in XLA (one elementwise pass at memory speed)
+    instead of once per chunk and feature block in the kernel, where the complex product with the [L, M] table
+    and its loads were most of the loop's instructions:
+
+        gs_t = cm_t · conj(pin_{t mod L}) ∘ g'_t,    g' = conj(g) if ``conj`` else g,    pin_j = lam^(j+1).
+
+    g [B, T, H, 2, M] (T a multiple of L, M the padded modes); returns gs [B, T, H, 2, M] in ``cdt`` (the dot
+    operand the kernel would have cast it to). ``scan_rev(..., prescaled=True)`` reads it."""
+    tabs = expand_tables(tabs)
+    B, T, H, _, M = g.shape
+    NC = T // L
+    gr = g[:, :, :, 0, :].astype(F32).reshape(B, NC, L, H, M)
+    gi = g[:, :, :, 1, :].astype(F32).reshape(B, NC, L, H, M)
+    if conj:
+        gi = -gi
+    pin = jnp.transpose(tabs[2], (1, 2, 0, 3))  # [H, 2, L, M] -> [2, L, H, M]
+    ur, ui = C.cmul_conj(gr, gi, pin[0], pin[1])
+    if segs is not None:
+        cm = segs[1].reshape(B, NC, L, 1, 1)
+        ur, ui = ur * cm, ui * cm
+    return jnp.stack([ur.reshape(B, T, H, M), ui.reshape(B, T, H, M)], axis=3).astype(cdt)
+
+
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
-             name="scan_rev"):
+             name="scan_rev", prescaled=False):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
     y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector (the P-half's dp; the O-half's w, or p
     conjugated per ``mix_conj`` when there is no mixing matrix), conjugated again when conj_g. kmix must be None:
-    on GPU the mixing runs in fwd_mix and the O-half's backward reads w (the argument keeps the TPU signature)."""
+    on GPU the mixing runs in fwd_mix and the O-half's backward reads w (the argument keeps the TPU signature).
+    ``prescaled``: g is ``prescale_rev``'s gs (conjugations, cm and the table already applied; conj_g and
+    mix_conj are then ignored)."""
     _no_kmix("scan_rev", kmix)
     tabs = expand_tables(tabs)
     B, T, H, N = x.shape
@@ -573,6 +599,9 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ys_r[bi, h, c, 0, :, ns] = Y[0].astype(ys_r.dtype)
             ys_r[bi, h, c, 1, :, ns] = Y[1].astype(ys_r.dtype)
+            if prescaled:
+                gs = (g_r[bi, ts, h, 0, :], g_r[bi, ts, h, 1, :])
+                return C.carry_rev_scaled(x_r[bi, ts, h, ns], gs, Y, tb, mk, dot)
             gc = _modes(g_r, bi, ts, h)
             if mix_conj is not None:
                 gc, _ = C.mix_fwd(gc, None, mix_conj, dot)

@@ -276,22 +276,35 @@ def _fused_bwd(cfg, res, cts):
     do = do.astype(zv.dtype)
     if xsv is None:
         xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
+    pre = cfg.family == "gpu" and GPU_PRESCALED_SCAN
+    if pre:  # the adjoint scans' per-token factor formed in XLA (gpu.prescale_rev): g' = conj(w), or p conj'ed
+        gsv = K.prescale_rev(p if w is None else w, tabs, sg, L=cfg.L, conj=not (w is None and cfg.conj),
+                             cdt=cfg.cdt)
+        ysv, y0v = K.scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+                              conj_g=True, name="scan_rev_v", prescaled=True, **kw)
     if w is None:  # no mixing matrix (GPU), or the TPU kernels: the O-half kernels mix p per chunk themselves
-        ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
-                              kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
+        if not pre:
+            ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+                                  conj_g=True, kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
         dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
                                             mdt=jnp.dtype(cfg.mdt), **kw)
     else:  # GPU with K: the O-half reads the forward's w (identity mixing), bwd_mix maps dw to dp and dK
-        ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, conj_g=True,
-                              name="scan_rev_v", **kw)
+        if not pre:
+            ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+                                  conj_g=True, name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
                                            mdt=jnp.dtype(cfg.mdt), **kw)
         dp, dk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), **kw)
     dp = _add_partials(dp)
     if xsk is None:
         xsk = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], sdt=cfg.sdt, name="scan_fwd_k", **kw)
-    ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, conj_g=False,
-                          name="scan_rev_k", **kw)
+    if pre:
+        gsk = K.prescale_rev(dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
+        ysk, y0k = K.scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
+                              conj_g=False, name="scan_rev_k", prescaled=True, **kw)
+    else:
+        ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
+                              conj_g=False, name="scan_rev_k", **kw)
     dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"], **kw)
     dlam_re, dlam_im, db_re, db_im = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
                                       jnp.concatenate([col_o, col_p], axis=2), lam_re, lam_im, cfg.L)
@@ -318,6 +331,11 @@ def _planes(z):
 # readout's is four, and the states are what the backward saves anyway. 8K is a guess, not yet a
 # measured crossover (no device has timed both; `bench op` will).
 GPU_PARALLEL_FWD_MIN_T = 8192
+# The GPU backward's adjoint scans read their per-token factor cm·conj(pin)∘g formed in XLA (gpu.prescale_rev)
+# instead of forming it per chunk and feature block: compiled for sm_90a (bf16, chunk 64, M = 32) the loop falls
+# from 1,081-1,145 instructions to 159 and from 100 registers to 64 (docs/kernels.md, "Where the time goes").
+# False: the kernel forms it (the form the 2026-12-04 device run measured).
+GPU_PRESCALED_SCAN = True
 
 
 def _env_save_states():
