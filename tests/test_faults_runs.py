@@ -273,7 +273,8 @@ def test_a_lowered_keep_last_rotates_before_the_save_on_a_full_disk(tmp_path, in
     wd = str(tmp_path / "full")
     cfg = T.tiny_config(**{"train.keep_last": 3, "train.async_checkpoint": False})  # the listing is the disk
     from idattn.train import sharding as shd
-    nbytes = in_process._state_nbytes(in_process.build_setup(cfg, shd.make_mesh(cfg.mesh)).abstract_state)
+    from idattn.train.checkpoint import state_nbytes
+    nbytes = state_nbytes(in_process.build_setup(cfg, shd.make_mesh(cfg.mesh)).abstract_state)
     filled = []
 
     def free(path):

@@ -1,16 +1,22 @@
 """`python -m idattn.train --config=experiments/<file>.py[:arg] --config.<key>=<value> --workdir=<dir>`.
 
 Rerunning the same command in the same workdir resumes from its latest checkpoint. Multi-host: see
-idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed, 143 preempted (SIGTERM: saved), 130 interrupted (Ctrl-C: saved at
-the next step boundary; a second Ctrl-C: not saved).
+idattn/train/distributed.py and launch/. Exit codes: 0 done, 1 refused / failed, 143 preempted (SIGTERM: saved),
+130 interrupted (Ctrl-C: saved at the next step boundary; a second Ctrl-C: not saved).
 """
 from __future__ import annotations
 
 import os
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
+
+from idattn.configs.flags import run_app
+from idattn.rundir import layout
+from idattn.train import distributed
+from idattn.train.trainer import TrainingError, check_config, run
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/<file>.py[:arg]).",
                                           lock_config=True)
@@ -35,36 +41,29 @@ def main(argv):
         # one-line error; keep their first lines only (--verbosity=0 or higher shows them whole)
         logging.get_absl_logger().addFilter(_one_line_orbax_errors)
     if _CHECK_ONLY.value:
-        from idattn.train.trainer import TrainingError, check_config
         try:
             print(check_config(_CONFIG.value), flush=True)
         except TrainingError as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             sys.exit(1)
         return
-    from idattn.train import distributed
     try:
         distributed.initialize(_DISTRIBUTED.value, _COORD.value, _NPROC.value, _PID.value)
     except distributed.StartError as e:  # a device layout that cannot work: one line, before any work
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
-    import jax
-
-    from idattn.train.trainer import TrainingError, run
     try:
         summary = run(_CONFIG.value, _WORKDIR.value)
     except TrainingError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         sys.exit(1)
     except KeyboardInterrupt:  # a second Ctrl-C (the first saves at the next step boundary), or one during start-up
-        from idattn.rundir import layout
         steps = layout.committed_steps(os.path.abspath(_WORKDIR.value)) if _WORKDIR.value else []
         print(f"error: interrupted: stopped without saving; last committed checkpoint: "
               f"{os.path.join(os.path.abspath(_WORKDIR.value), 'checkpoints', str(steps[-1])) if steps else 'none'}"
               f" (rerun to resume from it)", file=sys.stderr, flush=True)
         sys.exit(130)
     except OSError as e:  # a write the trainer did not expect to fail (full disk, read-only mount): one line
-        from idattn.rundir import layout
         wd = os.path.abspath(_WORKDIR.value)
         steps = layout.committed_steps(wd)
         first = (e.strerror or str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)
@@ -104,6 +103,4 @@ def _is_peer_failure(e: BaseException) -> bool:
 
 
 if __name__ == "__main__":
-    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
-
-    run_app(main)
+    run_app(main)  # a --config.<key> typo: one readable line

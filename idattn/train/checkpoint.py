@@ -26,19 +26,26 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
+import sys
+import time
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from jax.experimental import multihost_utils
+from orbax.checkpoint._src.path import atomicity
+from orbax.checkpoint.checkpoint_managers import preservation_policy
 
-from idattn.rundir import integrity
+from idattn.rundir import integrity, layout
 from idattn.rundir.layout import BEST_DIR, CKPT_DIR, DATA_STATE_FILE, REJECTED_DIR
 from idattn.rundir.loading import CheckpointError
-
-
-
+from idattn.train import lease as lease_lib
+from idattn.train.errors import TrainingError, first_line, log
+from idattn.train.metrics import format_bytes
+from idattn.train.plan import RunPlan
 
 
 class NonFiniteState(CheckpointError):
@@ -132,10 +139,6 @@ def fenced_temporary_path_class(fence, tag: str):
     flight never writes into the new owner's temporary folder of the same step; and the rename that commits it
     calls `fence(what)` first, which raises when the lease is no longer this run's. The aborted save's own
     temporary folder is then removed (by its own name; nothing else is touched)."""
-    import shutil
-
-    from orbax.checkpoint._src.path import atomicity
-
     class FencedTemporaryPath(atomicity.AtomicRenameTemporaryPath):
         # orbax uses the class for the step folder and for each item folder inside it; only the step folder
         # (named by its step number) is the run's: the items are renamed inside it.
@@ -168,11 +171,10 @@ def make_manager(workdir: str, train_cfg, *, read_only: bool = False, fence=None
     pinned = sorted(int(s) for s in (getattr(t, "checkpoint_steps", ()) or ()))
     rotation: dict = dict(max_to_keep=max(1, int(t.keep_last)), keep_period=keep_every)
     if pinned:  # train.checkpoint_steps are kept whatever the rotation says
-        from orbax.checkpoint.checkpoint_managers import preservation_policy as pp
-        policies = [pp.LatestN(max(1, int(t.keep_last))), pp.CustomSteps(pinned)]
+        policies = [preservation_policy.LatestN(max(1, int(t.keep_last))), preservation_policy.CustomSteps(pinned)]
         if keep_every:
-            policies.append(pp.EveryNSteps(keep_every))
-        rotation = dict(preservation_policy=pp.AnyPreservationPolicy(policies))
+            policies.append(preservation_policy.EveryNSteps(keep_every))
+        rotation = dict(preservation_policy=preservation_policy.AnyPreservationPolicy(policies))
     options = ocp.CheckpointManagerOptions(
         **rotation,
         enable_async_checkpointing=bool(t.async_checkpoint) and not read_only,
@@ -280,13 +282,11 @@ def all_processes_agree(ok: bool) -> bool:
     """True only when every process says ok (one collective; a no-op with one process)."""
     if jax.process_count() == 1:
         return ok
-    from jax.experimental import multihost_utils
     return bool(np.all(multihost_utils.process_allgather(np.asarray(ok, np.int32))))
 
 
 def reject(workdir: str, step: int, reason: str) -> str:
     """Moves checkpoint `step` aside (process 0) into checkpoints.rejected/, with the reason beside it."""
-    import time
     src = os.path.join(workdir, CKPT_DIR, str(step))
     dst_dir = os.path.join(workdir, REJECTED_DIR)
     dst = os.path.join(dst_dir, f"{step}.{time.strftime('%Y%m%d-%H%M%S')}")
@@ -296,7 +296,6 @@ def reject(workdir: str, step: int, reason: str) -> str:
         with open(dst + ".reason.txt", "w") as f:
             f.write(reason + "\n")
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(f"idattn-reject-{step}")
     return dst
 
@@ -391,22 +390,255 @@ def background_error(mngr: ocp.CheckpointManager) -> BaseException | None:
 
 
 def disk_free_bytes(path: str) -> int:
-    import shutil
     return int(shutil.disk_usage(path).free)
 
 
+# -------------------------------------------------------------------------------------------- the run's policy
+def state_nbytes(abstract_state) -> int:
+    """Bytes of one checkpoint (parameters + optimiser state, as saved)."""
+    return int(sum(int(np.prod(a.shape)) * np.dtype(a.dtype).itemsize
+                   for a in jax.tree.leaves((abstract_state.params, abstract_state.opt_state))))
+
+
+def time_to_save(every_s: float, last: float, step: int, process_count: int, log_every: int) -> bool:
+    """train.checkpoint_minutes: True when that much wall time passed since the last save. With several
+    processes process 0's clock decides, read at log_every boundaries (one broadcast), so that all save together."""
+    if every_s <= 0:
+        return False
+    if process_count == 1:
+        return time.monotonic() - last >= every_s
+    if step % max(1, log_every):
+        return False
+    due = np.asarray(time.monotonic() - last >= every_s, np.int32)
+    return bool(multihost_utils.broadcast_one_to_all(due))
+
+
+class Checkpointer:
+    """One run's checkpoint policy over its orbax manager (as levanter's Checkpointer): when a save is due, what
+    the rotation keeps, whether the disk has room, progress.json, and the one-line stop when a save fails.
+
+    Due at step s when  s % checkpoint_every = 0,  s = num_steps,  s ∈ checkpoint_steps,  or checkpoint_minutes
+    of wall time passed since the last save (`time_to_save`). Rotation: the keep_last newest, every keep_every-th
+    and the checkpoint_steps are kept. Room: a save needs free ≥ 1.1 · state_bytes, after deleting first what
+    the rotation would delete after it; free < 3 · state_bytes is warned about. Every write is fenced by the
+    workdir lease (`fence.check(what)`, train/lease.py); process 0 writes the metadata (`is_main`).
+    """
+
+    def __init__(self, workdir: str, plan: RunPlan, *, state_bytes: int, fence, tag: str, is_main: bool):
+        self.workdir, self.plan, self.fence = workdir, plan, fence
+        self.state_bytes, self.is_main = state_bytes, is_main
+        self.mngr = make_manager(workdir, plan, fence=fence.check, tag=tag)
+        self.pinned = set(plan.checkpoint_steps)
+        self.last_save_time = time.monotonic()
+
+    # ---- cadence
+    def start_clock(self) -> None:
+        """checkpoint_minutes counts from now (the first step of this start), not from the restore."""
+        self.last_save_time = time.monotonic()
+
+    def due(self, step: int) -> bool:
+        """Whether step `step` saves (the class docstring); every process gets the same answer."""
+        p = self.plan
+        return (step % p.checkpoint_every == 0 or step == p.num_steps or step in self.pinned
+                or time_to_save(60.0 * p.checkpoint_minutes, self.last_save_time, step, jax.process_count(),
+                                p.log_every))
+
+    # ---- saving
+    def save(self, s: int, state, data_state, meta: dict, *, force: bool = False) -> None:
+        """Saves `state` and the data position at step `s` (in the background with train.async_checkpoint), after
+        the checks above; `meta` is stored beside them with the time of the save. A failure stops the run naming
+        the last committed checkpoint."""
+        self.check_saves(s)
+        self.fenced(s, f"checkpoint {s}")
+        self.record_progress(s)
+        fmt = format_bytes
+        free = self._make_room(s)
+        if free is not None:
+            if free < 1.1 * self.state_bytes:
+                more = len(layout.committed_steps(self.workdir))
+                advice = (f" (or lower train.keep_last, now {self.plan.keep_last}: the rerun deletes the "
+                          f"checkpoints beyond it before its first save; {more} are kept now)"
+                          if more > 1 else "")
+                raise TrainingError(f"not enough disk space for checkpoint {s}: {fmt(free)} free in {self.workdir}, "
+                                    f"the checkpoint needs about {fmt(self.state_bytes)}. Stopping; last committed "
+                                    f"checkpoint: {self.last_committed()}. Free space{advice}, then rerun.")
+            if free < 3 * self.state_bytes:
+                log(f"warning: {fmt(free)} free in {self.workdir}: room for fewer than 3 more checkpoints of "
+                    f"{fmt(self.state_bytes)}")
+        try:
+            save(self.mngr, s, state, data_state, {"time": time.time(), **meta}, force=force)
+        except NonFiniteState as e:
+            raise TrainingError(f"{e}. Stopping; last finite checkpoint: {self.last_committed()}. Lower "
+                                f"train.peak_lr or check the data, then rerun.") from e
+        except lease_lib.LeaseLost as e:
+            raise self.fenced_out(s, e) from None
+        except Exception as e:
+            raise self.save_failed(s, e) from None
+        self.last_save_time = time.monotonic()
+
+    def saved(self, s: int) -> bool:
+        """Whether step `s` is committed or being saved already (a stop at a step that just saved saves nothing)."""
+        return s in layout.committed_steps(self.workdir) or self.mngr.latest_step() == s
+
+    def wait_committed(self, s: int) -> None:
+        """Blocks until checkpoint `s` is committed; a save that failed in the background stops the run in one
+        line naming the last committed checkpoint (the rerun trains from there)."""
+        try:
+            self.mngr.wait_until_finished()
+        except lease_lib.LeaseLost as e:
+            raise self.fenced_out(s, e) from None
+        except Exception as e:
+            raise self.save_failed(s, e) from None
+        self.check_saves(s)
+        if s not in layout.committed_steps(self.workdir):
+            raise self.save_failed(s, RuntimeError(f"checkpoint {s} was not committed"))
+
+    def finish(self, s: int) -> None:
+        """The end of the steps (done or stopped at `s`): every save committed and checked, progress.json."""
+        self.mngr.wait_until_finished()
+        self.check_saves(s)
+        self.record_progress(s)
+
+    def keep_if_best(self, step: int, params, val_loss: float, best_loss: float) -> float:
+        """train.keep_best: keeps `params` of `step` in best/ when `val_loss` is below `best_loss`, the best so
+        far; returns the new best. A failed write stops the run (it is not done until best/ is written)."""
+        if not self.plan.keep_best or val_loss >= best_loss:
+            return best_loss
+        self.fenced(step, f"best/ at step {step}")
+        try:
+            where = save_best(self.workdir, step, params, val_loss)
+        except lease_lib.LeaseLost as e:
+            raise self.fenced_out(step, e) from None
+        except Exception as e:  # orbax/tensorstore raise their own types for a full disk (RESOURCE_EXHAUSTED)
+            kept = layout.best_info(self.workdir)
+            raise TrainingError(
+                f"could not write best/ at step {step}: {type(e).__name__}: {first_line(e)[:300]}. best/ keeps "
+                f"{'step ' + str(kept.get('step')) if kept else 'nothing'}; last committed checkpoint: "
+                f"{self.last_committed()}. The run is not done until best/ is written: free space, then rerun (it "
+                f"writes best/ from the committed checkpoint or trains on from it).") from None
+        log(f"best validation loss so far: kept step {step} in {where}")
+        return val_loss
+
+    def close(self) -> None:
+        """Waits for pending saves (a failure here is reported, never masking the error being raised), then
+        releases the manager."""
+        try:
+            self.mngr.wait_until_finished()
+        except Exception as e:  # don't mask the original error
+            print(f"warning: waiting for pending checkpoint saves failed: {first_line(e)}", file=sys.stderr)
+        try:
+            self.mngr.close()
+        except Exception as e:  # e.g. the workdir vanished under an in-flight save: the error being raised says why
+            print(f"warning: closing the checkpoint manager failed: {first_line(e)}", file=sys.stderr)
+
+    # ---- rotation, room, progress
+    def _rotation_victims(self, s: int) -> list[int]:
+        """Committed steps that the rotation after saving step `s` deletes anyway (train.keep_last newest are kept,
+        counting `s`; keep_every multiples and checkpoint_steps never go)."""
+        keep_last, keep_every = self.plan.keep_last, self.plan.keep_every
+        steps = [x for x in layout.committed_steps(self.workdir) if x != s]
+        keep = set(steps[-(keep_last - 1):]) if keep_last > 1 else set()
+        return [x for x in steps
+                if x not in keep and x not in self.pinned and not (keep_every > 0 and x % keep_every == 0)]
+
+    def _free_bytes(self) -> int | None:
+        """Free bytes where the checkpoints go; None when that cannot be read (never a reason to stop)."""
+        try:
+            return disk_free_bytes(os.path.join(self.workdir, CKPT_DIR))
+        except Exception:  # informative only
+            return None
+
+    def _make_room(self, s: int) -> int | None:
+        """Free bytes for checkpoint `s`, after deleting first what its rotation would delete after it (so that a
+        lowered train.keep_last takes effect on a full disk); None when the free space cannot be read."""
+        free = self._free_bytes()
+        if free is None or free >= 1.1 * self.state_bytes:
+            return free
+        victims = self._rotation_victims(s)
+        if victims:
+            self.mngr.wait_until_finished()
+            self.fenced(s, f"deleting rotated checkpoints {victims}")
+            for v in victims:
+                self.mngr.delete(v)
+            log(f"low on disk space: deleted checkpoint(s) {victims} before saving step {s} instead of after "
+                f"(train.keep_last={self.plan.keep_last})")
+            free = self._free_bytes()
+        return free
+
+    def record_progress(self, s: int) -> None:
+        """progress.json: the newest committed step (cheap listing; written when it moved). A failed write stops
+        the run in one line like any other write."""
+        if not self.is_main:
+            return
+        steps = layout.committed_steps(self.workdir)
+        if steps and steps[-1] > int(layout.read_progress(self.workdir).get("committed_step", 0) or 0):
+            self.fenced(s, "progress.json")
+            try:
+                layout.write_progress(self.workdir, steps[-1])
+            except OSError as e:
+                raise self.write_failed(s, os.path.join(self.workdir, layout.PROGRESS_FILE), e) from None
+
+    # ---- fault boundaries: each returns (or raises) the one line that stops the run
+    def last_committed(self) -> str:
+        """The newest committed checkpoint's folder (after any save in flight ended), or "none (...)"."""
+        try:
+            self.mngr.wait_until_finished()
+        except Exception:  # the failed save itself; what is on disk is what counts
+            pass
+        steps = layout.committed_steps(self.workdir)
+        return (os.path.join(self.workdir, CKPT_DIR, str(steps[-1])) if steps else
+                "none (no checkpoint was committed yet)")
+
+    def check_saves(self, s: int) -> None:
+        """A failed background save (no space, permissions, quota) stops the run at once, saying what is kept;
+        so does a lease another trainer took over."""
+        try:
+            err = background_error(self.mngr)
+        except lease_lib.LeaseLost as e:
+            raise self.fenced_out(s, e) from None
+        except Exception as e:
+            err = e
+        if isinstance(err, lease_lib.LeaseLost) or getattr(self.fence, "lost", None):
+            raise self.fenced_out(s, err if isinstance(err, lease_lib.LeaseLost) else self.fence.lost)
+        if err is not None:
+            raise self.save_failed(s, err) from None
+
+    def fenced(self, s: int, what: str) -> None:
+        """The lease check before a write (train/lease.py): a trainer that was taken over stops here, writing
+        nothing more."""
+        try:
+            self.fence.check(what)
+        except lease_lib.LeaseLost as e:
+            raise self.fenced_out(s, e) from None
+
+    def fenced_out(self, s: int, e: BaseException) -> TrainingError:
+        # moved (or deleted): the folder is gone, or holds no config.json any more (an in-flight save may have
+        # re-created the bare path)
+        if not os.path.exists(os.path.join(self.workdir, layout.CONFIG_FILE)):
+            return TrainingError(f"stopping at step {s} without writing: {lease_lib.MOVED.format(workdir=self.workdir)}"
+                                 f"; no other trainer is involved. Rerun the command with --workdir=<its new path> "
+                                 f"to resume from its last committed checkpoint.")
+        return TrainingError(f"stopping at step {s} without writing: {e}. Another trainer took over {self.workdir}; "
+                             f"this process wrote nothing after that (its in-flight checkpoint, if any, is "
+                             f"discarded) and the new owner's files are untouched.")
+
+    def save_failed(self, s: int, e: BaseException) -> TrainingError:
+        return TrainingError(f"checkpoint save failed at step {s}: {type(e).__name__}: {first_line(e)}. Stopping "
+                             f"so that no more work is lost; last committed checkpoint: {self.last_committed()}. "
+                             f"Free space or fix the workdir's permissions, then rerun (it resumes from there).")
+
+    def write_failed(self, s: int, what: str, e: OSError) -> TrainingError:
+        return TrainingError(f"could not write {what} at step {s}: {type(e).__name__}: {first_line(e)}. Stopping "
+                             f"so that no more work is lost; last committed checkpoint: {self.last_committed()}. "
+                             f"Free space or fix the workdir's permissions, then rerun (it resumes from there).")
 
 
 # ------------------------------------------------------------------------------------------------------ best
-
-
 def save_best(workdir: str, step: int, params, val_loss: float) -> str:
     """Writes the parameters at `step` to <workdir>/best/<step> (with digests), then removes the older best.
 
     Written whole under a temporary name and renamed, so a crash leaves the previous best intact. Every
     process calls it (the array write is collective); the renames are process 0's."""
-    import shutil
-
     root = os.path.join(os.path.abspath(workdir), BEST_DIR)
     tmp = os.path.join(root, f".{step}.tmp")
     final = os.path.join(root, str(step))
@@ -439,23 +671,4 @@ def save_best(workdir: str, step: int, params, val_loss: float) -> str:
 
 def _sync(name: str) -> None:
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
-
-
-# ----------------------------------------------------------------------------------------------------- config
-
-
-
-
-
-
-
-
-
-
-
-
-# ------------------------------------------------------------------------------------------------ load_params
-
-

@@ -162,7 +162,8 @@ class EventFile:
     `purge_step` does): a resumed run's steps replace the ones logged past the restored checkpoint."""
 
     def __init__(self, logdir: str, purge_step: int | None = None):
-        from tensorboardX.event_file_writer import EventsWriter  # optional at runtime; ImportError is handled
+        # local: tensorboardX, optional at runtime (the caller handles its ImportError)
+        from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
         from tensorboardX.record_writer import directory_check
         from tensorboardX.summary import scalar

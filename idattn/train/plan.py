@@ -1,9 +1,10 @@
 """The run plan: a config resolved and checked once into a frozen, typed record that the training loop reads.
 
 `RunPlan.from_config(config)` checks every value (idattn.train.validate: one line per refusal naming the key),
-derives the step counts from the token budgets, and returns the plan. The trainer (idattn.train.trainer) builds
-it first and passes it down; the loop, its checkpoint manager and its fault boundaries read the plan, never
-`config.train` (one key, one reading, one type: levanter's `TrainLmConfig` is the model). The model, data and
+derives the step counts from the token budgets, and returns the plan. A run builds it once, first
+(idattn.train.preflight), and passes it down; the refusals, the compiled step (train/placement.py), the loop, its
+checkpointer and its fault boundaries read the plan, never `config.train` (one key, one reading, one type:
+levanter's `TrainLmConfig` is the model). The model, data and
 optimiser sections still travel as their config sections to the modules that own them (models.build_model,
 data.pipeline, train.optim), which check their own keys.
 

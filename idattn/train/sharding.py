@@ -16,6 +16,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
@@ -66,7 +67,6 @@ def make_mesh(mesh_cfg, devices: Sequence[jax.Device] | None = None, num_slices:
     if n_slices < 1 or len(devices) % n_slices:
         raise ValueError(f"{len(devices)} devices cannot form {n_slices} equal slices")
     per_slice = mesh_shape(mesh_cfg, len(devices) // n_slices)
-    from jax.experimental import mesh_utils
     if n_slices > 1:
         try:
             dev = mesh_utils.create_hybrid_device_mesh(per_slice, (n_slices,) + (1,) * (len(MESH_AXES) - 1),

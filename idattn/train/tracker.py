@@ -37,7 +37,7 @@ def check_tracker_config(train_cfg) -> None:
                           "--config.train.wandb_mode=offline (written under <workdir>/wandb, synced later)")
     if project:
         try:
-            import wandb  # noqa: F401
+            import wandb  # noqa: F401  # local: the optional wandb extra, checked when configured
         except ImportError:
             raise ConfigError(f"config.train.wandb_project={project!r}: needs the wandb package, which is not "
                               "installed; pip install -e \".[wandb]\", or set --config.train.wandb_project='' "
@@ -67,7 +67,7 @@ def make_tracker(config, workdir: str) -> WandbTracker | None:
     project = str(t.get("wandb_project", "") or "")
     if not project:
         return None
-    import wandb
+    import wandb  # local: the optional wandb extra (train.wandb_project)
     id_path = os.path.join(workdir, RUN_ID_FILE)
     if os.path.exists(id_path):
         with open(id_path) as f:

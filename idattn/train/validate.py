@@ -8,14 +8,20 @@ against `meta.json` (and meta.json's token counts against the shards'), naming t
 """
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import jax
+import numpy as np
 
 from idattn.configs import ConfigError
-
-
+from idattn.data import formats
+from idattn.data.prepare import reprepare_command
+from idattn.train import optim, tracker
 
 
 def _num(cfg, section: str, key: str):
@@ -57,8 +63,6 @@ def _real(cfg, section, key, *, lo=None, hi=None, lo_open=False, hi_open=False, 
 def _choice(cfg, section, key, choices):
     """Refuses a value outside `choices`; the fix names the closest choice (a misspelling's intended value), else
     the first."""
-    import difflib
-
     v = _num(cfg, section, key)
     if v is not None and v not in choices:
         near = difflib.get_close_matches(str(v), [str(c) for c in choices], n=1)
@@ -67,8 +71,7 @@ def _choice(cfg, section, key, choices):
 
 def check_values(config) -> None:
     """Raises ConfigError (one line) for the first out-of-range train / data value."""
-    from idattn.data import pipeline
-    from idattn.train import optim, tracker
+    from idattn.data import pipeline  # local: grain, absent from the model-only images (bench, aot)
 
     _int_at_least(config, "train", "batch_size", 1)
     _int_at_least(config, "train", "grad_accum", 1)
@@ -135,7 +138,6 @@ def check_warmup(config, num_steps: int, warmup_steps: int) -> None:
         raise ConfigError(f"config.train.warmup_steps={t.warmup_steps} exceeds the {num_steps} steps of the run; "
                           f"set --config.train.warmup_steps=<at most {num_steps}>")
     if str(t.get("schedule", "cosine")) == "wsd":
-        from idattn.train import optim
         d = optim.decay_steps_of(t, num_steps)
         if warmup_steps + d > num_steps:
             raise ConfigError(f"config.train.schedule='wsd': warmup {warmup_steps} + decay {d} steps exceed the "
@@ -173,18 +175,16 @@ OLD_FOLDER_NOTE = "no checksums recorded (prepared by an older version)"
 
 
 def _say(msg: str) -> None:
-    import jax
     if jax.process_index() == 0:
         print(msg, flush=True)
 
 
 def _reprepare(path, meta) -> str:
-    from idattn.data.prepare import reprepare_command
     return f"re-prepare the data ({reprepare_command(meta, path)})"
 
 
 def _count_tokens(shards, itemsize: int) -> int:
-    from array_record.python import array_record_module as ar
+    from array_record.python import array_record_module as ar  # local: array_record, not on model-only images
     tokens = 0
     for shard in shards:
         reader = ar.ArrayRecordReader(shard)
@@ -198,9 +198,6 @@ def _count_tokens(shards, itemsize: int) -> int:
 
 
 def _hash_all(items) -> list[str]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    from idattn.data import formats
     if not items:
         return []
     with ThreadPoolExecutor(max(1, min(HASH_THREADS, os.cpu_count() or 1, len(items)))) as pool:
@@ -214,10 +211,8 @@ def check_shards(config) -> None:
     or for an older folder the records themselves when small). One line per refusal, naming the file."""
     if str(config.data.get("source", "")) != "arrayrecord":
         return
-    import numpy as np
-    from array_record.python import array_record_module as ar
+    from array_record.python import array_record_module as ar  # local: array_record, not on model-only images
 
-    from idattn.data import formats
     path = config.data.path
     meta = formats.read_meta(path)
     table = formats.shard_table(meta)
