@@ -4,6 +4,8 @@
 import os
 import sys
 
+from idattn.launch.check import check_runs, trainer_args_of
+
 
 def check_trainer_args(trainer_args: list[str], python: str = sys.executable, dry_run: bool = True) -> int:
     """The check before a launcher writes a script or submits (dry run or not): the trainer's `--check_only` on
@@ -11,8 +13,6 @@ def check_trainer_args(trainer_args: list[str], python: str = sys.executable, dr
     data read, nothing written), before a pod or a job is paid for. Prints the trainer's one line to stderr (stdout
     stays the launcher's commands) and returns its exit status (0 when it would start). `trainer_args` may carry a
     leading `-m idattn.train` (the local launcher's process command); another module is not checked."""
-    from idattn.launch.check import check_runs, trainer_args_of
-
     if "-m" in trainer_args:
         args = trainer_args_of(trainer_args)
         if args is None:

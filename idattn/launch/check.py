@@ -1,4 +1,4 @@
-"""The one check before every submission (issue 54): every launcher (local, SLURM, TPU) and every sweep member, dry
+"""The one check before every submission: every launcher (local, SLURM, TPU) and every sweep member, dry
 run or not, runs the trainer's own `--check_only` on the run's final arguments before it writes a script or calls
 `sbatch` / `gcloud` / the trainer; and a missing scheduler binary is one line naming it.
 
@@ -15,13 +15,18 @@ script) is the trainer's own `error: ...` line.
 """
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import traceback
 from typing import Sequence
+
+from idattn.configs.flags import run_app
 
 _RESULT = "idattn.launch.check results: "
 
@@ -155,8 +160,6 @@ def _fork_check(cli, run_app, args: list[str], out_fd: int) -> int:
 def _check_all(runs: list[list[str]]) -> list[dict]:
     """{rc, line} per run: each run's check in its own forked child, up to one per CPU at a time (a subprocess
     each where fork is not available)."""
-    import tempfile
-
     if not hasattr(os, "fork"):
         out = []
         for args in runs:
@@ -164,11 +167,8 @@ def _check_all(runs: list[list[str]]) -> list[dict]:
                                text=True)
             out.append({"rc": p.returncode, "line": _trainer_line(p.stdout + p.stderr, p.returncode)})
         return out
-    import importlib
-
-    cli = importlib.import_module("idattn.train.__main__")  # the trainer's flags, defined once here
-    import idattn.train.trainer  # noqa: F401  (check_config's imports, paid once for every child)
-    from idattn.configs.flags import run_app
+    # local: the trainer's CLI (absl flags, jax) in the checking process only, once; every forked child has it
+    cli = importlib.import_module("idattn.train.__main__")
 
     width = max(1, min(len(runs), os.cpu_count() or 1, 8))
     results: list = [None] * len(runs)
@@ -192,8 +192,6 @@ def _check_all(runs: list[list[str]]) -> list[dict]:
 
 def main(argv=None) -> int:
     """`python -m idattn.launch.check` < JSON list of trainer argument lists: prints one result line (JSON)."""
-    import argparse
-
     argparse.ArgumentParser(prog="python -m idattn.launch.check", description=__doc__ + "\nReads a JSON list of "
                             "the runs' trainer argument lists on stdin; prints one line, the JSON list of each run's "
                             "{rc, line}.", formatter_class=argparse.RawDescriptionHelpFormatter).parse_args(argv)

@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from idattn.launch import check_trainer_args
 from idattn.launch.check import trainer_args_of
@@ -127,7 +128,6 @@ def _say(msg: str) -> None:
 
 def supervise(jobs, *, heartbeat_timeout_s: float, stop_timeout_s: float, poll_s: float = 0.2) -> int:
     """Starts every (env, argv) job, relays output, forwards stops, reports each exit (module docstring)."""
-    import time
     procs, threads = [], []
     for i, (env, c) in enumerate(jobs):
         pr = subprocess.Popen(c, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -46,11 +46,11 @@ a Filestore/NFS share (the trainer writes metrics.jsonl and config.json with ord
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import subprocess
 import sys
+import time
 
 from idattn.launch import check_trainer_args, is_git_checkout
 from idattn.launch.check import call_tool, require_tools
@@ -160,7 +160,6 @@ def queued_state_command(args) -> list[str]:
 
 def wait_active(args, sleep=None, clock=None) -> int:
     """Poll the queued resource until ACTIVE (0); 1 with one line naming the state when it failed or timed out."""
-    import time
     sleep, clock = sleep or time.sleep, clock or time.monotonic
     t0, last = clock(), None
     cmd = queued_state_command(args)

@@ -17,6 +17,8 @@ checkpoint's meta records and what restore verifies (`verify`).
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 from typing import Any
 
 import jax
@@ -125,8 +127,6 @@ def verify(tree, expected: dict[str, str] | None, what: str) -> str | None:
 
 def json_digest(value: Any) -> str:
     """SHA-256 of a JSON-able value's canonical text (the data-iterator state)."""
-    import hashlib
-    import json
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()
 
 
