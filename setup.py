@@ -75,16 +75,16 @@ setup(
         # Python 3.11, the newest on 3.12+) so that the ahead-of-time tests (tests/test_aot_*.py,
         # tests/test_mesh_kernels.py) compile for real TPU and H100/H200 targets on a CPU-only host.
         # pytest-xdist: the suite runs on 2 workers. setuptools: tests read setup.py's requirements by running it
-        # (a venv on Python >= 3.12 has no setuptools of its own).
-        "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "setuptools>=64", *_TPU,
+        # (a venv on Python >= 3.12 has no setuptools of its own). ruff: the lint step of .ci/run (pyproject.toml).
+        "test": ["pytest>=9.0.3", "pytest-xdist>=3.8.0", "setuptools>=64", "ruff>=0.17.6", *_TPU,
                  *_CUDA12_COMPILE, *_SASS, *_WANDB],
         "tfds": ["tensorflow-datasets>=4.9"],
         # Weights & Biases beside TensorBoard (train.wandb_project; offline by default, idattn/train/tracker.py)
         "wandb": _WANDB,
         # lm-evaluation-harness, and the Hugging Face side of `python -m idattn.export` (loading the folder in
-        # transformers, lm-eval's `hf` backend on it). torch: CI installs its CPU build (2.13.0) first, which this
-        # range accepts, so that pip does not pull a multi-GB CUDA one.
-        "harness": ["lm-eval>=0.4.5", "torch>=2.13.0", "transformers>=5.25.0"],
+        # transformers, lm-eval's `hf` backend on it, which imports accelerate). torch: CI installs its CPU build
+        # (2.13.0) first, which this range accepts, so that pip does not pull a multi-GB CUDA one.
+        "harness": ["lm-eval>=0.4.5", "torch>=2.13.0", "transformers>=5.25.0", "accelerate>=1.16.0"],
         "gcs": ["gcsfs>=2024.1"],
         "hub": ["huggingface_hub>=0.24"],
         # GPU: the CUDA 12 plugin at exactly the installed jax's version with the CUDA libraries it loads (cuDNN,

@@ -323,7 +323,7 @@ def test_lm_eval_hf_backend_matches_builtin_harness(tmp_path, torch_hf):
     export_hf(params, cfg, str(tmp_path / "hf"), tokenizer=tok, max_length=256)
     docs = [{"goal": g, "sol1": a, "sol2": b, "label": i % 2} if i % 2 == 0 else
             {"goal": g, "sol1": b, "sol2": a, "label": 1} for i, (g, (a, b)) in enumerate(zip(_GOALS, _SOLS))]
-    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True)
     for d in docs:
         for (ctx, cont) in harness.build_requests("piqa", d):
             for s in (ctx, ctx + cont, cont):
