@@ -81,7 +81,7 @@ def _eq_tree(a, b):
 
 def test_tokenizer_json_describes_sentencepiece_segmentation():
     """SentencePiece's dummy prefix and spaces as "▁" (a normaliser, so a leading space stays a piece of its
-    own), BPE merges from the pieces, byte fallback, control pieces special, <s> prepended by the template."""
+    own), BPE merges from the pieces, byte fallback, control pieces special, nothing added around a text."""
     from idattn.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer("mistral")
@@ -90,7 +90,7 @@ def test_tokenizer_json_describes_sentencepiece_segmentation():
     assert j["pre_tokenizer"] is None and j["model"]["type"] == "BPE" and j["model"]["byte_fallback"]
     assert len(j["model"]["vocab"]) == 32000 and len(j["model"]["merges"]) > 30000
     assert [(t["id"], t["content"]) for t in j["added_tokens"]] == [(0, "<unk>"), (1, "<s>"), (2, "</s>")]
-    assert j["post_processor"]["special_tokens"]["<s>"]["ids"] == [1]
+    assert j["post_processor"] is None  # no <s> added: idattn's harness scores without it
     left, right = j["model"]["merges"][0]
     assert left + right in j["model"]["vocab"]
 
@@ -327,7 +327,7 @@ def test_lm_eval_hf_backend_matches_builtin_harness(tmp_path, torch_hf):
     for d in docs:
         for (ctx, cont) in harness.build_requests("piqa", d):
             for s in (ctx, ctx + cont, cont):
-                assert hf_tok(s, add_special_tokens=False)["input_ids"] == tok.encode(s), s
+                assert hf_tok(s)["input_ids"] == tok.encode(s), s
     tasks = tmp_path / "tasks"
     tasks.mkdir()
     (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))

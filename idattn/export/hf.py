@@ -17,7 +17,8 @@
   tokenizer.model           the SentencePiece model, with tokenizer.json (the same segmentation for Hugging Face's
   tokenizer.json            tokenizers: SentencePiece's dummy prefix "▁" and spaces as "▁", the BPE merges in piece
   tokenizer_config.json     score order, byte fallback) and tokenizer_config.json: `AutoTokenizer` loads it, and
-                            `tokenizer(text, add_special_tokens=False)` gives idattn's ids for the text exactly
+                            `tokenizer(text)` gives idattn's ids for the text exactly (no <s> added: idattn's
+                            harness scores without it, and lm-eval's `hf` backend then does the same)
 
 `import_folder(out)` is the inverse: (model config dict, parameter tree in idattn's layout) from an export folder or
 from what `save_pretrained` of the loaded Hugging Face model wrote (there is no idattn_config.json then: the config
@@ -100,7 +101,7 @@ def write_tokenizer(tokenizer, out_dir: str, max_length: int = 2048) -> list[str
     special = {"bos_token": names.get(int(tokenizer.bos_id)), "eos_token": names.get(int(tokenizer.eos_id)),
                "unk_token": names.get(0), "pad_token": names.get(int(tokenizer.pad_id))}
     conf = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": int(max_length),
-            "clean_up_tokenization_spaces": False, "add_bos_token": True, "add_eos_token": False,
+            "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
             "split_special_tokens": True,  # "<s>" typed in a text is text, as SentencePiece encodes it
             **{k: v for k, v in special.items() if v is not None}}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
@@ -127,7 +128,8 @@ def tokenizer_json(proto: bytes) -> dict:
     and every space becomes "▁"; no other normalisation (the identity rule of idattn's and Llama-2's models is
     required, refused otherwise); then BPE merges in the order of the merged piece's score (highest first), or
     the unigram Viterbi path over the piece scores; a character without a piece becomes its UTF-8 byte pieces.
-    Control pieces (<unk>, <s>, </s>) are special added tokens. Encoding with add_special_tokens prepends <s>."""
+    Control pieces (<unk>, <s>, </s>) are special added tokens. Nothing is added around a text (no <s>), as
+    idattn's harness scores and as lm-eval's `hf` backend then encodes: prepend `bos_token_id` where wanted."""
     m = _model_proto(proto)
     norm = m.normalizer_spec
     if norm.name not in ("identity", "") or norm.remove_extra_whitespaces:
@@ -164,18 +166,9 @@ def tokenizer_json(proto: bytes) -> dict:
         {"type": "Replace", "pattern": {"String": " "}, "content": SP_PIECE}]
     decoders = [{"type": "Replace", "pattern": {"String": SP_PIECE}, "content": " "}, {"type": "ByteFallback"},
                 {"type": "Fuse"}] + ([{"type": "Strip", "content": " ", "start": 1, "stop": 0}] if prefix else [])
-    bos = m.trainer_spec.bos_id
-    post = None
-    if bos >= 0:
-        tok = pieces[bos][0]
-        post = {"type": "TemplateProcessing",
-                "single": [{"SpecialToken": {"id": tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
-                "pair": [{"SpecialToken": {"id": tok, "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}},
-                         {"SpecialToken": {"id": tok, "type_id": 1}}, {"Sequence": {"id": "B", "type_id": 1}}],
-                "special_tokens": {tok: {"id": tok, "ids": [bos], "tokens": [tok]}}}
     return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
             "normalizer": {"type": "Sequence", "normalizers": normalizers}, "pre_tokenizer": None,
-            "post_processor": post, "decoder": {"type": "Sequence", "decoders": decoders}, "model": model}
+            "post_processor": None, "decoder": {"type": "Sequence", "decoders": decoders}, "model": model}
 
 
 def import_folder(out_dir: str) -> tuple[dict, dict]:
