@@ -315,7 +315,7 @@ def test_lm_eval_hf_backend_matches_builtin_harness(tmp_path, torch_hf):
     torch, transformers = torch_hf
     from idattn.data.tokenizer import load_tokenizer
     from idattn.eval import harness
-    from idattn.eval.scoring import encode_pair, model_score_fn
+    from idattn.eval.scoring import encode_pair, loglikelihood, model_score_fn
 
     tok = load_tokenizer("train:512")
     cfg = _cfg("interdomain", vocab=512)
@@ -363,11 +363,13 @@ def test_lm_eval_hf_backend_matches_builtin_harness(tmp_path, torch_hf):
           f"idattn harness: acc {m['acc']}, acc_norm {m['acc_norm']}")
     assert res["acc,none"] == pytest.approx(m["acc"], abs=1e-9)
     assert res["acc_norm,none"] == pytest.approx(m["acc_norm"], abs=1e-9)
-    from idattn.eval.scoring import loglikelihood
     assert len(samples) == len(docs)
+    worst = 0.0
     for s in samples:
         d = docs[s["doc_id"]]
         pairs = [encode_pair(tok, c, x) for c, x in harness.build_requests("piqa", d)]
         ours = [ll for ll, _ in loglikelihood(score, pairs, max_length=256, batch_size=2)]
         theirs = [float(r[0][0]) for r in s["resps"]]
         np.testing.assert_allclose(theirs, ours, rtol=1e-4)
+        worst = max(worst, float(np.max(np.abs(np.subtract(theirs, ours)) / np.abs(ours))))
+    print(f"largest relative log-likelihood difference over {2 * len(docs)} requests: {worst:.2e}")

@@ -27,7 +27,7 @@ Interdomain mixer (H heads of width d_h, M complex modes per head; every tensor 
 Attention layers (softmax: global; swa: the last `window` positions): q, k, v = x W_{Q,K,V} with RoPE on q, k;
     o = softmax(q kᵀ/√d_h + mask) v;  y = o W_O.
 
-Prompts run the operator chunk by chunk (`chunk_size` tokens; exact): with ℓ_t = log λ_t (principal branch; for the
+Prompts run the operator chunk by chunk (`chunk_size` tokens, at most 64; exact): with ℓ_t = log λ_t (principal branch; for the
 LTI core a constant) and the in-chunk cumulative sum L_i = Σ_{s≤i} ℓ_s,
     A[i, j] = e^{L_i − L_j} b_j  (j ≤ i, else 0)           Re(L_i − L_j) ≤ 0: nothing overflows
     Xk_i    = Σ_j A[i, j] ⊗ k̃_j + e^{L_i} Xk0                (the same for Xv; the chunk's last row is the new state)
