@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from idattn.configs.flags import step_flag
+from idattn.configs.flags import define_model_flags, step_flag
+from idattn.data.tokenizer import load_tokenizer
 from idattn.export.hf import export_hf
 from idattn.rundir.loading import load_model
 
@@ -21,7 +22,6 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("out", None, "output folder")
     flags.DEFINE_integer("seed", 0, "random-init seed (--config)")
@@ -39,7 +39,6 @@ def main(argv):
     tok = None
     name = FLAGS.tokenizer or config.data.tokenizer
     if name and name != "none":
-        from idattn.data.tokenizer import load_tokenizer
         tok = load_tokenizer(name)
     max_length = FLAGS.max_length or int(config.data.seq_len)
     files = export_hf(params, config.model, FLAGS.out, tok, max_length)

@@ -32,6 +32,8 @@ import os
 import shutil
 
 import numpy as np
+from safetensors.numpy import load_file
+from sentencepiece import sentencepiece_model_pb2
 
 from idattn.models.export import IDATTN_CONFIG, export, import_export
 from idattn.models.spec import spec_from_config
@@ -110,8 +112,6 @@ def write_tokenizer(tokenizer, out_dir: str, max_length: int = 2048) -> list[str
 
 
 def _model_proto(proto: bytes):
-    from sentencepiece import sentencepiece_model_pb2
-
     m = sentencepiece_model_pb2.ModelProto()
     m.ParseFromString(proto)
     return m
@@ -185,8 +185,6 @@ def import_folder(out_dir: str) -> tuple[dict, dict]:
     if not isinstance(cfg, dict):
         raise ValueError(f"import_folder: {path} has no `idattn` model config; expected an IdattnForCausalLM "
                          "folder (a Llama folder needs its idattn_config.json, which the export writes)")
-    from safetensors.numpy import load_file
-
     files = sorted(glob.glob(os.path.join(out_dir, "*.safetensors")))
     if not files:
         raise FileNotFoundError(f"import_folder: no *.safetensors in {out_dir}; expected model.safetensors")
