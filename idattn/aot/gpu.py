@@ -31,10 +31,13 @@ separately compiled modules, which this compile path does not do (checked with
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
+
+from jax.experimental import topologies
 
 from idattn.aot.target import Target
 
@@ -144,8 +147,6 @@ def gpu_target(name: str) -> Target:
     why = cuda_plugin_missing()
     if why:
         raise RuntimeError(f"GPU target {name!r}: {why}")
-    from jax.experimental import topologies
-
     facts = card_facts(card)
     topo = topologies.get_topology_desc(platform="cuda", target_config=target_config(card),
                                         topology=f"1x{hosts}x{per_host}")
@@ -193,20 +194,36 @@ _HLO_SHAPE = re.compile(r"\b(f32|bf16|f16|c64)\[([\d,]*)\]")
 _FREE_OPS = {"custom-call", "parameter", "get-tuple-element", "bitcast", "tuple", "reshape"}
 
 
+_HLO_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")
+_HLO_CALLS = re.compile(r"\bcalls=%?([\w.\-]+)")
+_BITCAST_OF_FUSION = re.compile(r"\bbitcast\(%?[\w.\-]*fusion[\w.\-]*\)")
+
+
 def mode_round_trips(hlo_text: str, B: int, T: int, H: int, M: int) -> list[str]:
-    """XLA instructions of a compiled module (outside the kernels) that produce a per-token mode tensor of the
-    fused operator - shape [.., B, T, H, 2, M] (planes) or complex [B, T, H, M] - i.e. a pass of the mode
-    mixing (or of p / dp partial sums) through HBM between the kernels. [] when the mixing runs inside them.
-    Returns the offending lines (opcode and shape)."""
-    planes, cplx = (B, T, H, 2, M), (B, T, H, M)
-    out = []
+    """XLA instructions of a compiled module (outside the kernels) that write a per-token mode tensor of the
+    fused operator to memory - shape [.., B, T, H, k, M] with k = 2 (planes) or 4 (two planes of two vectors),
+    or complex [B, T, H, M] - i.e. a pass of mode vectors through HBM between the kernels: the mixing, p / dp
+    partial sums, or a per-token scaling (gpu.prescale_rev / prescale_fwd_o). Instructions inside a fusion's
+    body are not passes (only the fusion's result is written) and are skipped. Returns the offending lines
+    (opcode and shape)."""
+    cplx = (B, T, H, M)
+    fused = set(_HLO_CALLS.findall("\n".join(l for l in hlo_text.splitlines() if " fusion(" in l)))
+    out, skip = [], False
     for line in hlo_text.splitlines():
+        head = _HLO_COMP.match(line)
+        if head:
+            skip = head.group(1) in fused
+            continue
         m = _HLO_INSTR.match(line)
-        if not m or m.group(2) in _FREE_OPS:
+        # a bitcast moves nothing, but a bitcast of a fusion's result names the shape that fusion wrote (XLA
+        # writes elementwise results flat and bitcasts them to the shape the kernel reads)
+        if skip or not m or (m.group(2) in _FREE_OPS
+                             and not (m.group(2) == "bitcast" and _BITCAST_OF_FUSION.search(line))):
             continue
         for dt, dims in _HLO_SHAPE.findall(m.group(1)):
             d = tuple(int(x) for x in dims.split(",") if x)
-            if d[-5:] == planes or (dt == "c64" and d[-4:] == cplx):
+            if (len(d) >= 5 and d[-5:-2] == (B, T, H) and d[-2] in (2, 4) and d[-1] == M) or (
+                    dt == "c64" and d[-4:] == cplx):
                 out.append(f"{m.group(2)} {dt}{list(d)}: {line.strip()[:160]}")
                 break
     return out
@@ -337,7 +354,6 @@ def kernel_resources(cases, card="h200", timeout=900, tuning=None, max_tile=None
     Returns per case {"case", "triton": [calls from triton_calls], "kernels": [parse_kernel_log entries],
     "error": the compile error's first line or None, "seconds": compile time, "round_trips": mode_round_trips
     of the compiled module, "hbm_bytes": XLA's cost analysis "bytes accessed" (XLA ops only)}."""
-    import json
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="0",
                TF_CPP_VMODULE="subprocess_compilation=3,xtile_compiler=2")

@@ -22,6 +22,7 @@ the table and what it says; ``idattn.bench.gpu_model`` turns these counts into p
 """
 from __future__ import annotations
 
+import argparse
 import collections
 import dataclasses
 import glob
@@ -33,6 +34,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
+
+from idattn import atomic
+from idattn.aot import gpu
+from idattn.bench import gpu_model as G
 
 # SASS opcode (the mnemonic before the first '.') -> class. Order of the table is the order of the report.
 CLASSES = {
@@ -201,7 +207,6 @@ sys.exit(rc)
 def capturing_cuda_dir(dump: str) -> str:
     """A CUDA data folder for ``xla_gpu_cuda_data_dir`` whose bin/ptxas is a wrapper around the nvcc wheel's (PTX
     and cubins copied into `dump`); its nvvm/ (libdevice) is the wheel's."""
-    from idattn.aot import gpu
     wheel = gpu.nvcc_wheel_dir()
     if wheel is None:
         raise RuntimeError(gpu.cuda_plugin_missing() or "the nvcc wheel is missing: pip install -e '.[cuda12]'")
@@ -305,14 +310,23 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
+def _commit() -> str:
+    """The checkout's commit (with '+' when its kernels differ from it), or '?' outside a git checkout."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "idattn/ops/pallas"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return (head or "?") + ("+" if dirty else "")
+
+
 def collect(out: str, rows=None, log=print) -> dict:
     """Compiles every configuration of ``idattn.bench.gpu_model.MEASURED`` (or `rows`: (tag, (H, d_h, M), T, chunk,
     mode, options)) at 65,536 tokens, bf16, and writes {row key: compile_and_capture report} to `out` (whole, after
     every configuration, so a stop keeps what was done; a rerun skips the keys already there)."""
-    import time
-
-    from idattn import atomic
-    from idattn.bench import gpu_model as G
     rows = rows if rows is not None else [(t, s, T, L, m, G.OPTIONS.get(t, {})) for t, s, T, L, m, _, _ in G.MEASURED]
     data = json.load(open(out)) if os.path.exists(out) else {}
     for tag, (H, dh, M), T, L, mode, opts in rows:
@@ -321,7 +335,7 @@ def collect(out: str, rows=None, log=print) -> dict:
             continue
         t0 = time.time()
         rep = compile_and_capture((H, dh, M, "bfloat16", G.TOKENS // T, T, L), mode=mode, env_opts=opts)
-        rep.update(tag=tag, opts=opts, compile_s=time.time() - t0)
+        rep.update(tag=tag, opts=opts, compile_s=time.time() - t0, commit=_commit())
         data[k] = rep
         atomic.write_json(out, data, indent=1, sort_keys=True)
         log(f"{k}: {len(rep['calls'])} launches, compiled in {time.time() - t0:.0f} s")
@@ -329,17 +343,18 @@ def collect(out: str, rows=None, log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    import argparse
     if argv is None:
         argv = sys.argv[1:]
     if argv[:1] == ["collect"]:
         ap = argparse.ArgumentParser(prog="python -m idattn.aot.sass collect",
                                      description="compile every configuration the GPU cost model reads")
-        from idattn.bench import gpu_model as G
         ap.add_argument("--out", default=G.DATA)
+        ap.add_argument("--tag", default="", help="'now': the target configurations (gpu_model.target_rows) "
+                                                  "compiled from this checkout's kernels, under keys now_*; "
+                                                  "'' (default): the measured rows (gpu_model.MEASURED)")
         a = ap.parse_args(argv[1:])
         try:
-            collect(a.out)
+            collect(a.out, rows=G.target_rows(a.tag) if a.tag else None)
         except RuntimeError as e:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 1
@@ -361,7 +376,6 @@ def main(argv=None) -> int:
         return 1
     print(format_report(rep))
     if a.json:
-        from idattn import atomic
         atomic.write_json(a.json, rep, indent=1)
     return 0
 

@@ -65,6 +65,18 @@ MEASURED = (
     ("serial_fwd", (16, 128, 32), 16384, 64, "fwd", 4.64, "held-out"),
     ("serial_fwd", (16, 128, 32), 16384, 64, "fwdbwd", 14.7, "held-out"),
 )
+# The configurations the kernel targets name (forward + backward <= 4.0 ms at (16, 128, 32) for T = 1K..16K; the
+# 1.3B head shape (32, 64, 64)), compiled from the current kernels under a tag (`python -m idattn.aot.sass collect
+# --tag now`, keys now_*) and predicted beside the 2026-12-04 kernels.
+TARGET_SHAPES = (((16, 128, 32), (1024, 2048, 4096, 16384)), ((32, 64, 64), (4096, 16384)))
+TARGET_MS = 4.0  # forward + backward at (16, 128, 32)
+
+
+def target_rows(tag: str = "now") -> list:
+    """(tag, shape, T, chunk, mode, options) of every target configuration, for idattn.aot.sass.collect."""
+    return [(tag, shape, T, 64, mode, {}) for shape, Ts in TARGET_SHAPES for T in Ts for mode in ("fwd", "fwdbwd")]
+
+
 TERMS = ("c_launch", "c_path", "c_issue", "c_bar", "c_bytes", "c_glue_op", "c_glue_bytes")
 # The model (v2): a launch costs LAUNCH_US, not fitted (a kernel launch costs microseconds); the fit chooses only
 # the cost of one issued warp-instruction per scheduler (c_issue, us; x CLOCK_MHZ it is the cycles per instruction)
@@ -323,6 +335,28 @@ def beside_measured(measured: list, data: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def format_now(c: np.ndarray, data: dict, tag: str = "now") -> str:
+    """The current kernels' predicted times (compiled under `tag`) beside the 2026-12-04 kernels' (measured, and
+    predicted by the same constants), for every target configuration; '' when none is collected."""
+    measured = {(tuple(sh), T, m): ms for t, sh, T, L, m, ms, _ in MEASURED if t == "main"}
+    lines = []
+    for _, shape, T, L, mode, _ in target_rows(tag):
+        now = data.get(key(tag, shape, T, L, mode))
+        if now is None:
+            continue
+        old = data.get(key("main", shape, T, L, mode))
+        ms = measured.get((tuple(shape), T, mode))
+        lines.append(f"| {tuple(shape)} | {T} | {mode} | {'-' if ms is None else f'{ms:.2f}'} | "
+                     f"{'-' if old is None else f'{predict_ms(old, c):.2f}'} | {predict_ms(now, c):.2f} | "
+                     f"{len([x for x in now['calls'] if x.get('name')])} | {now.get('commit', '?')} |")
+    if not lines:
+        return ""
+    return "\n".join([f"Target: forward + backward <= {TARGET_MS} ms at (16, 128, 32). Model times are predictions.", "",
+                      "| (H, d_h, M) | T | mode | 2026-12-04 kernels, measured ms (H200) | 2026-12-04 kernels, model "
+                      "ms | current kernels, model ms | launches | compiled at |", "|---|---|---|---|---|---|---|---|"]
+                     + lines)
+
+
 def format_table(c: np.ndarray, rows: list[dict]) -> str:
     lines = [f"Constants (us; c_launch = {LAUNCH_US:g} fixed, {' and '.join(FITTED)} fitted on the 'fit' rows): "
              + ", ".join(f"{t} = {v:.4g}" for t, v in zip(TERMS, c) if v)
@@ -355,6 +389,9 @@ def main(argv=None) -> int:
     if held:
         print(f"\nheld-out rows: mean |error| {100 * np.mean(held):.0f}%, max {100 * max(held):.0f}% "
               f"({sum(e <= 0.30 for e in held)} of {len(held)} within 30%)")
+    now = format_now(c, data)
+    if now:
+        print("\n" + now)
     if os.path.exists(a.fla):
         fla = load(a.fla)
         print("\n" + format_fla(c, fla))

@@ -212,6 +212,16 @@ def o_fwd(w, zv, X, tb: Tabs, mk: Masks, dot: Dots):
     return o + dot(a, zv)
 
 
+def o_fwd_scaled(qu, zv, X, tb: Tabs, mk: Masks, dot: Dots):
+    """o_fwd with its per-token factors formed outside the kernel (``gpu.prescale_fwd_o``): qu = (q, u) planes
+    [L, M] in the compute dtype, q = w∘pt and u = cm·w∘pin, so the chunk's work is three products and the mask:
+    o = Re(u·Xv) + mask(Re(q·Psᵀ))·ZV."""
+    (qr, qi), (ur, ui) = qu
+    o = dot(ur, X[0]) - dot(ui, X[1])
+    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
+    return o + dot(a, zv)
+
+
 # --------------------------------------------------------------------------------------------------------------
 # backward
 

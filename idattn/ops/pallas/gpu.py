@@ -82,9 +82,11 @@ TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
 # trips: at (16, 128, 32) bf16 it cut bwd_p's spills from 1006 to 612 B and bwd_o's from 2334 to 1540 B.
 # Keys: a tuning kind, or a kernel kind, which takes precedence. fwd_o and scan_rev split their features across
-# programs for free: fwd_o at 32 wide (with the saved states, bf16 (32, 64, 64): 524 -> 236 B of spills) and
-# scan_rev at 64 (d_h = 96 padded to 128: two programs instead of one).
-MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o": 64 * 32, "scan_rev": 64 * 64}
+# programs for free: fwd_o at 64 wide since it reads its per-token factors formed in XLA (op.GPU_PRESCALED_MODES;
+# at 32 wide before, when it formed them: bf16 (32, 64, 64) spilled 524 -> 236 B; at (16, 128, 32) bf16 the
+# 64-wide loop is 776 instructions for two 32-wide blocks' 2 x 822, none spilled; 128 wide spills) and scan_rev
+# at 64 (d_h = 96 padded to 128: two programs instead of one).
+MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o": 64 * 64, "scan_rev": 64 * 64}
 # The largest [M, N] state block (modes x feature block, in elements) a program of a kind carries across its
 # chunk loop in registers (two float32 planes). fwd_p at M = 64 with d_h = 96 padded to 128 spilled 12 B per
 # thread holding [2, 64, 128]; with two feature blocks of 64 it holds none, and fwd_mix adds the two partial
@@ -417,13 +419,16 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
     return w, (res.pop(0) if write_p else None)
 
 
-def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None, states=None):
+def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None, states=None,
+          prescaled=False):
     """o [B, T, H, D] and Xv_T [B, H, 2, M, D] (and xs [B, H, NC, 2, M, D] with ``save_sdt``, else None) from
     the per-token mode vectors w [B, T, H, 2, M] (fwd_p's mixed w; or p itself when there is no mixing matrix,
-    then conjugated here when ``conj``). ``states``: the chunk-parallel readout as in fwd_p; returns (o,)."""
+    then conjugated here when ``conj``). ``states``: the chunk-parallel readout as in fwd_p; returns (o,).
+    ``prescaled``: w is ``prescale_fwd_o``'s [B, T, H, 4, M] (q, u): the conjugation, cm and the tables already
+    applied (conj is then ignored)."""
     if states is not None:
         return _readout("fwd_o", (w, zv), tabs, states, segs, L=L, plan=plan, cdt=cdt, out_dtype=out_dtype,
-                        interpret=interpret, conj=conj)
+                        interpret=interpret, conj=conj, prescaled=prescaled)
     tabs = expand_tables(tabs)
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
@@ -444,9 +449,12 @@ def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, sa
             if save_sdt is not None:
                 outs[2][bi, h, c, 0, :, ds_] = X[0].astype(outs[2].dtype)
                 outs[2][bi, h, c, 1, :, ds_] = X[1].astype(outs[2].dtype)
-            wc, _ = C.mix_fwd(_modes(w_r, bi, ts, h), None, conj, dot)
             v = zv_r[bi, ts, h, ds_]
-            o = C.o_fwd(wc, v, X, tb, mk, dot)
+            if prescaled:
+                o = C.o_fwd_scaled(_qu(w_r, bi, ts, h), v, X, tb, mk, dot)
+            else:
+                wc, _ = C.mix_fwd(_modes(w_r, bi, ts, h), None, conj, dot)
+                o = C.o_fwd(wc, v, X, tb, mk, dot)
             o_r[bi, ts, h, ds_] = o.astype(o_r.dtype)
             return C.carry_fwd(v, X, tb, mk, dot)
 
@@ -503,7 +511,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
     return (res[0], res[1]) if final else res[0]
 
 
-def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, conj=False):
+def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, conj=False, prescaled=False):
     """The chunk-parallel forward readout (fla's chunk_fwd_o after chunk_fwd_h): fwd_p's p [nRB, B, T, H, 2, M]
     from (fq, zk) or fwd_o's o [B, T, H, D] from (w, zv), every chunk reading its incoming state from xs
     [B, H, NC, 2, M, N] (scan_fwd's, dtype sdt) instead of carrying it. Grid (B, H, feature blocks x chunk
@@ -534,6 +542,8 @@ def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, c
                 pr, pi = C.p_fwd(a_r[bi, ts, h, ns], zc, X, tb, mk, dot)
                 out_r[fb, bi, ts, h, 0, :] = pr.astype(out_r.dtype)
                 out_r[fb, bi, ts, h, 1, :] = pi.astype(out_r.dtype)
+            elif prescaled:
+                out_r[bi, ts, h, ns] = C.o_fwd_scaled(_qu(a_r, bi, ts, h), zc, X, tb, mk, dot).astype(out_r.dtype)
             else:
                 wc, _ = C.mix_fwd(_modes(a_r, bi, ts, h), None, conj, dot)
                 out_r[bi, ts, h, ns] = C.o_fwd(wc, zc, X, tb, mk, dot).astype(out_r.dtype)
@@ -547,6 +557,60 @@ def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, c
     return _call(kernel, out, (B, H, nb * NG), interpret, plan, kind + "_readout")(*args)
 
 
+def _qu(ref, bi, ts, h):
+    """prescale_fwd_o's (q, u) planes [L, M] of one chunk, in the dtype they were written in."""
+    return (ref[bi, ts, h, 0, :], ref[bi, ts, h, 1, :]), (ref[bi, ts, h, 2, :], ref[bi, ts, h, 3, :])
+
+
+def _scale_per_token(g, weights, cm, *, L, cdt, cm_rows):
+    """out[b, t, h, k, m] = cm_k · (g_re·W[k, 0] + g_im·W[k, 1]) with W = ``weights`` [K, 2, L, H, M] float32 (a
+    real 2-vector's image under K rows of per-position, per-mode coefficients, j = t mod L), cm [B, T, 1] or None
+    applied to the rows in ``cm_rows``. Written as broadcast products so that XLA forms it in one elementwise
+    pass (no stack of planes: in float32 that was a second pass); ``g`` passes an optimization barrier so that
+    its float32 conversion is not shared with another pass over the same tensor (the forward's and the
+    backward's factors of w), which XLA would otherwise write to HBM in float32 between them."""
+    g = lax.optimization_barrier(g)
+    B, T, H, _, M = g.shape
+    NC = T // L
+    gr = g[:, :, :, 0:1, :].astype(F32).reshape(B, NC, L, H, 1, M)
+    gi = g[:, :, :, 1:2, :].astype(F32).reshape(B, NC, L, H, 1, M)
+    w = jnp.transpose(weights, (2, 3, 0, 1, 4))  # [L, H, K, 2, M]
+    out = gr * w[:, :, :, 0, :] + gi * w[:, :, :, 1, :]  # [B, NC, L, H, K, M]
+    if cm is not None:
+        rows = jnp.asarray([k in cm_rows for k in range(weights.shape[0])])[:, None]  # [K, 1]
+        out = out * jnp.where(rows, cm.reshape(B, NC, L, 1, 1, 1), 1.0)
+    return out.reshape(B, T, H, weights.shape[0], M).astype(cdt)
+
+
+def _cmul_weights(tr, ti, conj_table=False, conj_g=False):
+    """W [2, 2, ...] of z ↦ z·t (or z·conj(t) with conj_table), z conjugated first with conj_g: rows (re, im)
+    of the result, columns the coefficients of (z_re, z_im)."""
+    if conj_table:
+        ti = -ti
+    w = jnp.stack([jnp.stack([tr, -ti]), jnp.stack([ti, tr])])
+    return w.at[:, 1].multiply(-1.0) if conj_g else w
+
+
+def _by_position(w):
+    """[K, 2, H, L, M] -> [K, 2, L, H, M]."""
+    return jnp.swapaxes(w, 2, 3)
+
+
+def prescale_fwd_o(g, tabs, segs, *, L, conj, cdt):
+    """fwd_o's per-token factors formed once per token in XLA (one elementwise pass) instead of once per chunk and
+    feature block in the kernel:
+
+        q_t = pt_{t mod L} ∘ g'_t,    u_t = cm_t · pin_{t mod L} ∘ g'_t,
+
+    g' = conj(g) if ``conj`` else g, pt_j = lam^(j−μ), pin_j = lam^(j+1). g [B, T, H, 2, M] (T a multiple of L);
+    returns [B, T, H, 4, M] in ``cdt``: q's planes then u's, the dot operands the kernel would have cast them to."""
+    tabs = expand_tables(tabs)
+    pt, pin = tabs[1], tabs[2]  # [H, 2, L, M]
+    w = jnp.concatenate([_cmul_weights(pt[:, 0], pt[:, 1], conj_g=conj),
+                         _cmul_weights(pin[:, 0], pin[:, 1], conj_g=conj)])  # [4, 2, H, L, M]
+    return _scale_per_token(g, _by_position(w), None if segs is None else segs[1], L=L, cdt=cdt, cm_rows=(2, 3))
+
+
 def prescale_rev(g, tabs, segs, *, L, conj, cdt):
     """The adjoint scan's per-token factor, formed once per token in XLA (one elementwise pass at memory speed)
     instead of once per chunk and feature block in the kernel, where the complex product with the [L, M] table
@@ -556,19 +620,9 @@ def prescale_rev(g, tabs, segs, *, L, conj, cdt):
 
     g [B, T, H, 2, M] (T a multiple of L, M the padded modes); returns gs [B, T, H, 2, M] in ``cdt`` (the dot
     operand the kernel would have cast it to). ``scan_rev(..., prescaled=True)`` reads it."""
-    tabs = expand_tables(tabs)
-    B, T, H, _, M = g.shape
-    NC = T // L
-    gr = g[:, :, :, 0, :].astype(F32).reshape(B, NC, L, H, M)
-    gi = g[:, :, :, 1, :].astype(F32).reshape(B, NC, L, H, M)
-    if conj:
-        gi = -gi
-    pin = jnp.transpose(tabs[2], (1, 2, 0, 3))  # [H, 2, L, M] -> [2, L, H, M]
-    ur, ui = C.cmul_conj(gr, gi, pin[0], pin[1])
-    if segs is not None:
-        cm = segs[1].reshape(B, NC, L, 1, 1)
-        ur, ui = ur * cm, ui * cm
-    return jnp.stack([ur.reshape(B, T, H, M), ui.reshape(B, T, H, M)], axis=3).astype(cdt)
+    pin = expand_tables(tabs)[2]  # [H, 2, L, M]
+    w = _cmul_weights(pin[:, 0], pin[:, 1], conj_table=True, conj_g=conj)  # [2, 2, H, L, M]
+    return _scale_per_token(g, _by_position(w), None if segs is None else segs[1], L=L, cdt=cdt, cm_rows=(0, 1))
 
 
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,

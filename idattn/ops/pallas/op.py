@@ -247,14 +247,18 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
             w = None if w is None else w[0]
         p = None if p is None else p[0]
         g, gconj = (p, cfg.conj) if w is None else (w, False)
+        pre = GPU_PRESCALED_MODES
+        if pre:  # fwd_o's per-token factors w∘pt and cm·w∘pin formed in XLA (gpu.prescale_fwd_o)
+            g, gconj = K.prescale_fwd_o(g, tabs, sg, L=cfg.L, conj=gconj, cdt=cfg.cdt), False
         if par:
             xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **scan_kw)
-            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv, **read_kw)[0]
+            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv,
+                        prescaled=pre, **read_kw)[0]
             if not cfg.save_states:
                 xsk = xsv = None  # the backward recomputes them (memory, as asked)
         else:
             o, xvt, xsv = _ForwardOut.of(K.fwd_o(g, zv, tabs, xv0, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt,
-                                                 **kw))
+                                                 prescaled=pre, **kw))
     else:
         p_parts, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
         p = _add_partials(p_parts)
@@ -336,6 +340,9 @@ GPU_PARALLEL_FWD_MIN_T = 8192
 # from 1,081-1,145 instructions to 159 and from 100 registers to 64 (docs/kernels.md, "Where the time goes").
 # False: the kernel forms it (the form the 2026-12-04 device run measured).
 GPU_PRESCALED_SCAN = True
+# The same for the GPU forward's O-half: fwd_o reads q = w∘pt and u = cm·w∘pin formed in XLA
+# (gpu.prescale_fwd_o) instead of forming them per chunk and feature block. False: the 2026-12-04 form.
+GPU_PRESCALED_MODES = True
 
 
 def _env_save_states():
