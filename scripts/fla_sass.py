@@ -20,7 +20,7 @@ configuration fla offers on Hopper (its lists, reproduced below) is compiled and
 the model's prediction is given for the configuration it rates fastest and for the slowest.
 
 Needs torch (CPU is enough), triton and fla-core in the running Python; not a dependency of the package (run it
-from a separate environment: `pip install torch triton fla-core numpy`). Exits 2 with one line if they are missing.
+from a separate environment: `pip install torch triton fla-core numpy jax`). Exits 2 with one line if they are missing.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from idattn.aot import sass as S  # noqa: E402  (stdlib only: the SASS reader)
+S = None  # idattn.aot.sass, the SASS reader (imported in main, after the check that jax is here)
 
 H, K, V, BT, TOKENS = 16, 128, 128, 64, 65536
 
@@ -139,13 +139,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=os.path.join(ROOT, "idattn", "bench", "fla_kernels.json"))
     ap.add_argument("--quick", action="store_true", help="one configuration per kernel (a smoke run)")
     a = ap.parse_args(argv)
+    global S
     try:
         import triton
         from triton.backends.compiler import GPUTarget
         import fla
+        from idattn.aot import sass as S
     except ImportError as e:
         print(f"error: {e.name} is not installed here: run this from an environment with torch, triton and "
-              f"fla-core (pip install torch triton fla-core numpy)")
+              f"fla-core (pip install torch triton fla-core numpy jax: the SASS reader, idattn.aot.sass, imports jax)")
         return 2
     target = GPUTarget("cuda", 90, 32)
     out = {"source": f"fla-core {getattr(fla, '__version__', '?')}, triton {triton.__version__}, sm_90a, "
