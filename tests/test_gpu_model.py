@@ -1,6 +1,6 @@
 """idattn.bench.gpu_model: the features it reads from a compiled configuration (programs, occupancy, waves,
 iterations, barriers, bytes), its fit (exact constants come back from times made with them; a constant that would be
-negative is held at 0), and the committed table in docs/kernels.md is what the committed kernel data give."""
+negative is held at 0), and the committed table in docs/kernels-results.md is what the committed kernel data give."""
 import os
 
 import numpy as np
@@ -89,11 +89,11 @@ def test_the_committed_model_table_is_the_committed_data():
         pytest.fail(f"{G.DATA} is missing: python -m idattn.aot.sass collect")
     c, rows = G.evaluate(G.load())
     table = G.format_table(c, rows)
-    doc = open(os.path.join(REPO, "docs", "kernels.md")).read()
-    assert table in doc, "docs/kernels.md's cost-model table is stale: paste `python -m idattn.bench gpu`'s table"
+    doc = open(os.path.join(REPO, "docs", "kernels-results.md")).read()
+    assert table in doc, "docs/kernels-results.md's model table is stale: paste `python -m idattn.bench gpu`'s table"
     assert all(r["predicted"] is not None for r in rows), "a measured row has no collected kernel data"
     fla = G.format_fla(c, G.load(G.FLA_DATA))
-    assert fla in doc, "docs/kernels.md's fla table is stale: paste `python -m idattn.bench gpu`'s fla table"
+    assert fla in doc, "docs/kernels-results.md's fla table is stale: paste `python -m idattn.bench gpu`'s fla table"
 
 
 @pytest.mark.slow  # the operator's fwd+bwd in Pallas' interpreter, each launch alone (~1.5 min here)

@@ -17,8 +17,8 @@ cubin is disassembled (``cuobjdump -sass``) and read per kernel:
   - the launch grid and warps from the compiled HLO's Triton calls.
 
 ``cuobjdump`` and ``nvdisasm`` come with Triton's wheel (``triton/backends/nvidia/bin``; ``pip install triton``,
-CPU-only hosts included), or from PATH / ``IDATTN_CUOBJDUMP``. docs/kernels.md, "What the hardware runs", holds
-the table and what it says; ``idattn.bench.gpu_model`` turns these counts into predicted times.
+CPU-only hosts included), or from PATH / ``IDATTN_CUOBJDUMP``. docs/kernels-results.md, "What the compiled
+kernels use", holds the table and what it says; ``idattn.bench.gpu_model`` turns these counts into predicted times.
 """
 from __future__ import annotations
 

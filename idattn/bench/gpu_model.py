@@ -21,8 +21,8 @@ load), c_issue the time per instruction slot of one of the SM's four schedulers.
 relative error, on the first device run's main rows (2026-12-04, H200, bf16, 65,536 tokens, ``MEASURED`` below,
 role "fit") and then predict the rows of that day the fit never saw (role "held-out": ``save_states`` off, chunk
 128, the serial forward at 16K). Every time this prints for a configuration without a measured row is a
-prediction and says so. What the fitted constants mean and where the model misses: docs/kernels.md, "Where the
-time goes".
+prediction and says so. What the fitted constants mean and where the model misses: docs/kernels-results.md,
+"Where the time goes".
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ TOKENS = 65536
 SERIAL = ("idattn_fwd_p", "idattn_fwd_o", "idattn_scan_fwd", "idattn_scan_rev")
 BWD_TARGET_PROGRAMS = 512  # idattn.ops.pallas.gpu.BWD_TARGET_PROGRAMS (chunk groups of the parallel kernels)
 
-# The first device run (docs/kernels.md, "Measured on an H200", 2026-12-04): H200, jax 0.11.2 (CUDA 13 plugin),
+# The first device run (docs/kernels-results.md, "Measured on an H200", 2026-12-04): H200, jax 0.11.2 (CUDA 13 plugin),
 # code 16957a3, bf16, 65,536 tokens per batch, median ms. (tag, (H, d_h, M), T, chunk, mode, ms, role)
 MEASURED = (
     ("main", (16, 128, 32), 1024, 64, "fwd", 4.028, "fit"),
@@ -81,7 +81,8 @@ TERMS = ("c_launch", "c_path", "c_issue", "c_bar", "c_bytes", "c_glue_op", "c_gl
 # The model (v2): a launch costs LAUNCH_US, not fitted (a kernel launch costs microseconds); the fit chooses only
 # the cost of one issued warp-instruction per scheduler (c_issue, us; x CLOCK_MHZ it is the cycles per instruction)
 # and of XLA's bytes. v1 fitted all seven terms freely and came out at 594 us per launch and 208 us per global GB:
-# within 30% of our held-out rows, but 84-152% above fla's measured times (docs/kernels.md, "Where the time goes").
+# within 30% of our held-out rows, but 84-152% above fla's measured times (docs/kernels-results.md, "Where the
+# time goes").
 LAUNCH_US = 5.0
 FITTED = ("c_issue", "c_glue_bytes")
 CLOCK_MHZ = 1980.0  # H200 / H100 SXM boost clock: c_issue x CLOCK_MHZ = cycles per issued instruction
@@ -351,7 +352,8 @@ def format_now(c: np.ndarray, data: dict, tag: str = "now") -> str:
                      f"{len([x for x in now['calls'] if x.get('name')])} | {now.get('commit', '?')} |")
     if not lines:
         return ""
-    return "\n".join([f"Target: forward + backward <= {TARGET_MS} ms at (16, 128, 32). Model times are predictions.", "",
+    head = f"Target: forward + backward <= {TARGET_MS} ms at (16, 128, 32). Model times are predictions."
+    return "\n".join([head, "",
                       "| (H, d_h, M) | T | mode | 2026-12-04 kernels, measured ms (H200) | 2026-12-04 kernels, model "
                       "ms | current kernels, model ms | launches | compiled at |", "|---|---|---|---|---|---|---|---|"]
                      + lines)

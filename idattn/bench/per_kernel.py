@@ -8,7 +8,8 @@ compiled alone and timed on random operands of those shapes (the kernels have no
 so the values do not change their time; integer operands are zeros: one document). The sum over launches beside
 the whole program's time (``idattn.bench.op``) is what XLA's ops around the kernels cost. The first device run
 measured only whole programs (3-10 launches each), which a cost model cannot split into kernels
-(``idattn.bench.gpu_model``; docs/kernels.md, "Where the time goes"); these rows can. Imports only jax and numpy.
+(``idattn.bench.gpu_model``; docs/kernels-results.md, "Where the time goes"); these rows can. Imports only jax
+and numpy.
 """
 from __future__ import annotations
 

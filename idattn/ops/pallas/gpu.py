@@ -70,7 +70,7 @@ def _compiler_params(num_warps, num_stages):
 # (num_warps, num_stages) per kernel kind, the defaults ``choose`` starts from. 8 warps everywhere: a program's
 # live tiles (the [2, M, N] state, the [L, M] tables, [L, L] and [L, N] products) then spread over 256 threads,
 # which the deviceless sm_90a compile measured as fewer spills than 4 warps for every forward and scan kernel
-# (docs/kernels.md, "What the compiled kernels use"). num_stages > 1 lets Triton prefetch the next chunk's loads
+# (docs/kernels-results.md, "What the compiled kernels use"). num_stages > 1 lets Triton prefetch the next chunk's loads
 # inside the fori_loop; ``choose`` lowers it to 1, then halves the feature block, until the kernel's
 # shared-memory estimate fits the card. The backward kernels start at 1 stage: they read each table at every
 # use (LoadTabs), and pipelining those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for
@@ -690,7 +690,7 @@ def _store_flat_acc(row_r, col_r, bi, h, c, acc, ms):
 
 
 # The backward kernels walk the modes in blocks of this many (o_bwd_modes / p_bwd_modes): at M = 64 their
-# [L, M] epilogue tiles took most of the register file (docs/kernels.md, "What the compiled kernels use")
+# [L, M] epilogue tiles took most of the register file (docs/kernels-results.md, "What the compiled kernels use")
 MODE_BLOCK = 32
 
 

@@ -337,7 +337,7 @@ def _planes(z):
 GPU_PARALLEL_FWD_MIN_T = 8192
 # The GPU backward's adjoint scans read their per-token factor cm·conj(pin)∘g formed in XLA (gpu.prescale_rev)
 # instead of forming it per chunk and feature block: compiled for sm_90a (bf16, chunk 64, M = 32) the loop falls
-# from 1,081-1,145 instructions to 159 and from 100 registers to 64 (docs/kernels.md, "Where the time goes").
+# from 1,081-1,145 instructions to 159 and from 100 registers to 64 (docs/kernels-results.md, "Where the time goes").
 # False: the kernel forms it (the form the 2026-12-04 device run measured).
 GPU_PRESCALED_SCAN = True
 # The same for the GPU forward's O-half: fwd_o reads q = w∘pt and u = cm·w∘pin formed in XLA
