@@ -135,7 +135,7 @@ def collect(todo, out_path: str) -> int:
     import shutil
     import tempfile
     sys.path.insert(0, REPO)
-    from idattn.studies.repro_runs import archive_runs, read_marker, run_dirs
+    from idattn.studies.runcache import archive_runs, read_marker, run_dirs
     with tempfile.TemporaryDirectory() as tmp:
         n = 0
         for _, _, root in todo:
@@ -157,7 +157,7 @@ def merge(device_record: str, record: str) -> None:
     sys.path.insert(0, REPO)
     import tempfile
 
-    from idattn.studies.repro_runs import archive_runs, restore_runs
+    from idattn.studies.runcache import archive_runs, restore_runs
     data = json.load(open(device_record))
     for files in data["runs"].values():
         marker = json.loads(files["repro.json"])

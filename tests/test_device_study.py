@@ -6,7 +6,7 @@ import importlib.util
 import json
 import os
 
-from idattn.studies import repro_runs as R
+from idattn.studies import runcache as cache
 from idattn.studies.ladder import _devices_note
 
 _SPEC = importlib.util.spec_from_file_location(
@@ -17,7 +17,7 @@ _SPEC.loader.exec_module(DS)
 
 def _run(root, size, mixer, seed, **marker):
     wd = os.path.join(root, "runs", size, "lm", f"{mixer}-paper-s{seed}")
-    R.write_marker(wd, dict({"status": "done", "src": "h0", "mixer": mixer, "dt": "paper", "seed": seed,
+    cache.write_marker(wd, dict({"status": "done", "src": "h0", "mixer": mixer, "dt": "paper", "seed": seed,
                              "size": size}, **marker))
     os.makedirs(os.path.join(wd, "eval"), exist_ok=True)
     with open(os.path.join(wd, "eval", "ppl.json"), "w") as f:
@@ -29,15 +29,15 @@ def test_collect_returns_only_device_runs_and_merge_keeps_the_record(tmp_path, m
     record = str(tmp_path / "record.json")
     old = str(tmp_path / "old")
     _run(old, "climb96", "softmax", 0)  # a CPU-era run: no trained_on
-    R.archive_runs(old, record)
+    cache.archive_runs(old, record)
     roots = []
     for seed in (0, 1):  # two jobs, each restored from the record, one finishing a device run
         root = str(tmp_path / f"job{seed}")
-        R.restore_runs(record, root)
+        cache.restore_runs(record, root)
         _run(root, "climb192", "softmax", seed, trained_on="gpu:NVIDIA H200",
              fingerprint={"src": "h0", "version": 1, "values": [1.0]})
         _run(root, "climb128", "softmax", seed, trained_on="cpu:cpu")  # e.g. a CPU host's test of the script
-        R.write_marker(os.path.join(root, "runs", "climb192", "lm", f"interdomain-paper-s{seed}"),
+        cache.write_marker(os.path.join(root, "runs", "climb192", "lm", f"interdomain-paper-s{seed}"),
                        {"status": "training", "trained_on": "gpu:NVIDIA H200"})  # stopped at the deadline: lost
         roots.append(("job", [], root))
     out = str(tmp_path / "device-runs.json")
@@ -67,11 +67,11 @@ def test_jobs_and_the_ladder_note():
 
 def test_a_record_under_other_model_code_is_refused(tmp_path):
     root, record = str(tmp_path / "r"), str(tmp_path / "rec.json")
-    _run(root, "climb96", "softmax", 0, src=R.source_hash())
-    R.archive_runs(root, record)
+    _run(root, "climb96", "softmax", 0, src=cache.source_hash())
+    cache.archive_runs(root, record)
     assert DS.stale_runs(record) == []
     _run(root, "climb96", "softmax", 1, src="0ldc0de000")  # trained before a model-code edit, not re-verified
-    R.archive_runs(root, record)
+    cache.archive_runs(root, record)
     assert DS.stale_runs(record) == ["runs/climb96/lm/softmax-paper-s1"]
 
 

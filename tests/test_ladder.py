@@ -9,14 +9,14 @@ import os
 import pytest
 
 from idattn.rundir.schema import write_result
-from idattn.studies import ladder, repro_runs as runs, repro_verdicts as verdicts
+from idattn.studies import ladder, repro_runs as runs, repro_verdicts as verdicts, runcache as cache
 
 
 def _fake_run(ctx, mixer, seed, ppl, params=400_000):
     wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
     L = ctx.train_len()
     steps = int(ctx.exp.SIZES[ctx.size]["num_steps"])
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "steps": steps, "params": params,
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "steps": steps, "params": params,
                            "mixer": mixer, "seed": seed, "size": ctx.size, "train_s": 60.0})
     write_result(wd, "extrapolation", steps, {f"ppl@{L}": ppl}, run={"mixer": mixer, "seed": seed},
                  protocol=runs.ppl_protocol(ctx, L))
@@ -25,10 +25,10 @@ def _fake_run(ctx, mixer, seed, ppl, params=400_000):
 def _build(root, log_ratio_a, sizes=None, noise=(0.0, 0.01, -0.01)):
     """Runs where ln(S4D-only / Interdomain) at ladder point i is log_ratio_a[i] + noise[seed]; every seed has
     its own difficulty (a common factor), which the pairing removes."""
-    exp = runs.load_experiment()
+    exp = cache.experiment
     sizes = sizes or exp.LADDER
     for i, size in enumerate(sizes):
-        ctx = runs.Ctx(root, size, (0, 1, 2), render_only=True, keep_stale=False)
+        ctx = cache.Ctx(root, size, (0, 1, 2), render_only=True, keep_stale=False)
         params = 100_000 * 2 ** i  # any increasing sizes: the table reads them from the run markers
         for s in (0, 1, 2):
             base = 60.0 * (1 + 0.3 * s) / (1 + i)  # the seed moves perplexity by 30%; the size lowers it
@@ -38,7 +38,7 @@ def _build(root, log_ratio_a, sizes=None, noise=(0.0, 0.01, -0.01)):
 
 
 def _table(root):
-    ctx = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    ctx = cache.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
     return ladder.table_ladder(ctx), open(os.path.join(root, "ladder.md")).read()
 
 
@@ -52,7 +52,7 @@ def test_ladder_trend_has_a_sign_when_the_ratio_moves_with_compute(tmp_path):
     assert tr["points"] == 3 and tr["n"] == 9 and tr["sign"] == "+" and tr["lo"] > 0
     # slope per decade of compute: the points' compute from 6 x params x tokens
     flops = [p["flops"] for p in data["points"]]
-    exp = runs.load_experiment()
+    exp = cache.experiment
     assert flops == pytest.approx([6 * 100_000 * 2 ** i * exp.ladder_tokens(z) for i, z in enumerate(exp.LADDER)])
     x = [math.log10(f) for f in flops]
     assert tr["slope"] == pytest.approx(0.2 / (x[2] - x[0]), rel=0.2)
@@ -71,7 +71,7 @@ def test_ladder_trend_undetermined_on_noise_and_absent_below_three_points(tmp_pa
     assert data["claims"]["a"]["trend"]["sign"] == "undetermined"
     assert {p["verdict"] for p in data["claims"]["a"]["points"]} == {"inconclusive at this scale"}
     root2 = str(tmp_path / "two")
-    exp = runs.load_experiment()
+    exp = cache.experiment
     _build(root2, [-0.1, 0.1], sizes=exp.LADDER[:2])
     data2, md2 = _table(root2)
     assert data2["claims"]["a"]["trend"]["sign"] is None and "it needs 3" in md2

@@ -10,7 +10,10 @@ import re
 
 import pytest
 
-from idattn.studies import repro, repro_runs as runs, repro_verdicts as verdicts
+from idattn.studies import claims, code_hash, repro, repro_recall, repro_runs as runs, repro_verdicts as verdicts
+from idattn.studies import runcache as cache
+from idattn.studies.runcache import Table
+from idattn.studies.tables import TABLES
 from idattn.eval import paper_numbers as P
 
 
@@ -38,7 +41,7 @@ def _run_ppl(root, extra=()):
 def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     root = str(tmp_path)
     data, md = _run_ppl(root, ["--only=interdomain", "--train_dt=paper"])  # one run: the smoke stays short
-    exp = runs.load_experiment()
+    exp = cache.experiment
     assert data["primary_dt"] == exp.PRIMARY_DT
     rows = {(r["mixer"], r["dt"]): r for r in data["rows"]}
     md_rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines()
@@ -63,7 +66,7 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
         assert line[1] == f"{dt} [{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
         assert line[3] == f"{v:.2f}" and line[4] == f"{v:.2f}"
         # the trainer really ran: 4 steps checkpointed, parameters counted by the trainer in the marker
-        marker[dt] = json.load(open(os.path.join(wd, runs.MARKER)))
+        marker[dt] = json.load(open(os.path.join(wd, cache.MARKER)))
         assert marker[dt]["status"] == "done" and marker[dt]["steps"] == 4 and marker[dt]["params"] > 0
         assert marker[dt]["dt_range"] == [cfg.model.dt_min, cfg.model.dt_max]
         assert os.path.isdir(os.path.join(wd, "checkpoints", "4"))
@@ -74,7 +77,7 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     assert "Not available yet" in md
     # the paper column is idattn.eval.paper_numbers, in the JSON and in the Markdown
     for line in md_rows:
-        m = {v: k for k, v in runs.LABEL.items()}[line[0]].partition("+")[0]  # a variant: its mixer's paper row
+        m = {v: k for k, v in claims.LABEL.items()}[line[0]].partition("+")[0]  # a variant: its mixer's paper row
         assert line[8] == f"{P.VAL_PPL['125m'][m]:.2f}"
         assert line[9] == f"{P.VAL_PPL['125m'][m] / P.VAL_PPL['125m']['softmax']:.3f}"
     for r in data["rows"]:
@@ -89,25 +92,25 @@ def test_ppl_table_toy_numbers_match_run_files_and_paper(tmp_path):
     # rerun: the finished runs are reused (not retrained, not re-evaluated)
     mtime = os.path.getmtime(files[0])
     data2, _ = _run_ppl(root, ["--only=interdomain", "--train_dt=paper"])
-    assert json.load(open(os.path.join(wd, runs.MARKER)))["train_s"] == marker["paper"]["train_s"]
+    assert json.load(open(os.path.join(wd, cache.MARKER)))["train_s"] == marker["paper"]["train_s"]
     assert os.path.getmtime(files[0]) == mtime
     assert [r["ppl_per_seed"] for r in data2["rows"]] == [r["ppl_per_seed"] for r in data["rows"]]
 
 
 def test_changed_code_reuses_only_runs_that_still_compute_the_same(tmp_path):
     wd = str(tmp_path / "run")
-    runs.write_marker(wd, {"src": "old", "status": "done"})
-    assert runs.check_reuse(wd, "old", False)["status"] == "done"
-    assert runs.check_reuse(wd, "new", True)["stale"] is True and os.path.isdir(wd)
+    cache.write_marker(wd, {"src": "old", "status": "done"})
+    assert cache.check_reuse(wd, "old", False)["status"] == "done"
+    assert cache.check_reuse(wd, "new", True)["stale"] is True and os.path.isdir(wd)
     # same function under the new code: reused and re-stamped
-    assert runs.check_reuse(wd, "new", False, verify=lambda: (True, "same"))["src"] == "new"
-    assert json.load(open(os.path.join(wd, runs.MARKER)))["src"] == "new"
+    assert cache.check_reuse(wd, "new", False, verify=lambda: (True, "same"))["src"] == "new"
+    assert json.load(open(os.path.join(wd, cache.MARKER)))["src"] == "new"
     # another function: moved aside, nothing reused
-    assert runs.check_reuse(wd, "newer", False, verify=lambda: (False, "ppl differs")) == {}
+    assert cache.check_reuse(wd, "newer", False, verify=lambda: (False, "ppl differs")) == {}
     assert not os.path.exists(wd) and os.path.isdir(wd + ".stale-new")
     # an unfinished run under other code is never resumed
-    runs.write_marker(wd, {"src": "old", "status": "training"})
-    assert runs.check_reuse(wd, "new", False, verify=lambda: (True, "same")) == {}
+    cache.write_marker(wd, {"src": "old", "status": "training"})
+    assert cache.check_reuse(wd, "new", False, verify=lambda: (True, "same")) == {}
     assert os.path.isdir(wd + ".stale-old")
 
 
@@ -238,12 +241,14 @@ def test_table_names_are_the_ones_of_idattn_results():
     heads = dict(re.findall(r'"### ((?:Table|Fig\.) \d+): ([^("]+)', inspect.getsource(results)))
     topic = {"ppl": "validation perplexity", "length": "length extrapolation", "cube": "mechanism cube",
              "recall": "recall"}
-    for table, name in repro.PAPER_TABLE.items():
-        assert topic[table] in heads[name], (name, heads[name])
-        title = repro.TITLES[table].format(L=256, dt="paper")
+    for table in (t for t in TABLES.values() if t.paper):
+        name = table.paper
+        assert topic[table.name] in heads[name], (name, heads[name])
+        title = table.title.format(L=256, dt="paper")
         assert title.startswith(name + " ") or title.startswith(name + ":"), title
-        assert topic[table] in title, title
-    assert not any("Tables 2 / 8" in t or "Table 2 / Fig. 2" in t for t in repro.TITLES.values())
+        assert topic[table.name] in title, title
+    assert {t.name for t in TABLES.values() if t.paper} == set(topic)
+    assert not any("Tables 2 / 8" in t.title or "Table 2 / Fig. 2" in t.title for t in TABLES.values())
 
 
 def test_toy_help_states_a_measured_duration_in_minutes(capsys):
@@ -255,12 +260,12 @@ def test_toy_help_states_a_measured_duration_in_minutes(capsys):
 
 
 def test_recipe_has_at_least_three_seeds():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     assert all(len(v) >= verdicts.MIN_SEEDS for v in exp.SEEDS.values())
 
 
 def test_scaled_dt_keeps_the_papers_dt_times_context():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     c = exp.get_config("interdomain,small,scaled,1")
     assert c.model.dt_min * c.data.seq_len == pytest.approx(1e-3 * 4096)
     assert c.model.dt_max * c.data.seq_len == pytest.approx(1e-1 * 4096)
@@ -301,27 +306,27 @@ def test_mqar_run_is_retrained_when_its_recipe_changes(tmp_path, monkeypatch):
         return {"acc": 0.25, "grid": {}, "loss": 1.0, "steps": kw["steps"], "params": {"w": [0.0]}}
 
     monkeypatch.setattr(recall, "train_mqar", fake_train)
-    ctx = runs.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
+    ctx = cache.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
     wd = ctx.mqar_dir("softmax", 0)
     recipe = ctx.exp.get_mqar_config("softmax", "toy").mqar.to_dict()
-    runs.write_marker(wd, {"src": runs.source_hash(), "status": "done", "recipe": dict(recipe, steps=1)})
-    r = runs.ensure_mqar(ctx, "softmax", 0)
+    cache.write_marker(wd, {"src": cache.source_hash(), "status": "done", "recipe": dict(recipe, steps=1)})
+    r = runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 1 and calls[0]["steps"] == recipe["steps"]
     assert r["metrics"][f"mqar@{recipe['seq_len']}x{recipe['num_kv_pairs']}/acc"] == 0.25
-    assert glob.glob(wd + ".stale-*") and json.load(open(os.path.join(wd, runs.MARKER)))["recipe"]["steps"] == \
+    assert glob.glob(wd + ".stale-*") and json.load(open(os.path.join(wd, cache.MARKER)))["recipe"]["steps"] == \
         recipe["steps"]
-    runs.ensure_mqar(ctx, "softmax", 0)  # same recipe, same code: reused
+    runs.mqar_run(ctx, "softmax", 0)  # same recipe, same code: reused
     assert len(calls) == 1
     # trained by another synthetic-task training loop (idattn.eval.synthetic): trained again, the old one kept aside
-    marker = runs.read_marker(wd)
+    marker = cache.read_marker(wd)
     assert marker["train_src"] == runs.synthetic_train_hash()
-    runs.write_marker(wd, dict(marker, train_src="0000000000"))
-    runs.ensure_mqar(ctx, "softmax", 0)
-    assert len(calls) == 2 and glob.glob(wd + ".stale-*") and runs.read_marker(wd)["train_src"] != "0000000000"
+    cache.write_marker(wd, dict(marker, train_src="0000000000"))
+    runs.mqar_run(ctx, "softmax", 0)
+    assert len(calls) == 2 and glob.glob(wd + ".stale-*") and cache.read_marker(wd)["train_src"] != "0000000000"
     # a marker from before the loop was hashed is stamped, not trained again
-    runs.write_marker(wd, {k: v for k, v in runs.read_marker(wd).items() if k != "train_src"})
-    runs.ensure_mqar(ctx, "softmax", 0)
-    assert len(calls) == 2 and runs.read_marker(wd)["train_src"] == runs.synthetic_train_hash()
+    cache.write_marker(wd, {k: v for k, v in cache.read_marker(wd).items() if k != "train_src"})
+    runs.mqar_run(ctx, "softmax", 0)
+    assert len(calls) == 2 and cache.read_marker(wd)["train_src"] == runs.synthetic_train_hash()
 
 
 def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp_path, monkeypatch):
@@ -350,20 +355,20 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
         return {"acc": acc, "grid": grid, "loss": 1.0, "steps": kw["steps"], "params": params}
 
     monkeypatch.setattr(recall, "train_mqar", fake_train)
-    ctx = runs.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
+    ctx = cache.Ctx(str(tmp_path), "toy", [0], render_only=False, keep_stale=False)
     wd = ctx.mqar_dir("softmax", 0)
-    first = runs.ensure_mqar(ctx, "softmax", 0)
+    first = runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 1 and os.path.exists(os.path.join(wd, runs.MQAR_PARAMS))
-    monkeypatch.setattr(runs, "source_hash", lambda: "0123012301")  # the model code changed
-    assert runs.ensure_mqar(ctx, "softmax", 0)["metrics"] == first["metrics"]  # its fingerprint holds: reused
-    marker = runs.read_marker(wd)
+    monkeypatch.setattr(cache, "source_hash", lambda: "0123012301")  # the model code changed
+    assert runs.mqar_run(ctx, "softmax", 0)["metrics"] == first["metrics"]  # its fingerprint holds: reused
+    marker = cache.read_marker(wd)
     assert len(calls) == 1 and marker["src"] == "0123012301" and "fingerprint under" in marker["verified"][-1]
     # a run finished before runs were stamped has no fingerprint: re-scored from its saved parameters instead
-    runs.write_marker(wd, {k: v for k, v in marker.items() if k not in ("fingerprint", "verified")})
-    monkeypatch.setattr(runs, "source_hash", lambda: "0123456789")
-    again = runs.ensure_mqar(ctx, "softmax", 0)
+    cache.write_marker(wd, {k: v for k, v in marker.items() if k not in ("fingerprint", "verified")})
+    monkeypatch.setattr(cache, "source_hash", lambda: "0123456789")
+    again = runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 1 and again["metrics"] == first["metrics"]  # re-scored equal: reused
-    marker = runs.read_marker(wd)
+    marker = cache.read_marker(wd)
     assert marker["src"] == "0123456789" and "recorded" in marker["verified"][-1]
     # a recorded accuracy the saved model does not give: other function, moved aside and retrained
     res_file = glob.glob(os.path.join(wd, "eval", "recall-*.json"))[0]
@@ -371,22 +376,22 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
     key = next(iter(res["metrics"]))
     res["metrics"][key] += 0.5
     json.dump(res, open(res_file, "w"))
-    monkeypatch.setattr(runs, "source_hash", lambda: "abcdefabcd")
-    runs.ensure_mqar(ctx, "softmax", 0)
+    monkeypatch.setattr(cache, "source_hash", lambda: "abcdefabcd")
+    runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 2 and glob.glob(wd + ".stale-0123456789")
     # a run that kept no parameters nor a fingerprint (trained before either was saved) cannot be checked: retrained
     os.remove(os.path.join(wd, runs.MQAR_PARAMS))
-    runs.write_marker(wd, {k: v for k, v in runs.read_marker(wd).items() if k != "fingerprint"})
-    monkeypatch.setattr(runs, "source_hash", lambda: "fedcbafedc")
-    runs.ensure_mqar(ctx, "softmax", 0)
+    cache.write_marker(wd, {k: v for k, v in cache.read_marker(wd).items() if k != "fingerprint"})
+    monkeypatch.setattr(cache, "source_hash", lambda: "fedcbafedc")
+    runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 3
     # the marker records the model it trained; a marker from before that (no "model") is reused and stamped
-    marker = runs.read_marker(wd)
+    marker = cache.read_marker(wd)
     assert marker["model"]["num_layers"] == ctx.exp.get_mqar_config("softmax", "toy").model.num_layers
     assert "impl" not in marker["model"]  # how it runs is not what it computes
-    runs.write_marker(wd, {k: v for k, v in marker.items() if k != "model"})
-    runs.ensure_mqar(ctx, "softmax", 0)
-    assert len(calls) == 3 and runs.read_marker(wd)["model"] == marker["model"]
+    cache.write_marker(wd, {k: v for k, v in marker.items() if k != "model"})
+    runs.mqar_run(ctx, "softmax", 0)
+    assert len(calls) == 3 and cache.read_marker(wd)["model"] == marker["model"]
     # another MQAR model (one layer more, the MQAR recipe unchanged): moved aside, named why, and retrained
     get = ctx.exp.get_mqar_config
 
@@ -397,9 +402,9 @@ def test_mqar_run_under_new_model_code_is_rescored_from_its_saved_parameters(tmp
 
     monkeypatch.setattr(ctx.exp, "get_mqar_config", deeper)
     n_stale = len(glob.glob(wd + ".stale-*"))
-    runs.ensure_mqar(ctx, "softmax", 0)
+    runs.mqar_run(ctx, "softmax", 0)
     assert len(calls) == 4 and len(glob.glob(wd + ".stale-*")) == n_stale + 1
-    assert runs.read_marker(wd)["model"]["num_layers"] == marker["model"]["num_layers"] + 1
+    assert cache.read_marker(wd)["model"]["num_layers"] == marker["model"]["num_layers"] + 1
 
 
 def test_source_hash_is_over_content_not_paths(tmp_path, monkeypatch):
@@ -450,7 +455,7 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
 
     from idattn.studies import code_hash
     pkg = tmp_path / "idattn"
-    for rel in runs.TRAIN_FILES:
+    for rel in code_hash.TRAIN_FILES:
         (pkg / os.path.dirname(rel)).mkdir(parents=True, exist_ok=True)
         shutil.copy(os.path.join(code_hash.PACKAGE, rel), pkg / rel)
     monkeypatch.setattr(code_hash, "PACKAGE", str(pkg))
@@ -461,13 +466,13 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
 
     base = fresh_hash()
     seen = {base}
-    for rel in runs.TRAIN_FILES:
+    for rel in code_hash.TRAIN_FILES:
         original = (pkg / rel).read_bytes()
         (pkg / rel).write_bytes(original + b"\n# a change\n")
         seen.add(fresh_hash())
         (pkg / rel).write_bytes(original)
         assert fresh_hash() == base
-    assert len(seen) == 1 + len(runs.TRAIN_FILES)
+    assert len(seen) == 1 + len(code_hash.TRAIN_FILES)
     # the synthetic tasks' hash (MQAR, MAD, state tracking): their loop and the step, not the LM data pipeline
     for rel in code_hash.SYNTHETIC_TRAIN_FILES:
         (pkg / os.path.dirname(rel)).mkdir(parents=True, exist_ok=True)
@@ -486,15 +491,15 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
         (pkg / rel).write_bytes(original)
 
     wd = str(tmp_path / "run")
-    runs.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
+    cache.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
     verified = []
-    rec = runs.check_reuse(wd, "m1", False, verify=lambda: verified.append(1) or (True, "same"), train_src=base)
+    rec = cache.check_reuse(wd, "m1", False, verify=lambda: verified.append(1) or (True, "same"), train_src=base)
     assert rec == {} and not os.path.exists(wd) and glob.glob(wd + ".stale-*") and not verified
-    runs.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
-    assert runs.check_reuse(wd, "m1", True, train_src=base)["stale"] is True  # --keep_stale keeps it, marked
-    runs.write_marker(wd, {"status": "done", "src": "m1"})  # recorded before the training code was hashed
-    rec = runs.check_reuse(wd, "m1", False, train_src=base)
-    assert rec["status"] == "done" and runs.read_marker(wd)["train_src"] == base
+    cache.write_marker(wd, {"status": "done", "src": "m1", "train_src": "other"})
+    assert cache.check_reuse(wd, "m1", True, train_src=base)["stale"] is True  # --keep_stale keeps it, marked
+    cache.write_marker(wd, {"status": "done", "src": "m1"})  # recorded before the training code was hashed
+    rec = cache.check_reuse(wd, "m1", False, train_src=base)
+    assert rec["status"] == "done" and cache.read_marker(wd)["train_src"] == base
 
 
 def test_context_buckets_measure_the_context_each_token_had():
@@ -517,19 +522,18 @@ def test_every_study_model_runs_no_fused_kernel():
     """What lets source_hash leave idattn/ops/pallas out: every model the study trains (each table's mixers and
     sizes, the cube, MAD's cells, MQAR) runs the XLA paths, impl="chunked" and attn_impl="xla"."""
     from idattn.configs import repro as exp
-    from idattn.studies import repro_mad
 
-    assert runs.SRC_EXCLUDE == (os.path.join("ops", "pallas"),)
+    assert code_hash.SRC_EXCLUDE == (os.path.join("ops", "pallas"),)
     models = []
     for size in exp.SIZES:
-        for mixer in ("softmax", "interdomain", "s4d_only", "s4d_only+sum", *repro_mad.cells()[1:]):
+        for mixer in ("softmax", "interdomain", "s4d_only", "s4d_only+sum", *runs.cells()[1:]):
             for dt in ("paper", "scaled"):
                 models.append(exp.get_config(f"{mixer},{size},{dt},0").model)
     for size in exp.MQAR:
-        for cell in repro_mad.cells():
+        for cell in runs.cells():
             models.append(exp.get_mqar_config(cell, size).model)
-    ctx = runs.Ctx("/nonexistent", "small", (0,), render_only=True, keep_stale=False, only=())
-    models += [repro_mad.mad_model_config(ctx, c) for c in repro_mad.cells()]
+    ctx = cache.Ctx("/nonexistent", "small", (0,), render_only=True, keep_stale=False, only=())
+    models += [runs.mad_model_config(ctx, c) for c in runs.cells()]
     assert len(models) > 40
     for m in models:
         assert m.impl == "chunked" and m.attn_impl == "xla", (m.mixer if "mixer" in m else m)
@@ -542,7 +546,6 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
     import shutil
 
     from idattn.eval import mad
-    from idattn.studies import repro_mad
     calls = []
 
     def train(model_cfg, task, **kw):
@@ -551,27 +554,27 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
 
     monkeypatch.setattr(mad, "train_mad", train)
     root, record = str(tmp_path / "a"), str(tmp_path / "record.json")
-    ctx = runs.Ctx(root, "toy", (0,), render_only=False, keep_stale=False, only=())
-    assert repro_mad.ensure_mad(ctx, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
-    runs.write_marker(os.path.join(root, "runs", "toy", "mad", "half-done"), {"status": "training"})
-    assert runs.archive_runs(root, record) == 1  # finished runs only
+    ctx = cache.Ctx(root, "toy", (0,), render_only=False, keep_stale=False, only=())
+    assert runs.mad_run(ctx, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
+    cache.write_marker(os.path.join(root, "runs", "toy", "mad", "half-done"), {"status": "training"})
+    assert cache.archive_runs(root, record) == 1  # finished runs only
     shutil.rmtree(root)
     root2 = str(tmp_path / "b")
-    assert runs.restore_runs(record, root2) == 1 and runs.restore_runs(record, root2) == 0
-    ctx2 = runs.Ctx(root2, "toy", (0,), render_only=False, keep_stale=False, only=())
-    assert repro_mad.ensure_mad(ctx2, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
-    wd = repro_mad.mad_dir(ctx2, "softmax", "memorization", 0)
+    assert cache.restore_runs(record, root2) == 1 and cache.restore_runs(record, root2) == 0
+    ctx2 = cache.Ctx(root2, "toy", (0,), render_only=False, keep_stale=False, only=())
+    assert runs.mad_run(ctx2, "softmax", "memorization", 0) == 0.25 and calls == ["memorization"]
+    wd = runs.mad_dir(ctx2, "softmax", "memorization", 0)
     assert sorted(os.listdir(os.path.join(wd, "eval")))  # the result came back
     for bad in ({"../escape": {"repro.json": "{}"}}, {"runs/toy/mad/x": {"params/ckpt.bin": "0"}}):
         with open(record, "w") as f:
-            json.dump({"format": runs.ARCHIVE_FORMAT, "runs": bad}, f)
-        with pytest.raises(runs.ReproError, match="refusing the whole record"):
-            runs.restore_runs(record, str(tmp_path / "c"))
+            json.dump({"format": cache.ARCHIVE_FORMAT, "runs": bad}, f)
+        with pytest.raises(cache.ReproError, match="refusing the whole record"):
+            cache.restore_runs(record, str(tmp_path / "c"))
         assert not os.path.exists(tmp_path / "c")
     with open(record, "w") as f:
         f.write("[]")
-    with pytest.raises(runs.ReproError, match="not a runs record"):
-        runs.restore_runs(record, root2)
+    with pytest.raises(cache.ReproError, match="not a runs record"):
+        cache.restore_runs(record, root2)
 
 
 def test_archiving_a_root_keeps_the_records_later_stamps_and_adds_new_results(tmp_path):
@@ -584,47 +587,48 @@ def test_archiving_a_root_keeps_the_records_later_stamps_and_adds_new_results(tm
     stamped = dict(base, src="bbb", verified=["model code aaa -> bbb: same ppl"],
                    fingerprint={"src": "bbb", "values": [1.0, 2.0]})
     record_runs = {
-        "runs/toy/lm/a-s0": {runs.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 30.0}'},
-        "runs/toy/lm/b-s0": {runs.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 31.0}'},
+        "runs/toy/lm/a-s0": {cache.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 30.0}'},
+        "runs/toy/lm/b-s0": {cache.MARKER: json.dumps(stamped), "eval/ppl.json": '{"ppl": 31.0}'},
     }
     with open(record, "w") as f:
-        json.dump({"format": runs.ARCHIVE_FORMAT, "runs": record_runs}, f)
+        json.dump({"format": cache.ARCHIVE_FORMAT, "runs": record_runs}, f)
     # a: the old copy, plus a result evaluated since; b: retrained (another training); c: new
     for name, marker, ev in (("a-s0", base, {"ppl.json": '{"ppl": 30.0}', "context_use.json": '{"r": 0.9}'}),
                              ("b-s0", dict(base, train_s=99.0, final_train_loss=2.9), {"ppl.json": '{"ppl": 28.0}'}),
                              ("c-s0", base, {"ppl.json": '{"ppl": 40.0}'})):
         wd = os.path.join(root, "runs", "toy", "lm", name)
-        runs.write_marker(wd, marker)
+        cache.write_marker(wd, marker)
         os.makedirs(os.path.join(wd, "eval"))
         for n, text in ev.items():
             with open(os.path.join(wd, "eval", n), "w") as f:
                 f.write(text)
-    assert runs.archive_runs(root, record) == 3
+    assert cache.archive_runs(root, record) == 3
     got = json.load(open(record))["runs"]
     a = got["runs/toy/lm/a-s0"]
-    assert json.loads(a[runs.MARKER]) == stamped, "the root's older copy undid the record's stamps"
+    assert json.loads(a[cache.MARKER]) == stamped, "the root's older copy undid the record's stamps"
     assert a["eval/context_use.json"] == '{"r": 0.9}' and a["eval/ppl.json"] == '{"ppl": 30.0}'
     b = got["runs/toy/lm/b-s0"]
-    assert json.loads(b[runs.MARKER])["train_s"] == 99.0 and "fingerprint" not in json.loads(b[runs.MARKER])
+    assert json.loads(b[cache.MARKER])["train_s"] == 99.0 and "fingerprint" not in json.loads(b[cache.MARKER])
     assert b["eval/ppl.json"] == '{"ppl": 28.0}'
-    assert json.loads(got["runs/toy/lm/c-s0"][runs.MARKER]) == base
+    assert json.loads(got["runs/toy/lm/c-s0"][cache.MARKER]) == base
     # the root re-stamped later than the record (its verified history extends the record's): the root's wins
     later = dict(stamped, verified=stamped["verified"] + ["bbb -> ccc: same ppl"], src="ccc")
-    runs.write_marker(os.path.join(root, "runs", "toy", "lm", "a-s0"), later)
-    runs.archive_runs(root, record)
-    assert json.loads(json.load(open(record))["runs"]["runs/toy/lm/a-s0"][runs.MARKER]) == later
+    cache.write_marker(os.path.join(root, "runs", "toy", "lm", "a-s0"), later)
+    cache.archive_runs(root, record)
+    assert json.loads(json.load(open(record))["runs"]["runs/toy/lm/a-s0"][cache.MARKER]) == later
 
 
 def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path, monkeypatch):
-    """docs/reproduction.md's generated part comes from docs/reproduction-runs.json and the committed code alone:
-    restored on a fresh root (as a new machine would) and rendered into a copy, the doc is unchanged, also where
-    the interpreter's standard library is another corpus (another Python: the stdlib tables name the corpus their
-    recorded runs were scored on, never the rendering machine's)."""
+    """docs/reproduction.md's generated parts and docs/reproduction-tables.md come from docs/reproduction-runs.json
+    and the committed code alone: restored on a fresh root (as a new machine would) and rendered into a copy, both
+    are unchanged, also where the interpreter's standard library is another corpus (another Python: the stdlib
+    tables name the corpus their recorded runs were scored on, never the rendering machine's)."""
     import shutil
 
     from idattn.data import stdlib_corpus
     from tests.train_helpers import REPO
     doc, record = os.path.join(REPO, "docs", "reproduction.md"), os.path.join(REPO, "docs", "reproduction-runs.json")
+    tables = os.path.join(REPO, "docs", "reproduction-tables.md")
     if not (os.path.exists(doc) and os.path.exists(record)):
         pytest.skip("not a source checkout (docs/ absent)")
     monkeypatch.setattr(stdlib_corpus, "corpus_id", lambda root=None: "python-stdlib-3.99.0-ffffffffffff")
@@ -633,20 +637,21 @@ def test_committed_doc_is_what_the_committed_runs_record_renders(tmp_path, monke
     shutil.copyfile(doc, copy)
     assert repro.main(["all", f"--root={tmp_path / 'root'}", f"--restore={record}", "--render_only",
                        f"--doc={copy}"]) == 0
-    assert copy.read_text() == open(doc).read(), "docs/reproduction.md is not what the committed record renders: " \
-        "python -m idattn.repro all --root=DIR --restore=docs/reproduction-runs.json --render_only " \
-        "--doc=docs/reproduction.md"
+    how = ("is not what the committed record renders: python -m idattn.repro all --root=DIR "
+           "--restore=docs/reproduction-runs.json --render_only --doc=docs/reproduction.md")
+    assert copy.read_text() == open(doc).read(), "docs/reproduction.md " + how
+    assert (tmp_path / "reproduction-tables.md").read_text() == open(tables).read(), "docs/reproduction-tables.md " + how
 
 
 def test_recall_table_shows_each_mqar_seeds_last_training_loss(tmp_path):
     """The recall table's MQAR rows end with each seed's last training loss (read from its result), the evidence
     that a low-accuracy seed had not finished learning when the schedule ended."""
     from test_repro_hybrid import _fake_mqar
-    ctx = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    ctx = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     for m in ("softmax", "interdomain", "s4d_only"):
         for s, acc in zip((0, 1, 2), (0.98, 0.64, 0.99) if m == "interdomain" else (0.9, 0.9, 0.9)):
             _fake_mqar(ctx, m, s, acc)
-    data = repro.table_recall(ctx)
+    data = repro_recall.table_recall(ctx)
     assert data["mqar_final_loss"]["interdomain"] == [0.02, 0.36, 0.01]
     row = next(ln for ln in open(ctx.table_path("recall", "md")).read().splitlines()
                if ln.startswith("| Interdomain |") and "64.0" in ln)
@@ -657,18 +662,18 @@ def test_unchecked_runs_are_named_under_the_table_that_read_them_by_path(tmp_pat
     """A run read under other model code is listed by its path under the root (names repeat across sizes) and only
     under the table that read it: `all` once listed an earlier table's runs under every later one."""
     root = str(tmp_path)
-    runs.write_marker(os.path.join(root, "runs", "small", "lm", "interdomain-paper-s0"),
+    cache.write_marker(os.path.join(root, "runs", "small", "lm", "interdomain-paper-s0"),
                       {"src": "older-model-code", "status": "done"})
 
     def reads_the_run(ctx):
-        assert runs.ensure_lm(ctx, "interdomain", "paper", 0)["status"] == "done"
-        open(ctx.table_path("ppl", "md"), "w").write("ppl" + repro._missing_note([], ctx))
+        assert runs.lm_run(ctx, "interdomain", "paper", 0)["status"] == "done"
+        open(ctx.table_path("ppl", "md"), "w").write("ppl" + cache.missing_note([], ctx))
 
     def reads_nothing(ctx):
-        open(ctx.table_path("recall", "md"), "w").write("recall" + repro._missing_note([], ctx))
+        open(ctx.table_path("recall", "md"), "w").write("recall" + cache.missing_note([], ctx))
 
-    monkeypatch.setattr(repro, "TABLE_FNS", {"ppl": reads_the_run, "recall": reads_nothing})
-    monkeypatch.setattr(repro, "ALL_ORDER", ("ppl", "recall"))
+    monkeypatch.setattr(repro, "TABLES", {"ppl": Table("ppl", "", reads_the_run),
+                                          "recall": Table("recall", "", reads_nothing)})
     assert repro.main(["all", f"--root={root}", "--render_only", "--no_compile_cache"]) == 0
     ppl, recall = (open(os.path.join(root, f"{t}.md")).read() for t in ("ppl", "recall"))
     assert "Read without checking" in ppl and ppl.rstrip().endswith("runs/small/lm/interdomain-paper-s0.")
@@ -679,9 +684,9 @@ def test_stdlib_tables_name_the_corpus_their_runs_recorded_and_refuse_to_train_b
     """A record restored under another Python renders the corpus its runs were scored on (not the rendering
     interpreter's), and training beside it under this interpreter is refused before anything is written."""
     from idattn.data import stdlib_corpus
-    ctx = runs.Ctx(str(tmp_path), "small", (0,), False, False, ()).for_size("stdlib")
+    ctx = cache.Ctx(str(tmp_path), "small", (0,), False, False, ()).for_size("stdlib")
     here = stdlib_corpus.corpus_id()
-    assert runs.corpus_name(ctx) == f"{here}.val" and "no run recorded yet" in repro._setup_line(ctx)
+    assert runs.corpus_name(ctx) == f"{here}.val" and "no run recorded yet" in claims.setup_line(ctx)
 
     def record(name, corpus):
         d = tmp_path / "runs" / "stdlib" / "lm" / name / "eval"
@@ -691,13 +696,13 @@ def test_stdlib_tables_name_the_corpus_their_runs_recorded_and_refuse_to_train_b
     other = "python-stdlib-9.9.9-0123456789ab"
     record("softmax-scaled-s0", f"{other}.val")
     assert runs.corpus_name(ctx) == f"{other}.val"
-    assert f"the Python 9.9.9 standard-library source ({other}, as its runs recorded" in repro._setup_line(ctx)
-    with pytest.raises(runs.ReproError) as e:
-        runs.ensure_lm(ctx, "interdomain", "paper", 0)
+    assert f"the Python 9.9.9 standard-library source ({other}, as its runs recorded" in claims.setup_line(ctx)
+    with pytest.raises(cache.ReproError) as e:
+        runs.lm_run(ctx, "interdomain", "paper", 0)
     assert "\n" not in str(e.value) and other in str(e.value) and here in str(e.value)
     assert not (tmp_path / "runs" / "stdlib" / "lm" / "interdomain-paper-s0").exists()
     record("interdomain-paper-s0.stale-abc", f"{here}.val")  # a run moved aside is not read
     assert runs.corpus_name(ctx) == f"{other}.val"
     record("interdomain-paper-s1", f"{here}.val")
-    with pytest.raises(runs.ReproError, match="2 corpora"):
+    with pytest.raises(cache.ReproError, match="2 corpora"):
         runs.recorded_corpus(ctx)

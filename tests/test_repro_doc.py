@@ -1,12 +1,13 @@
-"""docs/reproduction.md's generated part (idattn.studies.repro_doc): replaced between its markers from the tables'
-files, the prose around it untouched, tables not written yet named as not run, verdicts summarised from the JSON."""
+"""docs/reproduction.md's generated parts (idattn.studies.repro_doc): the verdict summary replaced between its markers
+and the tables written whole beside it (reproduction-tables.md), the prose around them untouched, tables not written
+yet named as not run, verdicts summarised from the JSON."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from idattn.studies import repro, repro_doc, repro_runs as runs
+from idattn.studies import ladder, repro, repro_doc, repro_length, runcache as cache
 
 from test_repro_length import _build
 
@@ -20,7 +21,7 @@ def _doc(tmp_path, body="old numbers 12.34"):
 def test_doc_part_is_regenerated_from_the_tables(tmp_path):
     root = str(tmp_path / "root")
     top, _ = _build(root, softmax_use=0.8)
-    data = repro.table_length(top)
+    data = repro_length.table_length(top)
     doc = _doc(tmp_path)
     rc = repro.main(["all", f"--root={root}", "--render_only", f"--doc={doc}", "--no_compile_cache"])
     assert rc == 0
@@ -28,19 +29,20 @@ def test_doc_part_is_regenerated_from_the_tables(tmp_path):
     assert text.startswith("# Title\n\nprose before\n\n") and text.endswith("\n\nprose after\n")
     assert "old numbers 12.34" not in text
     gen = text[text.index(repro_doc.BEGIN):text.index(repro_doc.END)]
-    # the length table's own Markdown, one heading level down, and its verdict in the summary
+    tab = open(repro_doc.tables_path(doc)).read()
+    # the length table's own Markdown in the tables' file, and its verdict in the summary
     md = open(os.path.join(root, "length.md")).read()
-    assert "### Table 2" in gen and md.splitlines()[2] in gen
+    assert "## Table 2" in tab and md.splitlines()[2] in tab and md.splitlines()[2] not in gen
     row = next(line for line in gen.splitlines() if line.startswith("| (c)") and "stdlib" in line)
     assert data["verdicts"]["c"]["md"] in row and data["verdicts"]["c"]["why"] in row
     # the status line of the length table: its runs' recorded compute (9 fake runs of 30 s), none missing
-    assert f"| `length` | {9 * 30 / 60:.1f} | 0 |" in gen
+    assert f"| `length` | {9 * 30 / 60:.1f} | 0 |" in tab
     # the run folders' totals: the same 9 runs, each once
     size = top.exp.LENGTH_SIZE["small"]
-    assert f"| `{size}/lm` | 9 | {9 * 30 / 60:.1f} |" in gen and f"| **all** | 9 | {9 * 30 / 60:.1f} (" in gen
+    assert f"| `{size}/lm` | 9 | {9 * 30 / 60:.1f} |" in tab and f"| **all** | 9 | {9 * 30 / 60:.1f} (" in tab
     # the tables without runs are written from nothing, their runs listed as not available, and nothing is
     # trained (--render_only)
-    assert "Not available yet" in gen
+    assert "Not available yet" in tab
     # a claim of a table without a single paired seed is "not run yet" in the summary, not a verdict word
     row_d = next(line for line in gen.splitlines() if line.startswith("| (d)") and "Table 4" in line)
     assert f"| {repro_doc.NOT_RUN} |" in row_d and "inconclusive" not in row_d.split("|")[3]
@@ -50,16 +52,17 @@ def test_doc_part_is_regenerated_from_the_tables(tmp_path):
 def test_doc_part_names_tables_not_run_and_refuses_a_doc_without_markers(tmp_path):
     root = str(tmp_path / "empty")
     os.makedirs(root)
-    ctx = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
-    gen = repro_doc.render(root, ("ppl", "mad"), ctx.table_path, str(tmp_path))
-    assert "### `ppl`: not run yet" in gen and "### `mad`: not run yet" in gen
+    ctx = cache.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    tables = repro_doc.load_tables(("ppl", "mad"), ctx.table_path)
+    gen = repro_doc.render(root, tables, ctx.table_path, str(tmp_path), "reproduction.md")
+    assert "## `ppl`: not run yet" in gen and "## `mad`: not run yet" in gen
     assert "| `ppl` | — | table not written |" in gen
-    assert "No verdict yet" in gen
+    assert "No verdict yet" in repro_doc.summary(tables, "reproduction-tables.md")
     bad = tmp_path / "bad.md"
     bad.write_text("no markers here\n")
     with pytest.raises(repro_doc.DocError, match="expected one"):
-        repro_doc.update_doc(str(bad), gen)
-    assert bad.read_text() == "no markers here\n"
+        repro_doc.write(str(bad), ctx, ("ppl", "mad"))
+    assert bad.read_text() == "no markers here\n" and not os.path.exists(repro_doc.tables_path(str(bad)))
     assert repro.main(["ppl", f"--root={root}", "--render_only", f"--doc={bad}", "--no_compile_cache"]) == 1
 
 
@@ -74,7 +77,7 @@ def test_what_we_found_states_each_claims_verdict_trend_and_meaning_from_the_tab
     trained named; (c)-(e) per place, with what a broken part means; written only between its own markers."""
     import math
 
-    from idattn.studies import ladder, repro_verdicts as rv
+    from idattn.studies import repro_verdicts as rv
 
     # three points; S4D-only / Interdomain grows with compute (a: reproduced at the top, trend toward the paper),
     # Interdomain trails Softmax by ~10% at the top (b: not reproduced); a fourth point not trained

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from idattn.rundir.schema import result_path, write_result
-from idattn.studies import repro, repro_hybrid, repro_runs as runs
+from idattn.studies import repro_hybrid, repro_runs as runs, runcache as cache
 
 
 def _fake(ctx, mixer, seed, ppl):
@@ -16,7 +16,7 @@ def _fake(ctx, mixer, seed, ppl):
     wd = ctx.lm_dir(mixer, dt, seed)
     L = ctx.train_len()
     steps = int(ctx.exp.SIZES[ctx.size]["num_steps"])
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "train_src": runs.train_code_hash(),
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "train_src": runs.train_code_hash(),
                            "steps": steps, "params": 1000 + seed, "mixer": mixer, "seed": seed, "size": ctx.size,
                            "train_s": 60.0, "recipe": runs.size_recipe(ctx)})
     write_result(wd, "extrapolation", steps, {f"ppl@{L}": ppl}, run={"mixer": mixer, "seed": seed},
@@ -36,7 +36,7 @@ def _fake_mqar(ctx, mixer, seed, acc):
     import json
     wd = ctx.mqar_dir(mixer, seed)
     q = ctx.exp.get_mqar_config(mixer, ctx.size).mqar
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "mixer": mixer, "seed": seed,
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "mixer": mixer, "seed": seed,
                            "size": ctx.size, "recipe": json.loads(json.dumps(q.to_dict())), "train_s": 30.0})
     metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": acc}
     metrics.update({f"mqar@{T}x{p}/acc": acc / 2 for T, p in q.test_grid})
@@ -46,7 +46,7 @@ def _fake_mqar(ctx, mixer, seed, acc):
 
 
 def test_hybrid_mqar_models_have_four_layers_and_their_patterns():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     size = exp.HYBRID["size"]
     c = exp.get_mqar_config("hybrid-interdomain-swa-1to3", size)
     assert c.model.num_layers == 4 and c.model.layer_pattern == "interdomain,interdomain,interdomain,swa"
@@ -63,7 +63,7 @@ def test_hybrid_mqar_models_have_four_layers_and_their_patterns():
 
 
 def test_hybrid_table_answers_the_questions_with_intervals(tmp_path):
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     h = top.exp.HYBRID
     ctx = top.for_size(h["size"])
     base = {"softmax": 30.0, "interdomain": 31.0, "s4d_only": 36.0, "hybrid-interdomain-softmax-1to3": 28.0,
@@ -73,7 +73,7 @@ def test_hybrid_table_answers_the_questions_with_intervals(tmp_path):
         for s in h["seeds"]:
             _fake(ctx, m, s, base[m] * math.exp(noise[s]) * (1 + 0.002 * (s - 1) * (m == "interdomain")))
             _fake_mqar(ctx, m, s, (0.8 if m.startswith("hybrid-s4d") else 0.95 if "softmax" in m else 0.6) + 0.01 * s)
-    data = repro.table_hybrid(top)
+    data = repro_hybrid.table_hybrid(top)
     assert data["missing"] == []
     v = data["verdicts"]
     # (h1) 31 / 28: attention helps; (h2) 30 / 28: the query readout still matters; (h3) 28.1 / 28 < 1.02: yes
@@ -97,21 +97,21 @@ def test_hybrid_table_answers_the_questions_with_intervals(tmp_path):
 
 
 def test_hybrid_table_is_undecided_on_noise_and_says_what_is_missing(tmp_path):
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     h = top.exp.HYBRID
     ctx = top.for_size(h["size"])
     noise = {0: 0.05, 1: -0.06, 2: 0.04}
     for m in h["mixers"]:
         for s in (0, 1) if m.startswith("hybrid-s4d") else h["seeds"]:
             _fake(ctx, m, s, 30.0 * math.exp(noise[s] * (1 if m == "interdomain" else -1)))
-    data = repro.table_hybrid(top)
+    data = repro_hybrid.table_hybrid(top)
     assert data["verdicts"]["h1"]["answer"] == "undecided"
     assert data["verdicts"]["h2"]["answer"] == "undecided"  # two paired seeds: no verdict under the rule
     assert "hybrid-s4d_only-softmax-1to3-s2" in data["missing"]
 
 
 def test_hybrid_run_names_build_their_patterns():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     c = exp.get_config(f"hybrid-interdomain-swa-1to3,{exp.HYBRID['size']},paper,1")
     assert c.model.layer_pattern == "interdomain,interdomain,interdomain,swa" and c.model.window == exp.HYBRID["window"]
     assert c.seed == 43 and c.model.mixer == "interdomain"

@@ -9,13 +9,13 @@ import os
 import pytest
 
 from idattn.rundir.schema import result_path, write_result
-from idattn.studies import repro, repro_runs as runs
+from idattn.studies import repro_length, repro_runs as runs, runcache as cache
 
 
 def _fake(ctx, mixer, dt, seed, ppl_by_len, context_ratio=None):
     wd = ctx.lm_dir(mixer, dt, seed)
     steps = int(ctx.exp.SIZES[ctx.size]["num_steps"])
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "steps": steps, "params": 1000,
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "steps": steps, "params": 1000,
                            "mixer": mixer, "seed": seed, "size": ctx.size, "train_s": 30.0})
     for L, v in ppl_by_len.items():
         write_result(wd, "extrapolation", steps, {f"ppl@{L}": v}, run={"mixer": mixer, "seed": seed},
@@ -28,7 +28,7 @@ def _fake(ctx, mixer, dt, seed, ppl_by_len, context_ratio=None):
 
 
 def _build(root, softmax_use, softmax_r=1.5, inter_r=1.01):
-    top = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
     size = top.exp.LENGTH_SIZE["small"]
     ctx = top.for_size(size)
     lengths = ctx.lengths()
@@ -44,7 +44,7 @@ def _build(root, softmax_use, softmax_r=1.5, inter_r=1.01):
 def test_length_table_reads_the_stdlib_runs_and_judges_c_there(tmp_path):
     top, ctx = _build(str(tmp_path), softmax_use=0.8)
     assert ctx.exp.SIZES[ctx.size].get("source") == "stdlib"
-    data = repro.table_length(top)
+    data = repro_length.table_length(top)
     # written under the invocation's name (length.md), from the runs of the stdlib size
     md = open(os.path.join(str(tmp_path), "length.md")).read()
     assert not os.path.exists(os.path.join(str(tmp_path), f"length-{ctx.size}.md"))
@@ -63,13 +63,13 @@ def test_length_table_reads_the_stdlib_runs_and_judges_c_there(tmp_path):
 
 def test_length_claim_is_vacuous_when_softmax_does_not_use_its_context(tmp_path):
     top, _ = _build(str(tmp_path), softmax_use=1.0)
-    data = repro.table_length(top)
+    data = repro_length.table_length(top)
     assert data["verdicts"]["c"]["verdict"] == "vacuous at this size"
     assert data["verdicts"]["c_paper_dt"]["verdict"] == "vacuous at this size"
 
 
 def test_stdlib_size_is_small_on_another_corpus():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     a, b = exp.get_config("interdomain,small,scaled,1").to_dict(), exp.get_config("interdomain,stdlib,scaled,1").to_dict()
     assert a["model"] == b["model"] and a["train"] == b["train"] and a["seed"] == b["seed"]
     assert {k for k in a["data"] if a["data"][k] != b["data"][k]} == {"source", "tokenizer"}
@@ -83,7 +83,7 @@ def test_length_at_the_new_recipe_judges_c_per_point_with_each_points_own_seeds(
     """`length_climb`: the `length` table at each LENGTH_CLIMB point (stdlib corpus, a new-ladder recipe), 5 seeds a
     point; verdicts keyed <claim>@<point>; a point without runs is listed as missing, never judged on nothing."""
     root = str(tmp_path)
-    top = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
     low, high = top.exp.LENGTH_CLIMB
     assert top.exp.SEEDS[low] == (0, 1, 2, 3, 4) and top.exp.SIZES[low]["source"] == "stdlib"
     assert top.exp.SIZES[low]["num_steps"] == top.exp.SIZES[top.exp.CLIMB[0]]["num_steps"]
@@ -95,7 +95,7 @@ def test_length_at_the_new_recipe_judges_c_per_point_with_each_points_own_seeds(
         _fake(ctx, "softmax", "scaled", s, grow(1.5), context_ratio=0.8 + 0.01 * s)
         for dt in ("scaled", "paper"):
             _fake(ctx, "interdomain", dt, s, grow(1.01 + 0.001 * s))
-    data = repro.table_length_climb(top)
+    data = repro_length.table_length_climb(top)
     assert [p["size"] for p in data["points"]] == [low, high]
     assert data["points"][0]["seeds"] == [0, 1, 2, 3, 4]
     v = data["verdicts"][f"c@{low}"]
@@ -109,4 +109,4 @@ def test_length_at_the_new_recipe_judges_c_per_point_with_each_points_own_seeds(
     # the doc's summary names the point
     from idattn.studies import repro_doc
     rows = repro_doc.summary_rows({"length_climb": data})
-    assert any(r[1] == f"{repro_doc.WHERE['length_climb']}: {low}" and "reproduced" in r[2] for r in rows)
+    assert any(r[1] == f"{repro_length.CLIMB_TABLE.where}: {low}" and "reproduced" in r[2] for r in rows)

@@ -6,7 +6,7 @@ import json
 import os
 import re
 
-from idattn.studies import repro_mad, repro_runs as runs
+from idattn.studies import repro_mad, repro_runs as runs, runcache as cache
 
 
 def _fake(calls):
@@ -28,7 +28,7 @@ def test_mad_table_reads_d_and_e_per_task_with_intervals(tmp_path, monkeypatch):
     from idattn.eval import mad
     calls = []
     monkeypatch.setattr(mad, "train_mad", _fake(calls))
-    ctx = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
+    ctx = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
     data = repro_mad.table_mad(ctx)
     tasks = ctx.exp.MAD["tasks"]
     assert len(calls) == 9 * len(tasks) * 3
@@ -44,14 +44,14 @@ def test_mad_table_reads_d_and_e_per_task_with_intervals(tmp_path, monkeypatch):
     repro_mad.table_mad(ctx)
     assert len(calls) == 9 * len(tasks) * 3
     # another recipe retrains
-    rec = json.load(open(os.path.join(repro_mad.mad_dir(ctx, "softmax", tasks[0], 0), runs.MARKER)))
+    rec = json.load(open(os.path.join(runs.mad_dir(ctx, "softmax", tasks[0], 0), cache.MARKER)))
     assert rec["recipe"]["steps"] == ctx.exp.MAD["steps"] and rec["status"] == "done"
 
 
 def test_mad_table_at_toy_size_prints_no_verdict(tmp_path, monkeypatch):
     from idattn.eval import mad
     monkeypatch.setattr(mad, "train_mad", _fake([]))
-    ctx = runs.Ctx(str(tmp_path), "toy", (0, 1, 2), render_only=False, keep_stale=False)
+    ctx = cache.Ctx(str(tmp_path), "toy", (0, 1, 2), render_only=False, keep_stale=False)
     data = repro_mad.table_mad(ctx)
     md = open(os.path.join(str(tmp_path), "mad-toy.md")).read()
     assert not re.search(r"\breproduced\b|inconclusive|vacuous", md)
@@ -70,7 +70,7 @@ def test_mad_recipe_trains_on_at_most_mads_training_set_per_task(tmp_path, monke
         return {"acc": 0.5, "loss": 0.1, "steps": kw["steps"], "seq_len": 8, "num_test": 8}
 
     monkeypatch.setattr(mad, "train_mad", train)
-    ctx = runs.Ctx(str(tmp_path), "small", (0,), render_only=False, keep_stale=False, only=("softmax",))
+    ctx = cache.Ctx(str(tmp_path), "small", (0,), render_only=False, keep_stale=False, only=("softmax",))
     repro_mad.table_mad(ctx)
     r = ctx.exp.MAD
     assert seen["memorization"][0] == mad.TASKS["memorization"]["num_train"] == 256

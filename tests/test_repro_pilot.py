@@ -11,7 +11,7 @@ import os
 import pytest
 
 from idattn.rundir.schema import write_result
-from idattn.studies import repro, repro_pilot as pilot, repro_runs as runs
+from idattn.studies import ladder, repro_pilot, repro_pilot as pilot, repro_runs as runs, runcache as cache, tables
 from idattn.studies.repro_verdicts import WORDS, t975
 
 
@@ -20,7 +20,7 @@ def _fake(ctx, mixer, seed, ppl1, ppl4, curve):
     wd = ctx.lm_dir(mixer, dt, seed)
     L = ctx.train_len()
     steps = int(ctx.exp.SIZES[ctx.size]["num_steps"])
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "steps": steps, "params": 1000,
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "steps": steps, "params": 1000,
                            "mixer": mixer, "seed": seed, "size": ctx.size, "train_s": 30.0,
                            "recipe": runs.size_recipe(ctx), "loss_curve": curve})
     for Lx, v in ((L, ppl1), (4 * L, ppl4)):
@@ -31,7 +31,7 @@ def _fake(ctx, mixer, seed, ppl1, ppl4, curve):
 def _build(root, pair_noise):
     """Every pilot cell: seed s has its own difficulty (Softmax ppl 40·(1 + 0.3 s)); Interdomain is 0.98x it times
     exp(pair_noise[cell][s]); R = 1.5 for Softmax and 1.01 for Interdomain times a small per-seed factor."""
-    top = runs.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(root, "small", (0, 1, 2), render_only=True, keep_stale=False)
     for i, size in enumerate(top.exp.PILOT_SIZES):
         ctx = top.for_size(size)
         w = int(ctx.exp.SIZES[size]["warmup_steps"])
@@ -45,12 +45,12 @@ def _build(root, pair_noise):
 
 
 def test_pilot_table_measures_the_paired_sd_and_applies_the_rule(tmp_path):
-    exp = runs.load_experiment()
+    exp = cache.experiment
     n = len(exp.PILOT_SIZES)
     assert n >= 2 and all(z.startswith("pilot-") for z in exp.PILOT_SIZES)
     tight, loose = (0.001, -0.002, 0.001), (0.2, -0.25, 0.1)
     top = _build(str(tmp_path), [tight] + [loose] * (n - 1))
-    data = repro.table_pilot(top)
+    data = repro_pilot.table_pilot(top)
     assert data["missing"] == []
     c0, c1 = data["cells"][0], data["cells"][1]
     # the per-seed log-ratio: the seed's own difficulty cancels in the pair
@@ -88,10 +88,10 @@ def test_curve_stats_find_a_late_spike():
 
 
 def test_pilot_not_at_toy_size(tmp_path):
-    ctx = runs.Ctx(str(tmp_path), "toy", (0,), render_only=True, keep_stale=False)
-    data = repro.table_pilot(ctx)
+    ctx = cache.Ctx(str(tmp_path), "toy", (0,), render_only=True, keep_stale=False)
+    data = repro_pilot.table_pilot(ctx)
     assert data["cells"] == [] and "no pilot" in open(os.path.join(str(tmp_path), "pilot-toy.md")).read()
-    assert "pilot" not in [t for t in repro.ALL_ORDER if t not in repro.NOT_AT_TOY]
+    assert "pilot" not in tables.order(toy=True)
 
 
 def test_lm_run_records_recipe_and_curve_is_retrained_on_another_recipe_and_archived_at_once(tmp_path,
@@ -109,29 +109,29 @@ def test_lm_run_records_recipe_and_curve_is_retrained_on_another_recipe_and_arch
         return {"status": "done", "num_params": 123, "loss": 5.5}
 
     monkeypatch.setattr(train, "run", fake_run)
-    exp = runs.load_experiment()
-    ctx = runs.Ctx(root, exp.PILOT_SIZES[0], (0,), render_only=False, keep_stale=False)
+    exp = cache.experiment
+    ctx = cache.Ctx(root, exp.PILOT_SIZES[0], (0,), render_only=False, keep_stale=False)
     ctx.archive = rec_path
-    rec = runs.ensure_lm(ctx, "softmax", exp.PRIMARY_DT, 0)
+    rec = runs.lm_run(ctx, "softmax", exp.PRIMARY_DT, 0)
     assert rec["status"] == "done" and rec["recipe"] == runs.size_recipe(ctx) and len(calls) == 1
     assert rec["loss_curve"] == [[10, 6.0], [20, 5.5]]
     # recorded at once (not only at the end of the invocation)
     held = json.load(open(rec_path))["runs"]
     assert any(k.endswith("softmax-scaled-s0") for k in held)
     # the same recipe: reused; another recipe: moved aside and trained again
-    assert runs.ensure_lm(ctx, "softmax", exp.PRIMARY_DT, 0)["status"] == "done" and len(calls) == 1
+    assert runs.lm_run(ctx, "softmax", exp.PRIMARY_DT, 0)["status"] == "done" and len(calls) == 1
     wd = ctx.lm_dir("softmax", exp.PRIMARY_DT, 0)
-    runs.write_marker(wd, dict(runs.read_marker(wd), recipe=dict(runs.size_recipe(ctx), num_steps=1)))
-    runs.ensure_lm(ctx, "softmax", exp.PRIMARY_DT, 0)
+    cache.write_marker(wd, dict(cache.read_marker(wd), recipe=dict(runs.size_recipe(ctx), num_steps=1)))
+    runs.lm_run(ctx, "softmax", exp.PRIMARY_DT, 0)
     assert len(calls) == 2 and any(".stale-" in d for d in os.listdir(os.path.dirname(wd)))
     # a marker from before recipes were recorded is judged by its model code alone, as before
     wd2 = ctx.lm_dir("interdomain", exp.PRIMARY_DT, 0)
-    runs.write_marker(wd2, {"status": "done", "src": runs.source_hash(), "steps": 1, "params": 1})
-    assert runs.ensure_lm(ctx, "interdomain", exp.PRIMARY_DT, 0)["params"] == 1 and len(calls) == 2
+    cache.write_marker(wd2, {"status": "done", "src": cache.source_hash(), "steps": 1, "params": 1})
+    assert runs.lm_run(ctx, "interdomain", exp.PRIMARY_DT, 0)["params"] == 1 and len(calls) == 2
 
 
 def test_pilot_cells_are_the_small_model_at_batch_16():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     for size, (steps, lr) in zip(exp.PILOT_SIZES, exp.PILOT["cells"]):
         z = exp.SIZES[size]
         assert z["model"] == exp.SIZES["small"]["model"] and z["batch_size"] == 16 and z["num_steps"] == steps
@@ -144,7 +144,7 @@ def test_pilot_cells_are_the_small_model_at_batch_16():
 
 
 def test_recipe_cost_is_steps_times_measured_step_time_and_spans_the_ladder():
-    exp = runs.load_experiment()
+    exp = cache.experiment
     rows = pilot.recipe_rows(exp)
     assert [r["size"] for r in rows] == list(exp.CLIMB) and len(rows) >= 4
     r0 = rows[0]
@@ -164,8 +164,8 @@ def test_recipe_cost_is_steps_times_measured_step_time_and_spans_the_ladder():
 
 
 def test_climb_trains_three_seeds_everywhere_before_the_top_points_fourth_and_reads_per_point_seeds(tmp_path):
-    exp = runs.load_experiment()
-    order = repro.climb_order(exp, {0, 1, 2, 3, 4})
+    exp = cache.experiment
+    order = ladder.climb_order(exp, {0, 1, 2, 3, 4})
     k = 3 * len(exp.CLIMB)
     assert order[:k] == [(z, s) for z in exp.CLIMB for s in (0, 1, 2)]
     assert order[k:] == [(z, s) for z in exp.CLIMB if len(exp.SEEDS[z]) == 5 for s in (3, 4)]
@@ -173,13 +173,13 @@ def test_climb_trains_three_seeds_everywhere_before_the_top_points_fourth_and_re
     def _fake_run(ctx, mixer, seed, ppl, params):
         _fake(ctx, mixer, seed, ppl, ppl, [])
 
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     for i, z in enumerate(exp.CLIMB):
         c = top.for_size(z)
         for s in exp.SEEDS[z]:
             for m, f in (("softmax", 1.0), ("interdomain", 0.99), ("s4d_only", 1.2 + 0.01 * s)):
                 _fake_run(c, m, s, 50.0 / (1 + i) * (1 + 0.2 * s) * f, params=100_000 * 2 ** i)
-    data = repro.table_climb(top)
+    data = ladder.table_climb(top)
     assert data["missing"] == [] and data["table"] == "climb"
     assert [p["interval"]["n"] for p in data["claims"]["a"]["points"]] == [len(exp.SEEDS[z]) for z in exp.CLIMB]
     md = open(os.path.join(str(tmp_path), "climb.md")).read()
@@ -188,5 +188,5 @@ def test_climb_trains_three_seeds_everywhere_before_the_top_points_fourth_and_re
     # one top-point run removed: named missing
     import shutil
     shutil.rmtree(top.for_size(exp.CLIMB[-1]).lm_dir("softmax", exp.PRIMARY_DT, 4))
-    data = repro.table_climb(top)
+    data = ladder.table_climb(top)
     assert data["missing"] == [f"{exp.CLIMB[-1]}/softmax-scaled-s4"]

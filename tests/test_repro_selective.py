@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from idattn.rundir.schema import write_result
-from idattn.studies import repro, repro_mad, repro_runs as runs, repro_selective as sel
+from idattn.studies import repro_runs as runs, repro_selective, repro_selective as sel, runcache as cache
 from tests.test_repro_hybrid import _fake_mqar
 from tests import train_helpers as T
 
@@ -23,7 +23,7 @@ def _fake_lm(ctx, mixer, seed, ppl):
     wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
     L = ctx.train_len()
     steps = int(ctx.exp.SIZES[ctx.size]["num_steps"])
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "train_src": runs.train_code_hash(),
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "train_src": runs.train_code_hash(),
                            "steps": steps, "params": 1000, "mixer": mixer, "seed": seed, "size": ctx.size,
                            "train_s": 60.0, "recipe": runs.size_recipe(ctx)})
     write_result(wd, "extrapolation", steps, {f"ppl@{L}": ppl}, run={"mixer": mixer, "seed": seed},
@@ -31,9 +31,9 @@ def _fake_lm(ctx, mixer, seed, ppl):
 
 
 def _fake_state(ctx, mixer, task, seed, scaled):
-    wd = sel.state_dir(ctx, mixer, task, seed)
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "mixer": mixer, "task": task, "seed": seed,
-                           "size": ctx.size, "recipe": sel.state_recipe(ctx), "train_s": 10.0})
+    wd = runs.state_dir(ctx, mixer, task, seed)
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "mixer": mixer, "task": task, "seed": seed,
+                           "size": ctx.size, "recipe": runs.state_recipe(ctx), "train_s": 10.0})
     c = {"parity": 2, "modular_arithmetic": 5}[task]
     write_result(wd, "state", 1, {f"state/{task}/acc": scaled * (1 - 1 / c) + 1 / c, f"state/{task}/scaled": scaled},
                  run={"mixer": mixer, "seed": seed, "task": task}, protocol={"corpus": f"state.{task}"},
@@ -41,9 +41,9 @@ def _fake_state(ctx, mixer, task, seed, scaled):
 
 
 def _fake_mad(ctx, mixer, task, seed, acc):
-    wd = repro_mad.mad_dir(ctx, mixer, task, seed)
-    runs.write_marker(wd, {"status": "done", "src": runs.source_hash(), "cell": mixer, "task": task, "seed": seed,
-                           "size": ctx.size, "recipe": repro_mad.mad_recipe(ctx), "train_s": 20.0})
+    wd = runs.mad_dir(ctx, mixer, task, seed)
+    cache.write_marker(wd, {"status": "done", "src": cache.source_hash(), "cell": mixer, "task": task, "seed": seed,
+                           "size": ctx.size, "recipe": runs.mad_recipe(ctx), "train_s": 20.0})
     write_result(wd, "mad", 1, {f"mad/{task}/acc": acc}, run={"mixer": mixer, "seed": seed, "task": task},
                  protocol={"corpus": f"mad.{task}"})
 
@@ -70,9 +70,9 @@ def _populate(top, seeds=(0, 1, 2), skip=()):
 
 
 def test_selective_table_answers_its_questions_with_intervals(tmp_path):
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     _populate(top)
-    data = repro.table_selective(top)
+    data = repro_selective.table_selective(top)
     assert data["missing"] == []
     v = data["verdicts"]
     assert v["s1"]["answer"] == "yes" and v["s1"]["interval"]["mean"] == pytest.approx(0.67)
@@ -89,7 +89,7 @@ def test_selective_table_answers_its_questions_with_intervals(tmp_path):
     assert "Mamba-3 98.51" in md and "S4 (LTI) 18.3" in md  # published numbers, their own table
     assert "at 2000 steps x 16 (size `mad-s2000`" in md  # the MAD tasks' own recipe, named
     mad_top = top.for_size(top.exp.SELECTIVE_MAD["small"])  # its runs train the `mad` table's model
-    assert repro_mad.mad_model_config(mad_top, "interdomain-selective") == repro_mad.mad_model_config(
+    assert runs.mad_model_config(mad_top, "interdomain-selective") == runs.mad_model_config(
         top, "interdomain-selective")
     assert "(s2) the phase tracks parity" in md and "**yes**" in md and "Not available yet" not in md
     # the training loss of each state-tracking run, beside chance, per seed
@@ -101,9 +101,9 @@ def test_selective_table_answers_its_questions_with_intervals(tmp_path):
 
 
 def test_selective_table_is_undecided_on_two_seeds_and_names_what_is_missing(tmp_path):
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
     _populate(top, skip={("interdomain-selective+phase", 2)})
-    data = repro.table_selective(top)
+    data = repro_selective.table_selective(top)
     assert data["verdicts"]["s2"]["answer"] == "undecided"  # two paired seeds: no verdict under the rule
     assert data["verdicts"]["s1"]["answer"] == "yes"  # the other questions keep their three seeds
     assert "interdomain-selective+phase-parity-s2" in data["missing"]
@@ -143,7 +143,7 @@ def test_tasks_flag_trains_only_the_named_families(tmp_path, monkeypatch):
         raise AssertionError("--tasks=state trained an MQAR run")
 
     monkeypatch.setattr(recall, "train_mqar", no_training)
-    top = runs.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
     top.tasks = frozenset({"state"})
     _populate(top, skip=set())
     missing_mqar = top.mqar_dir("interdomain-selective", 1)
@@ -151,7 +151,7 @@ def test_tasks_flag_trains_only_the_named_families(tmp_path, monkeypatch):
     shutil.rmtree(missing_mqar)
     assert top.for_task("state") is top and top.for_task("mqar").render_only
     assert top.for_task("mad").for_size("climb96").render_only  # kept through a size change
-    data = repro.table_selective(top)
+    data = repro_selective.table_selective(top)
     assert data["missing"] == ["mqar interdomain-selective-s1"]
     assert data["verdicts"]["s2"]["answer"] == "yes"  # the state runs were read as the invocation's own
     for argv, want in ((["selective", "--tasks=state,bogus"], "--tasks: bogus; expected some of state, mad, mqar, lm"),

@@ -21,6 +21,8 @@ import os
 import re
 from typing import Any, Iterable
 
+from idattn.data import jsonl
+
 SPLIT_ALIASES = {"validation": ("validation", "dev", "val", "valid"), "test": ("test",), "train": ("train",)}
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
@@ -28,7 +30,6 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 def read_records(path: str) -> list[dict[str, Any]]:
     """All rows of one .jsonl / .json / .parquet file as dicts."""
     if path.endswith(".jsonl"):
-        from idattn.data import jsonl
         return [row for _, row in jsonl.rows(path)]  # a bad line: jsonl.JsonlError (a ValueError), path:line
     if path.endswith(".json"):
         with open(path, encoding="utf-8") as f:

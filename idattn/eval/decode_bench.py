@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.models.decoding import decode_step, init_cache, prefill
+
 
 def _compiled_bytes(fn, *args) -> dict[str, int]:
     comp = jax.jit(fn).lower(*args).compile()
@@ -39,7 +41,6 @@ def _compiled_bytes(fn, *args) -> dict[str, int]:
 def prefill_memory(model, params, *, batch_size: int, context: int, chunk: int = 2048,
                    modes: Sequence[str] = ("full", "chunked")) -> dict[str, Any]:
     """Compiled memory of a full-prompt prefill and of one chunk of a chunked prefill (module docstring)."""
-    from idattn.models.decoding import init_cache
 
     def run(p, t, c):
         return model.apply({"params": p}, t, cache=c)
@@ -62,7 +63,6 @@ def decode_benchmark(model, params, *, contexts: Sequence[int] = (512, 2048, 819
                      vocab_size: int | None = None, memory: bool = True, seed: int = 0, log=print
                      ) -> tuple[dict[str, float], dict[str, Any]]:
     """Times decode for each (context, batch); returns (metrics, details) (module docstring for the names)."""
-    from idattn.models.decoding import decode_step, init_cache, prefill
 
     V = int(vocab_size or model.spec.vocab_size)
     rng = np.random.default_rng(seed)

@@ -8,15 +8,36 @@ to score), `check_train_overlap` (none of them a training document of the run), 
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
 import time
 from typing import Any
 
+import grain
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from flax import linen as nn
+
 from idattn.configs import apply_overrides, load_config_file
 from idattn.configs.sizes import size_label
+from idattn.data import formats, prepare
+from idattn.data.pipeline import make_eval_batches
+from idattn.data.tokenizer import load_tokenizer
+from idattn.eval import harness, perplexity
+from idattn.eval.decode_bench import decode_benchmark
+from idattn.eval.markdown import markdown_table
+from idattn.eval.perplexity import CORPORA
+from idattn.eval.recall import run_text_recall
+from idattn.eval.scoring import model_score_fn, prefix_token, sequence_mesh
+from idattn.models import build_model
 from idattn.models.spec import model_label
+from idattn.rundir.layout import committed_steps, load_config
+from idattn.rundir.loading import load_params
+from idattn.rundir.schema import protocol_of, write_result
 
 SUITES = ("validation", "extrapolation", "harness", "recall", "decode")
 
@@ -31,7 +52,6 @@ def ints(s: str) -> list[int]:
 
 def parse_corpora(spec: str, data_dir: str = "", hub: bool = False) -> dict[str, str | None]:
     """`a,b=path,...` -> {name: path or None (a known corpus)}; refuses unknown bare names and missing paths."""
-    from idattn.eval.perplexity import CORPORA
 
     out: dict[str, str | None] = {}
     for item in [c.strip() for c in spec.split(",") if c.strip()]:
@@ -58,14 +78,11 @@ def parse_corpora(spec: str, data_dir: str = "", hub: bool = False) -> dict[str,
 
 def read_token_docs(path: str) -> list[list[int]]:
     """Documents of token ids from a file, never through pickle (a shared file must not run code on load):
-
       .npy        integers: 1-D = one document, 2-D = one document per row
       .npz        integer arrays, one document each (in the archive's order)
       .ids.jsonl  one JSON list of integers per line
     """
-    import json
 
-    import numpy as np
 
     def ids_of(a, where):
         a = np.asarray(a)
@@ -109,8 +126,6 @@ def _is_prepared(path: str) -> bool:
 
 
 def _prepared_cfg(data_cfg, path: str):
-    import ml_collections
-
     cfg = ml_collections.ConfigDict(data_cfg.to_dict() if hasattr(data_cfg, "to_dict") else dict(data_cfg))
     cfg.source, cfg.path = "arrayrecord", path
     return cfg
@@ -121,22 +136,15 @@ def corpus_docs(name: str, path: str | None, tok, args, *, min_tokens: int = 0) 
     folder, documents, or a known corpus. A hash is `idattn.data.prepare.doc_hash` of the document's text (a
     prepared folder's from its val_hashes.npy; None when it has none), so that scored documents can be checked
     against a run's training documents."""
-    import numpy as np
 
-    from idattn.data import prepare
-    from idattn.eval import perplexity
 
     if path is not None and _is_prepared(path):
-        from idattn.data import formats
-
         try:
             meta = formats.check_tokenizer_matches(path, tok)
             shards = formats.shard_paths(path, meta, "val")
             hashes = formats.read_doc_hashes(path, "val")
         except (ValueError, FileNotFoundError) as e:
             raise EvalError(f"corpus {name}={path}: {e}") from e
-        import grain
-
         src = grain.sources.ArrayRecordDataSource(shards)
         every = [np.frombuffer(src[i], meta["dtype"]).astype(np.int64).tolist() for i in range(len(src))]
         keep = [i for i, d in enumerate(every) if d and len(d) >= min_tokens]
@@ -175,7 +183,6 @@ def load_config_of(args) -> tuple[Any, int]:
     """(config, step) of the run a command line names, without loading any parameters."""
     if args.random_init:
         return apply_overrides(load_config_file(args.config), args.set), -1
-    from idattn.rundir.layout import committed_steps, load_config
 
     steps = committed_steps(args.workdir)
     if not steps:
@@ -188,17 +195,12 @@ def load_config_of(args) -> tuple[Any, int]:
 
 def load_params_of(args, config, step: int):
     """The parameters of `load_config_of`'s run (a random init of `config` for --random_init)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import linen as nn
 
-    from idattn.models import build_model
 
     if args.random_init:
         model = build_model(config.model)
         return nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(config.get("seed", 0)),
                                             jnp.zeros((1, 8), jnp.int32))["params"])  # jit: 2x faster than eager
-    from idattn.rundir.loading import load_params
 
     return load_params(args.workdir, step)[1]
 
@@ -210,8 +212,6 @@ def load_run(args) -> tuple[Any, Any, int]:
 
 
 def run_info(args, config, params) -> dict[str, Any]:
-    import jax
-
     n = sum(int(x.size) for x in jax.tree_util.tree_leaves(params))
     m = config.model
     return {"workdir": os.path.abspath(args.workdir), "mixer": model_label(m), "size": size_label(m), "params": n,
@@ -270,8 +270,6 @@ def metric_order(name: str) -> tuple:
 def results_table(records: list[dict[str, Any]]) -> str:
     """Markdown: one row per (suite, protocol, metric) with the value as in the JSON file (4 decimals); a record's
     metrics in `metric_order` (lengths, sizes and contexts ascending as numbers)."""
-    from idattn.eval.markdown import markdown_table
-    from idattn.rundir.schema import protocol_of
 
     rows = []
     for rec in records:
@@ -314,8 +312,6 @@ class Loaded:
     parameter is loaded), then `load_model()`: params, model, scorer and the run's identity."""
 
     def __init__(self, args, suites: list[str]):
-        from idattn.data.tokenizer import load_tokenizer
-
         self.args = args
         self.config, self.step = load_config_of(args)
         self.seq_len = int(args.max_length or self.config.data.seq_len)
@@ -327,16 +323,12 @@ class Loaded:
                             "embedding. Evaluate with the tokenizer the run was trained with (config.data.tokenizer).")
 
     def load_model(self) -> None:
-        from idattn.eval.scoring import model_score_fn
-        from idattn.models import build_model
-
         self.params = load_params_of(self.args, self.config, self.step)
         self.model = build_model(self.config.model)
         self.run = run_info(self.args, self.config, self.params)
         n = int(getattr(self.args, "sequence", 1) or 1)
         mesh = None
         if n > 1:  # the length split over n local devices, as the trainer's sequence axis (scoring.make_score_fn)
-            from idattn.eval.scoring import sequence_mesh
             try:
                 mesh = sequence_mesh(n)
             except ValueError as e:
@@ -356,8 +348,6 @@ def read_inputs(args, resolved: dict[str, Any], ctx: Loaded) -> dict[str, Any]:
     if "validation" in suites and resolved.get("val"):
         name, path = resolved["val"]
         if _is_prepared(path):  # packed like the trainer's validation; its whole held-out split is checked
-            from idattn.data import formats
-
             try:
                 out["val_split_hashes"] = formats.read_doc_hashes(path, "val")
             except ValueError as e:
@@ -404,9 +394,7 @@ def check_train_overlap(args, resolved: dict[str, Any], ctx: Loaded, inputs: dic
     (`idattn.data.prepare.training_hashes`). Returns {"validation": "k/N" or None, "extrapolation": {name:
     "k/N"}, "unchecked": reason or None}; raises EvalError (one line, naming how many of N) when any overlap is
     found, unless --allow_train_overlap (then the counts mark the protocols)."""
-    import numpy as np
 
-    from idattn.data import prepare
 
     sets: list[tuple[str, str, Any]] = []  # (suite, corpus name, hashes of the scored documents)
     if inputs["val"] is not None:
@@ -449,8 +437,6 @@ def check_train_overlap(args, resolved: dict[str, Any], ctx: Loaded, inputs: dic
 def run_validation(args, resolved, ctx: Loaded, inputs, overlap, write) -> None:
     """Validation: --val_path documents with rolling windows, else a held-out split packed as the trainer does
     (the run's own, or a prepared --val_path folder's); the protocol names the tokens actually scored."""
-    from idattn.eval import perplexity
-    from idattn.eval.scoring import prefix_token
 
     seq_len, tok = ctx.seq_len, ctx.tok
     mark = {"train_overlap": overlap["validation"]} if overlap["validation"] else {}
@@ -464,7 +450,6 @@ def run_validation(args, resolved, ctx: Loaded, inputs, overlap, write) -> None:
                     "method": "rolling windows over documents", **mark}
         write("validation", m, {"source": path, "method": "rolling windows", "docs": len(docs), **extra}, protocol)
         return
-    from idattn.data.pipeline import make_eval_batches
 
     name, path = resolved.get("val", (None, None))
     data_cfg = ctx.config.data if path is None else _prepared_cfg(ctx.config.data, path)
@@ -503,9 +488,6 @@ def run_validation(args, resolved, ctx: Loaded, inputs, overlap, write) -> None:
 
 
 def run_extrapolation(args, ctx: Loaded, inputs, overlap, write) -> None:
-    from idattn.eval import perplexity
-    from idattn.eval.scoring import prefix_token
-
     corpora_docs, lengths, limit = inputs["corpora"], inputs["lengths"], ctx.limit
     total = sum(min(len(d), limit or len(d)) for d in corpora_docs.values()) * len(lengths)
     prog = Progress("extrapolation", total, args.quiet)
@@ -532,8 +514,6 @@ def run_extrapolation(args, ctx: Loaded, inputs, overlap, write) -> None:
 
 
 def run_harness(args, ctx: Loaded, write) -> None:
-    from idattn.eval import harness
-
     tasks = [t for t in args.tasks.split(",") if t] or list(harness.DEFAULT_TASKS)
     prog = Progress("harness (tasks)", len(tasks), args.quiet)
     m, details = harness.run_harness(ctx.score_fn, ctx.tok, tasks=tasks, data_dir=args.data_dir or None,
@@ -543,16 +523,12 @@ def run_harness(args, ctx: Loaded, write) -> None:
 
 
 def run_recall(args, ctx: Loaded, write) -> None:
-    from idattn.eval.recall import run_text_recall
-
     m, details = run_text_recall(ctx.score_fn, ctx.tok, niah_lengths=ints(args.niah_lengths),
                                  phonebook_sizes=ints(args.phonebook_sizes), n=args.recall_n, batch_size=1)
     write("recall", m, details)
 
 
 def run_decode(args, ctx: Loaded, write) -> None:
-    from idattn.eval.decode_bench import decode_benchmark
-
     m, details = decode_benchmark(ctx.model, ctx.params, contexts=ints(args.decode_contexts),
                                   batch_sizes=ints(args.decode_batches), steps=args.decode_steps,
                                   prefill_chunk=args.prefill_chunk)
@@ -567,9 +543,7 @@ def evaluate(args) -> int:
     Phases: resolve the command line, load the run's config and tokenizer, read every input and check it against
     the run's training documents (all refusals happen by then), load the parameters, then one function per suite,
     each writing one result file."""
-    import json
 
-    from idattn.rundir.schema import write_result
 
     resolved = _resolve(args)
     suites = resolved["suites"]

@@ -27,15 +27,19 @@ import argparse
 import sys
 from typing import Any
 
+import jax.numpy as jnp
+
+from idattn.data.tokenizer import load_tokenizer
+from idattn.eval import scoring
+from idattn.eval.scoring import model_score_fn
+from idattn.models import build_model
+from idattn.models.decoding import generate
+from idattn.rundir.loading import load_params
+
 _REGISTERED: dict[str, Any] = {}
 
 
 def _build(workdir: str, step: int | None, max_length: int | None):
-    from idattn.data.tokenizer import load_tokenizer
-    from idattn.eval.scoring import model_score_fn
-    from idattn.models import build_model
-    from idattn.rundir.loading import load_params
-
     config, params = load_params(workdir, step)
     model = build_model(config.model)
     tok = load_tokenizer(config.data.tokenizer)
@@ -54,7 +58,6 @@ def register():
                           "`harness` extra of idattn). idattn's own `python -m idattn.eval --suite=harness` "
                           "needs nothing extra.") from e
 
-    from idattn.eval import scoring
 
     @register_model("idattn")
     class IdattnLM(LM):
@@ -81,9 +84,7 @@ def register():
                                                  max_length=self.max_length, batch_size=self.batch_size)
 
         def generate_until(self, requests, disable_tqdm: bool = False):
-            import jax.numpy as jnp
 
-            from idattn.models.decoding import generate
 
             out = []
             for r in requests:

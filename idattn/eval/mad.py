@@ -46,9 +46,16 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
 import numpy as np
 
-from idattn.eval.synthetic import IGNORE
+from idattn.eval.synthetic import IGNORE, fit
+from idattn.layers.common import RMSNorm
+from idattn.models import build_model
+from idattn.models.llama import Decoder
+from idattn.models.spec import ModelSpec, spec_from_config
 
 TASKS: dict[str, dict[str, Any]] = {
     "in_context_recall": dict(vocab_size=16, seq_len=128, multi_query=True, num_train=12_800, num_test=1_280),
@@ -387,12 +394,7 @@ def _sincos(length: int, dim: int) -> np.ndarray:
 @functools.lru_cache(maxsize=None)
 def _auto_encoder_class():
     # defined on first use: flax is imported lazily (the generators and solvers need numpy only)
-    import flax.linen as nn
-    import jax.numpy as jnp
 
-    from idattn.layers.common import RMSNorm
-    from idattn.models.llama import Decoder
-    from idattn.models.spec import ModelSpec
 
     class AutoEncoder(nn.Module):
         spec: ModelSpec
@@ -421,7 +423,6 @@ def auto_encoder(model_cfg: Any):
     logits [B, T, V] float32. Called as the language model: ``apply({"params": p}, tokens, segment_ids=,
     positions=)``. Differences from mad-lab: our encoder ends in the LM's final RMSNorm (theirs feeds the
     residual stream to the decoder's first norm), and its blocks are ours (SwiGLU channel mixers)."""
-    from idattn.models.spec import spec_from_config
     return _auto_encoder_class()(spec_from_config(model_cfg))
 
 
@@ -457,11 +458,7 @@ def fit_and_score(model_cfg: Any, x_tr: np.ndarray, y_tr: np.ndarray, x_te: np.n
     MAD gives cosine to 1e-6 and no warmup; batches drawn with replacement from `seed` + 1; init from `seed`).
     The test set may be longer than the training set (idattn.eval.state_tracking). `auto_encode`: train
     ``auto_encoder``."""
-    import jax
-    import jax.numpy as jnp
 
-    from idattn.eval.synthetic import fit
-    from idattn.models import build_model
 
     model = auto_encoder(model_cfg) if auto_encode else build_model(model_cfg)
     res = fit(model, x_tr, y_tr, steps=steps, batch_size=batch_size, lr=lr, weight_decay=weight_decay,

@@ -27,11 +27,16 @@ import math
 import os
 from typing import Any, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from idattn import atomic
+from idattn.data import pipeline
 from idattn.eval import datasets as ds
 from idattn.eval.scoring import ScoreFn, loglikelihood_rolling, score_sequences
+from idattn.models import build_model
+from idattn.train.step import make_loss_sums
 
 # name -> (hf path, config, split, text field)
 CORPORA: dict[str, tuple[str, str | None, str, str]] = {
@@ -68,8 +73,6 @@ def validation_perplexity(score_fn: ScoreFn, docs_tokens: Sequence[Sequence[int]
 def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]], progress=None) -> dict[str, float]:
     """Token perplexity of packed batches exactly as the trainer validates: `apply_fn(params, batch) -> logits`
     on {"inputs", "targets", "segment_ids", "positions", "loss_mask"} [B, T]; loss = sum(nll * mask) / sum(mask)."""
-    import jax
-    import jax.numpy as jnp
 
     if not batches:
         raise ValueError("packed_perplexity: no batches (the held-out split is empty?).")
@@ -89,6 +92,47 @@ def packed_perplexity(apply_fn, params, batches: Sequence[dict[str, np.ndarray]]
             progress(1)
     loss = tot / max(cnt, 1.0)
     return {"loss": loss, "ppl": float(math.exp(loss)), "tokens": cnt}
+
+
+def eval_batches(config, tokenizer, length: int, total_tokens: int):
+    """The first `total_tokens` held-out tokens of config.data cut into rows of `length` (each a fresh context)."""
+    rows = total_tokens // length
+    b = max(d for d in range(1, min(rows, 16) + 1) if rows % d == 0)  # the largest batch of at most 16 rows
+    return pipeline.make_eval_batches(config.data, tokenizer, batch_size=b, seq_len=length, num_batches=rows // b)
+
+
+def perplexities(config, params, tokenizer, lengths, total_tokens) -> dict[int, float]:
+    """{L: exp(Σ m·nll / Σ m)} over `eval_batches` at each length L (the quickstart's and the study's protocol)."""
+    fn = jax.jit(make_loss_sums(build_model(config.model).apply))
+    out = {}
+    for length in lengths:
+        s = c = 0.0
+        for batch in eval_batches(config, tokenizer, length, total_tokens):
+            bs, bc = fn(params, batch)
+            s, c = s + float(bs), c + float(bc)
+        out[length] = math.exp(s / max(c, 1.0)) if math.isfinite(s) else float("nan")
+    return out
+
+
+def context_buckets(nll, mask, segment_ids, length: int, num_buckets: int = 8) -> dict[str, Any]:
+    """Per-bucket perplexity by the context a token had: its column minus the first column of its segment (a
+    packed row restarts the context at a document boundary). nll, mask, segment_ids: [rows, L] arrays.
+    `ratio` = ppl of the last bucket / ppl of the first (below 1: the model uses its context)."""
+    nll, mask, seg = np.asarray(nll, np.float64), np.asarray(mask, np.float64), np.asarray(segment_ids)
+    cols = np.broadcast_to(np.arange(seg.shape[1]), seg.shape)
+    start = np.zeros(seg.shape, np.int64)
+    for r in range(seg.shape[0]):  # first column of each token's segment
+        new = np.concatenate([[True], seg[r, 1:] != seg[r, :-1]])
+        start[r] = np.maximum.accumulate(np.where(new, cols[r], 0))
+    ctx_len = cols - start
+    width = max(1, -(-length // num_buckets))
+    edges = list(range(0, length, width)) + [length]
+    ppl = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        m = mask * ((ctx_len >= a) & (ctx_len < b))
+        ppl.append(float(np.exp((nll * m).sum() / m.sum())) if m.sum() > 0 else None)
+    ratio = ppl[-1] / ppl[0] if ppl and ppl[0] and ppl[-1] else None
+    return {"edges": edges, "bucket_ppl": ppl, "ratio": ratio}
 
 
 def _texts(rows: list[dict[str, Any]], field: str | None, corpus: str) -> list[str]:

@@ -28,10 +28,13 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from idattn.eval.scoring import ScoreFn, TextTokenizer, loglikelihood
-from idattn.eval.synthetic import IGNORE
+from idattn.eval.synthetic import IGNORE, fit
+from idattn.models import build_model
 
 # Zoology's standard MQAR grid (its `mqar` experiment config): (seq_len, num_kv_pairs, num_examples).
 MQAR_TRAIN_GRID = ((64, 4, 100_000), (128, 8, 20_000), (256, 16, 20_000), (256, 32, 20_000), (256, 64, 20_000))
@@ -111,11 +114,7 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
     Training is idattn.eval.synthetic.fit: the trainer's step (masked token cross-entropy, the update applied
     only when finite) with Zoology's optimiser: AdamW (b2 0.999, decay on every parameter), global-norm clip 1.0,
     linear warmup then cosine to lr/100."""
-    import jax
-    import jax.numpy as jnp
 
-    from idattn.eval.synthetic import fit
-    from idattn.models import build_model
 
     V = int(vocab_size or model_cfg.vocab_size)
     if V > model_cfg.vocab_size:
@@ -131,6 +130,11 @@ def train_mqar(model_cfg: Any, *, seq_len: int = 64, num_kv_pairs: int = 4, voca
                                           seq_len=seq_len, num_kv_pairs=num_kv_pairs, num_test=num_test, seed=seed,
                                           test_grid=test_grid)
     return out
+
+
+def mqar_metrics(seq_len: int, num_kv_pairs: int, acc: float, grid: dict[str, float]) -> dict[str, float]:
+    """An MQAR run's metrics: accuracy at the training setting and at each test-grid "T/P" (`mqar@TxP/acc`)."""
+    return {f"mqar@{seq_len}x{num_kv_pairs}/acc": acc, **{f"mqar@{k.replace('/', 'x')}/acc": v for k, v in grid.items()}}
 
 
 def mqar_scores(logits_fn: Callable[[np.ndarray], np.ndarray], *, vocab_size: int, seq_len: int,

@@ -33,6 +33,10 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax.linen import partitioning as nn_partitioning
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
 
 ScoreFn = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -65,8 +69,6 @@ def make_score_fn(apply_fn: Callable[[Any, jax.Array], jax.Array], params: Any =
     """
     place = None
     if mesh is not None:
-        from jax.sharding import NamedSharding, PartitionSpec as P
-
         rows_axes = tuple(a for a in mesh.axis_names if a != "sequence" and int(mesh.shape[a]) > 1)
         n_rows = int(np.prod([mesh.shape[a] for a in rows_axes])) if rows_axes else 1
         seq = int(dict(mesh.shape).get("sequence", 1))
@@ -108,9 +110,6 @@ class _mesh_context:
         self.mesh, self.rules, self.stack = mesh, rules, []
 
     def __enter__(self):
-        from flax.linen import partitioning as nn_partitioning
-
-        from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
         rules = tuple((str(n), tuple(a) if isinstance(a, list) else a) for n, a in
                       (DEFAULT_LOGICAL_AXIS_RULES if self.rules is None else self.rules))
         self.stack = [jax.set_mesh(self.mesh), nn_partitioning.axis_rules(rules)]
@@ -126,7 +125,6 @@ class _mesh_context:
 
 def sequence_mesh(sequence: int, devices=None):
     """A (data, fsdp, sequence, tensor) = (1, 1, N, 1) mesh of the first N devices, for `make_score_fn(mesh=)`."""
-    from jax.sharding import Mesh
 
     devices = list(jax.devices() if devices is None else devices)
     if int(sequence) < 1 or int(sequence) > len(devices):
@@ -146,7 +144,6 @@ def prefill_on_mesh(model, params, tokens, cache, mesh, chunk_size: int = 256, r
     prompt position, the cache after the prompt, gathered to the default device), so that decoding continues with
     `decoding.decode_step` exactly as after `decoding.prefill`. A chunk whose length the sequence axis does not
     divide runs unsplit on the mesh (exact either way)."""
-    from jax.sharding import NamedSharding, PartitionSpec as P
     tokens = np.asarray(tokens, np.int32)
     if tokens.ndim != 2 or tokens.shape[1] == 0:
         raise ValueError(f"prefill tokens: got shape {tokens.shape}; expected [B, P] with P ≥ 1")
@@ -322,8 +319,6 @@ def loglikelihood_rolling(score_fn: ScoreFn, docs_tokens: Sequence[Sequence[int]
 def score_ids(model, params, ids: list[int]) -> list[float | None]:
     """log p(ids[i] | ids[:i]) for i ≥ 1 of one sequence (float32 logits; `python -m idattn.score`); entry 0
     is None (nothing predicts the first token)."""
-    import jax
-    import jax.numpy as jnp
 
     tokens = jnp.asarray([ids], jnp.int32)
     logits = jax.jit(model.apply)({"params": params}, tokens)[0]

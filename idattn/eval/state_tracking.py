@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from idattn.eval import mad
 from idattn.eval.synthetic import IGNORE
 
 PROTOCOL = {"train_lengths": (3, 40), "test_lengths": (40, 256)}
@@ -116,7 +117,6 @@ def train_state_tracking(model_cfg: Any, task: str, *, steps: int, batch_size: i
                          log=print) -> dict[str, Any]:
     """Trains `idattn.models.build_model(model_cfg)` on `task` (MAD's optimiser and step: idattn.eval.mad.
     fit_and_score) at the training lengths and scores it at the test lengths: {"acc", "scaled", "loss", ...}."""
-    from idattn.eval import mad
 
     if TASKS[task]["vocab_size"] > model_cfg.vocab_size:
         raise ValueError(f"state tracking: task vocabulary {TASKS[task]['vocab_size']} exceeds "

@@ -4,9 +4,12 @@ for language-model runs, `synthetic_train_hash` for MQAR / MAD / state tracking;
 trains the run again)."""
 from __future__ import annotations
 
+import ast
 import hashlib
+import io
 import os
 import pathlib
+import tokenize
 
 PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # idattn/
 
@@ -31,9 +34,6 @@ def code_text(source: str) -> str:
     opening a module, class or function body, removed with the lines it spans); both agree across the Python
     versions this project runs (3.11 here, 3.12 on the device images), where token streams and `ast.dump` do not.
     Source that does not parse is hashed as it is."""
-    import ast
-    import io
-    import tokenize
     try:
         tree = ast.parse(source)
         comments = [t for t in tokenize.generate_tokens(io.StringIO(source).readline) if t.type == tokenize.COMMENT]

@@ -1,36 +1,32 @@
-"""Model fingerprints: a recorded run outlives a change of model code that leaves its function alone.
-
-A run records the hash of the model code it was trained with (code_hash.source_hash). When that code changes, a
-run in its own root is re-verified from its checkpoint (its perplexity or accuracy recomputed); a run restored
-from the record has no checkpoint, so until now it could only be read unchecked or trained again, and any edit
-under idattn/ops, layers or models (a comment, a new option that defaults off) froze the study's 277 runs.
+"""Model fingerprints: a recorded run outlives a change of model code that leaves its function alone (a restored run
+has no checkpoint to re-evaluate).
 
 A fingerprint is a small, exact probe of the function a model config computes: from a fixed init (key 0, not the
-run's seed: it probes the code, not the run) on a fixed batch of 2 rows x FP_LEN tokens (ragged across the
-16-token chunks, longer for wider chunks or an attention window: probe_len; the second row holds two documents,
-a segment reset at FP_RESET), in float32:
+run's seed: it probes the code, not the run) on a fixed batch of 2 rows x probe_len tokens (ragged across the
+chunks, past any attention window; the second row holds two documents, a segment reset at FP_RESET), in float32:
 
     [ℓ(θ0), ℓ(θ0 − 0.5·∇ℓ/‖∇ℓ‖), ‖∂ℓ/∂θ_1‖, ..., ‖∂ℓ/∂θ_P‖]   (θ_i: the parameter leaves, in tree order)
 
-with ℓ the mean next-token cross-entropy over the rows' valid positions: the forward pass, the gradient's
-direction, and the gradient of every parameter. The per-leaf norms are what make it see a mixer: at init the
-output is close to uniform and the residual stream is mostly the embedding, so a change inside the mixer (e.g.
-the readout's conjugation) moves ℓ by ~1e-7 relative, but the gradient of the mixer's own parameters by far more
-(tests/test_fingerprint.py). A run stores the fingerprint of its model config computed by the code that trained it
-({"src": that code's hash, "values": [...]}, marker key "fingerprint"). Under new code, the same config's
-fingerprint equal to it (relative FP_RTOL per value, on at least 1e-3 of the largest value's scale; a neutral
-edit compiles to the same program, so the values are equal to the last bit on one machine, and FP_RTOL only
-allows for another CPU's reassociation) means the
-function is unchanged where the probe looks, and the run is kept: `python -m idattn.repro verify` re-stamps it.
-What the probe cannot see: a change confined to what a 2-row init at probe_len tokens does not reach (longer
-contexts, parameter values far from init such as the κ bound, decoding). Such a change must be declared by hand
-(move the runs aside, or train again); docs/reproduction.md says so beside the command.
+with ℓ the mean next-token cross-entropy over the rows' valid positions. The per-leaf norms are what make it see a
+mixer: at init a change inside the mixer (e.g. the readout's conjugation) moves ℓ by ~1e-7 relative, but the
+gradient of the mixer's own parameters by far more (tests/test_fingerprint.py). A run stores the fingerprint of its
+config computed by the code that trained it (marker key "fingerprint": {"src", "version", "values"}); under new code
+the same config's values equal to it (relative FP_RTOL per value, on at least 1e-3 of the largest value's scale: a
+neutral edit compiles to the same program, FP_RTOL allows for another CPU's reassociation) keep the run. What the
+probe cannot see (longer contexts, parameter values far from init such as the κ bound, decoding) must be declared by
+hand: move the runs aside, or train again.
 """
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from flax import linen as nn
+
+from idattn.models import build_model
 
 FP_LEN = 37  # at least: 2 full 16-token chunks and a ragged tail (probe_len: longer for wider chunks or windows)
 FP_RESET = 20  # the second row's second document starts here
@@ -50,12 +46,6 @@ def probe_len(cfg: Any) -> int:
 def model_fingerprint(model_cfg: Any) -> list[float]:
     """[loss, loss after a step of length 0.5 down the gradient, the gradient norm of each parameter leaf] of
     build_model(model_cfg) at init key 0 on the module's fixed batch (module docstring), float32, Python floats."""
-    import jax
-    import jax.numpy as jnp
-    from flax import linen as nn
-
-    from idattn.models import build_model
-
     cfg = model_cfg.copy_and_resolve_references() if hasattr(model_cfg, "copy_and_resolve_references") else model_cfg
     model = build_model(cfg)
     V, T = int(cfg.vocab_size), probe_len(cfg)
@@ -123,7 +113,6 @@ def check(rec: dict[str, Any], src: str, config: Callable[[], tuple[Any, str]],
     `config()`: (the run's model config as the current configs build it, "") or (None, why not), called only when a
     probe is needed. `cache`: fingerprints by config, shared across calls (seeds share one probe). The caller
     writes `rec` back when the outcome is "stamped" or "verified"."""
-    import json
     fp = rec.get("fingerprint")
     if (rec.get("src") == src and fp and fp.get("version") == FP_VERSION
             and src in (fp.get("src"), fp.get("checked"))):

@@ -1,16 +1,12 @@
-"""The scale ladder (issue 20, item 2): the `ppl` table's protocol (Softmax, Interdomain, S4D-only at the primary Δ,
-every seed, perplexity at the training context on the same held-out KJV tokens) at the compute points of
-experiments/repro.py LADDER, each claim's per-seed ratio tabulated and plotted against compute with its 95%
-paired t interval, and the fitted trend (OLS of the per-seed log-ratio on log10 compute) with the 95% interval of
-its slope (idattn.studies.repro_verdicts.trend).
+"""The scale ladder: the `ppl` table's protocol (Softmax, Interdomain, S4D-only at the primary Δ, every seed,
+perplexity at the training context on the same held-out KJV tokens) at several compute points, each ratio claim's
+per-seed log-ratio with its 95% paired t interval per point, and the trend: the OLS slope of the per-seed log-ratio
+on log10 compute with its 95% interval (idattn.studies.repro_verdicts.trend; its sign only when the interval
+excludes 0, none with fewer than 3 points). Compute of a point: 6·N·D FLOPs, N = the Interdomain run's parameter
+count, D = steps x batch x context tokens.
 
-Compute of a point: 6 · N · D FLOPs, N = the Interdomain run's parameter count (the trainer's, in its marker), D =
-steps x batch x context tokens. The slope's sign says whether the ratio moves with scale (and toward the paper's
-value or away); it is "undetermined" when its interval contains 0, and no sign is given with fewer than 3
-points. The per-point words follow the verdict rule of repro_verdicts (toy size: none).
-
-`python -m idattn.repro ladder --root=DIR` trains what is missing (hours at the top point; see LADDER's cost
-note) and writes DIR/ladder.md, DIR/ladder.json and DIR/ladder.png; `--render_only` tabulates what exists.
+`ladder`: the points of experiments/repro.py LADDER (the previous recipe); `climb`: the points of CLIMB, each with
+its own recipe and seeds (the new ladder). Written as DIR/<table>.md, .json and .png.
 """
 from __future__ import annotations
 
@@ -21,13 +17,10 @@ from typing import Any
 
 from idattn import atomic
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import Ctx, lm_ppl, missing_note, read_marker, run_cost, write_table
-from idattn.studies.repro_verdicts import B_MARGIN, NO_VERDICT, judge, trend
-
-CLAIMS = {  # claim: (numerator mixer, denominator mixer, line, paper's side, label, paper value)
-    "a": ("s4d_only", "interdomain", 0.0, "above", "S4D-only / Interdomain ppl", 19.22 / 16.48),
-    "b": ("interdomain", "softmax", B_MARGIN, "below", "Interdomain / Softmax ppl", 16.48 / 16.65),
-}
+from idattn.studies.claims import CLAIMS, RATIO_CLAIMS
+from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_verdicts import NO_VERDICT, judge, trend
+from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
 
 
 def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
@@ -86,7 +79,9 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
 def claim_stats(points: list[dict[str, Any]]) -> dict[str, Any]:
     """Per claim: per point the per-seed log-ratios, their interval and word; the trend over compute."""
     res: dict[str, Any] = {}
-    for c, (num, den, line, side, label, paper) in CLAIMS.items():
+    for c in RATIO_CLAIMS:
+        num, den, line, side, label, paper = (getattr(CLAIMS[c], k) for k in ("num", "den", "line", "side", "stat",
+                                                                             "paper"))
         per_point = []
         for p in points:
             vals = [math.log(a / b) for a, b in zip(p["ppl"][num], p["ppl"][den]) if a is not None and b is not None]
@@ -99,11 +94,11 @@ def claim_stats(points: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _plot(path: str, points, stats) -> str | None:
-    """The ladder figure: one panel per claim, ratio against compute. None without matplotlib, or while no claim
-    has a paired seed at any point yet (the first runs of a ladder: nothing to put on a log axis)."""
+    """The ladder figure: one panel per claim, ratio against compute. None while no claim has a paired seed at any
+    point yet (the first runs of a ladder: nothing to put on a log axis), or without matplotlib."""
     if not any(p["flops"] and pp["interval"]["n"] for st in stats.values() for p, pp in zip(points, st["points"])):
         return None
-    try:
+    try:  # matplotlib is an optional extra: the table is written without its figure
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -136,10 +131,13 @@ def _plot(path: str, points, stats) -> str | None:
     return path
 
 
-def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
-    """The ladder table of `ctx`'s invocation (its root, seeds, flags) over experiments/repro.py LADDER."""
+def table_ladder(ctx: Ctx, ctx_of=None, table: Table | None = None) -> dict[str, Any]:
+    """The ladder table of `ctx`'s invocation (its root, seeds, flags) over experiments/repro.py LADDER, or with
+    `table` CLIMB_TABLE over CLIMB (each point with its own seeds: a seed a point does not have is not missing)."""
     t0 = time.time()
-    sizes = tuple(getattr(ctx.exp, "LADDER", ())) if ctx.size != "toy" else ()
+    table = table or TABLE
+    climb = table.name == "climb"
+    sizes = tuple(getattr(ctx.exp, "CLIMB" if climb else "LADDER", ())) if ctx.size != "toy" else ()
     if ctx_of is None:
         ctx_of = ctx.for_size
     points = ladder_points(ctx_of, sizes, ctx.seeds)
@@ -161,12 +159,16 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
             trend_lines.append(f"- ({c}) {st['label']}: slope of ln ratio per decade of compute {tr['slope']:+.4f} "
                                f"[95% t CI {tr['lo']:+.4f}, {tr['hi']:+.4f}] over {tr['n']} runs at "
                                f"{tr['points']} points: sign {tr['sign']}")
-    png = _plot(ctx.table_path("ladder", "png"), points, stats) if any(p["flops"] for p in points) else None
+    png = _plot(ctx.table_path(table.name, "png"), points, stats) if any(p["flops"] for p in points) else None
     cost = sum(p["compute_s"] for p in points)
-    missing = [m for p in points for m in p["missing"]]
+    missing = [m for p in points for m in p["missing"]
+               if not climb or int(m.rsplit("-s", 1)[1]) in ctx.exp.SEEDS[m.split("/")[0]]]
+    recipe = ("the recipe of each point of experiments/repro.py CLIMB (its own steps, batch, warmup and peak LR, "
+              "chosen by the pilot's rule; the pilot table lists them) and its own seeds (SEEDS)" if climb else
+              "the `ppl` table's recipe at each size of experiments/repro.py LADDER")
     md = "\n".join([
-        "## Scale ladder: the Fig. 2 protocol at several compute points", "",
-        (f"Ours: embedded KJV corpus, the `ppl` table's recipe at each size of experiments/repro.py LADDER, "
+        "## " + table.title, "",
+        (f"Ours: embedded KJV corpus, {recipe}, "
          f"{ctx.exp.PRIMARY_DT} Δ, seeds {list(ctx.seeds)}; per point the ratio of the geometric means over seeds "
          "with the 95% paired t interval of the mean per-seed log-ratio, and the verdict rule's word there. The "
          "paper's ratios (125M, FineWeb-Edu) are never fitted with ours." if sizes else
@@ -177,7 +179,41 @@ def table_ladder(ctx: Ctx, ctx_of=None) -> dict[str, Any]:
         (f"Figure: {os.path.basename(png)}" if png else "No figure (no point has runs yet)."), "",
         f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table."
         + _devices_note(points) + missing_note(missing, ctx, "rerun without --render_only to train them")])
-    data = {"table": "ladder", "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
+    data = {"table": table.name, "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
-    write_table(ctx, "ladder", md, data)
+    write_table(ctx, table.name, md, data)
     return data
+
+
+def climb_order(exp, seeds) -> list[tuple[str, int]]:
+    """(size, seed) in training order: first the seeds every point has (SEEDS[size], within `seeds`), point by
+    point from the bottom, then the extra seeds of the points that have more (the top two: 5), again bottom-up;
+    so a stop leaves a complete 3-seed ladder before any fourth seed."""
+    sizes = tuple(getattr(exp, "CLIMB", ()))
+    if not sizes:
+        return []
+    own = {z: [s for s in exp.SEEDS[z] if s in seeds] for z in sizes}
+    base = min(len(v) for v in own.values())
+    return ([(z, s) for z in sizes for s in own[z][:base]] + [(z, s) for z in sizes for s in own[z][base:]])
+
+
+def table_climb(ctx: Ctx) -> dict[str, Any]:
+    """The new ladder: the ladder table over experiments/repro.py CLIMB, each point with its own recipe (steps,
+    batch, warmup, peak LR) and its own seeds (SEEDS[size]), trained in climb_order first. `--seeds` limits the
+    seeds trained and shown (default: every point's own)."""
+    sizes = tuple(getattr(ctx.exp, "CLIMB", ())) if ctx.size != "toy" else ()
+    chosen = set(ctx.seeds) if ctx.seeds_given else {s for z in sizes for s in ctx.exp.SEEDS[z]}
+    for size, s in climb_order(ctx.exp, chosen) if sizes else []:
+        c = ctx.for_size(size)
+        for m in ("softmax", "interdomain", "s4d_only"):
+            lm_ppl(c, m, ctx.exp.PRIMARY_DT, s, [c.train_len()])
+    top = ctx.for_size(ctx.size)
+    top.seeds = tuple(sorted({s for z in sizes for s in ctx.exp.SEEDS[z] if s in chosen})) or tuple(ctx.seeds)
+    top.render_only = True  # trained above, in climb_order; the table reads
+    return table_ladder(top, table=CLIMB_TABLE)
+
+
+TABLE = Table("ladder", "Scale ladder: the Fig. 2 protocol at several compute points", table_ladder, at_toy=False,
+              where="ladder (previous recipe)")
+CLIMB_TABLE = Table("climb", "Scale ladder, the new recipe: the Fig. 2 protocol at the points of CLIMB", table_climb,
+                    at_toy=False, where="new ladder")

@@ -17,7 +17,7 @@ import os
 
 from idattn.configs.mqar import get_config as mqar_config
 from idattn.eval.markdown import markdown_table
-from idattn.eval.recall import train_mqar
+from idattn.eval.recall import mqar_metrics, train_mqar
 from idattn.rundir.schema import write_result
 
 
@@ -44,9 +44,8 @@ def main(argv=None) -> None:
         res.pop("params")
         rows.append((mixer, res))
         if args.workdir:
-            metrics = {f"mqar@{q.seq_len}x{q.num_kv_pairs}/acc": res["acc"]}
-            metrics.update({f"mqar@{k.replace('/', 'x')}/acc": v for k, v in res["grid"].items()})
-            write_result(os.path.join(args.workdir, mixer.replace("/", "_")), "recall", steps, metrics,
+            write_result(os.path.join(args.workdir, mixer.replace("/", "_")), "recall", steps,
+                         mqar_metrics(q.seq_len, q.num_kv_pairs, res["acc"], res["grid"]),
                          run={"mixer": mixer, "size": "tiny", "task": "mqar"}, details=res)
     print(f"\nMQAR T={args.seq_len} pairs={args.pairs}")
     print(markdown_table(["mixer", "query acc", "final loss", "steps", "seconds", "other (T/pairs: acc)"],

@@ -21,6 +21,7 @@ least 30% below the unigram baseline.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -28,51 +29,25 @@ import shutil
 import sys
 import time
 
+import jax
 import numpy as np
+from absl import logging as absl_logging
 
-from idattn import atomic
-from idattn.configs import packaged_config
+from idattn import atomic, train as trainer
+from idattn.configs import packaged_config, quickstart as experiment
+from idattn.data import pipeline, tokenizer as tok_lib
 from idattn.eval.markdown import markdown_table
+from idattn.eval.perplexity import eval_batches, perplexities
+from idattn.rundir.layout import config_to_dict
+from idattn.rundir.schema import read_results, write_result
+from idattn.studies.claims import label
+from idattn.studies.code_hash import source_hash, train_code_hash
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
-NAMES = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only"}
 REQUIRED_GAIN = 0.30
 
 
-def load_experiment():
-    from idattn.configs import quickstart
-    return quickstart
-
-
-def _divisor_at_most(n: int, cap: int) -> int:
-    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
-
-
-def eval_batches(config, tokenizer, length: int, total_tokens: int):
-    from idattn.data import pipeline
-    rows = total_tokens // length
-    b = _divisor_at_most(rows, 16)
-    return pipeline.make_eval_batches(config.data, tokenizer, batch_size=b, seq_len=length, num_batches=rows // b)
-
-
-def perplexities(config, params, tokenizer, lengths, total_tokens) -> dict[int, float]:
-    import jax
-
-    from idattn.models import build_model
-    from idattn.train.step import make_loss_sums
-    fn = jax.jit(make_loss_sums(build_model(config.model).apply))
-    out = {}
-    for length in lengths:
-        s = c = 0.0
-        for batch in eval_batches(config, tokenizer, length, total_tokens):
-            bs, bc = fn(params, batch)
-            s, c = s + float(bs), c + float(bc)
-        out[length] = math.exp(s / max(c, 1.0)) if math.isfinite(s) else float("nan")
-    return out
-
-
 def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: int) -> tuple[dict[int, float], int]:
-    from idattn.data import pipeline
     v = int(config.model.vocab_size)
     counts = np.zeros(v, np.float64)
     it = pipeline.make_train_iterator(config.data, tokenizer, global_batch_size=int(config.train.batch_size),
@@ -96,7 +71,7 @@ def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: in
 def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) -> dict[str, str]:
     """The length sweep (what `perplexities` measured: the first `eval_tokens` held-out tokens in rows of L
     tokens), not the trainer's validation perplexity; returns the axis labels and title as drawn."""
-    import matplotlib
+    import matplotlib  # an optional extra: imported only to draw
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -139,10 +114,6 @@ RUN_MARKER = "quickstart-run.json"  # per run: code and config hashes, recorded 
 def run_identity(config) -> dict[str, str]:
     """What makes a finished quickstart run reusable: the code that trains and evaluates it (idattn.studies.code_hash)
     and its config."""
-    import hashlib
-
-    from idattn.rundir.layout import config_to_dict
-    from idattn.studies.code_hash import source_hash, train_code_hash
     cfg = json.dumps(config_to_dict(config), sort_keys=True, default=str)
     return {"code": f"{source_hash()}-{train_code_hash()}", "config": hashlib.sha1(cfg.encode()).hexdigest()[:12]}
 
@@ -186,15 +157,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     t0 = time.time()
-    from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)  # orbax logs every file at INFO
-    import jax
-
-    from idattn.data import tokenizer as tok_lib
-    from idattn.rundir.schema import read_results, write_result
-    from idattn.train import load_params, run
-
-    exp = load_experiment()
+    exp = experiment
     lengths = tuple(exp.EVAL_LENGTHS)
     mixers = [m.strip() for m in args.mixers.split(",") if m.strip()]
     args.workdir = os.path.abspath(args.workdir)
@@ -211,14 +175,14 @@ def main(argv=None) -> int:
         wd = os.path.join(args.workdir, mixer)
         if args.fresh and os.path.exists(wd):
             shutil.rmtree(wd)
-        print(f"\n=== {NAMES.get(mixer, mixer)}: python -m idattn.train --config={QUICKSTART_CONFIG}:{mixer} "
+        print(f"\n=== {label(mixer)}: python -m idattn.train --config={QUICKSTART_CONFIG}:{mixer} "
               f"--workdir={wd}", flush=True)
         ident = run_identity(config)
         rec = claim_run(wd, ident)
         reused = bool(rec.get("finished"))
         ts = time.time()
         write_run_marker(wd, dict(rec, **ident, finished=reused, train_s=float(rec.get("train_s", 0.0))))
-        summary = run(config, wd)
+        summary = trainer.run(config, wd)
         # a reused run reports the time it recorded; a resumed one its earlier time plus this invocation's
         train_s = float(rec.get("train_s", 0.0)) + (0.0 if reused else time.time() - ts)
         write_run_marker(wd, dict(ident, finished=summary["status"] == "done", train_s=train_s))
@@ -226,9 +190,9 @@ def main(argv=None) -> int:
             print("stopped by SIGTERM; rerun to continue", file=sys.stderr)
             return 143
         if reused:
-            print(f"{NAMES.get(mixer, mixer)}: reused the finished run in {wd} (same code and config; trained in "
+            print(f"{label(mixer)}: reused the finished run in {wd} (same code and config; trained in "
                   f"{train_s:.0f} s then)", flush=True)
-        cfg, params = load_params(wd)
+        cfg, params = trainer.load_params(wd)
         tokenizer = tok_lib.load_tokenizer(cfg.data.tokenizer)
         ppl = perplexities(cfg, params, tokenizer, lengths, exp.EVAL_TOKENS)
         step = int(cfg.train.num_steps)
@@ -240,10 +204,10 @@ def main(argv=None) -> int:
                      protocol={"corpus": "kjv.val", "tokens": exp.EVAL_TOKENS, "context": list(lengths),
                                "method": "rows of L tokens from the first eval_tokens held-out tokens"})
         val = [r for r in read_results(wd, "validation") if not r["tagged"] and r["step"] == step]
-        rows.append({"mixer": mixer, "name": NAMES.get(mixer, mixer), "params": summary["num_params"],
+        rows.append({"mixer": mixer, "name": label(mixer), "params": summary["num_params"],
                      "train_s": train_s, "reused": reused, "ppl": ppl, "val_ppl": val[0]["metrics"]["ppl"] if val else float("nan"),
                      "val_tokens": int(val[0]["details"].get("tokens", 0)) if val else 0})
-        print(f"{NAMES.get(mixer, mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
+        print(f"{label(mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
               + f"  ({time.time() - ts:.0f} s)", flush=True)
 
     tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)

@@ -1,23 +1,17 @@
-"""The pilot (issue 32, item 1): the seed spread of one mixer pair at the new ladder's lowest point, measured before
-the ladder's recipe (experiments/repro.py CLIMB) is fixed.
+"""The pilot: the seed spread of Softmax and Interdomain at the new ladder's lowest point, measured before the
+ladder's recipe (experiments/repro.py CLIMB) is fixed.
 
-`python -m idattn.repro pilot --root=DIR` trains experiments/repro.py PILOT: Softmax and Interdomain (the `ppl`
-protocol on KJV, the primary Δ) at the `small` model with batch 16 x 256, for each (steps, peak LR) cell and each
-seed, with the real trainer (`idattn.repro`'s run reuse, markers and `--archive` as every table), and writes
-DIR/pilot.md and DIR/pilot.json: per cell and mixer the per-seed ln ppl (ppl) at the training context and its sd
-over seeds, the per-seed maximum of the logged training loss after warmup and its largest rise above the running
-minimum (spikes), and per cell the sd of the paired statistics the verdicts use:
+`python -m idattn.repro pilot --root=DIR` trains experiments/repro.py PILOT (the `ppl` protocol on KJV, the primary
+Δ, batch 16 x 256) for each (steps, peak LR) cell and seed, and writes per cell and mixer the per-seed ln ppl and
+its sd over seeds, the logged training loss's maximum after warmup and its largest rise (spikes), and per cell the
+sd of the paired statistics the verdicts use:
 
   ln(ppl_Interdomain / ppl_Softmax) per seed     the pair's log-ratio ((a) and (b) are such log-ratios)
-  ln R_Interdomain, R = ppl@4x / ppl@1x          (c)'s "Interdomain flat" part (KJV here; the study's (c) is on
-  ln R_Softmax − ln R_Interdomain                the stdlib corpus: the pilot's sd is the estimate at hand)
+  ln R_Interdomain, R = ppl@4x / ppl@1x          (c)'s "Interdomain flat" part (KJV here)
+  ln R_Softmax − ln R_Interdomain                (c)'s gap
 
-and THE RULE applied to them: the predicted half-width of the 95% paired t interval with n seeds,
-h(n) = t(0.975, n−1)·sd/√n (idattn.studies.repro_verdicts.t975), must be below half the paper's effect (TARGETS,
-computed from idattn.eval.paper_numbers: the distance from the paper's value of the statistic to the claim's line).
-The pilot's sd stands in for the (a) statistic's (it measures Interdomain against Softmax; S4D-only is not run
-in the pilot), which is stated with the table. At toy size there is no pilot (it is defined for the
-reproduction's sizes only).
+and THE RULE: the predicted half-width of the 95% paired t interval with n seeds, h(n) = t(0.975, n−1)·sd/√n, must
+be below half the paper's effect (the distance from the paper's value of the statistic to the claim's line).
 """
 from __future__ import annotations
 
@@ -26,52 +20,40 @@ import os
 import time
 from typing import Any
 
+from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import LABEL, Ctx, lm_ppl, missing_note, read_marker, run_cost, write_table
-from idattn.studies.repro_verdicts import B_MARGIN, t975
+from idattn.models.counting import count_params_closed
+from idattn.studies.claims import CLAIMS, label
+from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_verdicts import half_width, sd
+from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
 
 
 def targets() -> dict[str, dict[str, Any]]:
     """The effects the pilot's sd must resolve: per claim statistic, the paper's value, the claim's line and the
-    effect (their distance), all from idattn.eval.paper_numbers."""
-    from idattn.eval import paper_numbers as P
-    pp = P.VAL_PPL["125m"]
+    effect (their distance), from idattn.eval.paper_numbers and the claims of idattn/studies/claims.py."""
     t2 = P.TABLE2
     r_soft = math.log(t2["softmax"][-1] / t2["softmax"][0])
     r_inter = math.log(t2["interdomain"][-1] / t2["interdomain"][0])
+    a, b = CLAIMS["a"], CLAIMS["b"]
     out = {
-        "a": dict(stat="ln(ppl_S4D-only / ppl_Interdomain)", paper=math.log(pp["s4d_only"] / pp["interdomain"]),
-                  line=0.0, source="Fig. 2 / Table 4, 125M: 19.22 / 16.48", sd_from="pair"),
+        "a": dict(stat="ln(ppl_S4D-only / ppl_Interdomain)", paper=math.log(a.paper), line=a.line,
+                  source="Fig. 2 / Table 4, 125M: 19.22 / 16.48", sd_from="pair"),
         "c_gap": dict(stat="ln R_Softmax − ln R_Interdomain", paper=r_soft - r_inter, line=0.0,
                       source="Table 2, 1.3B, 14K / 4K: Softmax 55.92 / 12.79, Interdomain 14.26 / 14.36",
                       sd_from="c_gap"),
         "c_flat": dict(stat="ln R_Interdomain (line ln 1.05)", paper=r_inter, line=math.log(1.05),
                        source="Table 2, 1.3B, 14K / 4K: Interdomain 14.26 / 14.36", sd_from="r_inter"),
-        "b": dict(stat="ln(ppl_Interdomain / ppl_Softmax) (line ln 1.02)", paper=math.log(pp["interdomain"] / pp["softmax"]),
-                  line=B_MARGIN, source="Fig. 2 / Table 4, 125M: 16.48 / 16.65", sd_from="pair"),
+        "b": dict(stat="ln(ppl_Interdomain / ppl_Softmax) (line ln 1.02)", paper=math.log(b.paper), line=b.line,
+                  source="Fig. 2 / Table 4, 125M: 16.48 / 16.65", sd_from="pair"),
     }
     for v in out.values():
         v["effect"] = abs(v["paper"] - v["line"])
     return out
 
 
-# the claims the rule is fixed for (issue 32: (a) and (c)); (b) is shown for information
+# the claims the rule is fixed for ((a) and (c)); (b) is shown for information
 RULE_CLAIMS = ("a", "c_gap", "c_flat")
-
-
-def half_width(sd: float | None, n: int) -> float | None:
-    """Predicted half-width of the 95% paired t interval of a mean over n seeds with this sd."""
-    if sd is None or n < 2:
-        return None
-    return t975(n - 1) * sd / math.sqrt(n)
-
-
-def sd(values) -> float | None:
-    v = [float(x) for x in values if x is not None and math.isfinite(x)]
-    if len(v) < 2:
-        return None
-    m = sum(v) / len(v)
-    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
 
 
 def curve_stats(curve, warmup: int) -> dict[str, float | None]:
@@ -163,7 +145,7 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
                 f"{cell['warmup']}, LR {cell['peak_lr']:g}")
         for m in pilot["mixers"]:
             p = cell["per"][m]
-            rows.append([head, LABEL[m],
+            rows.append([head, label(m),
                          " / ".join("—" if v is None else f"{v:.3f} ({math.exp(v):.1f})" for v in p["ln_ppl"]),
                          _f(cell["sd"][f"ln_ppl_{m}"], 4),
                          " / ".join("—" if c is None else _f(c["max_after_warmup"], 2) for c in p["curve"]),
@@ -185,7 +167,7 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
                     f"effect {T[c]['effect']:.4f}, half {T[c]['effect'] / 2:.4f}" for c in RULE_CLAIMS + ("b",))
     z0 = ctx.exp.SIZES[cells[0]["size"]]["model"] if cells else {}
     md = "\n".join([
-        "## Pilot: seed spread at the new ladder's lowest point (issue 32)", "",
+        "## " + TABLE.title, "",
         f"Ours: embedded KJV corpus, SentencePiece 1024 pieces, d_model {z0.get('d_model')} x {z0.get('num_layers')} "
         f"layers (the `small` model), context 256, batch {pilot['batch_size']} x 256, cosine to 1e-4 after a warmup "
         f"of {pilot['warmup_frac']:.0%} of the steps, {ctx.exp.PRIMARY_DT} Δ, float32 on one CPU core, seeds "
@@ -238,7 +220,6 @@ def recipe_rows(exp, sizes=None) -> list[dict[str, Any]]:
     """Per ladder point (default experiments/repro.py CLIMB): its recipe, parameters (Interdomain, closed form),
     6·N·D, seeds, and the estimated cost of its runs (the ladder's three mixers; steps x measured step time x
     batch / 16 + RUN_OVERHEAD_S per run)."""
-    from idattn.models.counting import count_params_closed
     out = []
     for size in (getattr(exp, "CLIMB", ()) if sizes is None else sizes):
         z = exp.SIZES[size]
@@ -279,3 +260,6 @@ def recipe_md(exp, sizes=None) -> str:
         f"per step measured on one core) + {exp.RUN_OVERHEAD_S:.0f} s per run (compilation, evaluation, "
         "checkpoints). * a mixer's step time estimated from Interdomain's at that size (STEP_S says which).",
     ])
+
+
+TABLE = Table("pilot", "Pilot: seed spread at the new ladder's lowest point", table_pilot, at_toy=False)

@@ -1,70 +1,32 @@
-"""Issue 34's evaluation: what the selective core (per-token Δ_t, and Mamba-3's rotation θ_t) buys, on the tasks
-where time-invariant cores are known to fail.
+"""The selective core (per-token Δ_t, and Mamba-3's rotation θ_t): what it buys on the tasks where time-invariant
+cores are known to fail.
 
-    python -m idattn.repro selective --root=DIR [--toy] [--restore=docs/reproduction-runs.json --archive=...]
-        [--only=MIXERS --seeds=SEEDS --tasks=state,mad,mqar,lm]   # train a part; the rest is read
+    python -m idattn.repro selective --root=DIR [--toy] [--only=MIXERS --seeds=SEEDS --tasks=state,mad,mqar,lm]
 
 Six models (experiments/repro.py SELECTIVE), 3 seeds each: Softmax, Interdomain (LTI), Interdomain-selective,
-Interdomain-selective+phase, S4D-only (LTI), and S4D-only-selective (the Mamba-like control: a selective decay and
-no query readout). Each task keeps a recipe of the reproduction's lower points, where its seeds agree:
-
-- selective copying and in-context recall: MAD's tasks, model (d 64 x 2) and optimiser with 10x the `mad` table's
-  steps (SELECTIVE_MAD: the size `mad-s2000`, where Softmax learns selective copying; runs of their own);
-- state tracking: parity and modular arithmetic without brackets (idattn.eval.state_tracking: trained at 3-40
-  tokens, scored at 40-256, scaled accuracy; STATE_TRACKING);
-- MQAR: the recall table's (trained at 64 x 4, scored at 64 x 4, 64 x 8, 128 x 16; MQAR);
-- KJV perplexity at the climb's two lowest points (SELECTIVE_LM; the Softmax / Interdomain / S4D-only runs there
-  are the climb's own).
-
-Questions, each a paired per-seed difference (accuracy points) or log ratio (perplexity) judged by the project's
-verdict rule (95% t interval over seeds; a word only when it excludes the line; idattn/studies/repro_verdicts.py):
-
-  (s1) selectivity copies: acc(Interdomain-selective) − acc(Interdomain) > 0 on selective copying
-  (s2) the phase tracks parity: scaled(Interdomain-selective+phase) − scaled(Interdomain-selective) > 0
-  (s3) the phase tracks arithmetic: the same on modular arithmetic
-  (s4) selectivity recalls: MQAR acc(Interdomain-selective) − acc(Interdomain) > 0 at 64 x 4
-  (s5) selectivity models language: ppl(Interdomain) / ppl(Interdomain-selective) > 1, at each LM point
-  (s6) the query readout still matters under a selective core: ppl(S4D-only-selective) /
-       ppl(Interdomain-selective) > 1, at each LM point
-
-Published numbers (Mamba: selective copying; Mamba-3: state tracking) are shown in their own table, beside ours
-and never mixed with them: other models, data, lengths and training.
+Interdomain-selective+phase, S4D-only (LTI) and S4D-only-selective (a selective decay without the query readout),
+on selective copying and in-context recall (MAD at 10x the `mad` table's steps: SELECTIVE_MAD), state tracking
+(parity, modular arithmetic without brackets, trained at 3-40 tokens and scored at 40-256: STATE_TRACKING), MQAR
+(the recall table's) and KJV perplexity at two ladder points (SELECTIVE_LM). Questions (s1)-(s6):
+idattn/studies/claims.py QUESTIONS. Published numbers (Mamba, Mamba-3) are shown in their own table, never mixed
+with ours.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
-from idattn.studies.repro_runs import (LABEL, Ctx, check_reuse, ensure_mqar, finish_run, lm_ppl, log,
-                                       missing_note, move_aside, read_marker, read_only, run_cost, run_name,
-                                       source_hash, synthetic_train_hash, trained_on, write_marker, write_table)
-from idattn.studies.repro_hybrid import answer_question
+from idattn.eval.state_tracking import PROTOCOL, TASKS as STATE_TASKS
+from idattn.studies.claims import QUESTIONS, label
+from idattn.studies.repro_runs import lm_ppl, mad_dir, mad_run, mqar_run, state_dir, state_run
+from idattn.studies.repro_verdicts import answer
+from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
 
-# (numerator model, denominator model, task key, line, side, text): differences in accuracy points
-ACC_QUESTIONS = {
-    "s1": ("interdomain-selective", "interdomain", "mad/selective_copying", 0.0, "above",
-           "selectivity copies: acc(Interdomain-selective) − acc(Interdomain) > 0 on selective copying"),
-    "s2": ("interdomain-selective+phase", "interdomain-selective", "state/parity", 0.0, "above",
-           "the phase tracks parity: scaled acc(Interdomain-selective+phase) − scaled acc(Interdomain-selective) > 0"),
-    "s3": ("interdomain-selective+phase", "interdomain-selective", "state/modular_arithmetic", 0.0, "above",
-           "the phase tracks arithmetic: scaled acc(Interdomain-selective+phase) − scaled acc(Interdomain-selective) "
-           "> 0 on modular arithmetic"),
-    "s4": ("interdomain-selective", "interdomain", "mqar", 0.0, "above",
-           "selectivity recalls: MQAR acc(Interdomain-selective) − acc(Interdomain) > 0 at the training setting"),
-}
-# (numerator, denominator, line, side, text): log ratios of perplexity, at each LM point
-PPL_QUESTIONS = {
-    "s5": ("interdomain", "interdomain-selective", 0.0, "above",
-           "selectivity models language: ppl(Interdomain) / ppl(Interdomain-selective) > 1"),
-    "s6": ("s4d_only-selective", "interdomain-selective", 0.0, "above",
-           "the query readout still matters under a selective core: ppl(S4D-only-selective) / "
-           "ppl(Interdomain-selective) > 1"),
-}
-# Published numbers the table echoes (BEYOND.md section 4), in %: other models, data and training.
+TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # --tasks: the families one invocation trains
+# Published numbers the table echoes, in %: other models, data and training.
 PUBLISHED = (
     ("Mamba (arXiv 2312.00752), selective copying", "S4 (LTI) 18.3", "Mamba (selective) 99.8"),
     ("Mamba-3 (arXiv 2603.15569), parity, scaled", "Mamba-2 0.90; Mamba-3 without RoPE 2.27", "Mamba-3 100"),
@@ -72,86 +34,8 @@ PUBLISHED = (
 )
 
 
-def label(mixer: str) -> str:
-    base, sep, core = mixer.partition("-selective")
-    name = LABEL.get(base, base)
-    return f"{name}-selective{core}" if sep else name
-
-
-def state_dir(ctx: Ctx, mixer: str, task: str, seed: int) -> str:
-    return os.path.join(ctx.root, "runs", ctx.size, "state", f"{run_name(mixer)}-{task}-s{seed}")
-
-
-def state_recipe(ctx: Ctx) -> dict[str, Any]:
-    return json.loads(json.dumps(ctx.exp.STATE_TRACKING[ctx.size]))
-
-
-def state_model_config(ctx: Ctx, mixer: str):
-    """The MQAR recipe's model for `mixer` (experiments/repro.py get_mqar_config) at STATE_TRACKING's width and
-    depth, with a 16-token vocabulary (the tasks use 4 and 10)."""
-    c = ctx.exp.get_mqar_config(mixer, ctx.size).model
-    c.update(ctx.exp.STATE_TRACKING[ctx.size]["model"])
-    c.vocab_size = 16
-    return c
-
-
-def ensure_state(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | None:
-    """{"acc", "scaled"} of one (mixer, task, seed) state-tracking run: read, or trained now; None if not there."""
-    from idattn.eval.state_tracking import train_state_tracking
-    from idattn.rundir.schema import read_results, write_result
-    wd = state_dir(ctx, mixer, task, seed)
-    recipe = state_recipe(ctx)
-    m = read_marker(wd)
-
-    def read() -> dict[str, float] | None:
-        recs = read_results(wd, "state") if os.path.isdir(wd) else []
-        if not recs:
-            return None
-        met, det = recs[-1]["metrics"], recs[-1].get("details") or {}
-        out = {"acc": float(met[f"state/{task}/acc"]), "scaled": float(met[f"state/{task}/scaled"])}
-        if det.get("loss") is not None:  # the last training batch's loss: was the task learnt at training lengths?
-            out["train_loss"] = float(det["loss"])
-        return out
-
-    if ctx.skip(mixer):
-        read_only(ctx, wd, m)  # names it when its model code is not the current
-        return read() if m.get("status") == "done" and m.get("recipe") == recipe else None
-    src = source_hash()
-    if m and m.get("recipe") != recipe and not ctx.keep_stale:
-        move_aside(wd, m, "trained with another state-tracking recipe")
-    train_src = synthetic_train_hash()
-    model = state_model_config(ctx, mixer)
-    reused = check_reuse(wd, src, ctx.keep_stale, train_src=train_src, model=model, ctx=ctx)
-    if reused.get("status") == "done" and read() is not None:
-        return read()
-    r = ctx.exp.STATE_TRACKING[ctx.size]
-    write_marker(wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
-                       "size": ctx.size, "status": "training", "recipe": recipe, "trained_on": trained_on()})
-    t0 = time.time()
-    log(f"state tracking {task} {mixer} seed {seed}: {r['steps']} steps x {r['batch_size']}")
-    res = train_state_tracking(model, task, steps=int(r["steps"]),
-                               batch_size=int(r["batch_size"]), lr=float(r["lr"]),
-                               weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]), seed=seed,
-                               num_train=int(r["num_train"]), num_test=int(r["num_test"]),
-                               train_lengths=r.get("train_lengths"), test_lengths=r.get("test_lengths"),
-                               log_every=max(1, int(r["steps"]) // 4),
-                               log=lambda s: log(f"[{mixer} s{seed}] {s}"))
-    write_result(wd, "state", int(r["steps"]), {f"state/{task}/acc": float(res["acc"]),
-                                                f"state/{task}/scaled": float(res["scaled"])},
-                 run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": task, "seed": seed}, details=res,
-                 protocol={"corpus": f"state.{task}", "tokens": int(res["num_test"]),
-                           "context": list(res["test_lengths"]),
-                           "method": "accuracy at the `=` position, trained at the shorter lengths "
-                                     "(idattn.eval.state_tracking)"})
-    finish_run(ctx, wd, {"src": src, "train_src": train_src, "mixer": mixer, "task": task, "seed": seed,
-                         "size": ctx.size, "status": "done", "recipe": recipe, "train_s": time.time() - t0,
-                         "trained_on": trained_on()}, model)
-    return read()
-
-
 def table_selective(ctx: Ctx) -> dict[str, Any]:
     """Trains what is missing (cheapest first, seed-major) and writes <root>/selective[-toy].md and .json."""
-    from idattn.studies.repro_mad import ensure_mad, mad_dir
     t0 = time.time()
     sel = ctx.exp.SELECTIVE
     seeds = list(ctx.seeds) if ctx.seeds_given else list(sel["seeds"] if ctx.size != "toy" else ctx.seeds)
@@ -169,7 +53,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     for s in seeds:  # the cheapest runs first: state tracking, then MAD, MQAR, the language models
         for task in sel["state_tasks"]:
             for m in mixers:
-                r = ensure_state(sctx, m, task, s)
+                r = state_run(sctx, m, task, s)
                 if r is None:
                     missing.append(os.path.basename(state_dir(ctx, m, task, s)))
                     continue
@@ -182,7 +66,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     for s in seeds:
         for task in sel["mad_tasks"]:
             for m in mixers:
-                v = ensure_mad(mctx, m, task, s)
+                v = mad_run(mctx, m, task, s)
                 if v is None:
                     missing.append(os.path.basename(mad_dir(mctx, m, task, s)))
                     continue
@@ -192,7 +76,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
     for s in seeds:
         for m in mixers:
-            r = ensure_mqar(qctx, m, s)
+            r = mqar_run(qctx, m, s)
             if r is None:
                 missing.append(f"mqar {m}-s{s}")
                 continue
@@ -216,19 +100,18 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                 cost += run_cost(c.lm_dir(m, dt, s))
 
     verdicts, lines = {}, []
-    for q, (num, den, key, line, side, what) in ACC_QUESTIONS.items():
-        key = mq_keys[0] if key == "mqar" else key
-        a = acc.get(key, {})
-        diffs = [a[num][s] - a[den][s] for s in seeds if s in a.get(num, {}) and s in a.get(den, {})]
-        verdicts[q], text = answer_question(q, what, diffs, line, side, "values", "difference", " points",
-                                            lambda x: f"{100 * x:+.1f}", ctx.judged)
-        lines.append(text)
-    for q, (num, den, line, side, what) in PPL_QUESTIONS.items():
+    for q, Q in ((q, Q) for q, Q in QUESTIONS.items() if q.startswith("s")):
+        if Q.task != "ppl":
+            a = acc.get(mq_keys[0] if Q.task == "mqar" else Q.task, {})
+            diffs = [a[Q.num][s] - a[Q.den][s] for s in seeds if s in a.get(Q.num, {}) and s in a.get(Q.den, {})]
+            verdicts[q], text = answer(q, Q.text, diffs, Q.line, Q.side, "values", "difference", " points",
+                                       lambda x: f"{100 * x:+.1f}", ctx.judged)
+            lines.append(text)
+            continue
         for z in lm_sizes:
-            lr = [math.log(ppl[z][num][s] / ppl[z][den][s]) for s in seeds
-                  if s in ppl[z][num] and s in ppl[z][den]]
-            verdicts[f"{q}@{z}"], text = answer_question(f"{q}, {z}", what, lr, line, side, "values", "ratio", "",
-                                                         lambda x: f"{math.exp(x):.3f}", ctx.judged)
+            lr = [math.log(ppl[z][Q.num][s] / ppl[z][Q.den][s]) for s in seeds if s in ppl[z][Q.num] and s in ppl[z][Q.den]]
+            verdicts[f"{q}@{z}"], text = answer(f"{q}, {z}", Q.text, lr, Q.line, Q.side, "values", "ratio", "",
+                                                lambda x: f"{math.exp(x):.3f}", ctx.judged)
             lines.append(text)
 
     pct = lambda d, m: " / ".join(f"{100 * d[m][s]:.1f}" for s in seeds if s in d.get(m, {})) or "—"  # noqa: E731
@@ -243,7 +126,6 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
             row.append(" / ".join(f"{v:.2f}" for v in vals) or "—")
         rows.append(row)
     st = ctx.exp.STATE_TRACKING[ctx.size]
-    from idattn.eval.state_tracking import PROTOCOL, TASKS as STATE_TASKS
     trl, tel = st.get("train_lengths", PROTOCOL["train_lengths"]), st.get("test_lengths", PROTOCOL["test_lengths"])
     mad_r = ctx.exp.MAD_SIZES[mctx.size]
     setup = (f"Ours, per seed (seeds {seeds}): MAD tasks with the `mad` table's model, data and optimiser at "
@@ -268,7 +150,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
             "(perplexity), judged against the line; `undecided` when it contains the line or fewer than 3 seeds "
             "pair (idattn/studies/repro_verdicts.py).")
     md = "\n".join([
-        "## The selective core (issue 34): what a data-dependent decay and phase buy", "",
+        "## " + TABLE.title, "",
         setup, "",
         markdown_table(["model"] + heads + [f"KJV ppl {z}" for z in lm_sizes], rows), "",
         loss_note, "",
@@ -281,14 +163,12 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                        [list(p) for p in PUBLISHED]), "",
         f"Compute: {cost / 60:.1f} min over the runs of this table (this invocation "
         f"{ctx.invocation_time(time.time() - t0)})." + missing_note(missing, ctx)])
-    data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": {k: {m: {str(s): v for s, v in d.items()}
-                                                                                      for m, d in a.items()}
-                                                                                  for k, a in acc.items()},
-            "state_raw_accuracy": {k: {m: {str(s): v for s, v in d.items()} for m, d in a.items()}
-                                   for k, a in raw.items()},
-            "state_train_loss": {k: {m: {str(s): v for s, v in d.items()} for m, d in a.items()}
-                                 for k, a in train_loss.items()},
-            "ppl": {z: {m: {str(s): v for s, v in d.items()} for m, d in p.items()} for z, p in ppl.items()},
+    keyed = lambda d: {k: {m: {str(s): v for s, v in x.items()} for m, x in a.items()} for k, a in d.items()}  # noqa: E731
+    data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": keyed(acc),
+            "state_raw_accuracy": keyed(raw), "state_train_loss": keyed(train_loss), "ppl": keyed(ppl),
             "verdicts": verdicts, "compute_s": cost, "wall_s": time.time() - t0, "missing": missing}
     write_table(ctx, "selective", md, data)
     return data
+
+
+TABLE = Table("selective", "The selective core: what a data-dependent decay and phase buy", table_selective, at_toy=False)

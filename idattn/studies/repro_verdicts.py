@@ -39,7 +39,9 @@ The claims (statistic per seed; line; the paper's side):
   e  Recall order (accuracy): Softmax ≥ Interdomain: acc_Softmax − acc_Interdomain, line −0.02 (a 2-point
      tolerance), above; Interdomain > S4D-only: acc_Interdomain − acc_S4D-only, line 0, above.
 
-Pure functions of numbers; `idattn.studies.repro` applies them to its tables.
+Pure functions of numbers; the tables apply them. The questions past the paper (idattn/studies/claims.py QUESTIONS)
+take the same interval, and answer yes / no / undecided where a claim says reproduced / not reproduced / inconclusive
+(`answer`).
 """
 from __future__ import annotations
 
@@ -49,6 +51,7 @@ from typing import Any, NamedTuple, Sequence
 from scipy import stats as scipy_stats
 
 from idattn.eval import paper_numbers as P
+from idattn.models.spec import cube_cells
 
 LEVEL = 0.95
 MIN_SEEDS = 3
@@ -79,12 +82,24 @@ def t_interval(values: Sequence[float]) -> dict[str, Any]:
     n = len(v)
     if n == 0:
         return {"n": 0, "mean": None, "sd": None, "lo": None, "hi": None, "method": METHOD}
-    mean = sum(v) / n
-    if n < 2:
-        return {"n": 1, "mean": mean, "sd": None, "lo": None, "hi": None, "method": METHOD}
-    sd = math.sqrt(sum((x - mean) ** 2 for x in v) / (n - 1))
-    h = t975(n - 1) * sd / math.sqrt(n)
-    return {"n": n, "mean": mean, "sd": sd, "lo": mean - h, "hi": mean + h, "method": METHOD}
+    mean, s = sum(v) / n, sd(v)
+    h = half_width(s, n)
+    return {"n": n, "mean": mean, "sd": s, "lo": None if h is None else mean - h, "hi": None if h is None else mean + h,
+            "method": METHOD}
+
+
+def sd(values) -> float | None:
+    """The sample standard deviation (n − 1) of the finite values; None with fewer than 2."""
+    v = [float(x) for x in values if x is not None and math.isfinite(x)]
+    if len(v) < 2:
+        return None
+    m = sum(v) / len(v)
+    return math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1))
+
+
+def half_width(s: float | None, n: int) -> float | None:
+    """h(n) = t(0.975, n − 1)·sd/√n: the half-width of the 95% t interval of a mean over n values with this sd."""
+    return None if s is None or n < 2 else t975(n - 1) * s / math.sqrt(n)
 
 
 def judge(values: Sequence[float], line: float, side: str) -> tuple[str, dict[str, Any]]:
@@ -219,7 +234,6 @@ def main_effects(vals: dict[str, float | None], diff) -> dict[str, float | None]
     """Main effect of each cube axis: the mean over the 4 pairs of cells differing only in that axis of
     diff(value at a, value at b), a = (dualkv | query | rope), b = (generic | linear | norope); None with a cell
     missing."""
-    from idattn.models.spec import cube_cells
     out: dict[str, float | None] = {}
     axes = {"input": (0, "dualkv", "generic"), "readout": (1, "query", "linear"), "rope": (2, "rope", "norope")}
     for name, (i, a, b) in axes.items():
@@ -312,3 +326,22 @@ def trend(points: Sequence[tuple[float, Sequence[float]]]) -> dict[str, Any]:
     out.update(slope=b, intercept=a, lo=b - h, hi=b + h,
                sign="+" if b - h > 0 else ("−" if b + h < 0 else "undetermined"))
     return out
+
+
+ANSWERS = {REPRODUCED: "yes", NOT_REPRODUCED: "no"}  # the rule's words for a claim; for a question its answer
+
+
+def answer(q: str, what: str, values: list[float], line: float, side: str, key: str, name: str, unit: str, fmt,
+           judged: bool = True) -> tuple[dict[str, Any], str]:
+    """A question judged by the rule on paired per-seed `values`: (its record, its Markdown line); `fmt` writes a
+    value in the question's unit (a ratio from a log ratio, points from a difference). Toy size: no answer."""
+    word, iv = judge(values, line, side)
+    ans = ANSWERS.get(word, "undecided") if judged else "not judged (toy size)"
+    record = {"question": what, key: values, "interval": iv, "answer": ans}
+    if iv["lo"] is not None:
+        ivtxt = f"{name} {fmt(iv['mean'])}{unit} [{fmt(iv['lo'])}, {fmt(iv['hi'])}]"
+    elif iv["mean"] is not None:
+        ivtxt = f"{name} {fmt(iv['mean'])}{unit} (one seed: no interval)"
+    else:
+        return record, f"- ({q}) {what}: **{ans}**, no paired seeds yet"
+    return record, f"- ({q}) {what}: **{ans}**, {ivtxt} over {len(values)} paired seeds"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from idattn.studies import fingerprint as F
-from idattn.studies import repro_runs as R
+from idattn.studies import fingerprint as F, runcache as C
+from idattn.studies.repro_runs import (mad_model_config, mad_recipe, mqar_model_record, size_recipe, state_model_config,
+                                       state_recipe)
 
 
 def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
@@ -20,22 +21,20 @@ def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
     c = ctx.for_size(size)
     try:
         if kind == "lm":
-            if "recipe" in rec and rec["recipe"] != R.size_recipe(c):
+            if "recipe" in rec and rec["recipe"] != size_recipe(c):
                 return None, "trained with another recipe than the current config's"
             return c.config(rec["mixer"], rec["dt"], int(rec["seed"])).model, ""
         if kind == "mqar":
             cfg = c.exp.get_mqar_config(rec["mixer"], size)
-            model = R.mqar_model_record(cfg.model)
+            model = mqar_model_record(cfg.model)
             if rec.get("model", model) != model:
                 return None, "trained with another MQAR model than the current config's"
             return cfg.model, ""
         if kind == "mad":
-            from idattn.studies.repro_mad import mad_model_config, mad_recipe
             if rec.get("recipe") != mad_recipe(c):
                 return None, "trained with another MAD recipe than the current config's"
             return mad_model_config(c, rec["cell"]), ""
         if kind == "state":
-            from idattn.studies.repro_selective import state_model_config, state_recipe
             if rec.get("recipe") != state_recipe(c):
                 return None, "trained with another state-tracking recipe than the current config's"
             return state_model_config(c, rec["mixer"]), ""
@@ -52,15 +51,15 @@ def verify_runs(ctx: Any) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {k: [] for k in ("stamped", "verified", "unchanged", "changed", "unverifiable",
                                                  "skipped")}
     cache: dict[str, list[float]] = {}
-    src = R.source_hash()
-    for wd in R.run_dirs(ctx.root):
-        rec = R.read_marker(wd)
+    src = C.source_hash()
+    for wd in C.run_dirs(ctx.root):
+        rec = C.read_marker(wd)
         if rec.get("status") != "done":
             continue
         name = os.path.relpath(wd, os.path.join(ctx.root, "runs"))
         outcome, why = F.check(rec, src, lambda: run_model_config(ctx, wd, rec), cache,
-                               log=lambda s: R.log(f"{name}: {s}"))
+                               log=lambda s: C.log(f"{name}: {s}"))
         if outcome in ("stamped", "verified"):
-            R.write_marker(wd, rec)
+            C.write_marker(wd, rec)
         out[outcome].append(f"{name} ({why})" if outcome in ("changed", "skipped") else name)
     return out

@@ -47,9 +47,12 @@ import sys
 from typing import Any
 
 from idattn import atomic
+from idattn.configs.sizes import size_label
 from idattn.eval import paper_numbers as P
+from idattn.eval.evaluate import corpus_label
 from idattn.eval.markdown import markdown_table
 from idattn.models.spec import ATTENTION_FAMILIES, mixer_core, model_label, parse_mixer
+from idattn.rundir.layout import load_config
 from idattn.rundir.schema import protocol_of, read_results
 
 SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
@@ -113,8 +116,6 @@ class Run:
             ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
         cfg = _saved_config(workdir) if ("size" not in ident or "seq_len" not in ident) else None
         if cfg is not None:  # the trainer's validation records no size / seq_len: take them from the config
-            from idattn.configs.sizes import size_label
-
             ident.setdefault("size", size_label(cfg.model))
             ident.setdefault("seq_len", int(cfg.data.seq_len))
             ident.setdefault("mixer", model_label(cfg.model))
@@ -160,8 +161,6 @@ class Run:
             self.protocols["validation"] = protocol_of(best)
             cfg = _saved_config(workdir)
             if not best["tagged"] and "corpus" not in best.get("details", {}) and cfg is not None:
-                from idattn.eval.evaluate import corpus_label
-
                 self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
             if cfg is not None and "tokenizer" not in self.protocols["validation"]:  # the run's own vocabulary
                 self.protocols["validation"]["tokenizer"] = str(cfg.data.tokenizer)
@@ -176,8 +175,6 @@ class Run:
             return str(c)
         cfg = _saved_config(self.workdir)
         if cfg is not None:
-            from idattn.eval.evaluate import corpus_label
-
             return corpus_label(cfg.data)
         return "unknown corpus"
 
@@ -281,8 +278,6 @@ def protocol_text(p: dict | None) -> str:
 def _saved_config(workdir: str):
     """The run's saved config (written by the trainer), or None when there is none or it cannot be read."""
     try:
-        from idattn.rundir.layout import load_config
-
         return load_config(workdir)
     except Exception:  # no trainer config in this folder (e.g. result files written by hand)
         return None

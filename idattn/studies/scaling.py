@@ -52,7 +52,13 @@ from typing import Sequence
 import numpy as np
 
 from idattn import atomic
-from idattn.rundir.layout import last_metrics
+from idattn.configs import base_config
+from idattn.configs.sizes import PAPER_WIDTHS, non_embedding_params, paper_shape
+from idattn.eval import paper_numbers as P
+from idattn.models.counting import flops_per_token
+from idattn.models.spec import apply_mixer_name
+from idattn.rundir.layout import last_metrics, load_config
+from idattn.studies.results import mixer_family
 from idattn.studies.scaling_laws import (HUBER_DELTA, Point, difference_test, fit_mixer, frontier_with_band,
                                          isoflop_groups, paired_runs, predict_with_band)
 
@@ -62,10 +68,6 @@ from idattn.studies.scaling_laws import (HUBER_DELTA, Point, difference_test, fi
 
 def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]]:
     """(points of the finished runs under `root`, notes on the folders skipped and why)."""
-    from idattn.models.counting import flops_per_token
-    from idattn.studies.results import mixer_family
-    from idattn.configs.sizes import non_embedding_params
-    from idattn.rundir.layout import load_config
 
     if metric not in ("val_loss", "train_loss"):
         raise ValueError(f"--metric={metric!r}: expected val_loss or train_loss")
@@ -115,10 +117,6 @@ def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]
 def paper_points() -> dict[str, dict]:
     """The paper's four sizes: non-embedding N (Softmax and Interdomain shapes), tokens D, and validation loss
     ln(ppl) from Fig. 2 / Table 6 (FineWeb-Edu, 32K tokenizer; 350M and 760M read off the figure)."""
-    from idattn.configs import base_config
-    from idattn.eval import paper_numbers as P
-    from idattn.models.spec import apply_mixer_name
-    from idattn.configs.sizes import PAPER_WIDTHS, non_embedding_params, paper_shape
 
     tokens = {"125m": 2.5e9, "350m": 7e9, "760m": 15e9, "1.3b": 26e9}  # App. A.2 (experiments/scaling.py)
     out = {}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from scipy.optimize import minimize
 
 HUBER_DELTA = 1e-3
 
@@ -100,8 +101,6 @@ def fit_law(n, d, loss, *, inits: np.ndarray | None = None, grid_k: int = 6, del
     """Fits E, A, α, B, β by Huber loss on log-residuals from every start (the `grid_k` best `grid_inits` plus
     `inits`, default `default_inits()`); returns the best parameters (and, with return_all, the sorted
     (objective, theta) of every converged start)."""
-    from scipy.optimize import minimize
-
     n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
     if n.size < 5:
         raise ValueError(f"fit_law: {n.size} runs; the law has 5 parameters, give at least 5 runs (better 12+)")
