@@ -134,52 +134,50 @@ class InterdomainMixer(nn.Module):
         return y
 
     def ssm_params(self):
-        """(Λ, b, C) complex: [H, M], [H, M], [H, M, M]."""
-
+        """The S4D parameters, declared once for every core, in float32: (Δ's parameter [H], log(−Re A),
+        Im A [H, M], Re B, Im B [H, M], C = c_re + i·c_im [H, M, M] complex). Δ's parameter is log Δ_h
+        (`ssm_log_dt`) for the LTI core and the bias β_Δ of Δ_t = softplus(x_t·W_Δ + β_Δ) (`ssm_dt_bias`) for a
+        selective one; log(−Re A) is [H, M] for the LTI core and [H] (Re A tied within a head) for a selective one.
+        Declared in this order (the init keys follow it)."""
         h, m = self.num_heads, self.num_modes
         log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
-        pd = self.param_dtype
-        log_dt = param(self, "ssm_log_dt", lambda k, s, d=pd: init_log_dt(k, s, self.dt_min, self.dt_max)
-                       .astype(d), (h,), ("heads",), pd)
-        log_a_re = param(self, "ssm_log_a_re", _const_init(log_a_re0), (h, m), ("heads", "modes"), pd)
-        a_im = param(self, "ssm_a_im", _const_init(a_im0), (h, m), ("heads", "modes"), pd)
-        b_re = param(self, "ssm_b_re", nn.initializers.ones, (h, m), ("heads", "modes"), pd)
-        b_im = param(self, "ssm_b_im", nn.initializers.zeros, (h, m), ("heads", "modes"), pd)
-        eye = np.eye(m, dtype=np.float32)
-        c_re = param(self, "ssm_c_re", _const_init(eye), (h, m, m), ("heads", "modes", None), pd)
-        c_im = param(self, "ssm_c_im", nn.initializers.zeros, (h, m, m), ("heads", "modes", None), pd)
-        f32 = jnp.float32
-        lam, b = discretize(log_a_re.astype(f32), a_im.astype(f32), log_dt.astype(f32), b_re.astype(f32),
-                            b_im.astype(f32), kappa=self.kappa)
-        c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
-        return lam, b, c
-
-    def selective_params(self, x):
-        """(lam_t, b_t) [B, T, H, M] complex64 and C [H, M, M] for core = selective / selective+phase (module
-        docstring, "Selective core"); x [B, T, d]."""
-
-        h, m, d = self.num_heads, self.num_modes, self.d_model
-        log_a_re0, a_im0 = init_s4d_a(m, init=self.s4d_init)
         pd, f32 = self.param_dtype, jnp.float32
+        if self.core == "lti":
+            dt = param(self, "ssm_log_dt", lambda k, s, d=pd: init_log_dt(k, s, self.dt_min, self.dt_max)
+                       .astype(d), (h,), ("heads",), pd)
+            log_a_re = param(self, "ssm_log_a_re", _const_init(log_a_re0), (h, m), ("heads", "modes"), pd)
+        else:
+            def dt_bias_init(key, shape, dtype=pd):  # softplus(bias) = Δ0, log Δ0 ~ U[log dt_min, log dt_max]
+                dt0 = jnp.exp(init_log_dt(key, shape, self.dt_min, self.dt_max))
+                return (dt0 + jnp.log(-jnp.expm1(-dt0))).astype(dtype)  # softplus⁻¹(Δ0) = log(e^Δ0 − 1)
 
-        def dt_bias_init(key, shape, dtype=pd):  # softplus(bias) = Δ0, log Δ0 ~ U[log dt_min, log dt_max]
-            dt0 = jnp.exp(init_log_dt(key, shape, self.dt_min, self.dt_max))
-            return (dt0 + jnp.log(-jnp.expm1(-dt0))).astype(dtype)  # softplus⁻¹(Δ0) = log(e^Δ0 − 1)
-
-        dt_bias = param(self, "ssm_dt_bias", dt_bias_init, (h,), ("heads",), pd)
-        # Re A tied within a head: one log(−Re A) per head (every init starts at Re A = −1/2).
-        log_a_re = param(self, "ssm_log_a_re", _const_init(np.float32(np.mean(log_a_re0))), (h,), ("heads",), pd)
+            dt = param(self, "ssm_dt_bias", dt_bias_init, (h,), ("heads",), pd)
+            # Re A tied within a head: one log(−Re A) per head (every init starts at Re A = −1/2).
+            log_a_re = param(self, "ssm_log_a_re", _const_init(np.float32(np.mean(log_a_re0))), (h,), ("heads",),
+                             pd)
         a_im = param(self, "ssm_a_im", _const_init(a_im0), (h, m), ("heads", "modes"), pd)
         b_re = param(self, "ssm_b_re", nn.initializers.ones, (h, m), ("heads", "modes"), pd)
         b_im = param(self, "ssm_b_im", nn.initializers.zeros, (h, m), ("heads", "modes"), pd)
         eye = np.eye(m, dtype=np.float32)
         c_re = param(self, "ssm_c_re", _const_init(eye), (h, m, m), ("heads", "modes", None), pd)
         c_im = param(self, "ssm_c_im", nn.initializers.zeros, (h, m, m), ("heads", "modes", None), pd)
+        c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
+        return dt.astype(f32), log_a_re.astype(f32), a_im.astype(f32), b_re.astype(f32), b_im.astype(f32), c
+
+    def recurrence(self, x):
+        """(lam, b, C) of the layer's core from `ssm_params`: the LTI core's lam, b [H, M] (ZOH, Re(Δ·A) ≥ −κ),
+        or a selective core's lam_t, b_t [B, T, H, M] complex64 from x [B, T, d] (module docstring, "Selective
+        core"); C [H, M, M]."""
+        dt_p, log_a_re, a_im, b_re, b_im, c = self.ssm_params()
+        if self.core == "lti":
+            lam, b = discretize(log_a_re, a_im, dt_p, b_re, b_im, kappa=self.kappa)
+            return lam, b, c
+        h, m, d = self.num_heads, self.num_modes, self.d_model
         dense = lambda name, n, axes: Dense((d,), (n,), ("embed", axes), self.init_std, dtype=self.dtype,  # noqa
-                                            param_dtype=pd, out_fp32=True, name=name)(x)
-        dt = jax.nn.softplus(dense("w_dt", h, "heads") + dt_bias.astype(f32))  # Δ_t [B, T, H] > 0
-        a = -jnp.exp(log_a_re.astype(f32))  # [H] < 0
-        w = a_im.astype(f32)  # [H, M]
+                                            param_dtype=self.param_dtype, out_fp32=True, name=name)(x)
+        dt = jax.nn.softplus(dense("w_dt", h, "heads") + dt_p)  # Δ_t [B, T, H] > 0
+        a = -jnp.exp(log_a_re)  # [H] < 0
+        w = a_im  # [H, M]
         z_re = dt * a  # Δ_t·a_h [B, T, H]: the one log-decay per token and head
         z_im = dt[..., None] * w  # Δ_t·ω_h,m [B, T, H, M]
         mag = jnp.exp(z_re)[..., None]
@@ -187,15 +185,18 @@ class InterdomainMixer(nn.Module):
         # expm1(Re z)·cos(Im z) − 2 sin²(Im z / 2) + i e^{Re z} sin(Im z) (no cancellation at small Δ_t·|A|).
         em1 = jax.lax.complex(jnp.expm1(z_re)[..., None] * jnp.cos(z_im) - 2 * jnp.sin(z_im / 2) ** 2,
                               mag * jnp.sin(z_im))
-        big_b = jax.lax.complex(b_re.astype(f32), b_im.astype(f32))
-        b = em1 / jax.lax.complex(jnp.broadcast_to(a[:, None], w.shape), w) * big_b
+        b = em1 / jax.lax.complex(jnp.broadcast_to(a[:, None], w.shape), w) * jax.lax.complex(b_re, b_im)
         phase = z_im
         if self.core == "selective+phase":  # Mamba-3's data-dependent rotation: angle Δ_t·ϑ_t,m, ϑ = π tanh(x W_θ)
             theta = jnp.pi * jnp.tanh(dense("w_theta", m, "modes"))  # [B, T, M], shared by the heads
             phase = z_im + dt[..., None] * theta[:, :, None, :]
         lam = jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
-        c = jax.lax.complex(c_re.astype(f32), c_im.astype(f32))
         return lam, b, c
+
+    @property
+    def op_core(self) -> str:
+        """The operators' core (idattn.ops.interdomain.CORES): "lti", or "selective" for either selective core."""
+        return "lti" if self.core == "lti" else "selective"
 
     @nn.compact
     def __call__(self, x, doc, positions, cache=None, segment_ids=None):
@@ -219,7 +220,7 @@ class InterdomainMixer(nn.Module):
             raise ValueError(f"model.input: got {self.input!r}; expected one of {INPUTS}")
         if self.readout not in READOUTS:
             raise ValueError(f"model.readout: got {self.readout!r}; expected one of {READOUTS}")
-        h, dh, d = self.num_heads, self.head_dim, self.d_model
+        h, dh = self.num_heads, self.head_dim
         bsz, t = x.shape[:2]
         new_cache = {} if cache is not None else None
         if self.theory:
@@ -254,7 +255,7 @@ class InterdomainMixer(nn.Module):
             zk = HeadNorm(h, dh, name="ssm_norm_k", **norm_kw)(h1)
             zv = HeadNorm(h, dh, name="ssm_norm_v", **norm_kw)(h2)
 
-        lam, b, c = self.ssm_params() if self.core == "lti" else self.selective_params(x)
+        lam, b, c = self.recurrence(x)
         if self.readout == "linear":
             o = self._linear(heads(zk), heads(zv), lam, b, c, cache, new_cache, segment_ids)
             return self._output(x, o.reshape(bsz, t, -1)), new_cache
@@ -262,9 +263,10 @@ class InterdomainMixer(nn.Module):
         fq, zk, zv = heads(fq), heads(zk), heads(zv)
         if cache is None:  # a mesh axis that splits the length passes states between shards (ops/sequence.py)
             o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
-                                         chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype)
+                                         chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype,
+                                         core=self.op_core)
         elif t == 1:
-            lam_t, b_t = (lam, b) if self.core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
+            lam_t, b_t = (lam, b) if self.op_core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
             o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam_t, b_t, c,
                                              conj=self.conj)
             o = o_t[:, None].astype(self.dtype)
@@ -273,7 +275,7 @@ class InterdomainMixer(nn.Module):
             o, (xk, xv) = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
                                                    chunk_size=self.chunk_size,
                                                    initial_state=(cache["xk"], cache["xv"]), return_state=True,
-                                                   out_dtype=self.dtype)
+                                                   out_dtype=self.dtype, core=self.op_core)
             new_cache["xk"], new_cache["xv"] = xk, xv
         return self._output(x, o.reshape(bsz, t, h * dh)), new_cache
 
@@ -290,16 +292,17 @@ class InterdomainMixer(nn.Module):
         impl = "sequential" if self.impl == "sequential" else "chunked"
         if cache is None:
             y = s4d_linear_mix_sequence(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size,
-                                        segment_ids=segment_ids, out_dtype=jnp.float32)
+                                        segment_ids=segment_ids, out_dtype=jnp.float32, core=self.op_core)
         else:
             x0 = jnp.concatenate([cache["xk"], cache["xv"]], axis=-1)
             if z.shape[1] == 1:
-                lam_t, b_t = (lam, b) if self.core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
+                lam_t, b_t = (lam, b) if self.op_core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
                 y, xt = s4d_linear_step(x0, z[:, 0].astype(jnp.float32), lam_t, b_t, cvec)
                 y = y[:, None]
             else:
                 y, xt = s4d_linear_mix_sequence(z, lam, b, cvec, impl=impl, chunk_size=self.chunk_size,
-                                                initial_state=x0, return_state=True, out_dtype=jnp.float32)
+                                                initial_state=x0, return_state=True, out_dtype=jnp.float32,
+                                                core=self.op_core)
             new_cache["xk"], new_cache["xv"] = xt[..., :r].astype(jnp.complex64), xt[..., r:].astype(jnp.complex64)
         return (y[..., :r] + y[..., r:]).astype(self.dtype)
 

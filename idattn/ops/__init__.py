@@ -1,12 +1,13 @@
 """Pure-function operators (jax + numpy only; no Flax), importable on a bare accelerator image.
 
     interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj=True, impl="auto", chunk_size=64, segment_ids=None,
-                    initial_state=None, return_state=False, out_dtype=None)
+                    initial_state=None, return_state=False, out_dtype=None, core=None)
     interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj=True) -> (o_t, new_state)
         lam, b: [H, M] (LTI) or [B, T, H, M] per token (selective; one |lam_t| per row, token and head; the step
-        takes this token's [B, H, M]); see "Selective" in idattn/ops/interdomain.py
+        takes this token's [B, H, M]); see "Selective" in idattn/ops/interdomain.py. `core` names the recurrence,
+        "lti" or "selective" (idattn.ops.interdomain.CORES); None reads it from lam's and b's shapes
     s4d_linear_mix(z, lam, b, c, *, impl="auto", chunk_size=64, segment_ids=None, initial_state=None,
-                   return_state=False, out_dtype=None)          the linear S4D readout y = Re(c·X) (cube `linear`)
+                   return_state=False, out_dtype=None, core=None)          the linear S4D readout y = Re(c·X) (cube `linear`)
     s4d_linear_step(state, z_t, lam, b, c) -> (y_t, new_state)
     s4d: init_s4d_a, init_log_dt, discretize, max_chunk_size
     theory.legs_interdomain(fq, fk, v, num_basis, *, denominator=True, segment_ids=None)

@@ -70,7 +70,7 @@ head: ~L real flops and L exps per token-head beside the LTI count) and the phas
 (2M cos/sin per token-head). Angles: every token's φ is the principal-branch angle of lam_t (wrapped per token),
 the cumsum Φ runs within one chunk only (|Φ| ≤ L·π), and the phase carried across chunks lives in the complex
 state itself (multiplied in as e^{iΦ_{l−1}}), so no angle grows with the sequence length. A ragged last chunk is
-padded with identity tokens (lam = 1, b = 0, z = 0), which leave the state unchanged. A constant lam_t = lam is
+computed at its true length l, as on the LTI path (`chunked_scan`). A constant lam_t = lam is
 today's function (the tables then equal the LTI ones up to rounding). `sequential` and `associative` take lam_t
 per step literally; the decode step takes this token's lam_t, b_t [B, H, M]; `impl='pallas'` (no kernel yet)
 runs this chunked form with one warning. The sequence split (idattn/ops/sequence.py) folds the pairs
@@ -81,16 +81,18 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from idattn.ops import pallas as pallas_ops
 from idattn.ops import s4d
 
 IMPLS = ("auto", "sequential", "associative", "chunked", "pallas")
+CORES = ("lti", "selective")  # the recurrence: one lam, b per head and mode, or one per token (module docstring)
 
 # The associative path materialises the whole state trajectory [B, T, H, M, R+D] (complex). It refuses to build
 # one larger than this many bytes (estimate in the error). Override with IDATTN_ASSOCIATIVE_MAX_BYTES or
@@ -132,7 +134,23 @@ def real_dtype(*arrays):
     return jnp.float32
 
 
-def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size):
+def resolve_core(lam, b, core: Optional[str] = None) -> str:
+    """The recurrence's core, named once for every path below: "lti" (lam, b [H, M], one decay per head and mode)
+    or "selective" (lam_t, b_t per token, [B, T, H, M]; either may stay [H, M]). `core=None` names it from the
+    shapes (a per-token lam or b is the selective core), for callers that pass per-token arrays without naming it;
+    a named core must match them."""
+    per_token_arg = [name for name, x in (("lam", lam), ("b", b)) if jnp.ndim(x) == 4]
+    if core is None:
+        return "selective" if per_token_arg else "lti"
+    if core not in CORES:
+        raise ValueError(f"core must be one of {CORES} (or None: read from lam and b), got {core!r}")
+    if core == "lti" and per_token_arg:
+        raise ValueError(f"core='lti' takes lam, b [H, M] (time invariant); {' and '.join(per_token_arg)} "
+                         f"{'are' if len(per_token_arg) > 1 else 'is'} per token ([B, T, H, M]): pass core='selective'")
+    return core
+
+
+def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     for name, x in (("fq", fq), ("zk", zk), ("zv", zv)):
@@ -145,8 +163,9 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     bsz, t, h, _ = fq.shape
     if zv.shape[:3] != (bsz, t, h):
         raise ValueError(f"zv must be [B, T, H, D] = [{bsz}, {t}, {h}, D] like fq; got {tuple(zv.shape)}")
+    leading = ((h,), (bsz, t, h)) if core == "selective" else ((h,),)  # the axes before M, per core
     for name, x in (("lam", lam), ("b", b)):
-        if not ((x.ndim == 2 and x.shape[0] == h) or (x.ndim == 4 and tuple(x.shape[:3]) == (bsz, t, h))):
+        if x.ndim < 2 or tuple(x.shape[:-1]) not in leading:
             raise ValueError(f"{name} must be [H, M] = [{h}, M] (time invariant) or [B, T, H, M] = [{bsz}, {t}, {h}, M] "
                              f"(one value per token) complex; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
@@ -156,7 +175,6 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     if b.shape[-1] != m:
         raise ValueError(f"b must have lam's M = {m} modes in its last axis; got b {tuple(b.shape)}, "
                          f"lam {tuple(lam.shape)}")
-    selective = lam.ndim == 4 or b.ndim == 4
     if c is not None:
         if tuple(c.shape) != (h, m, m) or not jnp.issubdtype(c.dtype, jnp.complexfloating):
             raise ValueError(f"c must be complex [H, M, M] = [{h}, {m}, {m}] or None; got {shape_str(c)}")
@@ -178,10 +196,10 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     # Value checks when the inputs are concrete (not under jit tracing).
-    if selective:
+    if core == "selective":
         if is_concrete(lam):
             check_selective_lam(lam, real_dtype(fq, zv, lam))
-        return selective
+        return
     if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
@@ -195,7 +213,6 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
                     f"at chunk_size={chunk_size} (its power tables reach |lam|^-(L-1)). Keep the S4D decay bound "
                     f"Re(Δ·A) ≥ -κ (idattn.ops.s4d.discretize, κ = {s4d.DEFAULT_KAPPA} allows chunks up to "
                     f"{s4d.max_chunk_size()}), use a smaller chunk_size, or impl='sequential'")
-    return selective
 
 
 def check_selective_lam(lam, rdt):
@@ -274,12 +291,12 @@ def per_token(lam, b, bsz: int, t: int):
     return (jnp.broadcast_to(lam, (bsz, t, h, m)), jnp.broadcast_to(b, (bsz, t, h, m)))
 
 
-def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt):
+def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
     cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
-    selective = lam.ndim == 4 or b.ndim == 4
+    selective = core == "selective"
     c = None if c is None else c.astype(cdt)
     state = _zero_state(bsz, h, m, r, d, cdt) if initial_state is None else tuple(s.astype(cdt) for s in initial_state)
     resets = document_starts(segment_ids, bsz, t)
@@ -428,6 +445,32 @@ def remat_chunk(body):
     return jax.checkpoint(body, prevent_cse=False)
 
 
+def chunked_scan(chunk_body, carry, xs, axes, chunk_size: int, out_axis: int):
+    """Every chunked form's walk over the sequence, the same for both cores: the arrays `xs` (time along axes[k]
+    of xs[k]) cut into chunks of L = min(chunk_size, T) tokens; the full chunks by `lax.scan` of
+    `chunk_body(L)` (recomputed in the backward, `remat_chunk`), then a ragged last chunk of its true length
+    l = T mod L by one call of `chunk_body(l)`: nothing is padded, so neither a power table nor the returned state
+    ever sees a token that is not there. `chunk_body(l)` -> body(carry, xs of l tokens) -> (carry, y), y with its
+    l tokens along `out_axis`. Returns (carry, ys) with the T tokens of the outputs along `out_axis`."""
+    t = xs[0].shape[axes[0]]
+    big_l = min(int(chunk_size), t)
+    n_full, tail = divmod(t, big_l)
+    outs = []
+    if n_full:
+        def split(x, ax):  # [..., n·L (ax), ...] -> [n, ..., L (ax), ...]
+            x = lax.slice_in_dim(x, 0, n_full * big_l, axis=ax)
+            return jnp.moveaxis(x.reshape(x.shape[:ax] + (n_full, big_l) + x.shape[ax + 1:]), ax, 0)
+
+        carry, ys = lax.scan(remat_chunk(chunk_body(big_l)), carry, tuple(split(x, a) for x, a in zip(xs, axes)))
+        ys = jnp.moveaxis(ys, 0, out_axis)  # [..., n, L, ...]
+        outs.append(ys.reshape(ys.shape[:out_axis] + (n_full * big_l,) + ys.shape[out_axis + 2:]))
+    if tail:
+        s0 = n_full * big_l
+        carry, y = chunk_body(tail)(carry, tuple(lax.slice_in_dim(x, s0, t, axis=a) for x, a in zip(xs, axes)))
+        outs.append(y)
+    return carry, (jnp.concatenate(outs, axis=out_axis) if len(outs) > 1 else outs[0])
+
+
 def _chunk_body(carry, xs, tables, kblock, conj):
     """One chunk. carry: (xk_r, xk_i [B,H,M,R], xv_r, xv_i [B,H,M,D], d_prev [B]); xs: fq, zk [B,H,l,R],
     zv [B,H,l,D], d [B,l]. Returns (new carry, o [B,H,l,D])."""
@@ -489,6 +532,16 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     return new, o
 
 
+def _state_planes(initial_state, bsz, h, m, r, d, rdt):
+    """The chunked forms' carried state as real planes (Xk_r, Xk_i, Xv_r, Xv_i): the initial state's, or zeros."""
+    if initial_state is None:
+        return (jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, d), rdt),
+                jnp.zeros((bsz, h, m, d), rdt))
+    xk0, xv0 = initial_state
+    return (jnp.real(xk0).astype(rdt), jnp.imag(xk0).astype(rdt), jnp.real(xv0).astype(rdt),
+            jnp.imag(xv0).astype(rdt))
+
+
 def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
@@ -496,37 +549,15 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
     lam, b = lam.astype(cdt), b.astype(cdt)
     kblock = _fold_c(None if c is None else c.astype(cdt), conj, rdt)
     docs = document_index(segment_ids, bsz, t)
-    if initial_state is None:
-        xk0 = jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, r), rdt)
-        xv0 = jnp.zeros((bsz, h, m, d), rdt), jnp.zeros((bsz, h, m, d), rdt)
-    else:
-        xk0 = jnp.real(initial_state[0]).astype(rdt), jnp.imag(initial_state[0]).astype(rdt)
-        xv0 = jnp.real(initial_state[1]).astype(rdt), jnp.imag(initial_state[1]).astype(rdt)
-    carry = (*xk0, *xv0, jnp.zeros((bsz,), jnp.int32))
+    carry = (*_state_planes(initial_state, bsz, h, m, r, d, rdt), jnp.zeros((bsz,), jnp.int32))
     # [B, T, H, X] -> [B, H, T, X] in the compute dtype.
     fq_, zk_, zv_ = (jnp.swapaxes(x.astype(rdt), 1, 2) for x in (fq, zk, zv))
-    big_l = min(chunk_size, t)
-    n_full, tail = divmod(t, big_l)
-    outs = []
-    if n_full:
-        tables = _chunk_tables(lam, b, big_l, rdt)
 
-        def split(x):  # [B, H, n·L, X] -> [n, B, H, L, X]
-            x = x[:, :, : n_full * big_l]
-            return jnp.moveaxis(x.reshape(x.shape[0], x.shape[1], n_full, big_l, x.shape[-1]), 2, 0)
+    def chunk_body(length):  # the power tables of a chunk of `length` tokens
+        tables = _chunk_tables(lam, b, length, rdt)
+        return lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj)
 
-        dsplit = jnp.moveaxis(docs[:, : n_full * big_l].reshape(bsz, n_full, big_l), 1, 0)
-        body = remat_chunk(lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj))
-        carry, o_full = lax.scan(body, carry, (split(fq_), split(zk_), split(zv_), dsplit))
-        # [n, B, H, L, D] -> [B, H, n·L, D]
-        outs.append(jnp.moveaxis(o_full, 0, 2).reshape(bsz, h, n_full * big_l, d))
-    if tail:
-        tables = _chunk_tables(lam, b, tail, rdt)
-        s0 = n_full * big_l
-        carry, o_tail = _chunk_body(carry, (fq_[:, :, s0:], zk_[:, :, s0:], zv_[:, :, s0:], docs[:, s0:]),
-                                    tables, kblock, conj)
-        outs.append(o_tail)
-    o = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
+    carry, o = chunked_scan(chunk_body, carry, (fq_, zk_, zv_, docs), (2, 2, 2, 1), chunk_size, out_axis=2)
     xk_r, xk_i, xv_r, xv_i, _ = carry
     state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
     return jnp.swapaxes(o, 1, 2), state
@@ -561,15 +592,48 @@ def log_decay_angle(lam, rdt):
     return jnp.where(g <= 0, g, 0), ang
 
 
+class ChunkDecay(NamedTuple):
+    """One chunk of the per-token decay lam_t = e^{g_t + iφ_t} (`chunk_decay`): the cumulated exponents from the
+    chunk's start and the factors every selective chunked form reads from them. Time runs along the axis given to
+    `chunk_decay`; `cum`, `into` and `to_end` are shaped like g, `cos` and `sin` like φ."""
+    cum: jax.Array  # Λ_i = Σ_{s≤i} g_s: non-increasing, ≤ 0
+    cos: jax.Array  # e^{iΦ_i} = cos Φ_i + i sin Φ_i, Φ_i = Σ_{s≤i} φ_s: |Φ| ≤ l·π (within the chunk only)
+    sin: jax.Array
+    into: jax.Array  # e^{Λ_i} ≤ 1: the decay of the state carried into the chunk, to token i
+    to_end: jax.Array  # e^{Λ_{l−1} − Λ_j} ≤ 1: token j's decay to the chunk's end
+    whole: jax.Array  # e^{Λ_{l−1}} ≤ 1: the whole chunk's decay (the time axis dropped)
+
+
+def chunk_decay(g, ph, axis: int) -> ChunkDecay:
+    """The per-token decay form of one chunk of l tokens (module docstring, "Selective"), shared by the selective
+    chunked forms of interdomain_mix, s4d_linear_mix and the sequence split's end state: g [..., l, ...]
+    (`log_decay_angle`'s log-decay, time along `axis`) and φ [..., l, ..., M] (angles, time along the same
+    `axis`). Only one chunk is ever summed, so no exponent and no angle grows with the sequence; every exponent
+    is ≤ 0, so nothing overflows whatever Δ_t."""
+    cum = jnp.cumsum(g, axis=axis)
+    phc = jnp.cumsum(ph, axis=axis)
+    n = cum.shape[axis]
+    last = lax.slice_in_dim(cum, n - 1, n, axis=axis)  # Λ_{l−1}, the time axis kept (size 1)
+    return ChunkDecay(cum, jnp.cos(phc), jnp.sin(phc), jnp.exp(cum), jnp.exp(last - cum),
+                      jnp.exp(jnp.squeeze(last, axis)))
+
+
+def decay_matrix(cum, mask):
+    """D[i, j] = e^{Λ_i − Λ_j} where `mask` (i ≥ j in one document), else 0: cum [..., l] (time last) ->
+    [..., l, l]. Every kept exponent is ≤ 0; masked ones are set to 0 before exp (and the entry to 0 after), so
+    nothing overflows whatever Δ_t."""
+    diff = cum[..., :, None] - cum[..., None, :]
+    return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)
+
+
 def _chunk_body_selective(carry, xs, kblock, conj):
     """One chunk of the selective form (module docstring). carry as `_chunk_body`; xs: fq, zk [B,H,l,R],
     zv [B,H,l,D], d [B,l], g [B,H,l] (log-decay), ph [B,H,l,M] (angles), b_r, b_i [B,H,l,M]."""
     xk_r, xk_i, xv_r, xv_i, d_prev = carry
     fq, zk, zv, dch, g, ph, b_r, b_i = xs
     l, m = fq.shape[2], xk_r.shape[2]
-    lc = jnp.cumsum(g, axis=-1)  # Λ_i = Σ_{s≤i} g_s [B, H, l]: non-increasing, ≤ 0
-    phc = jnp.cumsum(ph, axis=-2)  # Φ_i = Σ_{s≤i} φ_s [B, H, l, M]: |Φ| ≤ l·π (within the chunk only)
-    er, ei = jnp.cos(phc), jnp.sin(phc)  # e^{iΦ_i}: unit modulus
+    cd = chunk_decay(g, ph, axis=2)  # Λ [B, H, l], e^{iΦ} [B, H, l, M]
+    er, ei = cd.cos, cd.sin  # e^{iΦ_i}: unit modulus
 
     same_doc = dch[:, :, None] == dch[:, None, :]
     causal = jnp.tril(jnp.ones((l, l), bool))
@@ -578,16 +642,13 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     last_doc = (dch == dch[:, -1:])[:, None, :, None]
     reset_in_chunk = (dch[:, -1] != d_prev)[:, None, None, None]
 
-    # Decay matrix D[i, j] = e^{Λ_i − Λ_j} on i ≥ j (same document): every exponent is ≤ 0 before exp (masked
-    # entries are set to 0 before exp and to 0 after), so nothing overflows whatever Δ_t.
-    diff = lc[..., :, None] - lc[..., None, :]
-    dec = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)  # [B, H, l, l]
+    dec = decay_matrix(cd.cum, mask)  # D[i, j] = e^{Λ_i − Λ_j} on i ≥ j (same document) [B, H, l, l]
     gd = jnp.einsum("bhir,bhjr->bhij", fq, zk, precision=_HI) * dec
     ps_r, ps_i = _cmul(b_r, b_i, er, -ei)  # Ps[j] = b_j e^{−iΦ_j}
     ps2 = jnp.concatenate([ps_r, ps_i], axis=-1)  # [B, H, l, 2M]
     gps = jnp.einsum("bhij,bhjm->bhim", gd, ps2, precision=_HI)
     p_r, p_i = _cmul(er, ei, gps[..., :m], gps[..., m:])  # e^{iΦ_i} ∘ ((G∘D) · Ps)
-    ein = jnp.exp(lc)[..., None]  # e^{Λ_i} ≤ 1
+    ein = cd.into[..., None]  # e^{Λ_i} ≤ 1
     pin_r, pin_i = ein * er, ein * ei  # Pin[i] = e^{Λ_i + iΦ_i}: the decay of the carried state to token i
     xk2 = jnp.concatenate([xk_r, xk_i], axis=2)
     fx = jnp.einsum("bhlr,bhmr->bhlm", fq, xk2, precision=_HI)
@@ -609,14 +670,14 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     # Carry: X1 = e^{Λ_{l−1} + iΦ_{l−1}} ∘ X0 (no reset in the chunk) + Σ_j Pe[j] ⊗ z_j (last document),
     # Pe[j] = e^{Λ_{l−1} − Λ_j} · e^{iΦ_{l−1}} · Ps[j]  (exponent ≤ 0; the phase by complex multiplication).
     last_r, last_i = er[:, :, -1:], ei[:, :, -1:]  # [B, H, 1, M]
-    tail = jnp.exp(lc[..., -1:] - lc)[..., None]  # [B, H, l, 1]
+    tail = cd.to_end[..., None]  # [B, H, l, 1]
     pe_r, pe_i = _cmul(ps_r, ps_i, last_r, last_i)
     pe2 = jnp.concatenate([pe_r * tail, pe_i * tail], axis=-1)
     zk_last = jnp.where(last_doc, zk, 0)
     zv_last = jnp.where(last_doc, zv, 0)
     nk = jnp.einsum("bhlm,bhlr->bhmr", pe2, zk_last, precision=_HI)
     nv = jnp.einsum("bhlm,bhld->bhmd", pe2, zv_last, precision=_HI)
-    tot = jnp.exp(lc[..., -1])[..., None]  # [B, H, 1]
+    tot = cd.whole[..., None]  # [B, H, 1]
     tr, ti = (tot * last_r[:, :, 0])[..., None], (tot * last_i[:, :, 0])[..., None]  # [B, H, M, 1]
     dk_r, dk_i = _cmul(tr, ti, xk_r, xk_i)
     dv_r, dv_i = _cmul(tr, ti, xv_r, xv_i)
@@ -626,18 +687,9 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     return new, o
 
 
-def _selective_chunks(x, n, big_l, pad, fill=0):
-    """[B, T, H, ...] -> [n, B, H, L, ...] with `pad` tokens of value `fill` appended at the end."""
-    if pad:
-        x = jnp.concatenate([x, jnp.full((x.shape[0], pad) + x.shape[2:], fill, x.dtype)], axis=1)
-    x = x.reshape((x.shape[0], n, big_l) + x.shape[2:])  # [B, n, L, H, ...]
-    return jnp.moveaxis(jnp.swapaxes(x, 2, 3), 1, 0)  # [n, B, H, L, ...]
-
-
 def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
-    """The chunked form with per-token lam_t, b_t (module docstring, "Selective"). A ragged last chunk is padded
-    with identity tokens (lam = 1, b = 0, z = 0, the last document's index): they leave the state unchanged, so
-    the returned state is exact."""
+    """The chunked form with per-token lam_t, b_t (module docstring, "Selective"); the chunks as the LTI form's
+    (`chunked_scan`: a ragged last chunk at its true length)."""
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
     cdt = complex_dtype(rdt)
@@ -645,25 +697,12 @@ def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_sta
     kblock = _fold_c(None if c is None else c.astype(cdt), conj, rdt)
     docs = document_index(segment_ids, bsz, t)
     g, ph = log_decay_angle(lam, rdt)  # [B, T, H], [B, T, H, M]
-    if initial_state is None:
-        xk0 = jnp.zeros((bsz, h, m, r), rdt), jnp.zeros((bsz, h, m, r), rdt)
-        xv0 = jnp.zeros((bsz, h, m, d), rdt), jnp.zeros((bsz, h, m, d), rdt)
-    else:
-        xk0 = jnp.real(initial_state[0]).astype(rdt), jnp.imag(initial_state[0]).astype(rdt)
-        xv0 = jnp.real(initial_state[1]).astype(rdt), jnp.imag(initial_state[1]).astype(rdt)
-    carry = (*xk0, *xv0, jnp.zeros((bsz,), jnp.int32))
-    big_l = min(chunk_size, t)
-    n = -(-t // big_l)
-    pad = n * big_l - t
-    ch = lambda x: _selective_chunks(x, n, big_l, pad)  # noqa: E731
-    dpad = jnp.concatenate([docs, jnp.broadcast_to(docs[:, -1:], (bsz, pad))], axis=1) if pad else docs
-    dsplit = jnp.moveaxis(dpad.reshape(bsz, n, big_l), 1, 0)  # [n, B, L]
-    gs = ch(g[..., None])[..., 0]  # [n, B, H, L]
-    xs = (ch(fq.astype(rdt)), ch(zk.astype(rdt)), ch(zv.astype(rdt)), dsplit, gs, ch(ph),
-          ch(jnp.real(b).astype(rdt)), ch(jnp.imag(b).astype(rdt)))
-    body = remat_chunk(lambda cr, x: _chunk_body_selective(cr, x, kblock, conj))
-    carry, o = lax.scan(body, carry, xs)  # o [n, B, H, L, D]
-    o = jnp.moveaxis(o, 0, 2).reshape(bsz, h, n * big_l, d)[:, :, :t]
+    carry = (*_state_planes(initial_state, bsz, h, m, r, d, rdt), jnp.zeros((bsz,), jnp.int32))
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, H, ...] -> [B, H, T, ...]
+    xs = (*(heads_first(x.astype(rdt)) for x in (fq, zk, zv)), docs, heads_first(g), heads_first(ph),
+          heads_first(jnp.real(b).astype(rdt)), heads_first(jnp.imag(b).astype(rdt)))
+    carry, o = chunked_scan(lambda _: lambda cr, x: _chunk_body_selective(cr, x, kblock, conj), carry, xs,
+                            (2, 2, 2, 1, 2, 2, 2, 2), chunk_size, out_axis=2)  # o [B, H, T, D]
     xk_r, xk_i, xv_r, xv_i, _ = carry
     state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
     return jnp.swapaxes(o, 1, 2), state
@@ -672,16 +711,6 @@ def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_sta
 # ----------------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def _pallas_module():
-    try:
-        from idattn.ops import pallas as pallas_ops  # noqa: WPS433 (optional, heavy)
-    except ImportError as e:  # pragma: no cover - depends on the kernel package being present
-        raise NotImplementedError(
-            "impl='pallas' is not built yet in this checkout (idattn.ops.pallas is missing); use impl='chunked'"
-        ) from e
-    return pallas_ops
 
 
 _PALLAS_FALLBACK_WARNED = False
@@ -703,17 +732,14 @@ def resolve_impl(impl: str, chunk_size: int = 64, selective: bool = False) -> st
         return impl
     if selective:
         return "chunked"
-    try:
-        pallas_ops = _pallas_module()
-    except NotImplementedError:
-        return "chunked"
     if pallas_ops.pallas_available() and pallas_ops.chunk_size_supported(chunk_size):
         return "pallas"
     return "chunked"
 
 
 def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto", chunk_size: int = 64,
-                    segment_ids=None, initial_state=None, return_state: bool = False, out_dtype=None):
+                    segment_ids=None, initial_state=None, return_state: bool = False, out_dtype=None,
+                    core: Optional[str] = None):
     """Interdomain mixing over a sequence (see the module docstring for the math).
 
     Args:
@@ -731,13 +757,17 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
       initial_state: (Xk [B, H, M, R], Xv [B, H, M, D]) complex for the first document, or None (zeros).
       return_state: also return (Xk, Xv) after the last position.
       out_dtype: output dtype (default: zv's dtype).
+      core: "lti" (lam, b [H, M]) or "selective" (the per-token form; lam, b [B, T, H, M] or [H, M]); None reads
+        it from lam's and b's shapes (`resolve_core`).
     Returns:
       o [B, T, H, D], or (o, (Xk, Xv)) when return_state.
     """
     fq, zk, zv = jnp.asarray(fq), jnp.asarray(zk), jnp.asarray(zv)
     lam, b = jnp.asarray(lam), jnp.asarray(b)
     c = None if c is None else jnp.asarray(c)
-    selective = _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size)
+    core = resolve_core(lam, b, core)
+    _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core)
+    selective = core == "selective"
     out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = real_dtype(fq, zk, zv, lam, b)
     impl = resolve_impl(impl, int(chunk_size), selective=selective)
@@ -748,13 +778,12 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
         o, state = _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt,
                                           int(chunk_size))
     elif impl == "sequential":
-        o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
+        o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core)
     elif impl == "associative":
         o, state = _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
     elif impl == "chunked":
         o, state = _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, int(chunk_size))
     else:  # pallas
-        pallas_ops = _pallas_module()
         L = int(chunk_size)
 
         def chunked(fq, zk, zv, lam, b, c, seg, x0):  # a jax without the Triton backend, on GPU
@@ -800,6 +829,7 @@ def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True) -
     return chunk * (r + d) + 4 * m * (chunk + r + d) + (4 * m * m if with_c else 0)
 
 
-__all__ = ["interdomain_mix", "interdomain_step", "document_index", "log_decay_angle", "per_token", "associative_bytes", "set_associative_max_bytes",
-           "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "IMPLS"]
+__all__ = ["interdomain_mix", "interdomain_step", "document_index", "log_decay_angle", "per_token", "associative_bytes",
+           "set_associative_max_bytes", "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "resolve_core",
+           "chunk_decay", "ChunkDecay", "decay_matrix", "chunked_scan", "IMPLS", "CORES"]
 

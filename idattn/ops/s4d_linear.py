@@ -47,19 +47,21 @@ L·W (the convolution) + 4M·W (carry in and out) real MACs. State and accumulat
 """
 from __future__ import annotations
 
-import jax
+from typing import Optional
+
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from idattn.ops.interdomain import (check_selective_lam, complex_dtype, document_index, document_starts, is_concrete,
-                                    log_decay_angle, mode_powers, per_token, real_dtype, remat_chunk, shape_str)
+from idattn.ops.interdomain import (check_selective_lam, chunk_decay, chunked_scan, complex_dtype, decay_matrix,
+                                    document_index, document_starts, is_concrete, log_decay_angle, mode_powers,
+                                    per_token, real_dtype, resolve_core, shape_str)
 
 LINEAR_IMPLS = ("auto", "sequential", "chunked")
 _HI = lax.Precision.HIGHEST
 
 
-def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
+def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size, core):
     if impl not in LINEAR_IMPLS:
         raise ValueError(f"impl must be one of {LINEAR_IMPLS} for the linear S4D readout, got {impl!r} "
                          "(the chunked path is a convolution: no associative or pallas path is needed)")
@@ -68,15 +70,14 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
     if not jnp.issubdtype(z.dtype, jnp.floating):
         raise TypeError(f"z must be a real floating array (float32/bfloat16/float64), got {z.dtype}")
     bsz, t, h, w = z.shape
-    selective = lam.ndim == 4 or b.ndim == 4
     for name, x in (("lam", lam), ("b", b), ("c", c)):
-        per_tok = name != "c" and x.ndim == 4
-        if per_tok and tuple(x.shape[:3]) != (bsz, t, h):
+        per_tok = name != "c" and core == "selective" and x.ndim != 2  # the selective core: either may stay [H, M]
+        if per_tok and tuple(x.shape[:-1]) != (bsz, t, h):
             raise ValueError(f"{name} per token must be [B, T, H, M] = [{bsz}, {t}, {h}, M] complex; got "
                              f"{shape_str(x)}")
         if not per_tok and (x.ndim != 2 or x.shape[0] != h):
             raise ValueError(f"{name} must be [H, M] = [{h}, M] complex" + ("" if name == "c" else
-                             f" (or [B, T, H, M] per token)") + f"; got {shape_str(x)}")
+                             " (or [B, T, H, M] per token)") + f"; got {shape_str(x)}")
         if not jnp.issubdtype(x.dtype, jnp.complexfloating):
             raise TypeError(f"{name} must be complex (complex64/complex128), got {x.dtype}; build it with "
                             f"jax.lax.complex(re, im)")
@@ -96,16 +97,15 @@ def _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size):
                              f"{shape_str(initial_state)}")
     if not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    if selective:
+    if core == "selective":
         if is_concrete(lam):
             check_selective_lam(lam, real_dtype(z, lam))
-        return selective
+        return
     if is_concrete(lam):
         mag = np.abs(np.asarray(lam))
         if not np.all(np.isfinite(mag)) or mag.max() >= 1.0:
             raise ValueError(f"lam must satisfy |lam| < 1 (a stable decay); saw max |lam| = {mag.max():.8g}. "
                              f"Build lam with idattn.ops.s4d.discretize, which keeps Re(Δ·A) ≥ -κ < 0")
-    return selective
 
 
 def _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt):
@@ -197,23 +197,12 @@ def _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
         x0 = (jnp.real(initial_state).astype(rdt), jnp.imag(initial_state).astype(rdt))
     carry = (*x0, jnp.zeros((bsz,), jnp.int32))
     z_ = jnp.swapaxes(z.astype(rdt), 1, 2)  # [B, H, T, W]
-    big_l = min(chunk_size, t)
-    n_full, tail = divmod(t, big_l)
-    outs = []
-    if n_full:
-        tables = _tables(lam, b, c, big_l, rdt)
-        zs = z_[:, :, : n_full * big_l].reshape(bsz, h, n_full, big_l, w)
-        zs = jnp.moveaxis(zs, 2, 0)
-        ds = jnp.moveaxis(docs[:, : n_full * big_l].reshape(bsz, n_full, big_l), 1, 0)
-        body = remat_chunk(lambda cr, xs: _chunk_body(cr, xs, tables))
-        carry, y_full = lax.scan(body, carry, (zs, ds))
-        outs.append(jnp.moveaxis(y_full, 0, 2).reshape(bsz, h, n_full * big_l, w))
-    if tail:
-        tables = _tables(lam, b, c, tail, rdt)
-        s0 = n_full * big_l
-        carry, y_tail = _chunk_body(carry, (z_[:, :, s0:], docs[:, s0:]), tables)
-        outs.append(y_tail)
-    y = jnp.concatenate(outs, axis=2) if len(outs) > 1 else outs[0]
+
+    def chunk_body(length):  # the kernel and carry tables of a chunk of `length` tokens
+        tables = _tables(lam, b, c, length, rdt)
+        return lambda cr, xs: _chunk_body(cr, xs, tables)
+
+    carry, y = chunked_scan(chunk_body, carry, (z_, docs), (2, 1), chunk_size, out_axis=2)
     x_r, x_i, _ = carry
     return jnp.swapaxes(y, 1, 2), lax.complex(x_r, x_i).astype(cdt)
 
@@ -224,58 +213,46 @@ def _selective_chunk(carry, xs, c):
     x, d_prev = carry
     g, phi, bt, zc, dch = xs
     cdt = x.dtype
-    big_g = jnp.cumsum(g, axis=1)  # [B, l, H]: G_i, non-increasing
-    ph = jnp.cumsum(phi, axis=1)  # [B, l, H, M]: Φ_i from the chunk's start
-    rot = lax.complex(jnp.cos(ph), jnp.sin(ph)).astype(cdt)  # e^{iΦ_i}
+    cd = chunk_decay(g, phi, axis=1)  # G_i [B, l, H] (non-increasing), e^{iΦ_i} [B, l, H, M] from the chunk's start
+    rot = lax.complex(cd.cos, cd.sin).astype(cdt)  # e^{iΦ_i}
     a = c[None, None] * rot  # c_m e^{iΦ_i,m}
     bk = bt * jnp.conj(rot)  # b_k,m e^{−iΦ_k,m}
     s = jnp.real(jnp.einsum("bihm,bkhm->bhik", a, bk, precision=_HI))
     l = zc.shape[1]
     ii = jnp.arange(l)
     mask = (ii[:, None] >= ii[None, :])[None] & (dch[:, :, None] == dch[:, None, :])  # [B, l, l]
-    expo = jnp.moveaxis(big_g, 2, 1)  # [B, H, l]
-    diff = expo[:, :, :, None] - expo[:, :, None, :]  # G_i − G_k [B, H, i, k]
-    mask = mask[:, None]
-    decay = jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)
+    decay = decay_matrix(jnp.moveaxis(cd.cum, 2, 1), mask[:, None])  # e^{G_i − G_k} [B, H, i, k]
     y = jnp.einsum("bhik,bkhw->bihw", s * decay, zc, precision=_HI)
     carried = (dch == d_prev[:, None])[:, :, None, None]  # [B, l, 1, 1]
-    a_in = a * jnp.exp(big_g)[..., None].astype(cdt)  # c_m e^{G_i + iΦ_i,m}
+    a_in = a * cd.into[..., None].astype(cdt)  # c_m e^{G_i + iΦ_i,m}
     y = y + jnp.where(carried, jnp.real(jnp.einsum("bihm,bhmw->bihw", a_in, x, precision=_HI)), 0)
     last_doc = (dch == dch[:, -1:])[:, :, None, None]  # [B, l, 1, 1]
-    g_out = jnp.exp(big_g[:, -1:] - big_g)[..., None].astype(cdt)  # e^{G_l−1 − G_k}
+    g_out = cd.to_end[..., None].astype(cdt)  # e^{G_l−1 − G_k}
     w_out = jnp.where(last_doc, g_out * rot[:, -1:] * bk, 0)  # e^{G_l−1 − G_k + i(Φ_l−1 − Φ_k)} b_k
     n = jnp.einsum("bkhm,bkhw->bhmw", w_out, zc.astype(cdt), precision=_HI)
-    whole = (jnp.exp(big_g[:, -1])[..., None].astype(cdt) * rot[:, -1])[..., None]  # [B, H, M, 1]
+    whole = (cd.whole[..., None].astype(cdt) * rot[:, -1])[..., None]  # [B, H, M, 1]
     keep = (dch[:, -1] == d_prev)[:, None, None, None]
     return (jnp.where(keep, whole * x, 0) + n, dch[:, -1]), y
 
 
 def _mix_chunked_selective(z, lam, b, c, segment_ids, initial_state, rdt, chunk_size):
+    """The chunked form with per-token lam_t, b_t; the chunks as the LTI form's (`chunked_scan`: a ragged last
+    chunk at its true length)."""
     bsz, t, h, w = z.shape
     m = lam.shape[-1]
     cdt = complex_dtype(rdt)
     lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)
     g, phi = log_decay_angle(lam, rdt)  # [B, T, H], [B, T, H, M]
     docs = document_index(segment_ids, bsz, t)
-    big_l = min(int(chunk_size), t)
-    n = -(-t // big_l)
-    pad = n * big_l - t  # padded tokens: no decay, no input, the last document's: the state passes unchanged
-
-    def chunks(x, mode="constant"):
-        widths = [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)
-        x = jnp.pad(x, widths, mode=mode) if pad else x
-        return jnp.moveaxis(x.reshape(bsz, n, big_l, *x.shape[2:]), 1, 0)
-
     x0 = jnp.zeros((bsz, h, m, w), cdt) if initial_state is None else initial_state.astype(cdt)
-    xs = (chunks(g), chunks(phi), chunks(b), chunks(z.astype(rdt)), chunks(docs, "edge"))
-    (x, _), ys = lax.scan(lambda cr, xc: _selective_chunk(cr, xc, c.astype(cdt)),
-                          (x0, jnp.zeros((bsz,), jnp.int32)), xs)
-    y = jnp.moveaxis(ys, 0, 1).reshape(bsz, n * big_l, h, w)[:, :t]
+    c = c.astype(cdt)
+    (x, _), y = chunked_scan(lambda _: lambda cr, xc: _selective_chunk(cr, xc, c), (x0, jnp.zeros((bsz,), jnp.int32)),
+                             (g, phi, b, z.astype(rdt), docs), (1, 1, 1, 1, 1), chunk_size, out_axis=1)
     return y, x
 
 
 def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, segment_ids=None,
-                   initial_state=None, return_state: bool = False, out_dtype=None):
+                   initial_state=None, return_state: bool = False, out_dtype=None, core: Optional[str] = None):
     """Linear S4D readout over a sequence (see the module docstring for the math).
 
     Args:
@@ -289,16 +266,18 @@ def s4d_linear_mix(z, lam, b, c, *, impl: str = "auto", chunk_size: int = 64, se
       initial_state: X [B, H, M, W] complex for the first document, or None (zeros).
       return_state: also return X after the last position.
       out_dtype: output dtype (default: z's dtype).
+      core: "lti" (lam, b [H, M]) or "selective" (the per-token form); None reads it from lam's and b's shapes.
     Returns:
       y [B, T, H, W], or (y, X [B, H, M, W]) when return_state.
     """
     z, lam, b, c = jnp.asarray(z), jnp.asarray(lam), jnp.asarray(b), jnp.asarray(c)
-    selective = _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size)
+    core = resolve_core(lam, b, core)
+    _validate(z, lam, b, c, segment_ids, initial_state, impl, chunk_size, core)
     out_dtype = z.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = real_dtype(z, lam, b, c)
     if impl == "sequential":
         y, x = _mix_sequential(z, lam, b, c, segment_ids, initial_state, rdt)
-    elif selective:
+    elif core == "selective":
         y, x = _mix_chunked_selective(z, lam, b, c, segment_ids, initial_state, rdt, int(chunk_size))
     else:
         y, x = _mix_chunked(z, lam, b, c, segment_ids, initial_state, rdt, int(chunk_size))

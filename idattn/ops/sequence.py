@@ -39,8 +39,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from idattn.ops.interdomain import (complex_dtype, document_index, interdomain_mix, log_decay_angle, per_token,
-                                   real_dtype, resolve_impl)
+from idattn.ops.interdomain import (chunk_decay, complex_dtype, document_index, interdomain_mix, log_decay_angle,
+                                   per_token, real_dtype, resolve_core, resolve_impl)
 from idattn.ops.pallas.op import interdomain_mix_pallas, logical_mesh_axes, mesh_partition, partition_spec
 from idattn.ops.s4d_linear import s4d_linear_mix
 
@@ -117,15 +117,14 @@ def end_state_selective(z, lam, b, segment_ids=None, chunk_size: int = 64):
     def body(carry, xs):
         x_r, x_i, p_r, p_i = carry  # state [B, H, M, W], product [B, H, M]
         zc, gc, pc, brc, bic = xs  # [B, L, H, W], [B, L, H], [B, L, H, M] ×3
-        lc = jnp.cumsum(gc, axis=1)
-        phc = jnp.cumsum(pc, axis=1)
-        er, ei = jnp.cos(phc), jnp.sin(phc)
-        tail = jnp.exp(lc[:, -1:] - lc)[..., None]  # [B, L, H, 1]
+        cd = chunk_decay(gc, pc, axis=1)  # Λ [B, L, H], e^{iΦ} [B, L, H, M] from the chunk's start
+        er, ei = cd.cos, cd.sin
+        tail = cd.to_end[..., None]  # [B, L, H, 1]
         dr, di = er[:, -1:] * er + ei[:, -1:] * ei, ei[:, -1:] * er - er[:, -1:] * ei  # e^{i(Φ_{l−1} − Φ_j)}
         pe_r, pe_i = (brc * dr - bic * di) * tail, (brc * di + bic * dr) * tail
         pe2 = jnp.concatenate([pe_r, pe_i], axis=-1)  # [B, L, H, 2M]
         add = jnp.einsum("blhm,blhw->bhmw", pe2, zc, precision=_HI)
-        tot = jnp.exp(lc[:, -1])[..., None]  # [B, H, 1]
+        tot = cd.whole[..., None]  # [B, H, 1]
         tr, ti = tot * er[:, -1], tot * ei[:, -1]  # [B, H, M]
         x_r, x_i = (tr[..., None] * x_r - ti[..., None] * x_i + add[:, :, :m],
                     tr[..., None] * x_i + ti[..., None] * x_r + add[:, :, m:])
@@ -223,7 +222,7 @@ def _specs(bx, sx, hx):
 
 def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto",
                              chunk_size: int = 64, segment_ids=None, out_dtype=None, plan=None, initial_state=None,
-                             return_state: bool = False):
+                             return_state: bool = False, core: str | None = None):
     """`interdomain_mix` with the length split over the mesh's sequence axes (module docstring); the plain
     operator when no axis splits it. Same arguments and result: `initial_state` (Xk0, Xv0) enters the first
     document (shard 0, and through the fold every shard it reaches), and `return_state` also returns the state
@@ -231,7 +230,8 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     split over the sequence axis, then decoding from it)."""
     bsz, t, h, r = fq.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
-    kw = dict(conj=conj, impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
+    core = resolve_core(lam, b, core)
+    kw = dict(conj=conj, impl=impl, chunk_size=chunk_size, out_dtype=out_dtype, core=core)
     if plan is None:
         return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=segment_ids, initial_state=initial_state,
                                return_state=return_state, **kw)
@@ -239,8 +239,8 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     tok, per_head, per_head2, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
     has_c = c is not None
-    lam, b = jnp.asarray(lam), jnp.asarray(b)
-    selective = lam.ndim == 4 or b.ndim == 4
+    lam, b, lam_spec = _core_args(lam, b, core, bsz, t, tok, per_head)
+    selective = core == "selective"
 
     has_init = initial_state is not None
     d = zv.shape[-1]
@@ -270,33 +270,32 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     c_arg = c if has_c else jnp.zeros((h, 1, 1), jnp.complex64)
     x0 = (jnp.concatenate([jnp.asarray(initial_state[0]), jnp.asarray(initial_state[1])], axis=-1) if has_init
           else jnp.zeros((bsz, h, lam.shape[-1], r + d), jnp.complex64))
-    lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
     state = partition_spec(bx, hx, (), ())  # [B, H, M, W]: replicated over the sequence shards
     out_specs = (tok, state, state) if return_state else tok
-    out = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, b_spec, per_head2, rows, state),
+    out = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, lam_spec, per_head2, rows, state),
                         out_specs=out_specs, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg, x0)
     return (out[0], (out[1], out[2])) if return_state else out
 
 
 def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: int = 64, segment_ids=None,
-                            out_dtype=None, plan=None, initial_state=None, return_state: bool = False):
+                            out_dtype=None, plan=None, initial_state=None, return_state: bool = False,
+                            core: str | None = None):
     """`s4d_linear_mix` with the length split over the mesh's sequence axes (module docstring); the plain
     operator when no axis splits it. `initial_state` [B, H, M, W] and `return_state` as in
     `interdomain_mix_sequence` (the returned state replicated over the sequence shards)."""
 
     bsz, t, h, w = z.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
-    kw = dict(impl=impl, chunk_size=chunk_size, out_dtype=out_dtype)
+    core = resolve_core(lam, b, core)
+    kw = dict(impl=impl, chunk_size=chunk_size, out_dtype=out_dtype, core=core)
     if plan is None:
         return s4d_linear_mix(z, lam, b, c, segment_ids=segment_ids, initial_state=initial_state,
                               return_state=return_state, **kw)
     mesh, bx, sx, hx = plan
     tok, per_head, _, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
-
-    lam, b = jnp.asarray(lam), jnp.asarray(b)
-    selective = lam.ndim == 4 or b.ndim == 4
-
+    lam, b, lam_spec = _core_args(lam, b, core, bsz, t, tok, per_head)
+    selective = core == "selective"
     has_init = initial_state is not None
 
     def local(z, lam, b, c, seg, x0):
@@ -313,10 +312,18 @@ def s4d_linear_mix_sequence(z, lam, b, c, *, impl: str = "chunked", chunk_size: 
         return (y, x_fin) if return_state else y
 
     x0 = jnp.asarray(initial_state) if has_init else jnp.zeros((bsz, h, lam.shape[-1], w), jnp.complex64)
-    lam_spec, b_spec = (tok if x.ndim == 4 else per_head for x in (lam, b))
     state = partition_spec(bx, hx, (), ())
-    return jax.shard_map(local, mesh=mesh, in_specs=(tok, lam_spec, b_spec, per_head, rows, state),
+    return jax.shard_map(local, mesh=mesh, in_specs=(tok, lam_spec, lam_spec, per_head, rows, state),
                          out_specs=(tok, state) if return_state else tok, check_vma=False)(z, lam, b, c, seg, x0)
+
+
+def _core_args(lam, b, core: str, bsz: int, t: int, tok, per_head):
+    """(lam, b, their in_spec) for the split: the selective core's per token ([B, T, H, M], either broadcast from
+    [H, M] when it stays constant), split over the sequence like the tokens; the LTI core's [H, M], per head."""
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    if core == "selective":
+        return (*per_token(lam, b, bsz, t), tok)
+    return lam, b, per_head
 
 
 def _resolved(impl: str, chunk_size: int, selective: bool = False) -> str:
