@@ -20,6 +20,8 @@ skip (c) / (d) with the reason; they never stop (a) / (b).
 (b) the operator table of `python -m idattn.bench op` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
     T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run; beside
     it the cost model's prediction per row (`python -m idattn.bench gpu`, fitted on the 2026-12-04 rows);
+(b1) the 2026-12-04 form of the kernels (op.GPU_PRESCALED_SCAN / GPU_PRESCALED_MODES off) beside the current
+    one at (16, 128, 32), 4K and 16K, fwd and fwd+bwd, in the same process;
 (b2) every Pallas launch of a fwd+bwd timed alone (idattn.bench.per_kernel) at (16, 128, 32) 4K and 16K and
     (32, 64, 64) 4K, beside the whole program: the split the cost model needs.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
@@ -454,9 +456,25 @@ def main():
         table = bop.format_table(rows)
         log("\n" + table)
         SUMMARY.append(table)
+        # the 2026-12-04 form of the kernels (the per-token factors formed inside the loops: op.GPU_PRESCALED_SCAN
+        # and GPU_PRESCALED_MODES off) beside the current one, in the same process, at the target shape
+        old_rows = []
+        saved = pallas_op.GPU_PRESCALED_SCAN, pallas_op.GPU_PRESCALED_MODES
+        pallas_op.GPU_PRESCALED_SCAN = pallas_op.GPU_PRESCALED_MODES = False
+        try:
+            for T in [t for t in (4096, 16384) if t in seqs] or seqs[-1:]:
+                old_rows += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
+                                           repeats=2 if dry else 10, warmup=1 if dry else 2, attention=False,
+                                           deadline=T0 + 0.66 * B, label="pallas 2026-12-04 form")
+        finally:
+            pallas_op.GPU_PRESCALED_SCAN, pallas_op.GPU_PRESCALED_MODES = saved
+        t_old = bop.format_table([r for r in rows if r.impl == "pallas" and tuple(r.shape) == tuple(shapes[0])]
+                                 + old_rows)
+        log("current kernels beside the 2026-12-04 form:\n" + t_old)
+        SUMMARY.append("(b1) current kernels beside the 2026-12-04 form:\n" + t_old)
         # the cost model (python -m idattn.bench gpu; constants fitted on the 2026-12-04 rows) beside this run
         from idattn.bench import gpu_model
-        beside = gpu_model.beside_measured(rows)
+        beside = gpu_model.beside_measured(rows + old_rows)
         log("cost model beside the measured times (a prediction from the compiled kernels):\n" + beside)
         SUMMARY.append("cost model vs measured:\n" + beside)
 

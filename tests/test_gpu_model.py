@@ -92,6 +92,8 @@ def test_the_committed_model_table_is_the_committed_data():
     doc = open(os.path.join(REPO, "docs", "kernels-results.md")).read()
     assert table in doc, "docs/kernels-results.md's model table is stale: paste `python -m idattn.bench gpu`'s table"
     assert all(r["predicted"] is not None for r in rows), "a measured row has no collected kernel data"
+    now = G.format_now(c, G.load())
+    assert now and now in doc, "docs/kernels-results.md's current-kernels table is stale (python -m idattn.bench gpu)"
     fla = G.format_fla(c, G.load(G.FLA_DATA))
     assert fla in doc, "docs/kernels-results.md's fla table is stale: paste `python -m idattn.bench gpu`'s fla table"
 

@@ -322,17 +322,20 @@ def beside_measured(measured: list, data: dict | None = None) -> str:
     except OSError as e:
         return f"(no model: {e})"
     c, _ = evaluate(data)
-    fitted = {(tuple(sh), T, m) for tag, sh, T, L, m, _, role in MEASURED if tag == "main" and role == "fit"}
-    lines = ["| (H, d_h, M) | T | mode | measured ms (now) | model ms | error | model fitted on this row? |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| (H, d_h, M) | T | mode | kernels | measured ms (now) | model ms | error | compiled data |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in measured:
-        if r.impl != "pallas" or not r.ms:
+        if not r.impl.startswith("pallas") or not r.ms:
             continue
-        rep = data.get(key("main", tuple(r.shape), r.T, 64, r.mode))
+        # the 2026-12-04 form's rows are predicted from its own compiled data (fitted there: in-sample); the
+        # current kernels' from the `now` data (sass collect --tag now), when collected
+        old = "2026-12-04" in r.impl
+        tag = "main" if old else "now"
+        rep = data.get(key(tag, tuple(r.shape), r.T, 64, r.mode))
         pred = predict_ms(rep, c) if rep is not None else None
-        lines.append(f"| {tuple(r.shape)} | {r.T} | {r.mode} | {r.ms:.3f} | "
+        lines.append(f"| {tuple(r.shape)} | {r.T} | {r.mode} | {'2026-12-04' if old else 'current'} | {r.ms:.3f} | "
                      + ("no kernel data | - |" if pred is None else f"{pred:.3f} | {100 * (pred / r.ms - 1):+.0f}% |")
-                     + (" yes (2026-12-04 row) |" if (tuple(r.shape), r.T, r.mode) in fitted else " no |"))
+                     + f" {tag} ({'fit rows' if old else (rep or {}).get('commit', '-')}) |")
     return "\n".join(lines)
 
 
