@@ -162,11 +162,11 @@ class EventFile:
     `purge_step` does): a resumed run's steps replace the ones logged past the restored checkpoint."""
 
     def __init__(self, logdir: str, purge_step: int | None = None):
-        # local: tensorboardX, optional at runtime (the caller handles its ImportError)
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-        from tensorboardX.record_writer import directory_check
-        from tensorboardX.summary import scalar
+        # local: tensorboardX is optional at runtime (MetricsWriter goes on without TensorBoard on ImportError)
+        from tensorboardX.event_file_writer import EventsWriter  # noqa: PLC0415 optional at runtime
+        from tensorboardX.proto.event_pb2 import Event, SessionLog  # noqa: PLC0415 optional at runtime
+        from tensorboardX.record_writer import directory_check  # noqa: PLC0415 optional at runtime
+        from tensorboardX.summary import scalar  # noqa: PLC0415 optional at runtime
 
         directory_check(logdir)
         self._event, self._scalar = Event, scalar

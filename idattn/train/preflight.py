@@ -40,7 +40,7 @@ from idattn.train.plan import RunPlan
 def data_pipeline():
     """idattn.data.pipeline, imported when a run first reads data: the model-only paths (`build_setup` for
     `python -m idattn.bench model` and the AOT twin) do not read data, so they run on images without grain."""
-    from idattn.data import pipeline  # local: grain, absent from the model-only images (bench, aot)
+    from idattn.data import pipeline  # noqa: PLC0415 local: grain, absent from the model-only images (bench, aot)
     return pipeline
 
 

@@ -71,7 +71,7 @@ def _choice(cfg, section, key, choices):
 
 def check_values(config) -> None:
     """Raises ConfigError (one line) for the first out-of-range train / data value."""
-    from idattn.data import pipeline  # local: grain, absent from the model-only images (bench, aot)
+    from idattn.data import pipeline  # noqa: PLC0415 local: grain, absent from the model-only images (bench, aot)
 
     _int_at_least(config, "train", "batch_size", 1)
     _int_at_least(config, "train", "grad_accum", 1)
