@@ -8,8 +8,13 @@ the installed accelerator runtimes quiet; they are not errors there:
     imported (even with JAX_PLATFORMS=cpu), are dropped; everything else printed then is passed on.
 Set JAX_PLATFORMS yourself to override; on a host with an accelerator nothing is changed.
 """
+import glob as _glob
+import importlib.util as _importlib_util
 import os as _os
 import sys as _sys
+from importlib.machinery import PathFinder as _PathFinder
+
+from idattn.aot.quiet import quiet_stderr as _quiet_stderr  # os, sys and tempfile only: nothing that loads jax
 
 __version__ = "0.1.0"
 
@@ -18,13 +23,12 @@ _PROBE_LINES = ("cudart_stub.cc", "Could not find cuda drivers",
 
 
 def _has_accelerator() -> bool:
-    import glob
     if any(_os.path.exists(p) for p in ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/kfd",
                                          "/dev/dxg")):
         return True
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+    if _glob.glob("/dev/accel*") or _glob.glob("/dev/vfio/[0-9]*"):
         return True
-    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):  # Google (TPU) PCI devices, as jax looks for them
+    for vendor in _glob.glob("/sys/bus/pci/devices/*/vendor"):  # Google (TPU) PCI devices, as jax looks for them
         try:
             if open(vendor).read().strip() == "0x1ae0":
                 return True
@@ -46,8 +50,7 @@ class _QuietCudaProbe:
         self.names = self.names - {name}
         if not self.names:
             _sys.meta_path.remove(self)
-        from importlib.machinery import PathFinder
-        spec = PathFinder.find_spec(name, path)
+        spec = _PathFinder.find_spec(name, path)
         if spec is None or not hasattr(spec.loader, "exec_module"):
             return spec
         # an extension module's library loads in create_module, a Python module's imports in exec_module
@@ -63,8 +66,7 @@ class _QuietCudaProbe:
 
     @staticmethod
     def _quiet(run):
-        from idattn.aot.quiet import quiet_stderr  # os, sys and tempfile only: nothing that loads jax
-        return quiet_stderr(run, _PROBE_LINES)
+        return _quiet_stderr(run, _PROBE_LINES)
 
 
 def _quiet_absent_accelerators() -> None:
@@ -74,8 +76,7 @@ def _quiet_absent_accelerators() -> None:
         if not _os.environ.get("JAX_PLATFORMS"):  # unset or empty: jax would try every installed runtime
             _os.environ["JAX_PLATFORMS"] = "cpu"
         if "jax._src.lib" not in _sys.modules:
-            import importlib.util
-            if importlib.util.find_spec("jax_cuda12_plugin") or importlib.util.find_spec("jax_cuda13_plugin"):
+            if _importlib_util.find_spec("jax_cuda12_plugin") or _importlib_util.find_spec("jax_cuda13_plugin"):
                 _sys.meta_path.insert(0, _QuietCudaProbe())
     except Exception:  # never let the quieting stop an import
         pass

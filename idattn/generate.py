@@ -24,10 +24,11 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
 
-
+from idattn.configs.flags import define_model_flags, step_flag
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
-from idattn.configs.flags import step_flag
-from idattn.rundir.loading import load_model  # noqa: E402
+from idattn.models import decoding
+from idattn.rundir.loading import load_model
+from idattn.score import read_jsonl_texts
 
 
 _CONFIG = None
@@ -37,7 +38,6 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("prompt", "", "prompt text")
     flags.DEFINE_string("prompt_ids", None, "comma-separated prompt token ids (instead of --prompt)")
@@ -58,7 +58,6 @@ def define_flags() -> None:
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax restore logs at INFO
-    from idattn.models import decoding
 
     if FLAGS.prompts is not None:
         return generate_file()
@@ -97,8 +96,6 @@ def _eos(tok):
 
 def generate_file() -> None:
     """--prompts: every prompt of the file, batched by equal token length, one JSON line each in input order."""
-    from idattn.models import decoding
-    from idattn.score import read_jsonl_texts
 
     if not FLAGS.out:
         raise app.UsageError("--prompts needs --out=<file.jsonl> (one record a line)")

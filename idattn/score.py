@@ -15,13 +15,15 @@ a one-line summary (tokens scored, mean NLL, perplexity) to stderr. With `--text
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 from absl import app, flags, logging
 
+from idattn.configs.flags import define_model_flags, step_flag
+from idattn.data import jsonl
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
-from idattn.eval.scoring import score_ids
-from idattn.configs.flags import step_flag
+from idattn.eval.scoring import model_score_fn, score_ids, score_sequences
 from idattn.rundir.loading import load_model
 
 _CONFIG = None
@@ -31,7 +33,6 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     """The CLI's flags, defined when run as a CLI (idattn.configs.flags.define_model_flags says why)."""
     global _CONFIG
-    from idattn.configs.flags import define_model_flags
     _CONFIG = define_model_flags()
     flags.DEFINE_string("text", None, "text to score")
     flags.DEFINE_string("tokenizer", None, "override config.data.tokenizer (mistral | path | train:N | bytes)")
@@ -52,7 +53,6 @@ def read_jsonl_texts(path: str, field: str, flag: str) -> list[str]:
     text a line (its newline removed; blank lines skipped); any other file is JSON Lines, the `field` of every line
     (idattn.data.jsonl; .gz read through gzip). A bad line, an empty text or an empty file is refused naming the
     flag, file, line and fix."""
-    from idattn.data import jsonl
     name = path.lower()[:-3] if path.lower().endswith(".gz") else path.lower()
     if name.endswith(PLAIN_TEXT):
         try:
@@ -84,7 +84,6 @@ def score_record(text: str, ids: list[int], lps: list, tok) -> dict:
 
 
 def summary_line(recs: list[dict]) -> str:
-    import math
     n = sum(r["num_scored"] for r in recs)
     nll = -sum(r["total_logprob"] for r in recs) / n
     return (f"score: {len(recs)} text(s), {n:,} tokens scored, mean NLL {nll:.4f} nats, perplexity "
@@ -129,7 +128,6 @@ def main(argv):
 
 def score_ids_batched(model, params, all_ids: list[list[int]], batch_size: int) -> list[list]:
     """score_ids for many sequences: right-padded batches (one compile per padded length, a power of two)."""
-    from idattn.eval.scoring import model_score_fn, score_sequences
     fn = model_score_fn(model, params)
     rows = score_sequences(fn, [ids[:-1] for ids in all_ids], [ids[1:] for ids in all_ids],
                            batch_size=max(1, batch_size), max_length=max(len(i) for i in all_ids))

@@ -17,6 +17,9 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from idattn.aot.compile import run  # noqa: E402
+from idattn.configs import resolve_argv  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/<file>.py[:arg]).",
                                           lock_config=False)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "Target: v5p-128, v4-256, v6e-64, v5p:2x2x1, h100x8, ...")
@@ -39,14 +42,12 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
-    from idattn.aot.compile import run
     rc = run(_CONFIG.value, _config_name(), _TOPOLOGY.value, num_slices=_SLICES.value, steps=tuple(_STEPS.value),
              json_path=_JSON.value, log=lambda m: print(m, flush=True))
     sys.exit(rc)
 
 
 def cli(argv=None) -> int:
-    from idattn.configs import resolve_argv
     argv = resolve_argv(list(argv)) if argv is not None else None
     if argv is None:
         sys.argv[:] = resolve_argv(sys.argv)
@@ -58,6 +59,5 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from idattn.configs import resolve_argv
     sys.argv[:] = resolve_argv(sys.argv)  # packaged recipes from any folder (idattn.configs)
     app.run(main)

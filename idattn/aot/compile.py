@@ -34,9 +34,21 @@ import dataclasses
 import json
 import math
 import re
-import sys
 import time
 from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from idattn.aot import gpu, tpu
+from idattn.models import flops_per_token
+from idattn.models.decoding import init_cache
+from idattn.ops.pallas import chunk_size_supported
+from idattn.train import sharding as shd
+from idattn.train.step import BATCH_KEYS
+from idattn.train.trainer import build_setup
 
 GiB = 1024 ** 3
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
@@ -51,15 +63,13 @@ class AotError(RuntimeError):
 
 def get_target(topology: str, num_slices: int = 1):
     """TPU names (v4-*, v5p-*, v5e-*, v6e-*, <gen>:<shape>) via idattn.aot.tpu; h100* / h200* (and NxhostsxM
-    GPU names) via idattn.aot.gpu, imported only then."""
+    GPU names) via idattn.aot.gpu."""
     t = str(topology).strip().lower()
     if t.startswith(("h100", "h200")) or re.fullmatch(r"\d+x?hosts?x\d+.*", t) or t.startswith(("a100", "b200")) \
             or re.fullmatch(r"\d+x(h100|h200)x\d+", t):  # <hosts>x<card>x<per host>, e.g. 2xh200x8
-        from idattn.aot import gpu  # noqa: WPS433 (lazy: GPU targets only)
         if num_slices != 1:
             raise AotError(f"--num_slices={num_slices}: GPU targets name their hosts in the topology (e.g. 4xhostsx8)")
         return gpu.gpu_target(topology)
-    from idattn.aot import tpu  # noqa: WPS433
     return tpu.tpu_target(topology, num_slices)
 
 
@@ -68,7 +78,6 @@ def resolve_auto(config, platform: str) -> list[str]:
     notes = []
     m = config.model
     if str(m.impl) == "auto" and platform in ("tpu", "gpu"):
-        from idattn.ops.pallas import chunk_size_supported
         fam = "tpu" if platform == "tpu" else "gpu"
         impl = "pallas" if chunk_size_supported(int(m.chunk_size), fam) else "chunked"
         with m.unlocked() if hasattr(m, "unlocked") else _null():
@@ -120,8 +129,6 @@ def replica_groups(line: str) -> list[list[int]] | None:
     `replica_groups=mesh['axis_0'=2,'axis_1'=2] {'axis_1'}` (row-major over those axes; groups span the named
     ones). With `use_global_device_ids` (SPMD) the ids are positions in the mesh's flattened device
     array, not device ids (checked on a permuted CPU mesh in tests/test_aot_tpu.py). None if the line has none."""
-    import numpy as np
-
     m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
     if m:
         shape = [int(x) for x in m.group(1).split(",")]
@@ -150,8 +157,6 @@ def collectives_by_axis(hlo_text: str, axis_names, axis_sizes) -> dict[str, dict
     state or K/V gather; "fsdp+sequence" a gradient reduction over both). Bytes are each op's result on one
     device, counted once per op in the text: an op inside the scanned layer stack's loop body counts once, i.e.
     per layer. Ops without readable groups are "over ?"."""
-    import numpy as np
-
     shape = tuple(int(n) for n in axis_sizes)
     out: dict[str, dict[str, int]] = {}
     for kind, nbytes, line in _collective_ops(hlo_text):
@@ -224,14 +229,6 @@ def _device_count_hint(msg: str, target) -> str:
 
 def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) -> tuple[Any, list[StepReport]]:
     """Builds the mesh on the target's devices and compiles the requested steps. Returns (mesh, reports)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from idattn.train import sharding as shd
-    from idattn.train.step import BATCH_KEYS
-    from idattn.train.trainer import build_setup
-
     try:
         mesh = shd.make_mesh(config.mesh, target.devices, num_slices=target.num_slices)
         shd.check_batch_divisible(int(config.train.batch_size), int(config.train.grad_accum), mesh, 1)
@@ -257,8 +254,7 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
                     raise AotError(f"--steps: unknown step {step!r}; expected train, eval, decode")
                 opts = None
                 if target.platform == "gpu":  # pin ptxas / libdevice to the nvcc wheel (idattn/aot/gpu.py)
-                    from idattn.aot import gpu as _gpu
-                    opts = _gpu.compiler_options() or None
+                    opts = gpu.compiler_options() or None
                 compiled = lowered.compile(compiler_options=opts)
         except AotError:
             raise
@@ -267,25 +263,16 @@ def compile_steps(config, target, steps=("train", "eval", "decode"), log=print) 
         rep = _report(step, compiled, time.perf_counter() - t0, mesh)
         if step == "train":
             try:
-                from idattn.models import flops_per_token
                 rep.model_flops = float(flops_per_token(config.model, S)) * B * S / mesh.size
             except Exception:  # informative only
                 pass
         reports.append(rep)
         log(format_step(rep, target))
-    del NamedSharding, P
     return mesh, reports
 
 
 def _lower_decode(config, setup, mesh, B, S):
     """One decode step: token [B] against a cache of S positions (batch rows over the batch shards)."""
-    import jax
-    import jax.numpy as jnp
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from idattn.models.decoding import init_cache
-    from idattn.train import sharding as shd
-
     model = setup.model
     cache = jax.eval_shape(lambda: init_cache(model, B, max_len=S))
     bx = shd.batch_axes(mesh) if B % shd.batch_size_per_shard(mesh) == 0 else None

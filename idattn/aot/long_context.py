@@ -36,9 +36,15 @@ each op in the program text once, the scanned layer stack's loop body once, so p
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
+import subprocess
 import sys
+
+from idattn.configs.scaling import get_config
+from idattn.models import flops_per_token
+from idattn.models.spec import spec_from_config
 
 GiB = 1024 ** 3
 MiB = 1024 ** 2
@@ -81,9 +87,6 @@ def command(size: str, mixer: str, seq_len: int, topology: str = "v5p-128", sequ
 
 def cost_model(size: str, mixer: str, seq_len: int, sequence: int = 4, chips: int = 64) -> dict:
     """Bytes and seconds of the sequence axis's collective for one grid point (module docstring)."""
-    from idattn.configs.scaling import get_config
-    from idattn.models import flops_per_token
-    from idattn.models.spec import spec_from_config
 
     cfg = get_config(f"{mixer},{size}")
     s = spec_from_config(cfg.model)
@@ -122,10 +125,6 @@ STATE_PASSING_P = (4, 8, 16, 32, 64)
 def state_passing(size: str, P: int, seq_len: int) -> dict:
     """Per train step and chip (one row per sequence group, T = seq_len split over P chips): the all_gather and
     the tree scan of the end states (bytes received, seconds) against the step's compute at peak."""
-    from idattn.configs.scaling import get_config
-    from idattn.models import flops_per_token
-    from idattn.models.spec import spec_from_config
-    import math
 
     cfg = get_config(f"interdomain,{size}")
     s = spec_from_config(cfg.model)
@@ -326,8 +325,6 @@ def next_sequence(out_dir: str, cell: tuple) -> int | None:
 
 
 def compile_cell(out_dir: str, cell: tuple, sequence: int) -> None:
-    import subprocess
-
     path = os.path.join(out_dir, name(*cell, sequence) + ".json")
     argv = aot_argv(*cell, sequence, out_dir)
     print("running: " + " ".join(argv), file=sys.stderr, flush=True)

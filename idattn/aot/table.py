@@ -24,6 +24,8 @@ import os
 import subprocess
 import sys
 
+from idattn.aot import long_context
+
 # size -> topology (chips: v5p-N has N/2 chips): the smallest v5p slice that comfortably fits the paper batch
 TOPOLOGY = {"125m": "v5p-32", "350m": "v5p-64", "760m": "v5p-64", "1.3b": "v5p-128"}
 MIXERS = ("softmax", "interdomain", "s4d_only")
@@ -155,11 +157,9 @@ def main(argv=None) -> int:
                                              "(docs/pods.md)")
     args = p.parse_args(argv)
     if args.kind == "state_passing":  # a cost model: nothing to compile (idattn/aot/long_context.py)
-        from idattn.aot import long_context
         print(long_context.state_passing_table())
         return 0
     if args.kind == "long_context":
-        from idattn.aot import long_context
         try:
             lines: list[str] = []
             rc = long_context.main(args.dir, args.run, args.grid or None, log=lines.append)

@@ -22,6 +22,8 @@ import math
 import os
 import re
 
+from jax.experimental import topologies
+
 from idattn.aot.quiet import quiet_stderr
 from idattn.aot.target import GiB, Target
 
@@ -105,10 +107,6 @@ def tpu_target(name: str, num_slices: int = 1) -> Target:
     gen, shape = parse_tpu_name(name)
     prefix, chip_config, dims, hbm_gib, _ = GENERATIONS[gen]
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    try:
-        from jax.experimental import topologies
-    except ImportError as e:  # pragma: no cover
-        raise RuntimeError(f"jax.experimental.topologies is missing: {e}") from e
     topo_name = f"{prefix}:{'x'.join(str(s) for s in shape)}"
     bounds = chips_per_host_bounds(gen, shape)
     try:

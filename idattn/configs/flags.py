@@ -23,6 +23,11 @@ import sys
 import textwrap
 import traceback
 
+from absl import app, flags
+from ml_collections import config_flags
+
+from idattn.configs import resolve_argv
+
 
 def _from_flag_parsing(exc: BaseException) -> bool:
     """True when the exception was raised while absl parsed the command line (not inside main)."""
@@ -63,8 +68,6 @@ def config_value_error(exc: BaseException) -> str | None:
         return None
     path, value, reason = m.group(1), m.group(2), " ".join(m.group(3).split())
     msg = f"error: --{path}={value}: {reason}"
-    from absl import flags
-
     holder = flags.FLAGS["config"] if "config" in flags.FLAGS else None
     node = getattr(holder, "value", None)
     try:
@@ -80,8 +83,6 @@ def config_value_error(exc: BaseException) -> str | None:
 
 def _parse_flags(argv: list[str]) -> list[str]:
     """absl's `parse_flags_with_usage`, with a bad `--config.<key>` value as one line (exit status 2)."""
-    from absl import flags
-
     try:
         return flags.FLAGS(argv)
     except flags.IllegalFlagValueError as e:
@@ -102,9 +103,6 @@ def _parse_flags(argv: list[str]) -> list[str]:
 def run_app(main, argv=None) -> None:
     """`absl.app.run(main)`; a mistyped `--config.<key>` or a value of the wrong type is reported on one line
     (exit status 2)."""
-    from absl import app
-
-    from idattn.configs import resolve_argv
     if argv is None:
         sys.argv[:] = resolve_argv(sys.argv)  # packaged recipes from any folder (idattn.configs)
     else:
@@ -128,9 +126,6 @@ def define_model_flags():
 
     Call it when run as a CLI, never at import: two modules defining `--config` in one process (e.g. one pytest
     worker importing several CLIs' library functions) raise absl's DuplicateFlagError."""
-    from absl import flags
-    from ml_collections import config_flags
-
     config = config_flags.DEFINE_config_file("config", None, "experiment config (random init)", lock_config=False)
     flags.DEFINE_string("workdir", None, "run directory with checkpoints")
     flags.DEFINE_string("step", None, "with --workdir: the checkpoint step (default: the latest committed; 'best': "

@@ -73,6 +73,7 @@ from __future__ import annotations
 import ml_collections
 
 from idattn.configs import base_config
+from idattn.configs.mqar import get_config as mqar_config
 from idattn.models.spec import apply_mixer_name
 
 PAPER_DT = (1e-3, 1e-1)  # the paper's Δ range (App. A.2 / S4D default)
@@ -462,7 +463,6 @@ def get_config(arg: str = "interdomain,small,scaled,0") -> ml_collections.Config
 def get_mqar_config(mixer: str, size: str = "small") -> ml_collections.ConfigDict:
     """The MQAR model (experiments/mqar.py's: d 64, 2 layers, 256-token vocabulary; 4 layers at the hybrid
     study's size, HYBRID_MQAR) and task at this size; a hybrid name builds its layer pattern."""
-    from idattn.configs.mqar import get_config as mqar_config
     hybrid = parse_hybrid(mixer)
     c = mqar_config(hybrid[0] if hybrid else mixer)
     if size == HYBRID["size"]:  # the hybrid study's MQAR model: 4 layers, every model alike

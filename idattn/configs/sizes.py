@@ -29,6 +29,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from idattn.models.counting import count_params_closed
+from idattn.models.spec import spec_from_config
+
 PAPER_SIZES = ("125m", "350m", "760m", "1.3b")
 PAPER_WIDTHS = {"125m": 768, "350m": 1024, "760m": 1536, "1.3b": 2048}
 NOMINAL_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's size names
@@ -125,8 +128,5 @@ def non_embedding_params(model_cfg) -> int:
     matrices, i.e. the input embedding and the untied LM head (2·V·d). At the CPU study's sizes the LM head
     alone is larger than the smallest model's body, so counting it would bend the law at small N.
     (`idattn.models.flops_per_token` does charge the LM head's 6·V·d FLOPs per token: it is compute.)"""
-    from idattn.models.counting import count_params_closed
-    from idattn.models.spec import spec_from_config
-
     s = spec_from_config(model_cfg)
     return int(count_params_closed(model_cfg) - 2 * s.vocab_size * s.d_model)

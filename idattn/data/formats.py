@@ -36,6 +36,8 @@ import pathlib
 
 import numpy as np
 
+from idattn.data import stdlib_corpus
+
 FORMAT = "idattn-tokens-v1"
 META = "meta.json"
 SHARD_SUFFIX = ".array_record"
@@ -170,7 +172,6 @@ def data_identity(data_cfg) -> dict:
     elif source == "kjv":
         out["train"] = out["val"] = digest(["kjv-embedded-v1", float(data_cfg.get("val_fraction", 0.05))])
     elif source == "stdlib":
-        from idattn.data import stdlib_corpus
         out["train"] = out["val"] = digest([stdlib_corpus.corpus_id()])
     else:  # tfds and others: the name is all this version knows to record
         out["train"] = out["val"] = digest([source, str(data_cfg.get("tfds_name", "") or ""),

@@ -10,6 +10,7 @@ as their own error type (PrepareError, absl's UsageError) with the message uncha
 """
 from __future__ import annotations
 
+import gzip
 import json
 from typing import Any, Iterator
 
@@ -21,7 +22,6 @@ class JsonlError(ValueError):
 def open_text(path: str, newline: str | None = None):
     """A text file as UTF-8, through gzip when its name ends in .gz."""
     if path.lower().endswith(".gz"):
-        import gzip
         return gzip.open(path, "rt", encoding="utf-8", newline=newline)
     return open(path, encoding="utf-8", newline=newline)
 

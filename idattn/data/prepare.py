@@ -60,7 +60,9 @@ from __future__ import annotations
 
 import argparse
 import array
+import codecs
 import collections
+import csv
 import datetime
 import glob
 import hashlib
@@ -69,15 +71,17 @@ import json
 import multiprocessing
 import os
 import pathlib
+import shlex
 import shutil
 import sys
 from typing import Iterator
 
+import fsspec
 import numpy as np
 
-from idattn.data import formats, jsonl
 from idattn import atomic
-from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, load_tokenizer
+from idattn.data import corpus, formats, jsonl, stdlib_corpus
+from idattn.data.tokenizer import MIN_TRAIN_VOCAB, Tokenizer, load_tokenizer, train_sentencepiece
 
 
 class PrepareError(ValueError):
@@ -187,7 +191,6 @@ def list_inputs(source: str, subset: str | None = None, hf_data_dir: str | None 
                                "--hf_data_dir.")
         return fs, files
     if "://" in source:
-        import fsspec
         proto = source.split("://", 1)[0]
         try:
             fs = fsspec.filesystem(proto)
@@ -238,7 +241,6 @@ def _iter_jsonl(path: str, field: str) -> Iterator[str]:
 def _iter_csv(path: str, field: str, delimiter: str) -> Iterator[str]:
     """The `field` column of a CSV / TSV file with a header row (RFC 4180 quoting: a quoted cell may hold the
     delimiter, doubled quotes and newlines)."""
-    import csv
     csv.field_size_limit(1 << 30)  # a document is one cell: the default 128 KiB limit is too small
     kind = "TSV" if delimiter == "\t" else "CSV"
     try:
@@ -386,13 +388,9 @@ def training_hashes(data_cfg) -> tuple[np.ndarray | None, str]:
     get = data_cfg.get if hasattr(data_cfg, "get") else (lambda k, d=None: getattr(data_cfg, k, d))
     source = str(get("source", "kjv"))
     if source == "kjv":
-        from idattn.data import corpus
-
         train, _ = corpus.kjv_documents(val_fraction=float(get("val_fraction", 0.05)))
         return np.unique(np.fromiter((doc_hash(t) for t in train), np.uint64, len(train))), "kjv training documents"
     if source == "stdlib":
-        from idattn.data import stdlib_corpus
-
         train = [t for _, t in stdlib_corpus.split()[0]]
         return (np.unique(np.fromiter((doc_hash(t) for t in train), np.uint64, len(train))),
                 "stdlib training files")
@@ -410,9 +408,6 @@ def reprepare_command(meta: dict, out) -> str:
     """The `python -m idattn.data.prepare ... --overwrite` command that writes `out` again as its meta.json says it
     was written (prepare is deterministic: the same shards, byte for byte, from the same inputs): the source, the
     tokenizer option and every recorded setting that is not the default."""
-    import codecs
-    import shlex
-
     src = meta.get("source") or {}
     tok = meta.get("tokenizer") or {}
     args = [f"--source={src.get('source') or '<your texts>'}"]
@@ -569,7 +564,6 @@ def _promote_to_val(staging: pathlib.Path, train_w: "_ShardWriter", val_w: "_Sha
 def decode_separator(sep: str | None) -> str | None:
     if not sep:
         return None
-    import codecs
     return codecs.decode(sep, "unicode_escape") if "\\" in sep else sep
 
 
@@ -578,7 +572,6 @@ def train_tokenizer_on(source: str, vocab: int, *, fs=None, files=None, fmt: str
                        subset: str | None = None, hf_data_dir: str | None = None) -> bytes:
     """A SentencePiece model (`train_sentencepiece`, the project's settings) trained on the documents of `source`
     that the held-out rule (sha1 fraction < val_fraction) keeps for training. Returns the model proto."""
-    from idattn.data.tokenizer import train_sentencepiece
     if files is None:
         fs, files = list_inputs(source, subset, hf_data_dir, fmt)
     failure: list[BaseException] = []
