@@ -40,12 +40,14 @@ the band on global offsets (`pallas_tpu` refused there). Decoding: a ring buffer
 """
 from __future__ import annotations
 
+import functools
 import logging
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 from idattn.layers.common import Dense, Dtype, rope
 from idattn.ops.pallas.op import context_platform, mesh_partition, partition_spec
@@ -91,7 +93,7 @@ def _xla_attention(q, k, v, doc):
 
 
 def _tpu_flash_local(q, k, v, doc):
-    from jax.experimental.pallas.ops.tpu import flash_attention as fa  # noqa: WPS433 (optional, TPU only)
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa  # noqa: PLC0415 TPU kernel, on its path only
     t = q.shape[1]
     if t % 128:  # the kernel's blocks (forward and backward) are 128 positions; refuse here, not in the backward
         raise ValueError(f"sequence length {t} is not a multiple of 128")
@@ -193,9 +195,6 @@ def causal_attention(q, k, v, doc=None, impl: str = "auto", window: int = 0):
 
 def _windowed_attention(q, k, v, doc, impl, window, plan):
     """causal_attention with a band of `window` < T keys (module docstring: which backend does what)."""
-    import functools
-
-
     if impl not in ("auto", "xla", "cudnn", "pallas_tpu"):
         raise ValueError(f"attention impl: got {impl!r}; expected one of auto, xla, cudnn, pallas_tpu")
     if impl == "pallas_tpu" and (context_platform() or _default_platform()) != "tpu":
@@ -246,8 +245,8 @@ def tpu_splash_window(q, k, v, doc, window: int, interpret: bool = False, block:
 
 
 def _splash_window_local(q, k, v, doc, window, heads, interpret, block):
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # noqa: PLC0415 TPU kernel
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm  # noqa: PLC0415 TPU kernel
 
     t = q.shape[1]
     bs = min(block, t)
@@ -330,10 +329,7 @@ def sequence_splash(q, k, v, doc, plan, interpret: bool = False, block: int = 51
     kernel for the global causal mask [T, T] with its block tables split over the sequence axes
     (`q_seq_shards`, `manual_sharding_spec`), so each device gets the rows of its own queries and skips the
     blocks above the diagonal; K, V and document ids all_gathered over the sequence axes inside `shard_map`."""
-    import numpy as np
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # noqa: PLC0415 TPU kernel
 
     mesh, bx, sx, hx = plan
     b, t, h, d = q.shape
@@ -375,8 +371,8 @@ def _splash_kernel(t: int, heads: int, shards: int, bq: int, bkv: int, bc: int, 
     `causal_block_mask`, whose tables cost O((T/block)²) constant-time block tests on the host instead of
     splash's ~T² mask evaluations (this repository's CPU host: 3.4 s instead of 78 s at T = 64K; about 4 min at
     1M with 32 heads, against hours)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # noqa: PLC0415 TPU kernel
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm  # noqa: PLC0415 TPU kernel
 
     sizes = sk.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bc, block_q_dkv=bq, block_kv_dkv=bkv,
                           block_kv_dkv_compute=bc, block_q_dq=bq, block_kv_dq=bkv)
@@ -404,7 +400,7 @@ def causal_block_mask(t: int):
     computed. Splash's table builder (`process_mask`) asks each block `.any()` / `.all()` and keeps only the
     partial ones, so the tables are identical (tests/test_sequence_parallel.py) and building them costs O(T/block)
     diagonal blocks plus O((T/block)²) constant-time answers instead of ~T² mask evaluations."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm  # noqa: PLC0415 TPU kernel
 
     class FastCausalMask(sm.CausalMask):
         def __getitem__(self, idx):

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.models.decoding import cache_bytes
 from idattn.models.llama import build_model
 from idattn.models.spec import ATTENTION_FAMILIES, ModelSpec, conv_names, layer_specs, spec_from_config
 
@@ -176,8 +177,6 @@ def table3_equivalent(model_cfg: Any) -> int:
 
 def count_params(model_cfg: Any) -> int:
     """Number of parameters of the built model, from `jax.eval_shape` (no memory, fast at 1.3B)."""
-    import flax.linen as nn
-
     model = build_model(model_cfg)
     shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32)))
     leaves = jax.tree_util.tree_leaves(nn.meta.unbox(shapes["params"]))
@@ -288,8 +287,6 @@ def report(model_cfg) -> list[str]:
         who = f" [{ls.mixer}, {count} layers]" if spec.family == "hybrid" else ""
         lines.append(f"state budget{who}: {sb:,} real numbers {unit}")
     if not spec.theory:
-        from idattn.models.decoding import cache_bytes
-
         lines.append("decode cache per sequence (bytes, init_cache): " + ", ".join(
             f"{t // 1024}K: {cache_bytes(spec, t):,}" for t in DECODE_CONTEXTS))
     diffs = differences(model_cfg)

@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from idattn.models.spec import ModelSpec, conv_names, layer_specs, spec_from_config
 
@@ -70,8 +71,6 @@ def _layer_cache(s: ModelSpec, n: int, b: int, max_len, dtype) -> dict:
 def cache_bytes(model_or_cfg: Any, context: int, batch_size: int = 1) -> int:
     """Bytes of the decoding cache `init_cache` allocates for `batch_size` sequences of `context` tokens
     (`jax.eval_shape`: nothing is allocated), the index scalar included."""
-    import numpy as np
-
     shapes = jax.eval_shape(lambda: init_cache(model_or_cfg, batch_size, context))
     return int(sum(int(np.prod(a.shape)) * jnp.dtype(a.dtype).itemsize for a in jax.tree_util.tree_leaves(shapes)))
 

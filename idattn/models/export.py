@@ -31,6 +31,8 @@ import os
 import flax.linen as nn
 import jax
 import numpy as np
+from safetensors.numpy import load_file, save_file
+
 from idattn.models.spec import ModelSpec, spec_from_config
 
 IDATTN_CONFIG = "idattn_config.json"
@@ -101,8 +103,6 @@ def hf_llama_config(spec: ModelSpec) -> dict:
 
 def export(params, model_cfg, out_dir: str) -> list[str]:
     """Write the export of `params` (boxed or plain) to out_dir. Returns the written file names."""
-    from safetensors.numpy import save_file
-
     spec = spec_from_config(model_cfg)
     params = _to_numpy(params)
     os.makedirs(out_dir, exist_ok=True)
@@ -128,8 +128,6 @@ def export(params, model_cfg, out_dir: str) -> list[str]:
 
 def import_export(out_dir: str) -> tuple[dict, dict]:
     """Inverse of `export`: (model config dict, params tree in the model's own layout)."""
-    from safetensors.numpy import load_file
-
     with open(os.path.join(out_dir, IDATTN_CONFIG)) as f:
         cfg = json.load(f)
     spec = spec_from_config(cfg)
