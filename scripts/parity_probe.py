@@ -19,7 +19,7 @@ is n·ε after n tokens.
     python scripts/parity_probe.py --mixer=s4d_only-selective+phase --seed=0 --steps=1200 --out=probe.json
 
 Model: the state-tracking table's model family (`experiments/repro.py` get_mqar_config) at d_model `--width` × 2
-blocks, 2 heads × 16, M = 16 modes, layers unrolled (the reading captures each layer's `selective_params`); MAD's
+blocks, 2 heads × 16, M = 16 modes, layers unrolled (the reading captures each layer's `recurrence`); MAD's
 optimiser (idattn.eval.synthetic.fit), peak LR 3e-3, warmup 50, batch 64, 20,000 training sequences.
 """
 from __future__ import annotations
@@ -66,11 +66,13 @@ def few_ones_set(num: int, seed: int, lengths: tuple[int, int] = (41, 256), max_
 
 
 def _captured_lams(tree: Any, path: str = "") -> list[tuple[str, Any]]:
-    """(layer path, lam [B, T, H, M]) of every `selective_params` call in flax's captured intermediates."""
+    """(layer path, lam [B, T, H, M]) of every selective `recurrence` call in flax's captured intermediates (an
+    LTI layer's lam [H, M] is not per token and is skipped)."""
     out = []
     for k, v in tree.items():
-        if k == "selective_params":
-            out.append((path, v[0][0]))  # the method's outputs (lam, b, c), captured once
+        if k == "recurrence":
+            if v[0][0].ndim == 4:  # the method's outputs (lam, b, c), captured once; per token: a selective core
+                out.append((path, v[0][0]))
         elif isinstance(v, Mapping):
             out += _captured_lams(v, f"{path}/{k}" if path else k)
     return out
@@ -83,17 +85,17 @@ def read_turns(model: Any, params: Any, inputs: np.ndarray) -> dict[str, dict[st
 
     if getattr(getattr(model, "spec", None), "scan_layers", False):
         raise ValueError("parity probe: the model has scan_layers=True; build it with model.scan_layers=False so "
-                         "that each layer's selective_params can be captured")
+                         "that each layer's recurrence can be captured")
     if not np.isin(inputs, (0, 1)).all():
         raise ValueError("parity probe: inputs must be bits (tokens 0 / 1) only")
     import jax
 
     capture = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"],
-                                               capture_intermediates=lambda mdl, method: method == "selective_params"))
+                                               capture_intermediates=lambda mdl, method: method == "recurrence"))
     _, state = capture(params, jnp.asarray(inputs))
     lams = _captured_lams(dict(state["intermediates"]))
     if not lams:
-        raise ValueError("parity probe: no selective_params captured; is the mixer's core selective?")
+        raise ValueError("parity probe: no selective recurrence captured; is the mixer's core selective?")
     return {name: turn_stats(np.asarray(lam), inputs) for name, lam in lams}
 
 
