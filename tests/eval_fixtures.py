@@ -1,6 +1,9 @@
 """Shared fixtures for the evaluation tests: a byte tokenizer, lookup (bigram) models, HF-format documents."""
 from __future__ import annotations
 
+import json
+import textwrap
+
 import numpy as np
 
 from idattn.eval.scoring import make_score_fn
@@ -104,3 +107,28 @@ WIKITEXT = [
     {"page": " = Robert Boulter = \n Robert Boulter is an English film , television and theatre actor . He had "
              "a guest @-@ starring role on the television series The Bill in 2000 . \n"},
 ]
+
+
+def write_piqa_task(tasks, docs) -> None:
+    """A local lm-eval task `mypiqa` in folder `tasks` (created): the PIQA-format `docs` as JSON Lines and the
+    task's YAML (multiple choice between sol1 / sol2, acc and acc_norm), for `--include_path tasks`: lm-eval
+    reads nothing from the network."""
+    tasks.mkdir()
+    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (tasks / "mypiqa.yaml").write_text(textwrap.dedent(f"""\
+        task: mypiqa
+        dataset_path: json
+        dataset_kwargs:
+          data_files:
+            validation: {tasks / 'docs.jsonl'}
+        output_type: multiple_choice
+        validation_split: validation
+        doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
+        doc_to_target: label
+        doc_to_choice: "{{{{[sol1, sol2]}}}}"
+        metric_list:
+          - metric: acc
+          - metric: acc_norm
+        metadata:
+          version: 1.0
+        """))

@@ -19,12 +19,11 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from tests import train_helpers as T  # noqa: E402
-from tests.eval_fixtures import PIQA  # noqa: E402
+from tests.eval_fixtures import PIQA, write_piqa_task  # noqa: E402
 
 # lm-eval pulls torch: not in the `test` extra, so these run in the slow suite, which .ci/run runs after
 # installing the `harness` extra (and where a skip for a missing lm-eval fails: tests/conftest.py).
@@ -44,26 +43,8 @@ def test_adapter_command_runs_local_task_yaml(tmp_path):
                           timeout=600, cwd=T.REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = tmp_path / "tasks"
-    tasks.mkdir()
     docs = PIQA * 3  # 6 documents, 12 requests
-    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (tasks / "mypiqa.yaml").write_text(textwrap.dedent(f"""\
-        task: mypiqa
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            validation: {tasks / 'docs.jsonl'}
-        output_type: multiple_choice
-        validation_split: validation
-        doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
-        doc_to_target: label
-        doc_to_choice: "{{{{[sol1, sol2]}}}}"
-        metric_list:
-          - metric: acc
-          - metric: acc_norm
-        metadata:
-          version: 1.0
-        """))
+    write_piqa_task(tasks, docs)
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "idattn.eval.lm_eval_adapter", f"--workdir={wd}", "--tasks", "mypiqa",
            "--include_path", str(tasks), "--batch_size", "2", "--limit", "5", "--log_samples",

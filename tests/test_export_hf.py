@@ -18,7 +18,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 
 import flax.linen as nn
 import jax
@@ -30,6 +29,7 @@ from idattn.configs import base_config
 from idattn.export import export_hf, import_folder, tokenizer_json
 from idattn.models import apply_mixer_name, build_model
 from idattn.models.export import IDATTN_CONFIG
+from tests.eval_fixtures import write_piqa_task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RTOL = 1e-4  # of the largest |logit|
@@ -329,25 +329,7 @@ def test_lm_eval_hf_backend_matches_builtin_harness(tmp_path, torch_hf):
             for s in (ctx, ctx + cont, cont):
                 assert hf_tok(s)["input_ids"] == tok.encode(s), s
     tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    (tasks / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    (tasks / "mypiqa.yaml").write_text(textwrap.dedent(f"""\
-        task: mypiqa
-        dataset_path: json
-        dataset_kwargs:
-          data_files:
-            validation: {tasks / 'docs.jsonl'}
-        output_type: multiple_choice
-        validation_split: validation
-        doc_to_text: "Question: {{{{goal}}}}\\nAnswer:"
-        doc_to_target: label
-        doc_to_choice: "{{{{[sol1, sol2]}}}}"
-        metric_list:
-          - metric: acc
-          - metric: acc_norm
-        metadata:
-          version: 1.0
-        """))
+    write_piqa_task(tasks, docs)
     out = tmp_path / "out"
     env = dict(os.environ, HF_HOME=str(tmp_path / "hf_home"), **OFFLINE)
     _cli(["lm_eval", "--model", "hf", "--model_args",
