@@ -75,3 +75,14 @@ def in_process(env, monkeypatch):
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     from idattn.train import trainer
     return trainer
+
+
+@pytest.fixture(scope="module")
+def fast_compile():
+    """Most XLA optimisations off for one module (`pytestmark = pytest.mark.usefixtures("fast_compile")`): on
+    CPU the compile of a small model or operator dominates its test, and the numbers do not depend on it."""
+    import jax
+    old = jax.config.read("jax_disable_most_optimizations")
+    jax.config.update("jax_disable_most_optimizations", True)
+    yield
+    jax.config.update("jax_disable_most_optimizations", old)

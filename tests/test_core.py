@@ -10,13 +10,8 @@ from idattn.ops import interdomain_mix, s4d_linear_mix
 from idattn.ops.interdomain import CORES, chunk_decay, resolve_core
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compile():
-    """Compile time dominates on CPU (as in tests/test_selective.py): most XLA optimisations off for this module."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def _inputs(rng, bsz=1, t=11, h=2, r=3, d=2, m=3):

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 
 from idattn.models import build_model, decoding
-from test_model import T, _batch, _fast_compile, _init, small_cfg  # noqa: F401  (module fixture re-used)
+from test_model import T, _batch, _init, small_cfg
+
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 @pytest.mark.parametrize("mixer,kw", [

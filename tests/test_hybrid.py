@@ -27,7 +27,9 @@ import pytest
 from idattn.configs import base_config
 from idattn.models import build_model, count_params, count_params_closed, decoding, flops_per_token
 from idattn.models.spec import apply_mixer_name
-from test_model import _fast_compile  # noqa: F401  (module fixture re-used: fast CPU compiles)
+
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T = 16

@@ -28,12 +28,8 @@ MIXERS = ["softmax"] + [c if c in _DEFAULT_CELLS else pytest.param(c, marks=pyte
 T, TA = 10, 4  # row length, length of document A in the packed rows
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compile():
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def small_cfg(mixer: str, **kw):

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from idattn.eval import state_tracking as st
-from tests.test_model import _fast_compile  # noqa: F401  (autouse: most XLA optimisations off here too)
+
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 _SPEC = importlib.util.spec_from_file_location(
     "parity_probe", os.path.join(os.path.dirname(__file__), "..", "scripts", "parity_probe.py"))

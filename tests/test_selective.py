@@ -25,13 +25,8 @@ from tests import train_helpers as T
 from tests.test_ops import ref_mix, rel_err
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _fast_compile():
-    """Compile time dominates on CPU (as in tests/test_model.py): most XLA optimisations off for this module."""
-    old = jax.config.read("jax_disable_most_optimizations")
-    jax.config.update("jax_disable_most_optimizations", True)
-    yield
-    jax.config.update("jax_disable_most_optimizations", old)
+# compile time dominates on CPU: most XLA optimisations off for this module (conftest.fast_compile)
+pytestmark = pytest.mark.usefixtures("fast_compile")
 
 
 def ref_mix_selective(fq, zk, zv, lam, b, c=None, conj=True, seg=None, x0=None):
