@@ -35,6 +35,16 @@ def _need_plugin():
     pytest.skip(f"deviceless CUDA compilation unavailable: {_MISSING}")
 
 
+def _assert_only_designed_round_trips(trips, dtype):
+    """The mode tensors a compiled program moves through HBM outside the kernels are exactly the per-token factors
+    formed in XLA by design, each one pass in the compute dtype: the adjoint scans' (one per half,
+    op.GPU_PRESCALED_SCAN) and fwd_o's (op.GPU_PRESCALED_MODES); no mixing, no float32 copy."""
+    from idattn.ops.pallas import op
+    cdt = "bf16" if dtype == "bfloat16" else "f32"
+    assert len(trips) == 2 * op.GPU_PRESCALED_SCAN + op.GPU_PRESCALED_MODES, trips
+    assert all(t.split()[1].startswith(cdt + "[") for t in trips), trips
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # 1. names
 
@@ -181,10 +191,7 @@ def test_kernels_compile_for_h200(h200, H, dh, M, dtype, save_states):
     # the per-token factors formed in XLA by design, each one pass in the compute dtype: the adjoint scans' (one
     # per half, op.GPU_PRESCALED_SCAN) and fwd_o's (op.GPU_PRESCALED_MODES); no other mode tensor (no mixing, no
     # float32 copy) crosses HBM outside the kernels
-    trips = gpu.mode_round_trips(text, B, T, H, M)
-    cdt = "bf16" if dtype == "bfloat16" else "f32"
-    assert len(trips) == 2 * op.GPU_PRESCALED_SCAN + op.GPU_PRESCALED_MODES, trips
-    assert all(t.split()[1].startswith(cdt + "[") for t in trips), trips
+    _assert_only_designed_round_trips(gpu.mode_round_trips(text, B, T, H, M), dtype)
     assert compiled.memory_analysis().temp_size_in_bytes > 0
 
 
@@ -345,7 +352,7 @@ def test_long_t_forward_runs_chunk_parallel_without_spills():
             assert g[0] * g[1] == B * H and g[2] > calls["idattn_scan_fwd_k"]["grid"][2], (k, g)
         for k in r["kernels"]:
             assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (r["case"], k)
-        assert r["round_trips"] == []
+        _assert_only_designed_round_trips(r["round_trips"], "bfloat16")
 
 
 @pytest.mark.slow  # ~30 s: one fresh compile process with ptxas -v, the three bf16 kernel sets
@@ -353,8 +360,9 @@ def test_bf16_kernels_do_not_spill_at_the_paper_shapes():
     """ptxas's report for the bf16 kernel sets of the paper's head shapes and the benchmark's (B·H = 256, segment
     ids, c) through ``kernel_resources``: no kernel of the three sets spills a byte (the M = 64 backward kernels
     held 16-104 B per thread before their sums of dots were kept out of Triton's chained-dot layout, C.Dots.sum,
-    and their mode blocks ran in a loop, C._mode_block_loop); every kernel compiles and is reported, and no mode
-    tensor crosses XLA."""
+    and their mode blocks ran in a loop, C._mode_block_loop; fwd_o at M = 64 held 104 B at 64 wide, MAX_STATE);
+    every kernel compiles and is reported, and no mode tensor crosses XLA but the per-token factors formed there by
+    design."""
     _need_plugin()
     res = gpu.kernel_resources([(16, 128, 32, "bfloat16", 16, 128, True), (32, 64, 64, "bfloat16", 8, 128, True),
                                 (16, 96, 64, "bfloat16", 16, 128, True)])
@@ -365,4 +373,4 @@ def test_bf16_kernels_do_not_spill_at_the_paper_shapes():
         assert KERNEL_NAMES <= set(names), sorted(names)
         for name, k in names.items():
             assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (r["case"], k)
-        assert r["round_trips"] == []
+        _assert_only_designed_round_trips(r["round_trips"], "bfloat16")

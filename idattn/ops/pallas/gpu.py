@@ -90,8 +90,9 @@ MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o":
 # The largest [M, N] state block (modes x feature block, in elements) a program of a kind carries across its
 # chunk loop in registers (two float32 planes). fwd_p at M = 64 with d_h = 96 padded to 128 spilled 12 B per
 # thread holding [2, 64, 128]; with two feature blocks of 64 it holds none, and fwd_mix adds the two partial
-# sums of p (no XLA pass).
-MAX_STATE = {"fwd_p": 64 * 64}
+# sums of p (no XLA pass). fwd_o at M = 64 with its 64-wide tile held [2, 64, 64] and spilled 104 B per thread
+# (bf16 (32, 64, 64) and (16, 96, 64)); at 32 wide, none (M = 32 keeps its 64-wide block).
+MAX_STATE = {"fwd_p": 64 * 64, "fwd_o": 64 * 32}
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
