@@ -75,6 +75,28 @@ today's function (the tables then equal the LTI ones up to rounding). `sequentia
 per step literally; the decode step takes this token's lam_t, b_t [B, H, M]; `impl='pallas'` (no kernel yet)
 runs this chunked form with one warning. The sequence split (idattn/ops/sequence.py) folds the pairs
 (Π_{t∈shard} lam_t, E_shard).
+
+Delta (erase before write on the key state; `beta` [B, T, H] real, β_t ∈ [0, 2]; derived in docs/model.md,
+"Delta core"). With k̂_t = zk_t / ‖zk_t‖ (0 for a zero key) the key half becomes
+
+    Xk_t = (lam_t ⊙ Xk_{t-1}) (I − β_t k̂_t k̂_tᵀ) + b_t ⊗ zk_t,    Xv_t and the readout unchanged,
+
+for either core. The mode decay acts on the left and the erase on the right, so they commute. Writing the erase as
+a second write, Xk_t = lam_t ⊙ Xk_{t-1} + b_t ⊗ zk_t − u_t ⊗ k̂_t with u_t = β_t (lam_t ⊙ Xk_{t-1}) k̂_t, and
+u_t = Pt[t] ∘ ũ_t (the row table of the chunk's readout), the ũ of one chunk solve one real unit-lower-triangular
+system shared by all modes:
+
+    N = I + diag(β) · strict(K̂·K̂ᵀ [∘ D])                           L×L real (strict: j < i in one document)
+    N · Ũ = diag(β) · ( strict(K̂·ZKᵀ [∘ D]) · Ps + carried ∘ Rin ∘ (K̂ · Xk0ᵀ) )        L×M complex
+    p0  −= Pt ∘ ( mask(FQ · K̂ᵀ [∘ D]) · Ũ )
+    Xk1 −= Σ_j (last_doc) Te[j] ∘ ũ_j ⊗ k̂_j
+
+LTI: Rin = lam^(μ+1), Te[j] = lam^μ (no D); selective: Rin[i] = e^{Λ_i}, Te[j] = e^{Λ_{l−1} − Λ_j + iΦ_{l−1}}
+(D as above). β ≡ 0 gives N = I and Ũ = 0: every correction is an exact zero added to today's terms, so the
+output and state equal today's bit for bit. `sequential` applies the update per token literally; the decode step
+takes this token's β_t [B, H]; `associative` refuses (its elements would carry R×R erase products) and `pallas`
+refuses (no kernel: impl='chunked'). Extra cost per token-head: 3LR + 5LM + 4MR real MACs (about +49K at
+R = D = M = L = 64, 1.7× the LTI count with c).
 """
 from __future__ import annotations
 
@@ -150,9 +172,11 @@ def resolve_core(lam, b, core: Optional[str] = None) -> str:
     return core
 
 
-def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core):
+def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core, beta=None):
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if beta is not None:
+        check_beta(beta, fq.shape[:3], impl)
     for name, x in (("fq", fq), ("zk", zk), ("zv", zv)):
         if x.ndim != 4:
             raise ValueError(f"{name} must be [B, T, H, {'D' if name == 'zv' else 'R'}], got {shape_str(x)}")
@@ -213,6 +237,26 @@ def _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_siz
                     f"at chunk_size={chunk_size} (its power tables reach |lam|^-(L-1)). Keep the S4D decay bound "
                     f"Re(Δ·A) ≥ -κ (idattn.ops.s4d.discretize, κ = {s4d.DEFAULT_KAPPA} allows chunks up to "
                     f"{s4d.max_chunk_size()}), use a smaller chunk_size, or impl='sequential'")
+
+
+def check_beta(beta, bth, impl: str):
+    """The delta update's β [B, T, H]: real, in [0, 2] when concrete; the impls without a delta form refuse."""
+    if impl == "associative":
+        raise ValueError("impl='associative' has no delta form (beta): its scan elements would carry each token's "
+                         "R×R erase product, R³ MACs per token and T·R² memory per row and head; use "
+                         "impl='chunked' (or 'sequential')")
+    if impl == "pallas":
+        raise ValueError("impl='pallas' has no delta (beta) kernel yet; use impl='chunked'")
+    if tuple(beta.shape) != tuple(bth):
+        raise ValueError(f"beta must be [B, T, H] = {list(bth)} (one erase strength per token and head); got "
+                         f"{shape_str(beta)}")
+    if not jnp.issubdtype(beta.dtype, jnp.floating):
+        raise TypeError(f"beta must be a real floating array, got {beta.dtype}")
+    if is_concrete(beta):
+        v = np.asarray(beta, np.float64)
+        if v.size and (not np.all(np.isfinite(v)) or v.min() < 0 or v.max() > 2):
+            raise ValueError(f"beta must lie in [0, 2] (I − β k̂k̂ᵀ non-expansive); saw [{v.min():.6g}, "
+                             f"{v.max():.6g}]")
 
 
 def check_selective_lam(lam, rdt):
@@ -291,12 +335,13 @@ def per_token(lam, b, bsz: int, t: int):
     return (jnp.broadcast_to(lam, (bsz, t, h, m)), jnp.broadcast_to(b, (bsz, t, h, m)))
 
 
-def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core):
+def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core, beta=None):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
     cdt = complex_dtype(rdt)
     lam, b = lam.astype(cdt), b.astype(cdt)
     selective = core == "selective"
+    delta = beta is not None
     c = None if c is None else c.astype(cdt)
     state = _zero_state(bsz, h, m, r, d, cdt) if initial_state is None else tuple(s.astype(cdt) for s in initial_state)
     resets = document_starts(segment_ids, bsz, t)
@@ -304,26 +349,48 @@ def _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt
     def step(carry, xs):
         xk, xv = carry
         fq_t, zk_t, zv_t, reset_t = xs[:4]
-        lam_t, b_t = xs[4:] if selective else (lam, b)  # [B, H, M] per token, else [H, M]
+        lam_t, b_t = xs[4:6] if selective else (lam, b)  # [B, H, M] per token, else [H, M]
         keep = ~reset_t[:, None, None, None]
         xk = jnp.where(keep, xk, 0)
         xv = jnp.where(keep, xv, 0)
-        o_t, (xk, xv) = _step(xk, xv, fq_t, zk_t, zv_t, lam_t, b_t, c, conj, rdt)
+        o_t, (xk, xv) = _step(xk, xv, fq_t, zk_t, zv_t, lam_t, b_t, c, conj, rdt, beta=xs[-1] if delta else None)
         return (xk, xv), o_t
 
     xs = (jnp.moveaxis(fq, 1, 0), jnp.moveaxis(zk, 1, 0), jnp.moveaxis(zv, 1, 0), jnp.moveaxis(resets, 1, 0))
     if selective:
         xs = xs + tuple(jnp.moveaxis(x, 1, 0) for x in per_token(lam, b, bsz, t))
+    if delta:
+        xs = xs + (jnp.moveaxis(beta.astype(rdt), 1, 0),)
     state, o = lax.scan(step, state, xs)
     return jnp.moveaxis(o, 0, 1), state
 
 
-def _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt):
-    """One token: lam, b [H, M] (time invariant) or [B, H, M] (this token's)."""
+def unit_keys(zk, rdt):
+    """k̂ = zk / ‖zk‖ over the last (feature) axis, in `rdt`. A key with ‖zk‖² ≤ √tiny of the dtype (a zero key:
+    padding, a masked token) reads as k̂ = 0 and erases nothing, with zero gradient: no 0/0 in the value, no
+    overflow of ‖zk‖^-3 in the backward."""
+    zk = zk.astype(rdt)
+    n2 = jnp.sum(zk * zk, axis=-1, keepdims=True)
+    ok = n2 > math.sqrt(float(jnp.finfo(rdt).tiny))
+    return jnp.where(ok, zk * lax.rsqrt(jnp.where(ok, n2, 1)), 0)
+
+
+def _erase(x, kh, beta):
+    """x (I − β k̂ k̂ᵀ) = x − β (x·k̂) ⊗ k̂ for x [B, H, M, R] complex, k̂ [B, H, R] and β [B, H] real."""
+    proj = jnp.einsum("bhmr,bhr->bhm", x, kh.astype(x.dtype), precision=_HI)
+    return x - (beta[:, :, None].astype(x.dtype) * proj)[..., None] * kh[:, :, None, :].astype(x.dtype)
+
+
+def _step(xk, xv, fq_t, zk_t, zv_t, lam, b, c, conj, rdt, beta=None):
+    """One token: lam, b [H, M] (time invariant) or [B, H, M] (this token's); beta [B, H] (the delta update's
+    erase strength, module docstring "Delta") or None (no erase: today's update, the same operations)."""
     cdt = xk.dtype
     lam = lam[..., None] if lam.ndim == 3 else lam[None, :, :, None]
     b = b[..., None] if b.ndim == 3 else b[None, :, :, None]
-    xk = lam * xk + b * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
+    if beta is None:
+        xk = lam * xk + b * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
+    else:  # erase after the decay, before the write (β = 0: an exact zero subtracted)
+        xk = _erase(lam * xk, unit_keys(zk_t, rdt), beta.astype(rdt)) + b * zk_t.astype(rdt)[:, :, None, :].astype(cdt)
     xv = lam * xv + b * zv_t.astype(rdt)[:, :, None, :].astype(cdt)
     o_t = _readout_literal(xk, xv, fq_t.astype(rdt), c, conj)
     return o_t, (xk, xv)
@@ -471,11 +538,52 @@ def chunked_scan(chunk_body, carry, xs, axes, chunk_size: int, out_axis: int):
     return carry, (jnp.concatenate(outs, axis=out_axis) if len(outs) > 1 else outs[0])
 
 
-def _chunk_body(carry, xs, tables, kblock, conj):
+def _delta_tables(lam, length, rdt):
+    """The LTI delta form's two extra mode tables of a chunk of true length l (module docstring "Delta"), real
+    planes [H, M]: Rin = lam^(μ+1) (the carried state's decay to token i, over Pt[i] = lam^(i−μ)) and
+    Te = lam^μ = Pt[l−1] (an erase at j, over Pt[j], decayed to the chunk's end). Both have magnitude ≤ 1."""
+    log_lam = jnp.log(lam)
+    lr, li = jnp.real(log_lam).astype(rdt), jnp.imag(log_lam).astype(rdt)
+    mu = (length - 1) / 2.0
+    rin = mode_powers(lr, li, jnp.asarray([mu + 1.0], rdt))
+    te = mode_powers(lr, li, jnp.asarray([mu], rdt))
+    return dict(rin=(rin[0][:, 0], rin[1][:, 0]), te=(te[0][:, 0], te[1][:, 0]))
+
+
+def _erase_chunk(fq, zk, kh, beta, xk2, ps_dot, rin_mul, mask, carried, dec=None):
+    """The delta update inside one chunk (module docstring "Delta"): (Ũ, F·Ũ), both [B, H, l, 2M] real planes.
+
+    With strict = mask without its diagonal (j < i in one document) and D the selective decay matrix (None: LTI,
+    whose decay sits in the tables),
+
+        N = I + diag(β)·strict(K̂·K̂ᵀ ∘ D)    (unit lower triangular, real, shared by the modes)
+        N·Ũ = diag(β)·(strict(K̂·ZKᵀ ∘ D)·Ps + carried ∘ Rin ∘ (K̂·Xk0ᵀ))
+        F = mask(FQ·K̂ᵀ ∘ D)
+
+    fq, zk, kh [B, H, l, R], beta [B, H, l], xk2 [B, H, 2M, R] (the carried Xk0 as planes), `ps_dot(x)` = x·Ps
+    for x [B, H, l, l], `rin_mul(y)` = Rin ∘ y for planes y [B, H, l, 2M]; mask, carried as the chunk bodies'.
+    β = 0 gives Ũ = 0 and F·Ũ = 0 exactly (N = I; the right side is β times a finite number)."""
+    l = fq.shape[2]
+    strict = mask & ~jnp.eye(l, dtype=bool)
+    kk = jnp.einsum("bhir,bhjr->bhij", kh, kh, precision=_HI)
+    kz = jnp.einsum("bhir,bhjr->bhij", kh, zk, precision=_HI)
+    fk = jnp.einsum("bhir,bhjr->bhij", fq, kh, precision=_HI)
+    if dec is not None:
+        kk, kz, fk = kk * dec, kz * dec, fk * dec
+    kk, kz, fk = jnp.where(strict, kk, 0), jnp.where(strict, kz, 0), jnp.where(mask, fk, 0)
+    kx = jnp.einsum("bhlr,bhmr->bhlm", kh, xk2, precision=_HI)  # K̂·Xk0ᵀ as planes
+    rhs = ps_dot(kz) + jnp.where(carried, rin_mul(kx), 0)
+    bcol = beta[..., None]
+    u = lax.linalg.triangular_solve(bcol * kk, bcol * rhs, left_side=True, lower=True, unit_diagonal=True)
+    return u, jnp.einsum("bhij,bhjm->bhim", fk, u, precision=_HI)
+
+
+def _chunk_body(carry, xs, tables, kblock, conj, delta=None):
     """One chunk. carry: (xk_r, xk_i [B,H,M,R], xv_r, xv_i [B,H,M,D], d_prev [B]); xs: fq, zk [B,H,l,R],
-    zv [B,H,l,D], d [B,l]. Returns (new carry, o [B,H,l,D])."""
+    zv [B,H,l,D], d [B,l] (and k̂ [B,H,l,R], β [B,H,l] with `delta`, the chunk's `_delta_tables`: the erase of
+    the module docstring's "Delta", added to today's terms). Returns (new carry, o [B,H,l,D])."""
     xk_r, xk_i, xv_r, xv_i, d_prev = carry
-    fq, zk, zv, dch = xs
+    fq, zk, zv, dch = xs[:4]
     l = fq.shape[2]
     m = xk_r.shape[2]
     pin_r, pin_i = tables["pin"]
@@ -503,6 +611,16 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     c_r, c_i = _cmul(pin_r[None], pin_i[None], fx[..., :m], fx[..., m:])
     p_r = p_r + jnp.where(carried, c_r, 0)
     p_i = p_i + jnp.where(carried, c_i, 0)
+    if delta is not None:  # p0 −= Pt ∘ (F·Ũ)
+        rin_r, rin_i = (x[None, :, None, :] for x in delta["rin"])
+
+        def rin_mul(y):
+            return jnp.concatenate(_cmul(rin_r, rin_i, y[..., :m], y[..., m:]), axis=-1)
+
+        u, fu = _erase_chunk(fq, zk, xs[4], xs[5], xk2, lambda x: _table_dot(x, ps2, "hxj,hjm->hxm"), rin_mul,
+                             mask, carried)
+        e_r, e_i = _cmul(pt_r[None], pt_i[None], fu[..., :m], fu[..., m:])
+        p_r, p_i = p_r - e_r, p_i - e_i
     q_r, q_i = (p_r, -p_i) if conj else (p_r, p_i)
     if kblock is None:
         w_r, w_i = q_r, q_i
@@ -529,6 +647,11 @@ def _chunk_body(carry, xs, tables, kblock, conj):
     keep = ~reset_in_chunk
     new = (jnp.where(keep, dk_r, 0) + nk[:, :, :m], jnp.where(keep, dk_i, 0) + nk[:, :, m:],
            jnp.where(keep, dv_r, 0) + nv[:, :, :m], jnp.where(keep, dv_i, 0) + nv[:, :, m:], dch[:, -1])
+    if delta is not None:  # Xk1 −= Te ∘ Σ_j ũ_j ⊗ k̂_j over the last document
+        uk = jnp.einsum("bhlm,bhlr->bhmr", jnp.where(last_doc, u, 0), xs[4], precision=_HI)
+        te_r, te_i = (x[None, :, :, None] for x in delta["te"])
+        g_r, g_i = _cmul(te_r, te_i, uk[:, :, :m], uk[:, :, m:])
+        new = (new[0] - g_r, new[1] - g_i) + new[2:]
     return new, o
 
 
@@ -542,7 +665,7 @@ def _state_planes(initial_state, bsz, h, m, r, d, rdt):
             jnp.imag(xv0).astype(rdt))
 
 
-def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
+def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size, beta=None):
     bsz, t, h, r = fq.shape
     d, m = zv.shape[-1], lam.shape[-1]
     cdt = complex_dtype(rdt)
@@ -552,12 +675,16 @@ def _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, c
     carry = (*_state_planes(initial_state, bsz, h, m, r, d, rdt), jnp.zeros((bsz,), jnp.int32))
     # [B, T, H, X] -> [B, H, T, X] in the compute dtype.
     fq_, zk_, zv_ = (jnp.swapaxes(x.astype(rdt), 1, 2) for x in (fq, zk, zv))
+    xs, axes = (fq_, zk_, zv_, docs), (2, 2, 2, 1)
+    if beta is not None:  # the delta update: k̂ [B, H, T, R] and β [B, H, T] travel with the chunk
+        xs, axes = xs + (unit_keys(zk_, rdt), jnp.swapaxes(beta.astype(rdt), 1, 2)), axes + (2, 2)
 
     def chunk_body(length):  # the power tables of a chunk of `length` tokens
         tables = _chunk_tables(lam, b, length, rdt)
-        return lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj)
+        delta = None if beta is None else _delta_tables(lam, length, rdt)
+        return lambda cr, xs: _chunk_body(cr, xs, tables, kblock, conj, delta)
 
-    carry, o = chunked_scan(chunk_body, carry, (fq_, zk_, zv_, docs), (2, 2, 2, 1), chunk_size, out_axis=2)
+    carry, o = chunked_scan(chunk_body, carry, xs, axes, chunk_size, out_axis=2)
     xk_r, xk_i, xv_r, xv_i, _ = carry
     state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
     return jnp.swapaxes(o, 1, 2), state
@@ -626,11 +753,12 @@ def decay_matrix(cum, mask):
     return jnp.where(mask, jnp.exp(jnp.where(mask, diff, 0)), 0)
 
 
-def _chunk_body_selective(carry, xs, kblock, conj):
+def _chunk_body_selective(carry, xs, kblock, conj, delta: bool = False):
     """One chunk of the selective form (module docstring). carry as `_chunk_body`; xs: fq, zk [B,H,l,R],
-    zv [B,H,l,D], d [B,l], g [B,H,l] (log-decay), ph [B,H,l,M] (angles), b_r, b_i [B,H,l,M]."""
+    zv [B,H,l,D], d [B,l], g [B,H,l] (log-decay), ph [B,H,l,M] (angles), b_r, b_i [B,H,l,M] (and k̂ [B,H,l,R],
+    β [B,H,l] with `delta`: the erase of the module docstring's "Delta", added to today's terms)."""
     xk_r, xk_i, xv_r, xv_i, d_prev = carry
-    fq, zk, zv, dch, g, ph, b_r, b_i = xs
+    fq, zk, zv, dch, g, ph, b_r, b_i = xs[:8]
     l, m = fq.shape[2], xk_r.shape[2]
     cd = chunk_decay(g, ph, axis=2)  # Λ [B, H, l], e^{iΦ} [B, H, l, M]
     er, ei = cd.cos, cd.sin  # e^{iΦ_i}: unit modulus
@@ -655,6 +783,12 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     c_r, c_i = _cmul(pin_r, pin_i, fx[..., :m], fx[..., m:])
     p_r = p_r + jnp.where(carried, c_r, 0)
     p_i = p_i + jnp.where(carried, c_i, 0)
+    if delta:  # p0 −= e^{iΦ_i} ∘ (F·Ũ), Rin[i] = e^{Λ_i} (real)
+        u, fu = _erase_chunk(fq, zk, xs[8], xs[9], xk2,
+                             lambda x: jnp.einsum("bhij,bhjm->bhim", x, ps2, precision=_HI), lambda y: ein * y,
+                             mask, carried, dec)
+        e_r, e_i = _cmul(er, ei, fu[..., :m], fu[..., m:])
+        p_r, p_i = p_r - e_r, p_i - e_i
     q_r, q_i = (p_r, -p_i) if conj else (p_r, p_i)
     if kblock is None:
         w_r, w_i = q_r, q_i
@@ -684,10 +818,14 @@ def _chunk_body_selective(carry, xs, kblock, conj):
     keep = ~reset_in_chunk
     new = (jnp.where(keep, dk_r, 0) + nk[:, :, :m], jnp.where(keep, dk_i, 0) + nk[:, :, m:],
            jnp.where(keep, dv_r, 0) + nv[:, :, :m], jnp.where(keep, dv_i, 0) + nv[:, :, m:], dch[:, -1])
+    if delta:  # Xk1 −= e^{iΦ_{l−1}} ∘ Σ_j e^{Λ_{l−1} − Λ_j} ũ_j ⊗ k̂_j over the last document
+        uk = jnp.einsum("bhlm,bhlr->bhmr", jnp.where(last_doc, u * tail, 0), xs[8], precision=_HI)
+        g_r, g_i = _cmul(last_r[:, :, 0, :, None], last_i[:, :, 0, :, None], uk[:, :, :m], uk[:, :, m:])
+        new = (new[0] - g_r, new[1] - g_i) + new[2:]
     return new, o
 
 
-def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size):
+def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, chunk_size, beta=None):
     """The chunked form with per-token lam_t, b_t (module docstring, "Selective"); the chunks as the LTI form's
     (`chunked_scan`: a ragged last chunk at its true length)."""
     bsz, t, h, r = fq.shape
@@ -701,8 +839,12 @@ def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_sta
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, H, ...] -> [B, H, T, ...]
     xs = (*(heads_first(x.astype(rdt)) for x in (fq, zk, zv)), docs, heads_first(g), heads_first(ph),
           heads_first(jnp.real(b).astype(rdt)), heads_first(jnp.imag(b).astype(rdt)))
-    carry, o = chunked_scan(lambda _: lambda cr, x: _chunk_body_selective(cr, x, kblock, conj), carry, xs,
-                            (2, 2, 2, 1, 2, 2, 2, 2), chunk_size, out_axis=2)  # o [B, H, T, D]
+    axes = (2, 2, 2, 1, 2, 2, 2, 2)
+    delta = beta is not None
+    if delta:  # the delta update: k̂ [B, H, T, R] and β [B, H, T] travel with the chunk
+        xs, axes = xs + (unit_keys(xs[1], rdt), heads_first(beta.astype(rdt))), axes + (2, 2)
+    carry, o = chunked_scan(lambda _: lambda cr, x: _chunk_body_selective(cr, x, kblock, conj, delta), carry, xs,
+                            axes, chunk_size, out_axis=2)  # o [B, H, T, D]
     xk_r, xk_i, xv_r, xv_i, _ = carry
     state = (lax.complex(xk_r, xk_i).astype(cdt), lax.complex(xv_r, xv_i).astype(cdt))
     return jnp.swapaxes(o, 1, 2), state
@@ -725,12 +867,13 @@ def warn_pallas_fallback():
                       "the chunked XLA form instead (docs/kernels.md)", stacklevel=3)
 
 
-def resolve_impl(impl: str, chunk_size: int = 64, selective: bool = False) -> str:
+def resolve_impl(impl: str, chunk_size: int = 64, selective: bool = False, delta: bool = False) -> str:
     """'auto' -> 'pallas' where the fused kernels are available (GPU/TPU) and take this chunk size, else 'chunked'.
-    With a per-token lam (`selective`), 'auto' is 'chunked' (the kernels are LTI only)."""
+    With a per-token lam (`selective`) or the delta update (`delta`), 'auto' is 'chunked' (the kernels are LTI
+    without an erase only)."""
     if impl != "auto":
         return impl
-    if selective:
+    if selective or delta:
         return "chunked"
     if pallas_ops.pallas_available() and pallas_ops.chunk_size_supported(chunk_size):
         return "pallas"
@@ -739,7 +882,7 @@ def resolve_impl(impl: str, chunk_size: int = 64, selective: bool = False) -> st
 
 def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto", chunk_size: int = 64,
                     segment_ids=None, initial_state=None, return_state: bool = False, out_dtype=None,
-                    core: Optional[str] = None):
+                    core: Optional[str] = None, beta=None):
     """Interdomain mixing over a sequence (see the module docstring for the math).
 
     Args:
@@ -759,6 +902,9 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
       out_dtype: output dtype (default: zv's dtype).
       core: "lti" (lam, b [H, M]) or "selective" (the per-token form; lam, b [B, T, H, M] or [H, M]); None reads
         it from lam's and b's shapes (`resolve_core`).
+      beta: [B, T, H] real in [0, 2], the delta update's erase strength on the key state (module docstring
+        "Delta"; either core), or None: today's operator. "auto" then runs the chunked form; "associative" and
+        "pallas" refuse. β ≡ 0 computes today's function bit for bit.
     Returns:
       o [B, T, H, D], or (o, (Xk, Xv)) when return_state.
     """
@@ -766,23 +912,25 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
     lam, b = jnp.asarray(lam), jnp.asarray(b)
     c = None if c is None else jnp.asarray(c)
     core = resolve_core(lam, b, core)
-    _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core)
+    beta = None if beta is None else jnp.asarray(beta)
+    _validate(fq, zk, zv, lam, b, c, segment_ids, initial_state, impl, chunk_size, core, beta)
     selective = core == "selective"
     out_dtype = zv.dtype if out_dtype is None else jnp.dtype(out_dtype)
     rdt = real_dtype(fq, zk, zv, lam, b)
-    impl = resolve_impl(impl, int(chunk_size), selective=selective)
+    impl = resolve_impl(impl, int(chunk_size), selective=selective, delta=beta is not None)
     if selective and impl == "pallas":
         warn_pallas_fallback()
         impl = "chunked"
     if selective and impl == "chunked":
         o, state = _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt,
-                                          int(chunk_size))
+                                          int(chunk_size), beta)
     elif impl == "sequential":
-        o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core)
+        o, state = _mix_sequential(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, core, beta)
     elif impl == "associative":
         o, state = _mix_associative(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt)
     elif impl == "chunked":
-        o, state = _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, int(chunk_size))
+        o, state = _mix_chunked(fq, zk, zv, lam, b, c, conj, segment_ids, initial_state, rdt, int(chunk_size),
+                                beta)
     else:  # pallas
         L = int(chunk_size)
 
@@ -797,10 +945,12 @@ def interdomain_mix(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str 
     return (o, state) if return_state else o
 
 
-def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = True):
+def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = True, beta=None):
     """One decoding step: (o_t [B, H, D], new_state) from state (Xk [B, H, M, R], Xv [B, H, M, D]) complex and
     fq_t, zk_t [B, H, R], zv_t [B, H, D]. lam, b: [H, M] (time invariant) or this token's [B, H, M] (also
-    accepted as [B, 1, H, M]): X ← lam_t ⊙ X + b_t ⊗ z_t. Cost and memory do not depend on the context length."""
+    accepted as [B, 1, H, M]): X ← lam_t ⊙ X + b_t ⊗ z_t. beta: this token's [B, H] (also [B, 1, H]) erase
+    strength, Xk ← (lam_t ⊙ Xk)(I − β_t k̂_t k̂_tᵀ) + b_t ⊗ zk_t (module docstring "Delta"; one M×R complex
+    matvec and a rank-one update more), or None. Cost and memory do not depend on the context length."""
     xk, xv = state
     if fq_t.ndim != 3 or zk_t.shape != fq_t.shape or zv_t.ndim != 3 or zv_t.shape[:2] != fq_t.shape[:2]:
         raise ValueError(f"interdomain_step wants fq_t, zk_t [B, H, R] and zv_t [B, H, D]; got fq_t "
@@ -816,20 +966,28 @@ def interdomain_step(state, fq_t, zk_t, zv_t, lam, b, c=None, *, conj: bool = Tr
     if tuple(xk.shape) != (bsz, h, m, r) or tuple(xv.shape) != (bsz, h, m, zv_t.shape[-1]):
         raise ValueError(f"state must be (Xk [{bsz}, {h}, {m}, {r}], Xv [{bsz}, {h}, {m}, {zv_t.shape[-1]}]); got "
                          f"(Xk {list(xk.shape)}, Xv {list(xv.shape)})")
+    if beta is not None:
+        beta = jnp.asarray(beta)
+        beta = beta[:, 0] if beta.ndim == 3 and beta.shape[1] == 1 else beta
+        if tuple(beta.shape) != (bsz, h) or not jnp.issubdtype(beta.dtype, jnp.floating):
+            raise ValueError(f"interdomain_step: beta must be this token's real [B, H] = [{bsz}, {h}]; got "
+                             f"{shape_str(beta)}")
     rdt = real_dtype(fq_t, zk_t, zv_t, lam, b)
     cdt = complex_dtype(rdt)
     o_t, new_state = _step(xk.astype(cdt), xv.astype(cdt), fq_t, zk_t, zv_t, lam.astype(cdt), b.astype(cdt),
-                           None if c is None else c.astype(cdt), conj, rdt)
+                           None if c is None else c.astype(cdt), conj, rdt, beta=beta)
     return o_t.astype(zv_t.dtype), new_state
 
 
-def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True) -> int:
-    """Real multiply-accumulates per token-head of the chunked form: L(R+D) + 4M(L+R+D) + 4M² (without c, no 4M²).
-    This is the mixer FLOP count (×2) used for MFU."""
-    return chunk * (r + d) + 4 * m * (chunk + r + d) + (4 * m * m if with_c else 0)
+def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True, delta: bool = False) -> int:
+    """Real multiply-accumulates per token-head of the chunked form: L(R+D) + 4M(L+R+D) + 4M² (without c, no 4M²);
+    the delta update adds 3LR + 5LM + 4MR (module docstring "Delta"). This is the mixer FLOP count (×2) used for
+    MFU."""
+    extra = 3 * chunk * r + 5 * chunk * m + 4 * m * r if delta else 0
+    return chunk * (r + d) + 4 * m * (chunk + r + d) + (4 * m * m if with_c else 0) + extra
 
 
 __all__ = ["interdomain_mix", "interdomain_step", "document_index", "log_decay_angle", "per_token", "associative_bytes",
            "set_associative_max_bytes", "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "resolve_core",
-           "chunk_decay", "ChunkDecay", "decay_matrix", "chunked_scan", "IMPLS", "CORES"]
+           "chunk_decay", "ChunkDecay", "decay_matrix", "chunked_scan", "unit_keys", "check_beta", "IMPLS", "CORES"]
 
