@@ -409,13 +409,30 @@ def _mode_block_loop(nmb, phase2, store_acc):
     lax.fori_loop(0, nmb, body, 0)
 
 
-def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc):
+def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
+    """The parameter epilogue of o_bwd_modes / p_bwd_modes. phase2(m) gives mode block m's raw cotangent tiles
+    (``fold_raw``'s input: nothing reduced over the chunk's rows yet). With one mode block and ``raw`` (the
+    running sums over the program's chunks, a loop carry) they are added to it and returned: the tables are the
+    same in every chunk of an LTI head, so ``fold_raw`` runs once per program, after the chunk loop, instead of
+    once per chunk (its row reductions - shuffles and barriers - were ~60% of the backward kernels'
+    instructions). Otherwise each block is folded at once and handed to store_acc (a flat Acc per chunk)."""
+    if raw is not None:
+        if nmb != 1:
+            raise ValueError(f"raw parameter sums need one mode block (got {nmb})")
+        return tuple(a + b for a, b in zip(raw, phase2(0)))
+    _mode_block_loop(nmb, lambda m: fold_raw(phase2(m), tabs(m), length), store_acc)
+    return None
+
+
+def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
     ld.zv(j), ld.do(j) -> [L, n] of feature sub-block j; ld.x(j, m), ld.y(j, m) -> X, Y planes [mb, n];
     store_dzv(j, dzv [L, n] float32); store_dw(m, dw [L, mb] planes); store_acc(m, acc): the parameter sums of
     mode block m (a flat Acc). m is a Python int or, with several mode blocks, a traced one (phase 2's loop).
+    raw: with one mode block, the program's running raw sums (fold_raw's input), returned with this chunk's
+    added, and store_acc is not called (see _raw_epilogue).
 
     Two phases, for registers: (1) what contracts over the modes - A = Re((w∘pt)·Psᵀ) (summed over mode
     blocks), dzv = Aᵀ·dO + Pe·Y, and dA = dO·ZVᵀ - over the feature sub-blocks; (2) per mode block, the [L, mb]
@@ -447,34 +464,30 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     def phase2(m):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
-        acc = Acc.zeros(mb, flat=True)
         tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
         ti = -ti  # dO·conj(X)ᵀ
-        acc = _fold_yx(acc, (cr, ci), mk.keep)
-        acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
-        del yr, yi
         wv = w(m)
         qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
-        acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (dot.tn(da, qr), -dot.tn(da, qi)), e_s))  # dPs = dAᵀ·conj(Q)
+        d_ps = (dot.tn(da, qr), -dot.tn(da, qi))                                           # dPs = dAᵀ·conj(Q)
+        del qr, qi
         dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
         tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
         zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
         u = tb.pt
         store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
         wv = w(m)
-        # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
-        hr, hi = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
-        hr, hi = cmul_conj(hr, hi, u[0], u[1])
-        return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0)))
+        # dPt = dq∘conj(w), dPin = t∘conj(w): their s_log part is Σ_i conj(pt_i)·h_i (fold_raw) with
+        h = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
+        return _raw_tiles(h, d_ps, (yr, yi), (cr, ci), mk)
 
-    _mode_block_loop(nmb, phase2, store_acc)
+    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 
 
-def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc):
+def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
-    -> [L, n]; ld.x(j, m), ld.y(j, m) -> X, Y planes; store(j, dfq, dzk [L, n] float32); store_acc as in
+    -> [L, n]; ld.x(j, m), ld.y(j, m) -> X, Y planes; store(j, dfq, dzk [L, n] float32); store_acc and raw as in
     o_bwd_modes.
     Phase 1: dG = mk∘((dp∘conj(pt))·conj(Ps)ᵀ) (summed over mode blocks) and the per-feature outputs
     dfq = dG·ZK + dF·X, dzk = dGᵀ·FQ + Pe·Y with G = FQ·ZKᵀ accumulated; phase 2 per mode block: FQ·Xᵀ, ZK·Yᵀ
@@ -508,25 +521,48 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     def phase2(m):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
-        acc = Acc.zeros(mb, flat=True)
         fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
-        acc = _fold_yx(acc, (cr, ci), mk.keep)
-        acc = _fold_sp_rows(acc, tb, None, _pe_rows(tb, (_rowmask(yr, mk.em), _rowmask(yi, mk.em)), e_e))  # dPe
-        del yr, yi
         dv = dp(m)
         u = tb.pt
         der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])
-        acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (dot.tn(g, der), dot.tn(g, dei)), e_s))  # dPs = Gᵀ·(dp∘conj(pt))
+        d_ps = (dot.tn(g, der), dot.tn(g, dei))                                            # dPs = Gᵀ·(dp∘conj(pt))
         del der, dei
         er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
         tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
         del er, ei
         dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
-        hr, hi = cmul_conj(e_t * tr + e_in * zr, e_t * ti + e_in * zi, u[0], u[1])
-        return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(hr, axis=0), jnp.sum(hi, axis=0)))
+        h = (e_t * tr + e_in * zr, e_t * ti + e_in * zi)
+        return _raw_tiles(h, d_ps, (yr, yi), (cr, ci), mk)
 
-    _mode_block_loop(nmb, phase2, store_acc)
+    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
+
+
+def _raw_tiles(h, d_ps, zy, yx, mk: Masks):
+    """One chunk's raw parameter cotangents of a mode block, masked (fold_raw's input)."""
+    d_pe = (_rowmask(zy[0], mk.em), _rowmask(zy[1], mk.em))  # dPe = em·(Z·Yᵀ)
+    cr, ci = yx
+    if mk.keep is not None:
+        cr, ci = cr * mk.keep, ci * mk.keep
+    return (h[0], h[1], d_ps[0], d_ps[1], d_pe[0], d_pe[1], cr, ci)
+
+
+def fold_raw(raw, tb, length):
+    """The parameter sums (a flat Acc) from raw cotangent tiles, each summed over any number of chunks of one
+    head (the tables are the same in every chunk of an LTI head, and everything below is linear in the tiles):
+
+        raw = (h [L, mb] planes: the pt-family part before its table, dPs, dPe [L, mb] planes, and
+               keep·Σ_n Y∘conj(X) [mb] planes)
+        s_log = Σ_i conj(pt_i)·h_i + conj(b)·(Σ_i e_s·conj(sp_i)·dPs_i + conj(lam^mu)·Σ_i e_e·conj(sp_i)·dPe_i)
+        s_b   = Σ_i conj(sp_i)·dPs_i + conj(lam^mu)·Σ_i conj(sp_i)·dPe_i,     dlamL = the last pair.
+
+    Runs in the kernels (per chunk, several mode blocks) or in XLA (once, on a program's sums)."""
+    _, _, e_s, e_e = exponents(length)
+    hr, hi, sr, si, er, ei, cr, ci = raw
+    acc = _fold_yx(Acc.zeros(hr.shape[-1], flat=True), (cr, ci), None)
+    acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (sr, si), e_s), _pe_rows(tb, (er, ei), e_e))
+    ur, ui = cmul_conj(hr, hi, tb.pt[0], tb.pt[1])
+    return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(ur, axis=0), jnp.sum(ui, axis=0)))
 
 
 # The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam

@@ -690,6 +690,41 @@ def _store_flat_acc(row_r, col_r, bi, h, c, acc, ms):
     col_r[bi, h, c, 1, ms, 0] = acc[5]
 
 
+# The parameter sums of a backward kernel with one mode block (M <= MODE_BLOCK): each program carries the raw
+# cotangent tiles (C.fold_raw's input) across its chunks and writes them once; XLA sums them over rows and
+# chunk groups and folds them with the head's tables (a few KB per head).
+
+
+def _raw_out(B, H, NG, L, M):
+    return (jax.ShapeDtypeStruct((B, H, NG, 6, L, M), F32), jax.ShapeDtypeStruct((B, H, NG, 2, 1, M), F32))
+
+
+def _raw_zeros(L, M):
+    z, zc = jnp.zeros((L, M), F32), jnp.zeros((M,), F32)
+    return (z,) * 6 + (zc, zc)
+
+
+def _store_raw(tile_r, vec_r, bi, h, gi, raw):
+    for k in range(6):
+        tile_r[bi, h, gi, k] = raw[k]
+    vec_r[bi, h, gi, 0, 0] = raw[6]
+    vec_r[bi, h, gi, 1, 0] = raw[7]
+
+
+def _fold_raw_sums(tiles, vecs, tabs, L):
+    """The raw sums [B, H, NG, 6, L, M], [B, H, NG, 2, 1, M] -> rows [1, H, 1, 4, 1, M] and cols [1, H, 1, 2, M, 1]
+    (the per-chunk layout _store_flat_acc writes, summed)."""
+    tiles, vecs = jnp.sum(tiles, axis=(0, 2)), jnp.sum(vecs, axis=(0, 2))[:, :, 0]  # [H, 6, L, M], [H, 2, M]
+    sp, lmu1, lmu, b = tabs[0], tabs[7], tabs[8], tabs[9]
+
+    def one_head(t, v, sp, lmu1, lmu, b):
+        tb = C.Tabs((sp[0], sp[1]), (lmu1[0, 0], lmu1[1, 0]), (lmu[0, 0], lmu[1, 0]), None, (b[0, 0], b[1, 0]))
+        return jnp.stack(C.fold_raw(tuple(t) + (v[0], v[1]), tb, L))  # [6, M]
+
+    acc = jax.vmap(one_head)(tiles, vecs, sp, lmu1, lmu, b)
+    return acc[None, :, None, :4, None, :], jnp.moveaxis(acc[None, :, None, 4:, None, :], -2, -1)
+
+
 # The backward kernels walk the modes in blocks of this many (o_bwd_modes / p_bwd_modes): at M = 64 their
 # [L, M] epilogue tiles took most of the register file (docs/kernels-results.md, "What the compiled kernels use")
 MODE_BLOCK = 32
@@ -741,11 +776,13 @@ def _groups(B, H, NC, target_programs=None):
 def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
     """O-half backward: dg [1, B, T, H, 2, M] (mdt), the cotangent of the per-token vector g it reads (w, or p
     when there is no mixing matrix: then conj(w) = p per ``conj``), dzv [B, T, H, D] (zv's dtype), parameter
-    rows per chunk [B, H, NC, 4, 1, M], cols [.., 2, M, 1], and None (the TPU signature's K cotangent: on GPU
+    rows [B, H, NC, 4, 1, M] and cols [.., 2, M, 1] per chunk (or, with one mode block, their sums as
+    [1, H, 1, 4, 1, M] and [1, H, 1, 2, M, 1]: _fold_raw_sums), and None (the TPU signature's K cotangent: on GPU
     ``bwd_mix`` maps dw to dp and dK, a kernel of its own; in bwd_o the mixing's backward was 2/3 of its register
     spills).
     kmix must be None. Each program walks the whole feature width in sub-blocks of ``plan.block`` and the modes in
-    blocks of MODE_BLOCK (o_bwd_modes); the parameter sums are written per chunk."""
+    blocks of MODE_BLOCK (o_bwd_modes); the parameter sums are carried across the program's chunks (one mode
+    block) or written per chunk."""
     _no_kmix("bwd_o", kmix)
     tabs = expand_tables(tabs)
     B, T, H, D = zv.shape
@@ -754,6 +791,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     NC, nsub = T // L, D // sub
     per, NG = _groups(B, H, NC)
     nmb, mb = _mode_blocks(M)
+    sums = nmb == 1  # the parameter sums carried across the program's chunks (_raw_out)
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
@@ -779,16 +817,20 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
                 dw_r[0, bi, ts, h, 0, msl(m)] = dw[0].astype(dw_r.dtype)
                 dw_r[0, bi, ts, h, 1, msl(m)] = dw[1].astype(dw_r.dtype)
 
-            C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c),
-                          L, store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)))
-            return carry
+            return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
+                                 store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
+                                 raw=carry)
 
-        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
+        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
+        if sums:
+            _store_raw(row_r, col_r, bi, h, gi, raw)
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
-           + _acc_out(B, H, NC, M))
+           + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
     args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
     dw, dzv, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
+    if sums:
+        row, col = _fold_raw_sums(row, col, tabs, L)
     return dw, dzv, row, col, None
 
 
@@ -842,6 +884,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
     NC, nsub = T // L, R // sub
     per, NG = _groups(B, H, NC)
     nmb, mb = _mode_blocks(M)
+    sums = nmb == 1  # as in bwd_o
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
@@ -863,13 +906,18 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
                 dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
                 dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
 
-            C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c),
-                          L, store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)))
-            return carry
+            return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
+                                 store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
+                                 raw=carry)
 
-        lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
+        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
+        if sums:
+            _store_raw(row_r, col_r, bi, h, gi, raw)
 
     out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
-           + _acc_out(B, H, NC, M))
+           + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)
+    dfq, dzk, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)
+    if sums:
+        row, col = _fold_raw_sums(row, col, tabs, L)
+    return dfq, dzk, row, col
