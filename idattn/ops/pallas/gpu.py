@@ -50,7 +50,7 @@ class TritonUnavailable(RuntimeError):
 def triton_params_class():
     """jax.experimental.pallas.triton.CompilerParams, or None when this jax has no Triton backend."""
     try:
-        from jax.experimental.pallas import triton as pltr
+        from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 a probe: newer jax dropped this backend
         return pltr.CompilerParams
     except Exception:  # Triton backend removed from this jax
         return None
@@ -129,7 +129,6 @@ def smem_estimate(kind, *, L, M, N, in_bytes, mode_bytes, state_bytes, stages, h
     and the kernels it admits compile (tests/test_aot_gpu.py). A newer Triton may allocate differently:
     ``scripts/gpu_check.py``'s probe checks on the device."""
     tab = 2 * L * M * 4                                   # sp planes (float32)
-    kmat = (2 * M * M * 4) if has_k else 0                # the mixing matrix planes (float32)
     modes = 2 * L * M * mode_bytes                        # p / dp of one chunk
     tok = L * N * in_bytes                                # one [L, N] input tile
     state = 2 * M * N * state_bytes                       # one [2, M, N] per-chunk state

@@ -30,11 +30,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import warnings
 from typing import NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import PartitionSpec
+
+from idattn.ops.pallas import gpu, tpu
 
 F32 = jnp.float32
 
@@ -67,11 +71,7 @@ def _round_up(n: int, k: int) -> int:
 
 
 def _kernels(family):
-    if family == "gpu":
-        from idattn.ops.pallas import gpu as K
-    else:
-        from idattn.ops.pallas import tpu as K
-    return K
+    return gpu if family == "gpu" else tpu
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -458,7 +458,6 @@ _FALLBACK_WARNED = []
 def triton_backend_available() -> bool:
     """Whether this jax still has the Pallas Triton backend the GPU kernels are written for (deprecated from
     jax 0.11 in favour of Mosaic GPU; docs/kernels.md, 'JAX versions')."""
-    from idattn.ops.pallas import gpu
     return gpu.triton_params_class() is not None
 
 
@@ -471,7 +470,6 @@ def _gpu_branch(fn, gpu_fallback):
     def fallback(*args):
         if not _FALLBACK_WARNED:
             _FALLBACK_WARNED.append(True)
-            import warnings
             warnings.warn(f"idattn: jax {jax.__version__} has no Pallas Triton backend, so impl='pallas' runs the XLA "
                           f"chunked operator on GPU (same results, slower); see docs/kernels.md, 'JAX versions'",
                           RuntimeWarning, stacklevel=2)
@@ -534,7 +532,7 @@ def logical_mesh_axes(names):
     """Mesh axes of logical axis names under flax's logical axis rules, when flax and rules are present (the
     trainer sets them); None otherwise. Imported lazily: idattn.ops imports with jax and numpy only."""
     try:
-        from flax.linen import partitioning as nn_partitioning  # noqa: WPS433
+        from flax.linen import partitioning as nn_partitioning  # noqa: PLC0415 flax optional: ops needs jax, numpy only
         rules = nn_partitioning.get_axis_rules()
     except Exception:  # flax missing: no rules
         return None
@@ -597,8 +595,7 @@ def mesh_partition(batch: int, heads: int, batch_axes=None, head_axes=None):
 
 
 def partition_spec(*dims):
-    from jax.sharding import PartitionSpec as P
-    return P(*[(d if len(d) > 1 else d[0]) if d else None for d in dims])
+    return PartitionSpec(*[(d if len(d) > 1 else d[0]) if d else None for d in dims])
 
 
 def interdomain_mix_pallas(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_ids=None,

@@ -35,6 +35,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from idattn.ops.pallas import _chunk as C
 
@@ -216,13 +217,11 @@ def _estimate(kernel, g, io_bytes, sdt_bytes, seg, save=False, mode_bytes=4, has
 
 
 def _params():
-    from jax.experimental.pallas import tpu as pltpu
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
                                 vmem_limit_bytes=VMEM_LIMIT)
 
 
 def _vmem(shape):
-    from jax.experimental.pallas import tpu as pltpu
     return pltpu.VMEM(shape, F32)
 
 
