@@ -363,9 +363,12 @@ def test_ops_and_bench_import_with_only_jax_and_numpy():
     code = ("import sys\n"
             f"for n in {blocked!r}: sys.modules[n] = None\n"
             "import idattn.ops, idattn.ops.theory, idattn.ops.pallas, idattn.bench.op, idattn.bench.theory\n"
-            "import idattn.bench.__main__\n")
+            "import idattn.bench.per_kernel, idattn.bench.gpu_model, idattn.bench.tpu_model\n"
+            "import idattn.bench.__main__\n"
+            "idattn.bench.__main__.main(['model', '--help'])\n")  # the one subcommand that needs flax: refused
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "error: python -m idattn.bench model needs " in res.stderr, res.stderr[-2000:]
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""python -m idattn.bench {op,theory,model,checksum} [flags]   (each subcommand has --help)."""
+"""python -m idattn.bench {op,theory,model,tpu,gpu,checksum} [flags]   (each subcommand has --help)."""
 import argparse
 import importlib
 import sys
@@ -12,7 +12,10 @@ COMMANDS = {
     "checksum": "cost of the checkpoint checksums vs one read of the state (idattn.rundir.integrity)",
 }
 
-MODULES = {"tpu": "tpu_model", "gpu": "gpu_model"}
+# subcommand -> its module, loaded only when chosen: `model` (flax, optax) and `checksum` (idattn.rundir:
+# ml_collections) need more than jax + numpy; the others run on a bare accelerator image
+MODULES = {"op": "op", "theory": "theory", "model": "model", "tpu": "tpu_model", "gpu": "gpu_model",
+           "checksum": "checksum"}
 
 
 def main(argv=None) -> int:
@@ -22,7 +25,14 @@ def main(argv=None) -> int:
     ap.add_argument("command", choices=tuple(COMMANDS))
     ap.add_argument("args", nargs=argparse.REMAINDER, help="the subcommand's flags (python -m idattn.bench op -h)")
     a = ap.parse_args(sys.argv[1:] if argv is None else list(argv))
-    importlib.import_module(f"idattn.bench.{MODULES.get(a.command, a.command)}").main(a.args)
+    try:
+        module = importlib.import_module(f"idattn.bench.{MODULES[a.command]}")
+    except ModuleNotFoundError as e:
+        if e.name is None or e.name.split(".")[0] == "idattn":
+            raise
+        ap.exit(2, f"error: python -m idattn.bench {a.command} needs {e.name}, not installed here "
+                   f"(pip install -e . brings it)\n")
+    module.main(a.args)
     return 0
 
 

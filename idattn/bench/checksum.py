@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.rundir import integrity
+
 
 def _state(n_params: int, leaves: int):
     per = -(-3 * n_params // leaves)
@@ -40,7 +42,6 @@ def _time(fn, repeats: int) -> float:
 
 
 def main(argv=None) -> None:
-    from idattn.rundir import integrity
     p = argparse.ArgumentParser(prog="python -m idattn.bench checksum", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--params", default="134e6,374e6", help="comma-separated parameter counts")

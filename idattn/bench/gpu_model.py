@@ -26,6 +26,7 @@ prediction and says so. What the fitted constants mean and where the model misse
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import math
@@ -377,7 +378,6 @@ def format_table(c: np.ndarray, rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    import argparse
     ap = argparse.ArgumentParser(prog="python -m idattn.bench gpu", description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", default=DATA, help="collected kernel facts (python -m idattn.aot.sass collect)")
     ap.add_argument("--fla", default=FLA_DATA, help="fla's kernels compiled deviceless (scripts/fla_sass.py)")

@@ -8,23 +8,32 @@ Training step = loss (next-token cross-entropy) + gradients + AdamW update, jitt
 
 Decode: one ``decode_step`` per token with the cache index set to the context length (the KV cache of the
 softmax model is allocated for it, so its per-token cost grows with context; the recurrent mixers' state does
-not). Needs flax / optax / ml_collections (imported lazily, only by this subcommand).
+not). Needs flax / optax / ml_collections: only the `model` subcommand loads this module (idattn.bench.__main__).
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+
+from idattn.configs import apply_overrides
+from idattn.configs.scaling import get_config
+from idattn.models import build_model, decode_step, flops_per_token, init_cache
+from idattn.train import sharding as shd
+from idattn.train.metrics import peak_flops_per_device
+from idattn.train.trainer import build_setup
+
 
 def peak_flops(device, override=None):
     """The trainer's peak table (idattn.train.metrics.PEAK_TFLOPS), so bench and trainer report the same MFU."""
-    from idattn.train.metrics import peak_flops_per_device
     return peak_flops_per_device(getattr(device, "device_kind", ""), float(override or 0.0))
 
 
 def _timeit(fn, n, warmup):
-    import jax
     out = None
     for _ in range(warmup):
         out = fn()
@@ -41,14 +50,6 @@ def _timeit(fn, n, warmup):
 def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None, overrides=()):
     """Tokens/s and MFU of the trainer's own jitted step (idattn.train.trainer.build_setup: the same loss,
     optimiser groups, clipping, sharding and donation as `python -m idattn.train`) on all local devices."""
-    import jax
-
-    from idattn.configs import apply_overrides
-    from idattn.configs.scaling import get_config
-    from idattn.models import flops_per_token
-    from idattn.train import sharding as shd
-    from idattn.train.trainer import build_setup
-
     cfg = get_config(f"{mixer},{size}")
     apply_overrides(cfg, [kv if "." in kv.split("=", 1)[0] else "model." + kv for kv in overrides])
     cfg.data.seq_len, cfg.train.batch_size = int(seq_len), int(batch)
@@ -76,13 +77,6 @@ def train_throughput(mixer, size, seq_len, batch, repeats=5, warmup=2, peak=None
 
 
 def decode_throughput(mixer, size, contexts, batch, steps=20):
-    import jax
-    import jax.numpy as jnp
-
-    from idattn.configs import apply_overrides
-    from idattn.configs.scaling import get_config
-    from idattn.models import build_model, decode_step, init_cache
-
     cfg = get_config(f"{mixer},{size}")
     model = build_model(cfg.model)
     tok = jnp.zeros((batch,), jnp.int32)
@@ -107,8 +101,6 @@ def _ints(text):
 
 
 def main(argv=None):
-    import argparse
-    import jax
     p = argparse.ArgumentParser(prog="python -m idattn.bench model", description=__doc__.split("\n\n")[0])
     on_acc = jax.default_backend() in ("gpu", "tpu")
     p.add_argument("--mixers", default="softmax,interdomain,s4d_only")

@@ -13,6 +13,7 @@ Only jax and numpy are imported (runs on a bare accelerator image).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import statistics
@@ -22,6 +23,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+
+from idattn.ops import interdomain_mix, interdomain_step, s4d
+from idattn.ops.pallas import interdomain_mix_pallas
 
 
 MODES = ("fwd", "fwdbwd")  # the output; value and gradients (module docstring)
@@ -50,7 +54,6 @@ def log(*a):
 
 def make_inputs(B, T, H, dh, M, dtype, seed=0, with_c=False):
     """Mixer inputs of the layer's scale: unit-variance features, S4D-discretised (lam, b)."""
-    from idattn.ops import s4d
     key = jax.random.PRNGKey(seed)
     k1, k2, k3, k4, k5, k6 = jax.random.split(key, 6)
     fq = (jax.random.normal(k1, (B, T, H, dh), jnp.float32) / math.sqrt(dh)).astype(dtype)
@@ -68,11 +71,8 @@ def make_inputs(B, T, H, dh, M, dtype, seed=0, with_c=False):
 
 
 def mixer_fn(impl, mode, chunk, c_present, interpret=None, pallas_kwargs=None):
-    from idattn.ops import interdomain_mix
-
     def fwd(fq, zk, zv, lam, b, c):
         if impl == "pallas" and (interpret is not None or pallas_kwargs):
-            from idattn.ops.pallas import interdomain_mix_pallas
             return interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=True, chunk_size=chunk, segment_ids=None,
                                           initial_state=None, return_state=False, out_dtype=None,
                                           interpret=interpret, **(pallas_kwargs or {}))
@@ -180,7 +180,6 @@ def format_table(rows):
 
 def bench_decode(shape, batches=(1, 8, 64), dtype=jnp.bfloat16, repeats=50):
     """Latency of one ``interdomain_step`` (state [B, H, M, R+D] complex64), independent of context."""
-    from idattn.ops import interdomain_step
     H, dh, M = shape
     lines = []
     for B in batches:
@@ -206,7 +205,6 @@ def default_settings():
 
 
 def main(argv=None):
-    import argparse
     d = default_settings()
     p = argparse.ArgumentParser(prog="python -m idattn.bench op", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default=";".join(",".join(map(str, s)) for s in d["shapes"]),

@@ -20,12 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from idattn.bench import op as bop
+from idattn.ops.pallas import gpu
+
 
 @contextlib.contextmanager
 def recording_launches():
     """Inside: every GPU-family pallas_call the operator builds is appended to the yielded list as (name,
     callable, [ShapeDtypeStruct of its operands], grid) (idattn.ops.pallas.gpu.LAUNCH_RECORDER)."""
-    from idattn.ops.pallas import gpu
     launches: list = []
     gpu.LAUNCH_RECORDER = launches
     try:
@@ -45,7 +47,6 @@ def per_kernel_times(shape, T, tokens, mode="fwdbwd", dtype=jnp.bfloat16, chunk=
     """[{"name", "grid", "ms" (median of `repeats`, None when skipped or failed), "note"}] for every launch of one
     forward (mode "fwd") or forward + backward ("fwdbwd") at (H, d_h, M) = `shape`, B = tokens // T. interpret:
     run the kernels in Pallas' interpreter (CPU checks of this code path; the times then mean nothing)."""
-    from idattn.bench import op as bop
     H, dh, M = shape
     B = max(1, tokens // T)
     fq, zk, zv, lam, b, c = bop.make_inputs(B, T, H, dh, M, dtype)

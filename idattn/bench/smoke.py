@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import time
 
 import flax.linen as nn
@@ -58,7 +59,6 @@ def cudnn_vs_xla(tiny: bool) -> list[str]:
 
 
 def main(argv=None):
-    import argparse
     ap = argparse.ArgumentParser(prog="python -m idattn.bench.smoke", description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CPU dry run: 2-layer models, 256-token sequences")
     tiny = ap.parse_args(argv).tiny

@@ -4,19 +4,17 @@ number of LegS basis functions M grows. Expect a fall of ≥ 5x from M = 2 to M 
 rise) around M = 32: the discretised continuous projection against a discrete sum."""
 from __future__ import annotations
 
+import argparse
+
+import jax
 import numpy as np
+
+from idattn.ops import theory
 
 
 def run(basis_sizes=(2, 4, 8, 16, 32), length=200, seeds=(0, 1, 2)):
-    import jax
-    from idattn.ops import theory
     rows = []
-    if hasattr(jax, "enable_x64"):
-        ctx = jax.enable_x64(True)
-    else:  # older jax
-        from jax.experimental import enable_x64
-        ctx = enable_x64()
-    with ctx:
+    with jax.enable_x64(True):  # jax >= 0.10.2 (setup.py) has the context manager at the top level
         per_seed = [dict(theory.convergence_table(basis_sizes, length=length, seed=s)) for s in seeds]
     for m in basis_sizes:
         errs = np.array([d[m] for d in per_seed])
@@ -25,7 +23,6 @@ def run(basis_sizes=(2, 4, 8, 16, 32), length=200, seeds=(0, 1, 2)):
 
 
 def main(argv=None):
-    import argparse
     p = argparse.ArgumentParser(prog="python -m idattn.bench theory", description=__doc__.split("\n")[0])
     p.add_argument("--basis", default="2,4,8,16,32")
     p.add_argument("--length", type=int, default=200)

@@ -15,6 +15,7 @@ jax-free arithmetic here: it runs anywhere, no device needed; a TPU owner compar
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 
 from idattn.ops.pallas import tpu as K
@@ -153,7 +154,6 @@ def compare_table(cases, L=128, io_bytes=2, seg=True):
 
 
 def main(argv=None):
-    import argparse
     p = argparse.ArgumentParser(prog="python -m idattn.bench tpu", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="16,128,32", help="H,d_h,M separated by ';' (default: %(default)s)")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
