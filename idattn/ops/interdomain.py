@@ -850,6 +850,136 @@ def _mix_chunked_selective(fq, zk, zv, lam, b, c, conj, segment_ids, initial_sta
     return jnp.swapaxes(o, 1, 2), state
 
 
+def delta_end_state(zk, zv, lam, b, beta, segment_ids=None, chunk_size: int = 64, core: Optional[str] = None):
+    """One sequence shard's summary under the delta update (module docstring "Delta"; docs/model.md, "Delta core",
+    the sequence split): (E [B, H, M, R+D] complex, A [B, H, M] complex or None, P [B, H, R, R] real).
+
+    E = (Ek | Ev) is the state after the last token from a zero state, restarted at every document start (only the
+    last document contributes); A = Π_t lam_t, the shard's decay (None for the LTI core, whose decay is lam^T);
+    P = Π_t (I − β_t k̂_t k̂_tᵀ) in time order over the last document's tokens, the shard's erase product. A state
+    entering a shard that holds no document start leaves it as Xk ↦ (A ∘ Xk)·P + Ek, Xv ↦ A ∘ Xv + Ev, and the
+    triples compose associatively: (A, P, E) then (A', P', E') is (A'A, P P', (A' ∘ E)·P' + E'), with the erase
+    product acting on the key columns only (decay and erase commute: modes on the left, features on the right).
+
+    zk [B, T, H, R], zv [B, T, H, D] float; lam, b [H, M] (LTI) or [B, T, H, M] (selective); beta [B, T, H].
+    Chunked as the operator (`chunked_scan`, a ragged last chunk at its true length), no readout: per chunk the
+    state's erase solves N·Ũ = diag(β)·(strict(K̂·ZKᵀ [∘ D])·Ps + Rin ∘ (K̂·Xk0ᵀ)) and P's solves
+    (I + diag(β)·strict(K̂·K̂ᵀ))·Ũp = diag(β)·K̂·Pᵀ, P ← P − Ũpᵀ·K̂ (the same system for the LTI core, whose decay
+    sits in the tables; without D for the selective core)."""
+    zk, zv = jnp.asarray(zk), jnp.asarray(zv)
+    bsz, t, h, r = zk.shape
+    d = zv.shape[-1]
+    lam, b = jnp.asarray(lam), jnp.asarray(b)
+    core = resolve_core(lam, b, core)
+    rdt = real_dtype(zk, zv, lam, b)
+    cdt = complex_dtype(rdt)
+    m = lam.shape[-1]
+    docs = document_index(segment_ids, bsz, t)
+    last = jnp.swapaxes((docs == docs[:, -1:])[:, :, None], 1, 2)[..., None]  # [B, 1, T, 1]
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # noqa: E731  [B, T, H, ...] -> [B, H, T, ...]
+    # The last document only: earlier tokens write nothing and erase nothing (k̂ = 0), so the state from zero stays
+    # zero until the last document starts; P is read only for a shard without a document start (all one document).
+    zk_, zv_ = (jnp.where(last, heads_first(x.astype(rdt)), 0) for x in (zk, zv))
+    kh = unit_keys(zk_, rdt)
+    beta_ = heads_first(jnp.asarray(beta).astype(rdt))
+    eye = jnp.broadcast_to(jnp.eye(r, dtype=rdt), (bsz, h, r, r))
+    zero = lambda w: jnp.zeros((bsz, h, m, w), rdt)  # noqa: E731
+    selective = core == "selective"
+
+    def solve(beta_c, kk, rhs):
+        bcol = beta_c[..., None]
+        return lax.linalg.triangular_solve(bcol * kk, bcol * rhs, left_side=True, lower=True, unit_diagonal=True)
+
+    def common(l, zk_c, kh_c):
+        strict = jnp.tril(jnp.ones((l, l), bool), -1)
+        kk = jnp.where(strict, jnp.einsum("bhir,bhjr->bhij", kh_c, kh_c, precision=_HI), 0)
+        kz = jnp.where(strict, jnp.einsum("bhir,bhjr->bhij", kh_c, zk_c, precision=_HI), 0)
+        return strict, kk, kz
+
+    if not selective:
+        lam, b = lam.astype(cdt), b.astype(cdt)
+
+        def body_lti(l):
+            tab, dtab = _chunk_tables(lam, b, l, rdt), _delta_tables(lam, l, rdt)
+
+            def body(carry, xs):
+                xk_r, xk_i, xv_r, xv_i, pm = carry
+                zk_c, zv_c, kh_c, beta_c = xs
+                _, kk, kz = common(l, zk_c, kh_c)
+                ps2 = jnp.concatenate(tab["ps"], axis=-1)  # [H, l, 2M]
+                kx = jnp.einsum("bhlr,bhmr->bhlm", kh_c, jnp.concatenate([xk_r, xk_i], axis=2), precision=_HI)
+                rin_r, rin_i = (x[None, :, None, :] for x in dtab["rin"])
+                rhs = _table_dot(kz, ps2, "hxj,hjm->hxm") + jnp.concatenate(
+                    _cmul(rin_r, rin_i, kx[..., :m], kx[..., m:]), axis=-1)
+                kp = jnp.einsum("bhlr,bhsr->bhls", kh_c, pm, precision=_HI)  # K̂·Pᵀ
+                sol = solve(beta_c, kk, jnp.concatenate([rhs, kp], axis=-1))
+                u, up = sol[..., :2 * m], sol[..., 2 * m:]
+                pe2 = jnp.concatenate(tab["pe"], axis=-1)
+                nk = jnp.einsum("hlm,bhlr->bhmr", pe2, zk_c, precision=_HI)
+                nv = jnp.einsum("hlm,bhld->bhmd", pe2, zv_c, precision=_HI)
+                uk = jnp.einsum("bhlm,bhlr->bhmr", u, kh_c, precision=_HI)
+                te_r, te_i = (x[None, :, :, None] for x in dtab["te"])
+                g_r, g_i = _cmul(te_r, te_i, uk[:, :, :m], uk[:, :, m:])
+                ll_r, ll_i = (x[None, :, :, None] for x in tab["lam_l"])
+                dk_r, dk_i = _cmul(ll_r, ll_i, xk_r, xk_i)
+                dv_r, dv_i = _cmul(ll_r, ll_i, xv_r, xv_i)
+                pm = pm - jnp.einsum("bhls,bhlr->bhsr", up, kh_c, precision=_HI)
+                return (dk_r + nk[:, :, :m] - g_r, dk_i + nk[:, :, m:] - g_i, dv_r + nv[:, :, :m],
+                        dv_i + nv[:, :, m:], pm), jnp.zeros((bsz, h, l, 0), rdt)
+            return body
+
+        carry = (zero(r), zero(r), zero(d), zero(d), eye)
+        (xk_r, xk_i, xv_r, xv_i, pm), _ = chunked_scan(body_lti, carry, (zk_, zv_, kh, beta_), (2, 2, 2, 2),
+                                                       chunk_size, out_axis=2)
+        trans = None
+    else:
+        lam, b = per_token(lam.astype(cdt), b.astype(cdt), bsz, t)
+        g, ph = log_decay_angle(lam, rdt)
+
+        def body_sel(l):
+            def body(carry, xs):
+                xk_r, xk_i, xv_r, xv_i, pm, a_r, a_i = carry
+                zk_c, zv_c, kh_c, beta_c, g_c, ph_c, b_r, b_i = xs
+                strict, kk, kz = common(l, zk_c, kh_c)
+                cd = chunk_decay(g_c, ph_c, axis=2)
+                er, ei = cd.cos, cd.sin
+                dec = decay_matrix(cd.cum, strict)
+                ps_r, ps_i = _cmul(b_r, b_i, er, -ei)  # b_j e^{−iΦ_j}
+                ps2 = jnp.concatenate([ps_r, ps_i], axis=-1)
+                kx = jnp.einsum("bhlr,bhmr->bhlm", kh_c, jnp.concatenate([xk_r, xk_i], axis=2), precision=_HI)
+                rhs = (jnp.einsum("bhij,bhjm->bhim", kz * dec, ps2, precision=_HI) + cd.into[..., None] * kx)
+                u = solve(beta_c, kk * dec, rhs)
+                up = solve(beta_c, kk, jnp.einsum("bhlr,bhsr->bhls", kh_c, pm, precision=_HI))
+                last_r, last_i = er[:, :, -1:], ei[:, :, -1:]  # e^{iΦ_{l−1}} [B, H, 1, M]
+                tail = cd.to_end[..., None]
+                pe_r, pe_i = _cmul(ps_r, ps_i, last_r, last_i)
+                pe2 = jnp.concatenate([pe_r * tail, pe_i * tail], axis=-1)
+                nk = jnp.einsum("bhlm,bhlr->bhmr", pe2, zk_c, precision=_HI)
+                nv = jnp.einsum("bhlm,bhld->bhmd", pe2, zv_c, precision=_HI)
+                uk = jnp.einsum("bhlm,bhlr->bhmr", u * tail, kh_c, precision=_HI)
+                ph_r, ph_i = last_r[:, :, 0, :, None], last_i[:, :, 0, :, None]
+                g_r, g_i = _cmul(ph_r, ph_i, uk[:, :, :m], uk[:, :, m:])
+                tot = cd.whole[..., None]  # [B, H, 1]
+                tr, ti = tot * last_r[:, :, 0], tot * last_i[:, :, 0]  # the chunk's decay [B, H, M]
+                dk_r, dk_i = _cmul(tr[..., None], ti[..., None], xk_r, xk_i)
+                dv_r, dv_i = _cmul(tr[..., None], ti[..., None], xv_r, xv_i)
+                pm = pm - jnp.einsum("bhls,bhlr->bhsr", up, kh_c, precision=_HI)
+                a_r, a_i = _cmul(tr, ti, a_r, a_i)
+                return (dk_r + nk[:, :, :m] - g_r, dk_i + nk[:, :, m:] - g_i, dv_r + nv[:, :, :m],
+                        dv_i + nv[:, :, m:], pm, a_r, a_i), jnp.zeros((bsz, h, l, 0), rdt)
+            return body
+
+        one, nil = jnp.ones((bsz, h, m), rdt), jnp.zeros((bsz, h, m), rdt)
+        carry = (zero(r), zero(r), zero(d), zero(d), eye, one, nil)
+        xs = (zk_, zv_, kh, beta_, heads_first(g), heads_first(ph), heads_first(jnp.real(b).astype(rdt)),
+              heads_first(jnp.imag(b).astype(rdt)))
+        (xk_r, xk_i, xv_r, xv_i, pm, a_r, a_i), _ = chunked_scan(body_sel, carry, xs, (2,) * 8, chunk_size,
+                                                                 out_axis=2)
+        trans = lax.complex(a_r, a_i).astype(cdt)
+    x_end = jnp.concatenate([lax.complex(xk_r, xk_i), lax.complex(xv_r, xv_i)], axis=-1).astype(cdt)
+    return x_end, trans, pm
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Public API
 # ----------------------------------------------------------------------------------------------------------------
@@ -989,5 +1119,6 @@ def chunked_cost_macs(r: int, d: int, m: int, chunk: int, with_c: bool = True, d
 
 __all__ = ["interdomain_mix", "interdomain_step", "document_index", "log_decay_angle", "per_token", "associative_bytes",
            "set_associative_max_bytes", "associative_max_bytes", "chunked_cost_macs", "resolve_impl", "resolve_core",
-           "chunk_decay", "ChunkDecay", "decay_matrix", "chunked_scan", "unit_keys", "check_beta", "IMPLS", "CORES"]
+           "chunk_decay", "ChunkDecay", "decay_matrix", "chunked_scan", "unit_keys", "check_beta", "delta_end_state", "IMPLS",
+           "CORES"]
 

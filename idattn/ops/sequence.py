@@ -25,6 +25,13 @@ decays (0 when the shard holds a document start), per row and head. E_p comes fr
 pairs (A_j, E_j) still combine associatively: (A, E)∘(A', E') = (A'A, A'E + E'). The transitions are
 all_gathered with the end states (2·H·M more real numbers per row and shard).
 
+The delta update (`beta`, idattn/ops/interdomain.py "Delta") erases on the key features, on the right of the
+key state, where the mode decay acts on the left, so a shard maps the key half as Xk ↦ (A_p ∘ Xk)·P_p + Ek_p with
+P_p = Π_{t in p} (I − β_t k̂_t k̂_tᵀ) (R×R real, in time order) and the value half as before. The triples compose
+as (A, P, E)∘(A', P', E') = (A'A, P P', (A' ∘ E)·P' + E'), associative, so the fold is exact; `delta_end_state`
+computes (E_p, Π lam_t, P_p) in one state-only chunked pass and the P_p are all_gathered with the end states
+(H·R² more real numbers per row and shard).
+
 A prefill chunk continuing a cached state starts the fold from it (X_out(−1) = X0 instead of 0), and the state
 after the chunk is X_out(P − 1), which every shard computes alike in the same fold (`initial_state`,
 `return_state` of the two operators; `idattn.eval.scoring.prefill_on_mesh`).
@@ -39,8 +46,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from idattn.ops.interdomain import (chunk_decay, complex_dtype, document_index, interdomain_mix, log_decay_angle,
-                                   per_token, real_dtype, resolve_core, resolve_impl)
+from idattn.ops.interdomain import (check_beta, chunk_decay, complex_dtype, delta_end_state, document_index,
+                                   interdomain_mix, log_decay_angle, per_token, real_dtype, resolve_core,
+                                   resolve_impl)
 from idattn.ops.pallas.op import interdomain_mix_pallas, logical_mesh_axes, mesh_partition, partition_spec
 from idattn.ops.s4d_linear import s4d_linear_mix
 
@@ -138,7 +146,7 @@ def end_state_selective(z, lam, b, segment_ids=None, chunk_size: int = 64):
 
 
 def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=None, initial=None,
-                   return_final: bool = False):
+                   return_final: bool = False, erase=None):
     """Inside `shard_map` over the sequence axes `axis`: the state entering this shard (X_in(p) in the module
     docstring), from every shard's zero-initialised end state `x_end` [B, H, M, W] and this shard's segment ids
     [B, S]. Collectives: one all_gather of the end states (as real planes) and of the first / last segment ids.
@@ -147,7 +155,10 @@ def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=Non
 
     `initial` [B, H, M, W]: the state entering the whole sequence's first document (X_out(−1) = initial instead of
     0: a prefill chunk continuing a cached state). `return_final`: also return X_out(P − 1), the state after the
-    sequence's last token, which the fold computes on every shard alike (the decoding cache after a prefill)."""
+    sequence's last token, which the fold computes on every shard alike (the decoding cache after a prefill).
+
+    `erase` [B, H, R, R] real: this shard's erase product P under the delta update (`delta_end_state`), acting on
+    the first R columns of the state (the key half): X_out(j) = (A_j ∘ X_out(j−1))·P_j + E_j there (gathered too)."""
     rdt = jnp.float64 if x_end.dtype == jnp.complex128 else jnp.float32
     planes = lax.all_gather(jnp.stack([jnp.real(x_end), jnp.imag(x_end)]).astype(rdt), axis)  # [P, 2, B, H, M, W]
     seg = jnp.asarray(segment_ids)
@@ -163,11 +174,19 @@ def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=Non
         dplanes = lax.all_gather(jnp.stack([jnp.real(transition), jnp.imag(transition)]).astype(rdt), axis)
 
     def fold(x, xs):  # X_out(j) = A_j ∘ X_out(j−1) + E_j
-        (x_r, x_i), (e, dp, ok) = x, xs
+        (x_r, x_i), (e, dp, ok) = x, xs[:3]
         d_r, d_i = dp[0][..., None], dp[1][..., None]
         keep = ok[:, None, None, None]
-        x_r, x_i = (jnp.where(keep, d_r * x_r - d_i * x_i, 0) + e[0],
-                    jnp.where(keep, d_r * x_i + d_i * x_r, 0) + e[1])
+        if erase is None:
+            x_r, x_i = (jnp.where(keep, d_r * x_r - d_i * x_i, 0) + e[0],
+                        jnp.where(keep, d_r * x_i + d_i * x_r, 0) + e[1])
+            return (x_r, x_i), (x_r, x_i)
+        # the delta update: the key columns leave as (A_j ∘ X)·P_j (decay and erase commute)
+        pm = xs[3]
+        y_r, y_i = d_r * x_r - d_i * x_i, d_r * x_i + d_i * x_r
+        y_r, y_i = (jnp.concatenate([jnp.einsum("bhms,bhsr->bhmr", y[..., :r], pm, precision=_HI), y[..., r:]],
+                                    axis=-1) for y in (y_r, y_i))
+        x_r, x_i = jnp.where(keep, y_r, 0) + e[0], jnp.where(keep, y_i, 0) + e[1]
         return (x_r, x_i), (x_r, x_i)
 
     if initial is None:
@@ -175,7 +194,11 @@ def incoming_state(x_end, segment_ids, lam, shard_len: int, axis, transition=Non
     else:
         initial = jnp.asarray(initial).astype(x_end.dtype)
         start = (jnp.real(initial).astype(rdt), jnp.imag(initial).astype(rdt))
-    _, (outs_r, outs_i) = lax.scan(fold, start, (planes, dplanes, passes))  # [P, B, H, M, W] each
+    xs = (planes, dplanes, passes)
+    if erase is not None:
+        r = erase.shape[-1]
+        xs = xs + (lax.all_gather(erase.astype(rdt), axis),)  # [P, B, H, R, R]
+    _, (outs_r, outs_i) = lax.scan(fold, start, xs)  # [P, B, H, M, W] each
     p = lax.axis_index(axis)
     prev = jnp.maximum(p - 1, 0)
     first = (p == 0)
@@ -222,19 +245,24 @@ def _specs(bx, sx, hx):
 
 def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, impl: str = "auto",
                              chunk_size: int = 64, segment_ids=None, out_dtype=None, plan=None, initial_state=None,
-                             return_state: bool = False, core: str | None = None):
+                             return_state: bool = False, core: str | None = None, beta=None):
     """`interdomain_mix` with the length split over the mesh's sequence axes (module docstring); the plain
     operator when no axis splits it. Same arguments and result: `initial_state` (Xk0, Xv0) enters the first
     document (shard 0, and through the fold every shard it reaches), and `return_state` also returns the state
     after the last token, (Xk, Xv) [B, H, M, R] / [B, H, M, D], replicated over the sequence shards (a prefill
-    split over the sequence axis, then decoding from it)."""
+    split over the sequence axis, then decoding from it). `beta` [B, T, H]: the delta update, split like the
+    tokens; each shard's summary adds its erase product P (`delta_end_state`) to the fold."""
     bsz, t, h, r = fq.shape
     plan = sequence_partition(bsz, h, t) if plan is None else plan
     core = resolve_core(lam, b, core)
+    delta = beta is not None
+    if delta:
+        beta = jnp.asarray(beta)
+        check_beta(beta, (bsz, t, h), impl)
     kw = dict(conj=conj, impl=impl, chunk_size=chunk_size, out_dtype=out_dtype, core=core)
     if plan is None:
         return interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=segment_ids, initial_state=initial_state,
-                               return_state=return_state, **kw)
+                               return_state=return_state, beta=beta, **kw)
     mesh, bx, sx, hx = plan
     tok, per_head, per_head2, rows = _specs(bx, sx, hx)
     seg = jnp.zeros((bsz, t), jnp.int32) if segment_ids is None else jnp.asarray(segment_ids)
@@ -245,10 +273,15 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
     has_init = initial_state is not None
     d = zv.shape[-1]
 
-    def local(fq, zk, zv, lam, b, c, seg, x0):
+    def local(fq, zk, zv, lam, b, c, seg, x0, beta):
         z = jnp.concatenate([zk, zv], axis=-1)
         x0 = x0 if has_init else None
-        if selective:  # a shard's transition is the product of its tokens' decays
+        beta = beta if delta else None
+        if delta:  # the summary (E, Π lam_t, P): the key half leaves a shard as (A ∘ Xk)·P + Ek
+            x_end, trans, pm = delta_end_state(zk, zv, lam, b, beta, seg, chunk_size, core)
+            x_in = incoming_state(x_end, seg, lam, fq.shape[1], sx, transition=trans, initial=x0,
+                                  return_final=return_state, erase=pm)
+        elif selective:  # a shard's transition is the product of its tokens' decays
             x_end, trans = end_state_selective(z, lam, b, seg, chunk_size)
             x_in = incoming_state(x_end, seg, None, fq.shape[1], sx, transition=trans, initial=x0,
                                   return_final=return_state)
@@ -260,11 +293,11 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
         c = c if has_c else None
         # Inside shard_map the kernel call must not nest one. A per-token lam has no kernel: interdomain_mix warns
         # once and runs the chunked XLA form.
-        if not selective and _resolved(impl, chunk_size) == "pallas":
+        if not selective and _resolved(impl, chunk_size, delta=delta) == "pallas":
             o = interdomain_mix_pallas(fq, zk, zv, lam, b, c, conj=conj, chunk_size=chunk_size, segment_ids=seg,
                                        initial_state=init, out_dtype=out_dtype, batch_axes=(), head_axes=())
         else:
-            o = interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, **kw)
+            o = interdomain_mix(fq, zk, zv, lam, b, c, segment_ids=seg, initial_state=init, beta=beta, **kw)
         return (o, x_fin[..., :r], x_fin[..., r:]) if return_state else o
 
     c_arg = c if has_c else jnp.zeros((h, 1, 1), jnp.complex64)
@@ -272,8 +305,10 @@ def interdomain_mix_sequence(fq, zk, zv, lam, b, c=None, *, conj: bool = True, i
           else jnp.zeros((bsz, h, lam.shape[-1], r + d), jnp.complex64))
     state = partition_spec(bx, hx, (), ())  # [B, H, M, W]: replicated over the sequence shards
     out_specs = (tok, state, state) if return_state else tok
-    out = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, lam_spec, per_head2, rows, state),
-                        out_specs=out_specs, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg, x0)
+    beta_arg = beta if delta else jnp.zeros((bsz, t, h), jnp.float32)  # a placeholder, unused without beta
+    out = jax.shard_map(local, mesh=mesh, in_specs=(tok, tok, tok, lam_spec, lam_spec, per_head2, rows, state,
+                                                    partition_spec(bx, sx, hx)),
+                        out_specs=out_specs, check_vma=False)(fq, zk, zv, lam, b, c_arg, seg, x0, beta_arg)
     return (out[0], (out[1], out[2])) if return_state else out
 
 
@@ -326,5 +361,5 @@ def _core_args(lam, b, core: str, bsz: int, t: int, tok, per_head):
     return lam, b, per_head
 
 
-def _resolved(impl: str, chunk_size: int, selective: bool = False) -> str:
-    return resolve_impl(impl, int(chunk_size), selective=selective)
+def _resolved(impl: str, chunk_size: int, selective: bool = False, delta: bool = False) -> str:
+    return resolve_impl(impl, int(chunk_size), selective=selective, delta=delta)
