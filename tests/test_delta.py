@@ -452,3 +452,142 @@ def test_sequence_split_equals_one_device(meshes, cores):
     for key, r in res.items():
         assert r["err"] < 1e-10, (key, r)
         assert r["all_gathers"] >= 1, (key, r)  # the split path ran
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model option: the -delta / -delta2 mixer suffix (docs/model.md, "Delta core")
+# ---------------------------------------------------------------------------------------------------------------
+
+def test_mixer_names_carry_the_delta():
+    """`-delta` (s = 1) and `-delta2` (s = 2) after any core suffix of a query-readout cell; refused for the
+    linear readout, the theory mode and attention, and when a config's model.delta_scale disagrees with the name;
+    a hybrid pattern carries it per entry."""
+    from idattn.configs import base_config
+    from idattn.models import apply_mixer_name
+    from idattn.models.spec import layer_specs, mixer_core, mixer_delta, model_label, parse_mixer, spec_from_config
+    assert mixer_delta("interdomain-delta") == ("interdomain", 1.0)
+    assert mixer_delta("interdomain-selective-delta2") == ("interdomain-selective", 2.0)
+    assert mixer_delta("interdomain-selective") == ("interdomain-selective", 0.0)
+    assert mixer_core("dualkv-query-norope-selective+phase-delta2") == ("dualkv-query-norope", "selective+phase")
+    assert parse_mixer("generic-query-rope-delta") == ("interdomain", "generic", "query", True)
+    spec = spec_from_config(apply_mixer_name(base_config().model, "interdomain-selective-delta2"))
+    assert (spec.core, spec.delta_scale) == ("selective", 2.0)
+    assert spec_from_config(apply_mixer_name(base_config().model, "interdomain")).delta_scale == 0.0
+    for bad, match in (("softmax-delta", "delta suffix applies to query-readout"),
+                       ("s4d_only-delta", "a query-readout S4D cell for the delta update")):
+        with pytest.raises(ValueError, match=match):
+            spec_from_config(apply_mixer_name(base_config().model, bad))
+    theory = apply_mixer_name(base_config().model, "interdomain-delta")
+    theory.theory = True
+    with pytest.raises(ValueError, match="a query-readout S4D cell for the delta update"):
+        spec_from_config(theory)
+    cfg = apply_mixer_name(base_config().model, "interdomain-delta")
+    with pytest.raises(ValueError, match="model.delta_scale"):
+        spec_from_config(dict(cfg.to_dict(), delta_scale=2.0))
+    assert spec_from_config(dict(cfg.to_dict(), delta_scale=1.0)).delta_scale == 1.0  # a saved spec's value
+    hyb = base_config().model
+    hyb.update(num_layers=4, layer_pattern="interdomain-delta2,interdomain,interdomain-selective-delta,softmax")
+    got = [(ls.mixer, ls.core, ls.delta_scale) for ls in layer_specs(spec_from_config(hyb))]
+    assert got == [("interdomain-delta2", "lti", 2.0), ("interdomain", "lti", 0.0),
+                   ("interdomain-selective-delta", "selective", 1.0), ("softmax", "lti", 0.0)]
+    assert model_label(hyb) == "hybrid[interdomain-delta2,interdomain,interdomain-selective-delta,softmax]"
+
+
+def test_delta_counts_match_the_module():
+    """The closed-form count equals the module's eval_shape count (125M: the homogeneous model and a hybrid), and
+    the delta update adds exactly W_β (d·H) per layer that has it, written here from docs/model.md; the FLOP count
+    adds 3LR + 5LM + 4MR per token-head."""
+    from idattn import models
+    from idattn.configs import scaling
+    from idattn.models.counting import mixer_macs_per_token_head
+    lti, cfg = scaling.get_config("interdomain,125m").model, scaling.get_config("interdomain-delta2,125m").model
+    for c in (lti, cfg):
+        c.impl = "chunked"
+    n = models.count_params(cfg)
+    assert n == models.count_params_closed(cfg)
+    d, L, H = cfg.d_model, cfg.num_layers, cfg.num_heads
+    assert n - models.count_params(lti) == L * d * H
+    hyb = scaling.get_config("interdomain,125m").model
+    hyb.update(impl="chunked", layer_pattern="interdomain-selective-delta,interdomain,interdomain,softmax")
+    plain = scaling.get_config("interdomain,125m").model
+    plain.update(impl="chunked", layer_pattern="interdomain-selective,interdomain,interdomain,softmax")
+    assert models.count_params(hyb) == models.count_params_closed(hyb)
+    assert models.count_params(hyb) - models.count_params(plain) == (L // 4) * d * H
+    r = m = lch = 64
+    assert mixer_macs_per_token_head(cfg, 4096) - mixer_macs_per_token_head(lti, 4096) == \
+        3 * lch * r + 5 * lch * m + 4 * m * r
+
+
+def test_delta_export_roundtrip_and_the_hf_refusal(tmp_path):
+    """idattn's own export writes W_β like every layer tensor and the config keeps the mixer and s; the Hugging
+    Face export (whose PyTorch port has no erase) refuses in one line."""
+    from idattn.export.hf import export_hf
+    from idattn.models import export as ex
+    from idattn.models.spec import spec_from_config
+    from tests.test_export import _cfg, _random_params
+    cfg = _cfg("interdomain-selective-delta2")
+    params = _random_params(cfg, seed=3)
+    assert any("w_beta" in jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+    ex.export(params, cfg, str(tmp_path / "own"))
+    cfg_back, back = ex.import_export(str(tmp_path / "own"))
+    spec = spec_from_config(cfg_back)
+    assert (spec.mixer, spec.core, spec.delta_scale) == ("interdomain-selective-delta2", "selective", 2.0)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), params, back)
+    with pytest.raises(ValueError, match="delta update .* has no PyTorch port"):
+        export_hf(params, cfg, str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("mixer", ["interdomain-delta2", pytest.param("interdomain-selective-delta", marks=pytest.mark.slow),
+                                   pytest.param("dualkv-query-norope-selective+phase-delta2", marks=pytest.mark.slow)])
+def test_tiny_delta_model_decodes_packs_and_trains(mixer):
+    """The full model with the delta update (chunked, L = 8 over T = 10): token-by-token decoding and a prefill
+    chunk then steps equal the forward (≤ 1e-4 of the logit scale), a packed document is blind to the one before
+    it, gradients are finite (non-zero for W_β) and four Adam steps lower the loss (tests/test_model.py's
+    checks). One in the default suite, the selective cores under -m slow."""
+    from idattn.models import build_model, decoding
+    from idattn.models.spec import spec_from_config
+    from tests.test_model import T as TT, _batch, _check_fn, _init, _train_fn, small_cfg
+
+    cfg = small_cfg(mixer, impl="chunked")
+    assert spec_from_config(cfg).delta_scale == (2.0 if mixer.endswith("delta2") else 1.0)
+    model = build_model(cfg)
+    params = _init(model)
+    packed, seg, single = _batch()
+    packed_logits, full, dec = map(np.asarray, _check_fn(model)(params, packed, seg, single))
+    scale = np.max(np.abs(full))
+    assert np.max(np.abs(dec - full)) <= 1e-4 * scale
+    b0, b1 = packed_logits[0, 4:], packed_logits[1, 4:]
+    assert np.max(np.abs(b0 - b1)) <= 1e-5 * np.max(np.abs(b0))
+
+    @jax.jit
+    def prefill_then_steps(params, tokens):  # a 6-token prefill chunk from the empty cache, then one token a step
+        cache = decoding.init_cache(model, 1, TT)
+        first, cache = model.apply({"params": params}, tokens[:, :6], cache=cache)
+
+        def step(cache, tok):
+            logits, cache = model.apply({"params": params}, tok[:, None], cache=cache)
+            return cache, logits[0, -1]
+        _, rest = jax.lax.scan(step, cache, tokens[:, 6:].T)
+        return jnp.concatenate([first[0], rest], 0)
+    pre = np.asarray(prefill_then_steps(params, single))
+    assert np.max(np.abs(pre - full)) <= 1e-4 * scale
+    g0, losses = _train_fn(model, jnp.concatenate([packed, single], 0))(params)
+    losses = np.asarray(losses)
+    print(f"\n{mixer}: losses {np.round(losses, 4).tolist()}")
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0] - 1e-3
+    flat = {jax.tree_util.keystr(p): np.asarray(g) for p, g in jax.tree_util.tree_flatten_with_path(g0)[0]}
+    assert all(np.all(np.isfinite(g)) for g in flat.values())
+    assert any("w_beta" in k and np.abs(g).max() > 0 for k, g in flat.items())
+
+
+@pytest.mark.slow  # ~2-3 min on 2 cores: a tiny-model program on 8 fake devices, three train steps
+def test_delta_model_split_over_the_sequence_equals_one_device_and_trains():
+    """The tiny delta model (chunked) through the trainer's setup: loss and every gradient on a sequence 4 x fsdp 2
+    mesh equal one device (tests/test_sequence_parallel.py's MODEL script and checks), and three train steps lower
+    the loss identically on both."""
+    from tests.test_sequence_parallel import MODEL, _check_model, _run
+    res = _run(MODEL, json.dumps([["interdomain-selective-delta2", "chunked"]]),
+               json.dumps({"seq4xfsdp2": [1, 2, 4, 1]}), "3")
+    print(f"\ndelta model split: {json.dumps(res)[:600]}")
+    assert len(res) == 1
+    _check_model(res, steps=3)

@@ -36,6 +36,12 @@ linear one with a selective core is S4D-only selective, the Mamba-like control):
   linear readout: y = s4d_linear_mix([k̃ | ṽ], lam_t, b_t, c_h), then as the LTI linear readout (S4D-only selective)
 The state (Xk, Xv) and the decoding cache are the LTI layer's: the state size per layer is unchanged.
 
+Delta update (`delta_scale` s > 0; query readout, either core; docs/model.md "Delta core"):
+  β_t = s·σ(x_t·W_β) ∈ (0, s)^H             (W_β [d, H] normal(init_std): β ≈ s/2 at init)
+  Xk_t = (lam_t ⊙ Xk_{t−1}) (I − β_t k̂_t k̂_tᵀ) + b_t ⊗ k̃_t,  k̂ = k̃/‖k̃‖   (o = interdomain_mix(..., beta=β))
+s = 1 erases a repeated key's old content (β ≤ 1); s = 2 also reflects it (β ∈ (0, 2): negative eigenvalues).
+The state and the decoding cache are unchanged.
+
 Theory mode (`theory=True`, dualkv + query only): the dense real HiPPO-LegS basis with the Nadaraya-Watson
 denominator, `idattn.ops.theory.legs_interdomain(elu(q)+1, elu(k)+1, v, M)`; it has no SSM parameters.
 
@@ -88,6 +94,7 @@ class InterdomainMixer(nn.Module):
       use_rope: RoPE on the key-side input (and the query). output_gate: o <- σ(W_g x) ⊙ o.
       linear_contraction: the linear readout's c_h, "mean" (default) or "sum" over the modes of C_h.
       core: "lti" (one Λ per head and mode), "selective" (per-token Δ_t), "selective+phase" (and θ_t).
+      delta_scale: s of the delta update's β_t = s·σ(x_t·W_β) (module docstring); 0 = no erase.
       conj: the readout uses the conjugate-symmetric real part (idattn.ops.interdomain).
       theory: the paper's dense HiPPO-LegS derivation instead of S4D (dualkv + query; no decoding).
       s4d_init, kappa, dt_min, dt_max: A's initialisation, the bound Re(Δ·A) ≥ −κ, the log-uniform Δ range.
@@ -105,6 +112,7 @@ class InterdomainMixer(nn.Module):
     output_gate: bool = False
     linear_contraction: str = "mean"  # linear readout: c_h = mean (default) or sum over the modes of C_h
     core: str = "lti"  # lti | selective | selective+phase (module docstring, "Selective core")
+    delta_scale: float = 0.0  # the delta update's s (module docstring, "Delta update"); 0 = none
     conj: bool = True
     theory: bool = False
     s4d_init: str = "inv"
@@ -193,6 +201,14 @@ class InterdomainMixer(nn.Module):
         lam = jax.lax.complex(mag * jnp.cos(phase), mag * jnp.sin(phase))
         return lam, b, c
 
+    def erase_strength(self, x):
+        """The delta update's β_t = s·σ(x_t·W_β) [B, T, H] float32 (module docstring), or None without one."""
+        if not self.delta_scale:
+            return None
+        w = Dense((self.d_model,), (self.num_heads,), ("embed", "heads"), self.init_std, dtype=self.dtype,
+                  param_dtype=self.param_dtype, out_fp32=True, name="w_beta")(x)
+        return self.delta_scale * jax.nn.sigmoid(w)
+
     @property
     def op_core(self) -> str:
         """The operators' core (idattn.ops.interdomain.CORES): "lti", or "selective" for either selective core."""
@@ -220,6 +236,10 @@ class InterdomainMixer(nn.Module):
             raise ValueError(f"model.input: got {self.input!r}; expected one of {INPUTS}")
         if self.readout not in READOUTS:
             raise ValueError(f"model.readout: got {self.readout!r}; expected one of {READOUTS}")
+        if self.delta_scale and (self.readout != "query" or self.theory):
+            raise ValueError(f"delta_scale={self.delta_scale} needs the query readout of an S4D cell: the delta "
+                             f"update erases on the key state the query reads (readout={self.readout!r}, "
+                             f"theory={self.theory})")
         h, dh = self.num_heads, self.head_dim
         bsz, t = x.shape[:2]
         new_cache = {} if cache is not None else None
@@ -261,21 +281,24 @@ class InterdomainMixer(nn.Module):
             return self._output(x, o.reshape(bsz, t, -1)), new_cache
 
         fq, zk, zv = heads(fq), heads(zk), heads(zv)
+        beta = self.erase_strength(x)  # [B, T, H] or None
+        # The delta update has no kernel: "auto" runs the chunked form (the operator refuses "pallas" with beta).
+        impl = "chunked" if beta is not None and self.impl == "pallas" else self.impl
         if cache is None:  # a mesh axis that splits the length passes states between shards (ops/sequence.py)
-            o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
+            o = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=impl,
                                          chunk_size=self.chunk_size, segment_ids=segment_ids, out_dtype=self.dtype,
-                                         core=self.op_core)
+                                         core=self.op_core, beta=beta)
         elif t == 1:
             lam_t, b_t = (lam, b) if self.op_core == "lti" else (lam[:, 0], b[:, 0])  # this token's [B, H, M]
             o_t, (xk, xv) = interdomain_step((cache["xk"], cache["xv"]), fq[:, 0], zk[:, 0], zv[:, 0], lam_t, b_t, c,
-                                             conj=self.conj)
+                                             conj=self.conj, beta=None if beta is None else beta[:, 0])
             o = o_t[:, None].astype(self.dtype)
             new_cache["xk"], new_cache["xv"] = xk, xv
         else:  # a prefill chunk; split over the sequence axis when a mesh in context splits its length
-            o, (xk, xv) = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=self.impl,
+            o, (xk, xv) = interdomain_mix_sequence(fq, zk, zv, lam, b, c, conj=self.conj, impl=impl,
                                                    chunk_size=self.chunk_size,
                                                    initial_state=(cache["xk"], cache["xv"]), return_state=True,
-                                                   out_dtype=self.dtype, core=self.op_core)
+                                                   out_dtype=self.dtype, core=self.op_core, beta=beta)
             new_cache["xk"], new_cache["xv"] = xk, xv
         return self._output(x, o.reshape(bsz, t, h * dh)), new_cache
 

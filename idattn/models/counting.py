@@ -60,6 +60,8 @@ def _mixer_counts(s: ModelSpec) -> dict[str, int]:
                 out["selective W_theta"] = d * m
         out["S4D B (re, im)"] = 2 * h * m
         out["S4D C (re, im)"] = 2 * h * m * m
+        if s.delta_scale:  # the delta update's erase strength β_t = s·σ(x_t·W_β) (docs/model.md, Delta core)
+            out["delta W_beta"] = d * h
     return out
 
 
@@ -155,6 +157,9 @@ def differences(model_cfg: Any) -> list[tuple[str, int]]:
             items.append((f"selective core ({s.core}): Re A tied within a head (H instead of H·M) and the "
                           "projection W_dt (d·H)" + (" and W_theta (d·M)" if s.core == "selective+phase" else ""),
                           n * (h - h * m + d * h + (d * m if s.core == "selective+phase" else 0))))
+        if s.delta_scale:  # beyond the paper (docs/model.md, Delta core)
+            items.append((f"delta update (s = {s.delta_scale:g}): the erase strength's projection W_beta (d·H)",
+                          n * d * h))
     else:
         items.append(("theory mode: fixed LegS basis, no N+beta and no S4D parameters",
                       -n * (h * (2 * m * m + 2 * m + 1 + 4 * dh) + (r + dh))))
@@ -204,13 +209,15 @@ def state_budget(model_cfg: Any) -> int:
 
 
 def mixer_macs_per_token_head(model_cfg: Any, seq_len: int) -> float:
-    """The operator's cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length);
-    the linear readout (a convolution per chunk plus the carried state): L(R+D) + 4M(R+D)."""
+    """The operator's cost: L(R+D) + 4M(L+R+D) + 4M² real MACs per token-head (L: chunk length), plus
+    3LR + 5LM + 4MR with the delta update; the linear readout (a convolution per chunk plus the carried state):
+    L(R+D) + 4M(R+D)."""
     s = spec_from_config(model_cfg)
     lch, r, dd, m = min(s.chunk_size, seq_len), s.head_dim, s.head_dim, s.num_modes
     if s.readout == "linear":
         return lch * (r + dd) + 4 * m * (r + dd)
-    return lch * (r + dd) + 4 * m * (lch + r + dd) + 4 * m * m
+    delta = 3 * lch * r + 5 * lch * m + 4 * m * r if s.delta_scale else 0
+    return lch * (r + dd) + 4 * m * (lch + r + dd) + 4 * m * m + delta
 
 
 def flops_per_token(model_cfg: Any, seq_len: int) -> float:

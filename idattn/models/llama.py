@@ -53,7 +53,7 @@ def make_mixer(spec: ModelSpec, name: str = "mixer") -> nn.Module:
                             conj=spec.conj, theory=spec.theory, s4d_init=spec.s4d_init,
                             kappa=spec.kappa, dt_min=spec.dt_min, dt_max=spec.dt_max, short_conv=spec.short_conv,
                             impl=spec.impl, chunk_size=spec.chunk_size, norm_eps=spec.norm_eps, core=spec.core,
-                            **common)
+                            delta_scale=spec.delta_scale, **common)
 
 
 RESIDUAL_AXES = ("batch", "length", "act_embed")

@@ -14,6 +14,10 @@ Mixer names (`model.mixer`):
                                selective+phase} (per-token Δ_t, and Mamba-3's rotation θ_t); no suffix = lti
                                (time invariant); e.g. interdomain-selective, dualkv-query-norope-selective+phase
                                (idattn.layers.interdomain, docs/model.md "Selective core")
+  <query-readout name>-delta   the delta update on the key state (erase before write, β_t = s·σ(x_t·w_β)),
+  <query-readout name>-delta2  after any core suffix: s = 1 (-delta) or s = 2 (-delta2, β ∈ (0, 2): negative
+                               eigenvalues); e.g. interdomain-delta, interdomain-selective-delta2
+                               (`mixer_delta`; docs/model.md "Delta core")
 The name is the single source of truth: `model.input`, `model.readout` and `model.rope` must agree with it
 (`apply_mixer_name` fills them); a disagreement is an error rather than a silently different model.
 
@@ -39,6 +43,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 IMPLS = ("auto", "chunked", "sequential", "associative", "pallas")
 # How the linear readout contracts the M modes of C_h into c_h (docs/model.md): mean (default) or sum.
 LINEAR_CONTRACTIONS = ("mean", "sum")
+# The delta update's mixer-name suffixes and the scale s of β_t = s·σ(x_t·w_β) each chooses (docs/model.md).
+DELTA_SUFFIXES = {"delta": 1.0, "delta2": 2.0}
 
 
 def cube_cells() -> list[str]:
@@ -46,9 +52,20 @@ def cube_cells() -> list[str]:
     return [f"{i}-{r}-{p}" for i in INPUTS for r in READOUTS for p in ("rope", "norope")]
 
 
+def mixer_delta(name: str) -> tuple[str, float]:
+    """name -> (the name without its delta suffix, the scale s of β_t = s·σ(x_t·w_β)): "interdomain-delta2" ->
+    ("interdomain", 2.0); a name without a delta suffix has s = 0 (no erase)."""
+    base, _, last = str(name).rpartition("-")
+    if base and last in DELTA_SUFFIXES:
+        return base, DELTA_SUFFIXES[last]
+    return str(name), 0.0
+
+
 def mixer_core(name: str) -> tuple[str, str]:
-    """name -> (the name without its core suffix, core): "interdomain-selective" -> ("interdomain", "selective");
-    a name without a suffix has core "lti"."""
+    """name -> (the name without its core and delta suffixes, core): "interdomain-selective" -> ("interdomain",
+    "selective"), "interdomain-selective-delta" -> ("interdomain", "selective"); a name without a core suffix has
+    core "lti"."""
+    name = mixer_delta(name)[0]
     base, _, last = str(name).rpartition("-")
     if base and last in CORES and last != "lti":
         return base, last
@@ -58,9 +75,13 @@ def mixer_core(name: str) -> tuple[str, str]:
 def parse_mixer(name: str) -> tuple[str, str | None, str | None, bool | None]:
     """name -> (family, input, readout, rope); family ∈ {softmax, swa, interdomain}. A core suffix
     (`mixer_core`) is read by `mixer_core` and ignored here."""
+    full = name
     name, core = mixer_core(name)
     if core != "lti" and name in ATTENTION_FAMILIES:
         raise ValueError(f"model.mixer: got {name}-{core!r}; the core suffix applies to Interdomain mixers only")
+    if mixer_delta(full)[1] and name in ATTENTION_FAMILIES:
+        raise ValueError(f"model.mixer: got {full!r}; the delta suffix applies to query-readout Interdomain mixers "
+                         f"only")
     if name in ATTENTION_FAMILIES:
         return name, None, None, None
     if name in ALIASES:
@@ -118,6 +139,7 @@ class ModelSpec:
     layer_pattern: tuple = ()  # () = homogeneous (every layer `mixer`); else the mixer names of one group (hybrid)
     window: int = 0  # swa layers: attend to the last `window` tokens (the current one included)
     core: str = "lti"  # lti | selective | selective+phase: from the mixer name's suffix (`mixer_core`)
+    delta_scale: float = 0.0  # s of the delta update's β_t = s·σ(x_t·w_β); 0 = none (`mixer_delta`)
 
     @property
     def out_std(self) -> float:
@@ -204,7 +226,8 @@ def spec_from_config(model_cfg: Any) -> ModelSpec:
         chunk_size=g("chunk_size", 64), norm_eps=float(g("norm_eps", 1e-5)), init_std=float(g("init_std", 0.02)),
         dtype=g("dtype", "bfloat16"), param_dtype=g("param_dtype", "float32"),
         scan_layers=bool(g("scan_layers", True)), remat=g("remat", "full"), attn_impl=g("attn_impl", "auto"),
-        window=window, core=_core_of(mixer, g("core", None), readout, theory))
+        window=window, core=_core_of(mixer, g("core", None), readout, theory),
+        delta_scale=_delta_of(mixer, g("delta_scale", None), readout, theory))
     if not pattern:
         return base
     if len(set(pattern)) == 1:  # one type: exactly the homogeneous model of that mixer (same tree, same loss)
@@ -252,7 +275,8 @@ def _layer_spec(base: ModelSpec, name: str) -> ModelSpec:
     if family in ATTENTION_FAMILIES:  # unused by attention; base_config's values, as a softmax config has them
         inp, readout, use_rope = "dualkv", "query", True
     return base.replace(mixer=name, family=family, input=inp, readout=readout, rope=bool(use_rope), layer_pattern=(),
-                        core=_core_of(name, None, readout, base.theory))
+                        core=_core_of(name, None, readout, base.theory),
+                        delta_scale=_delta_of(name, None, readout, base.theory))
 
 
 def _core_of(name: str, configured, readout, theory) -> str:
@@ -268,6 +292,22 @@ def _core_of(name: str, configured, readout, theory) -> str:
         raise _err("mixer", name, "an S4D cell for a selective core (the theory mode's LegS basis has no selective "
                    "form)", "Use e.g. interdomain-selective or s4d_only-selective.")
     return core
+
+
+def _delta_of(name: str, configured, readout, theory) -> float:
+    """The delta update's scale s of mixer `name` (its suffix; 0 = none), checked against `model.delta_scale`
+    when a config sets it (a saved spec does), and against the readout: the erase acts on the key state that a
+    query reads, so the linear readout and the theory mode have none."""
+    scale = mixer_delta(name)[1]
+    if configured is not None and float(configured) != scale:
+        raise _err("delta_scale", configured, f"{scale!r} for mixer {name!r}",
+                   "The delta update is the mixer name's suffix: -delta (s = 1) or -delta2 (s = 2), e.g. "
+                   "--config.model.mixer=interdomain-delta.")
+    if scale and (readout != "query" or theory):
+        raise _err("mixer", name, "a query-readout S4D cell for the delta update (it erases on the key state the "
+                   "query reads; the linear readout and the theory mode have no delta form)",
+                   "Use e.g. interdomain-delta or dualkv-query-norope-selective-delta2.")
+    return scale
 
 
 def layer_specs(spec: ModelSpec) -> tuple[ModelSpec, ...]:
