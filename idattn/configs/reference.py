@@ -36,7 +36,8 @@ DESCRIPTIONS = {
     "model.head_dim": "Width d_h per head (also the Interdomain feature width R).",
     "model.ffn_dim": "Hidden width of the SwiGLU MLP.",
     "model.mixer": "Token mixer: softmax | swa | interdomain | s4d_only | a cube cell <input>-<readout>-<rope>, "
-                   "optionally with a core suffix -selective / -selective+phase.",
+                   "optionally with a core suffix -selective / -selective+phase and, for the query readout, a "
+                   "delta suffix -delta / -delta2 after it (the erase's scale s = 1 / 2).",
     "model.layer_pattern": "Hybrid stack: comma-separated mixer names repeated to the depth ('' = every layer is "
                            "`mixer`).",
     "model.window": "Tokens a `swa` (sliding-window attention) layer sees, itself included.",
