@@ -106,6 +106,30 @@ def test_matches_float64_reference(core, impl, chunk, conj, with_c):
     assert err <= 1e-10 and serr <= 1e-10
 
 
+@pytest.mark.slow  # ~1-2 min: a 2048-token NumPy loop per case
+@pytest.mark.parametrize("core", CORES)
+def test_float32_long_sequence(core):
+    """float32 chunked (L = 16 and 64) at T = 2048, M = R = D = 16, two documents, against the float64 loop:
+    β ~ U[0, 2), and the hard case of near-parallel keys with β ∈ [1.9, 2) (reflections that nearly cancel):
+    ≤ 1e-4 (measured ≤ 1.6e-6)."""
+    x = make_delta(core, bsz=1, t=2048, h=2, r=16, d=16, m=16, seed=3)
+    seg = np.repeat(np.array([[1, 2]]), 1024, axis=1)
+    rng = np.random.default_rng(0)
+    hard_beta = 1.9 + 0.1 * rng.random(x["beta"].shape)
+    hard_zk = (np.ones(16) + 0.05 * rng.normal(size=x["zk"].shape)) / 4
+    f32 = lambda a: np.asarray(a, np.float32)  # noqa: E731
+    mix = {chunk: jax.jit(lambda fq, zk, zv, lam, b, c, beta, chunk=chunk: interdomain_mix(
+        fq, zk, zv, lam, b, c, impl="chunked", chunk_size=chunk, segment_ids=seg, beta=beta)) for chunk in (16, 64)}
+    for beta, zk in ((x["beta"], x["zk"]), (hard_beta, hard_zk)):
+        ref, _ = ref_delta(x["fq"], zk, x["zv"], x["lam"], x["b"], beta, x["c"], True, seg)
+        for chunk, f in mix.items():
+            o = f(f32(x["fq"]), f32(zk), f32(x["zv"]), x["lam"].astype(np.complex64), x["b"].astype(np.complex64),
+                  x["c"].astype(np.complex64), f32(beta))
+            err = rel_err(o, ref)
+            print(f"\ndelta {core} float32 T=2048 L={chunk}: {err:.2e}")
+            assert o.dtype == np.float32 and err <= 1e-4
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Gradients: chunked against sequential (every input, β included), sequential against the NumPy loop
 # ---------------------------------------------------------------------------------------------------------------
