@@ -409,18 +409,86 @@ def _mode_block_loop(nmb, phase2, store_acc):
     lax.fori_loop(0, nmb, body, 0)
 
 
+class _Fold:
+    """A sink for one chunk's raw parameter cotangents of one mode block that folds each piece into a flat Acc
+    as soon as it is given (its [L, mb] tile then dies at once: registers), with the block's tables tb:
+
+        yx  keep·Σ_n Y∘conj(X) [mb]             -> dlamL
+        de  dPe = em·(Z·Yᵀ) [L, mb]             -> s_log += conj(b·lam^mu)·Σ e_e·conj(sp)·dPe, s_b likewise
+        ds  dPs [L, mb]                         -> s_log += conj(b)·Σ e_s·conj(sp)·dPs, s_b likewise
+        h   the pt-family term before its table -> s_log += Σ_i conj(pt_i)·h_i
+
+    Every fold is linear in its piece and the tables are the same in every chunk of an LTI head, so the pieces
+    may equally be summed over chunks first and folded once (_Carry, then fold_raw)."""
+
+    def __init__(self, tb, length, mb):
+        self.tb, self.acc = tb, Acc.zeros(mb, flat=True)
+        _, _, self.e_s, self.e_e = exponents(length)
+
+    def yx(self, c):
+        self.acc = _fold_yx(self.acc, c, None)
+
+    def de(self, t):
+        self.acc = _fold_sp_rows(self.acc, self.tb, None, _pe_rows(self.tb, t, self.e_e))
+
+    def ds(self, t):
+        self.acc = _fold_sp_rows(self.acc, self.tb, _ps_rows(self.tb, t, self.e_s))
+
+    def h(self, t):
+        ur, ui = cmul_conj(t[0], t[1], self.tb.pt[0], self.tb.pt[1])
+        self.acc = _fold_sp_rows(self.acc, self.tb, a_rows=(jnp.sum(ur, axis=0), jnp.sum(ui, axis=0)))
+
+
+RAW = ("h", "ds", "de", "yx")  # the raw pieces, in the order of a program's raw sums (each a pair of planes)
+
+
+class _Carry:
+    """A sink that adds the pieces to the program's running raw sums (a loop carry: RAW's order, flat)."""
+
+    def __init__(self, raw):
+        self.raw = list(raw)
+
+    def _add(self, k, t):
+        i = 2 * RAW.index(k)
+        self.raw[i], self.raw[i + 1] = self.raw[i] + t[0], self.raw[i + 1] + t[1]
+
+    def __getattr__(self, k):
+        if k not in RAW:
+            raise AttributeError(k)
+        return lambda t: self._add(k, t)
+
+
+def fold_raw(raw, tb, length):
+    """The flat Acc from raw sums (RAW's order, flat: h, ds, de as [L, mb] planes, yx as [mb] planes), summed
+    over any number of chunks of one head: _Fold applied to each piece. XLA runs it once per head on the
+    programs' sums (gpu._fold_raw_sums)."""
+    f = _Fold(tb, length, raw[0].shape[-1])
+    for i, k in enumerate(RAW):
+        getattr(f, k)((raw[2 * i], raw[2 * i + 1]))
+    return f.acc
+
+
 def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
-    """The parameter epilogue of o_bwd_modes / p_bwd_modes. phase2(m) gives mode block m's raw cotangent tiles
-    (``fold_raw``'s input: nothing reduced over the chunk's rows yet). With one mode block and ``raw`` (the
-    running sums over the program's chunks, a loop carry) they are added to it and returned: the tables are the
-    same in every chunk of an LTI head, so ``fold_raw`` runs once per program, after the chunk loop, instead of
-    once per chunk (its row reductions - shuffles and barriers - were ~60% of the backward kernels'
-    instructions). Otherwise each block is folded at once and handed to store_acc (a flat Acc per chunk)."""
+    """The parameter epilogue of o_bwd_modes / p_bwd_modes; phase2(m, sink) hands mode block m's raw pieces to
+    the sink as it forms them. With one mode block and ``raw`` (the running sums over the program's chunks, a
+    loop carry) they are added to it and the new sums returned: fold_raw then runs once per program, after the
+    chunk loop, instead of once per chunk (its row reductions - shuffles and barriers - were ~60% of the
+    backward kernels' instructions). Otherwise each block is folded as it goes (_Fold) and handed to
+    store_acc (a flat Acc per chunk)."""
     if raw is not None:
         if nmb != 1:
             raise ValueError(f"raw parameter sums need one mode block (got {nmb})")
-        return tuple(a + b for a, b in zip(raw, phase2(0)))
-    _mode_block_loop(nmb, lambda m: fold_raw(phase2(m), tabs(m), length), store_acc)
+        sink = _Carry(raw)
+        phase2(0, sink)
+        return tuple(sink.raw)
+
+    def folded(m):
+        tb = tabs(m)
+        sink = _Fold(tb, length, tb.pt[0].shape[-1])
+        phase2(m, sink)
+        return sink.acc
+
+    _mode_block_loop(nmb, folded, store_acc)
     return None
 
 
@@ -461,14 +529,17 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     del a
     da = jnp.where(mk.mk, da, 0.0)
 
-    def phase2(m):
+    def phase2(m, sink):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
         tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
         ti = -ti  # dO·conj(X)ᵀ
+        sink.yx(_keep(cr, ci, mk.keep))
+        sink.de((_rowmask(yr, mk.em), _rowmask(yi, mk.em)))                               # dPe = em·(ZV·Yᵀ)
+        del yr, yi
         wv = w(m)
         qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
-        d_ps = (dot.tn(da, qr), -dot.tn(da, qi))                                           # dPs = dAᵀ·conj(Q)
+        sink.ds((dot.tn(da, qr), -dot.tn(da, qi)))                                         # dPs = dAᵀ·conj(Q)
         del qr, qi
         dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
         tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
@@ -476,9 +547,8 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         u = tb.pt
         store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
         wv = w(m)
-        # dPt = dq∘conj(w), dPin = t∘conj(w): their s_log part is Σ_i conj(pt_i)·h_i (fold_raw) with
-        h = cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1])
-        return _raw_tiles(h, d_ps, (yr, yi), (cr, ci), mk)
+        # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
+        sink.h(cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1]))
 
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 
@@ -518,51 +588,26 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     del dg, dfr, dfi
     g = jnp.where(mk.mk, g, 0.0)
 
-    def phase2(m):
+    def phase2(m, sink):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
         fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
+        sink.yx(_keep(cr, ci, mk.keep))
+        sink.de((_rowmask(yr, mk.em), _rowmask(yi, mk.em)))                               # dPe = em·(ZK·Yᵀ)
+        del yr, yi
         dv = dp(m)
         u = tb.pt
         der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])
-        d_ps = (dot.tn(g, der), dot.tn(g, dei))                                            # dPs = Gᵀ·(dp∘conj(pt))
+        sink.ds((dot.tn(g, der), dot.tn(g, dei)))                                          # dPs = Gᵀ·(dp∘conj(pt))
         del der, dei
         er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
         tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
         del er, ei
         dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
-        h = (e_t * tr + e_in * zr, e_t * ti + e_in * zi)
-        return _raw_tiles(h, d_ps, (yr, yi), (cr, ci), mk)
+        sink.h((e_t * tr + e_in * zr, e_t * ti + e_in * zi))
 
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
-
-
-def _raw_tiles(h, d_ps, zy, yx, mk: Masks):
-    """One chunk's raw parameter cotangents of a mode block, masked (fold_raw's input)."""
-    d_pe = (_rowmask(zy[0], mk.em), _rowmask(zy[1], mk.em))  # dPe = em·(Z·Yᵀ)
-    cr, ci = yx
-    if mk.keep is not None:
-        cr, ci = cr * mk.keep, ci * mk.keep
-    return (h[0], h[1], d_ps[0], d_ps[1], d_pe[0], d_pe[1], cr, ci)
-
-
-def fold_raw(raw, tb, length):
-    """The parameter sums (a flat Acc) from raw cotangent tiles, each summed over any number of chunks of one
-    head (the tables are the same in every chunk of an LTI head, and everything below is linear in the tiles):
-
-        raw = (h [L, mb] planes: the pt-family part before its table, dPs, dPe [L, mb] planes, and
-               keep·Σ_n Y∘conj(X) [mb] planes)
-        s_log = Σ_i conj(pt_i)·h_i + conj(b)·(Σ_i e_s·conj(sp_i)·dPs_i + conj(lam^mu)·Σ_i e_e·conj(sp_i)·dPe_i)
-        s_b   = Σ_i conj(sp_i)·dPs_i + conj(lam^mu)·Σ_i conj(sp_i)·dPe_i,     dlamL = the last pair.
-
-    Runs in the kernels (per chunk, several mode blocks) or in XLA (once, on a program's sums)."""
-    _, _, e_s, e_e = exponents(length)
-    hr, hi, sr, si, er, ei, cr, ci = raw
-    acc = _fold_yx(Acc.zeros(hr.shape[-1], flat=True), (cr, ci), None)
-    acc = _fold_sp_rows(acc, tb, _ps_rows(tb, (sr, si), e_s), _pe_rows(tb, (er, ei), e_e))
-    ur, ui = cmul_conj(hr, hi, tb.pt[0], tb.pt[1])
-    return _fold_sp_rows(acc, tb, a_rows=(jnp.sum(ur, axis=0), jnp.sum(ui, axis=0)))
 
 
 # The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam
