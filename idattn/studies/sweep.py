@@ -46,7 +46,10 @@ it reports it "running elsewhere", not failed, and it does not make the sweep's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
+import importlib
+import io
 import json
 import os
 import shlex
@@ -55,23 +58,13 @@ import sys
 import time
 from typing import Any
 
-
 from idattn import atomic
 from idattn.configs.runs import load_sweep
+from idattn.rundir import layout
+from idattn.train import lease as lease_lib, optim
 
 STATE_FILE = "sweep_state.json"
 MANIFEST = "sweep.json"
-
-
-# ------------------------------------------------------------------------------------------------ sweep files
-
-
-
-
-
-
-
-
 
 
 # ---------------------------------------------------------------------------------------------- run states
@@ -88,8 +81,6 @@ def run_status(workdir: str) -> dict[str, Any]:
     "done" is idattn.rundir.layout.completion's (the final checkpoint committed, its validation written, best/
     consistent); otherwise `step` is the newest committed checkpoint, the step a rerun resumes from and
     `load_params` loads (metrics.jsonl may run ahead of it: those steps are trained again)."""
-    from idattn.rundir import layout  # the one reader of the run folder
-
     out: dict[str, Any] = {"state": "pending", "step": 0, "num_steps": None, "loss": None, "val_loss": None}
     cfg = _read_json(os.path.join(workdir, "config.json"))
     done = layout.completion(workdir)
@@ -99,7 +90,7 @@ def run_status(workdir: str) -> dict[str, Any]:
         out["loss"] = last.get("loss")
     out["step"] = done["committed"] or 0
     st = _read_json(os.path.join(workdir, STATE_FILE)) or {}
-    holder = lease_holder(workdir) if not done["done"] else None
+    holder = lease_lib.holder_alive(workdir) if not done["done"] else None
     if done["done"]:
         out.update(state="done", val_loss=done["val_loss"], step=done["num_steps"])
     elif holder is not None:  # a live trainer holds the workdir (this sweep's, another sweep's, or by hand)
@@ -115,16 +106,6 @@ def run_status(workdir: str) -> dict[str, Any]:
         out["state"] = "interrupted"
         out["missing"] = done["missing"]
     return out
-
-
-def lease_holder(workdir: str) -> dict | None:
-    """The record of the live trainer holding `workdir`'s lease (train/lease.py's lease.json, judged by
-    `lease.holder_alive`: the holder's pid on this host, else the lease's age against the holder's declared
-    stale_s), or None. A run held by a trainer this sweep did not start (another sweep on the same root, a run
-    started by hand) is "running elsewhere": never started a second time, never reported failed."""
-    from idattn.train import lease as lease_lib
-
-    return lease_lib.holder_alive(workdir)
 
 
 def _alive(pid) -> bool:
@@ -172,8 +153,6 @@ def data_flags(configs, data_path: str, sets: list[str] = ()) -> list[str]:
 
 def wsd_branch_plan(configs, root: str) -> tuple[list, dict[str, list[str]]]:
     """(configs with each trunk before its branches, {run name: extra trainer flags}) for --wsd_branches."""
-    from idattn.train import optim
-
     groups: dict[tuple, list] = {}
     for c in configs:
         model = json.dumps(c.model.to_dict(), sort_keys=True, default=str)
@@ -255,7 +234,7 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
     for i, (c, wd, st, action) in enumerate(todo):
         cmd = [python, "-m", "idattn.train", *train_args(sweep_file, c.sweep.name, root,
                                                          extra + per_run.get(c.sweep.name, []))]
-        holder = lease_holder(wd)  # taken since the plan was printed (another sweep got there first)
+        holder = lease_lib.holder_alive(wd)  # taken since the plan was printed (another sweep got there first)
         if holder is not None:
             elsewhere.append(c.sweep.name)
             skipped += 1
@@ -279,7 +258,7 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
                 _write_state(wd, state="interrupted", rc=proc.returncode)
                 raise
         st = run_status(wd) if rc == 0 else {}
-        holder = lease_holder(wd) if rc != 0 else None
+        holder = lease_lib.holder_alive(wd) if rc != 0 else None
         if holder is not None and str(holder.get("pid")) != str(proc.pid):
             # refused because another trainer took the workdir between our check and the start: not a failure
             elsewhere.append(c.sweep.name)
@@ -306,7 +285,8 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
 
 
 def _launch_module(name: str):
-    import importlib
+    """idattn.launch.<name>, looked up when a launcher runs: the launchers sit above the studies (the rooms of
+    docs/architecture.md), so this module names them rather than importing them."""
     return importlib.import_module(f"idattn.launch.{name}")
 
 
@@ -319,9 +299,6 @@ def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max
     argv = [*launcher_args, f"--sbatch={array}", "--dry_run", "--no_check", "--",
             *train_args(sweep_file, "RUN_NAME", root, extra)]
     # parse with launch/slurm.py's own parser by calling its main in dry-run mode and capturing the script
-    import contextlib
-    import io
-
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         rc = slurm.main(argv)
@@ -430,11 +407,7 @@ def status(root: str, sweep_file: str = "") -> list[dict[str, Any]]:
         man = _read_json(os.path.join(root, MANIFEST)) or {}
         names = man.get("runs") or sorted(os.path.basename(os.path.dirname(p))
                                           for p in glob.glob(os.path.join(root, "*", "config.json")))
-    rows = []
-    for n in names:
-        st = run_status(os.path.join(root, n))
-        rows.append({"name": n, **st})
-    return rows
+    return [{"name": n, **run_status(os.path.join(root, n))} for n in names]
 
 
 def print_status(rows) -> None:
@@ -517,8 +490,7 @@ def main(argv=None) -> int:
         os.makedirs(a.root, exist_ok=True)
         man = {"sweep_file": a.sweep_file, "launcher": a.launcher, "extra_flags": extra,
                "runs": [c.sweep.name for c in load_sweep(a.sweep_file)], "time": time.time()}
-        with open(os.path.join(a.root, MANIFEST), "w") as f:
-            json.dump(man, f, indent=1)
+        atomic.write_json(os.path.join(a.root, MANIFEST), man, indent=1)
     if a.launcher == "local":
         return run_local(a.sweep_file, configs, a.root, extra, dry_run=a.dry_run, python=a.python, per_run=per_run)
     if a.launcher == "slurm":
