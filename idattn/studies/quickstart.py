@@ -42,6 +42,7 @@ from idattn.rundir.layout import config_to_dict
 from idattn.rundir.schema import read_results, write_result
 from idattn.studies.claims import label
 from idattn.studies.code_hash import source_hash, train_code_hash
+from idattn.studies.results import pyplot, save_figure
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
 REQUIRED_GAIN = 0.30
@@ -71,9 +72,7 @@ def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: in
 def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) -> dict[str, str]:
     """The length sweep (what `perplexities` measured: the first `eval_tokens` held-out tokens in rows of L
     tokens), not the trainer's validation perplexity; returns the axis labels and title as drawn."""
-    import matplotlib  # an optional extra: imported only to draw
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         ax.plot(lengths, [r["ppl"][L] for L in lengths], marker="o", label=r["name"])
@@ -88,9 +87,8 @@ def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) ->
     ax.set_title("Quickstart length sweep: tiny models on the KJV corpus")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    atomic.savefig(fig, path, dpi=120)
     labels = {"xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title()}
-    plt.close(fig)
+    save_figure(plt, fig, path, dpi=120)
     return labels
 
 
@@ -141,10 +139,7 @@ def claim_run(wd: str, ident: dict[str, str], log=print) -> dict:
 
 def write_run_marker(wd: str, rec: dict) -> None:
     os.makedirs(wd, exist_ok=True)
-    tmp = os.path.join(wd, RUN_MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(wd, RUN_MARKER))
+    atomic.write_json(os.path.join(wd, RUN_MARKER), rec, indent=1, sort_keys=True)
 
 
 def main(argv=None) -> int:
@@ -229,7 +224,7 @@ def main(argv=None) -> int:
     print(f"\nValidation perplexity (the trainer's: first {vt:,} held-out tokens at context {train_len}; the number "
           "in idattn.results and `python -m idattn.eval --suite=validation`). It differs from ppl@"
           f"{train_len} above only by the tokens scored ({vt:,} vs {exp.EVAL_TOKENS:,}):\n")
-    print("| model | validation ppl |\n|---|---|\n" + "\n".join(f"| {r['name']} | {r['val_ppl']:.2f} |" for r in rows))
+    print(markdown_table(["model", "validation ppl"], [[r["name"], f"{r['val_ppl']:.2f}"] for r in rows]))
     print(f"\nplot: {png}\ntotal wall time {wall / 60:.1f} min")
     print(("PASS" if ok else "FAIL") + f": every model's ppl@{train_len} finite and >= {100 * REQUIRED_GAIN:.0f}% "
           f"below the unigram baseline")

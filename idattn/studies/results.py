@@ -47,7 +47,7 @@ import sys
 from typing import Any
 
 from idattn import atomic
-from idattn.configs.sizes import size_label
+from idattn.configs.sizes import NOMINAL_PARAMS, SIZE_ORDER, size_label
 from idattn.eval import paper_numbers as P
 from idattn.eval.evaluate import corpus_label
 from idattn.eval.markdown import markdown_table
@@ -55,7 +55,6 @@ from idattn.models.spec import ATTENTION_FAMILIES, mixer_core, model_label, pars
 from idattn.rundir.layout import load_config
 from idattn.rundir.schema import protocol_of, read_results
 
-SIZE_ORDER = ("tiny", "125m", "350m", "760m", "1.3b")
 CANON = {"interdomain": "dualkv-query-rope", "s4d_only": "generic-linear-norope"}
 FAMILY = {v: k for k, v in CANON.items()}
 
@@ -114,8 +113,9 @@ class Run:
         ident: dict[str, Any] = {}
         for r in recs:
             ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
-        cfg = _saved_config(workdir) if ("size" not in ident or "seq_len" not in ident) else None
-        if cfg is not None:  # the trainer's validation records no size / seq_len: take them from the config
+        self.cfg = cfg = _saved_config(workdir)
+        if cfg is not None and ("size" not in ident or "seq_len" not in ident):
+            # the trainer's validation records no size / seq_len: take them from the config
             ident.setdefault("size", size_label(cfg.model))
             ident.setdefault("seq_len", int(cfg.data.seq_len))
             ident.setdefault("mixer", model_label(cfg.model))
@@ -159,7 +159,6 @@ class Run:
             self.metrics["validation/ppl"] = math.exp(best["metrics"]["loss"])
             self.metrics["validation/final_loss"] = final["metrics"]["loss"]
             self.protocols["validation"] = protocol_of(best)
-            cfg = _saved_config(workdir)
             if not best["tagged"] and "corpus" not in best.get("details", {}) and cfg is not None:
                 self.protocols["validation"]["corpus"] = corpus_label(cfg.data)
             if cfg is not None and "tokenizer" not in self.protocols["validation"]:  # the run's own vocabulary
@@ -173,10 +172,7 @@ class Run:
         c = (self.protocols.get("validation") or {}).get("corpus")
         if c:
             return str(c)
-        cfg = _saved_config(self.workdir)
-        if cfg is not None:
-            return corpus_label(cfg.data)
-        return "unknown corpus"
+        return "unknown corpus" if self.cfg is None else corpus_label(self.cfg.data)
 
     def sort_key(self) -> tuple:
         """Runs are rendered in this order whatever the order of `--runs`: mixer, size, corpus, folder."""
@@ -529,17 +525,14 @@ def table7(runs: list[Run], why: list[str] | None = None) -> str:
 def table9(runs: list[Run], why: list[str] | None = None) -> str:
     header = ["task", "mixer"] + [f"paper {x}" for x in P.NIAH_LENGTHS] + [f"ours {x}" for x in P.NIAH_LENGTHS] + ["ours run"]
     rows = []
-    for fam in families(runs, "recall/niah@"):  # the paper's three, then every other model measured
-        r = pick(runs, fam, size="1.3b", need="recall/niah@", why=why)
-        ours = [fmt(r.metrics.get(f"recall/niah@{L}/acc") if r else None, 2, pct=True) for L in P.NIAH_LENGTHS]
-        paper = P.TABLE9_NIAH.get(fam, (None,) * len(P.NIAH_LENGTHS))
-        rows.append(["S-NIAH-1", family_label(fam)] + [fmt(v) for v in paper] + ours + [r.size if r else "—"])
-    for fam in families(runs, "recall/phonebook@"):
-        r = pick(runs, fam, size="1.3b", need="recall/phonebook@", why=why)
-        ours = [fmt(r.metrics.get(f"recall/phonebook@{N}/acc") if r else None, 2, pct=True) for N in P.PHONEBOOK_SIZES]
-        paper = P.TABLE9_PHONEBOOK.get(fam, (None,) * len(P.PHONEBOOK_SIZES))
-        rows.append([f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)", family_label(fam)] +
-                    [fmt(v) for v in paper] + ours + [r.size if r else "—"])
+    for task, name, xs, paper in (("niah", "S-NIAH-1", P.NIAH_LENGTHS, P.TABLE9_NIAH),
+                                  ("phonebook", f"Phonebook ({'/'.join(map(str, P.PHONEBOOK_SIZES))} entries)",
+                                   P.PHONEBOOK_SIZES, P.TABLE9_PHONEBOOK)):
+        for fam in families(runs, f"recall/{task}@"):  # the paper's three, then every other model measured
+            r = pick(runs, fam, size="1.3b", need=f"recall/{task}@", why=why)
+            ours = [fmt(r.metrics.get(f"recall/{task}@{x}/acc") if r else None, 2, pct=True) for x in xs]
+            rows.append([name, family_label(fam)] + [fmt(v) for v in paper.get(fam, (None,) * len(xs))] + ours
+                        + [r.size if r else "—"])
     based = markdown_table(["mixer"] + list(P.BASED_TASKS),
                    [[P.MIXER_LABEL[f]] + [fmt(v) for v in P.TABLE9_BASED[f]] for f in P.MIXERS])
     mqar = [r for r in runs if any(k.startswith("recall/mqar@") for k in r.metrics)]
@@ -578,8 +571,22 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
             "protocol)\n\n" + markdown_table(header, rows))
 
 
-PAPER_PARAMS = {"125m": 125e6, "350m": 350e6, "760m": 760e6, "1.3b": 1.3e9}  # the paper's nominal sizes
 PAPER_TRAIN_LEN = 4096
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files, no display): an optional extra, loaded only by what draws."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(plt, fig, path: str, **kw) -> str:
+    """Writes `fig` to `path` whole (idattn.atomic) and closes it."""
+    atomic.savefig(fig, path, **kw)
+    plt.close(fig)
+    return path
 
 
 def _legend_outside(fig, ax) -> None:
@@ -599,11 +606,7 @@ def _legend_outside(fig, ax) -> None:
 def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     """Five-corpus mean perplexity against context length / training length (paper dashed, ours solid), plus
     every other corpus of ours as its own dotted line named by its corpus; the training length is x = 1."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     drawn = False
     five = [r for r in runs if r.five_corpus_mean()]
@@ -638,9 +641,7 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     ax.set_yscale("log")
     ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
     _legend_outside(fig, ax)
-    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
 
 
 def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float, str]]]]:
@@ -664,15 +665,11 @@ def plot_scaling(runs: list[Run], path: str) -> str:
     """Best-of-run validation perplexity against parameter count (log-log): the paper's sizes at their nominal
     counts, and every run of ours, of any size, at its own count, one line per mixer and validation corpus
     (marked † when its validation protocol differs from the others')."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
     xs = list(P.VAL_PPL)
     for i, fam in enumerate(P.MIXERS):
-        ax.plot([PAPER_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
+        ax.plot([NOMINAL_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
                 label=f"{P.MIXER_LABEL[fam]} paper (FineWeb-Edu val)")
     series = scaling_series(runs)
     families = list(dict.fromkeys(f for f, _, _ in series))
@@ -693,19 +690,13 @@ def plot_scaling(runs: list[Run], path: str) -> str:
     ax.set_ylabel("validation perplexity (per token, log scale)")
     ax.set_title("Validation perplexity against scale (Fig. 2)")
     _legend_outside(fig, ax)
-    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
 
 
 def plot_recall(runs: list[Run], path: str) -> str:
     """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer; training lengths
     marked (paper 4K, ours per run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.axvline(PAPER_TRAIN_LEN, color="k", lw=0.8, ls=":", label=f"paper training length {PAPER_TRAIN_LEN}")
     for i, fam in enumerate(families(runs, "recall/niah@")):  # the paper's three, then every other model
@@ -725,9 +716,7 @@ def plot_recall(runs: list[Run], path: str) -> str:
     ax.set_ylabel("S-NIAH-1 accuracy (%)")
     ax.set_title("Recall against context length (Table 9)")
     _legend_outside(fig, ax)
-    atomic.savefig(fig, path, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
 
 
 def render(runs: list[Run]) -> str:
@@ -745,14 +734,11 @@ def render(runs: list[Run]) -> str:
 
 
 def expand_runs(items: list[str]) -> list[str]:
+    """--runs: comma- or space-separated folders, each glob expanded (sorted), a pattern matching none kept as is."""
     out = []
-    for it in items:
-        for part in it.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            matches = sorted(glob.glob(part)) or [part]
-            out += matches
+    for part in (p.strip() for it in items for p in it.split(",")):
+        if part:
+            out += sorted(glob.glob(part)) or [part]
     return out
 
 

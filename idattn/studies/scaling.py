@@ -53,14 +53,15 @@ import numpy as np
 
 from idattn import atomic
 from idattn.configs import base_config
-from idattn.configs.sizes import PAPER_WIDTHS, non_embedding_params, paper_shape
+from idattn.configs.sizes import PAPER_RECIPE, PAPER_WIDTHS, non_embedding_params, paper_shape
 from idattn.eval import paper_numbers as P
+from idattn.eval.markdown import markdown_table
 from idattn.models.counting import flops_per_token
 from idattn.models.spec import apply_mixer_name
-from idattn.rundir.layout import last_metrics, load_config
-from idattn.studies.results import mixer_family
-from idattn.studies.scaling_laws import (HUBER_DELTA, Point, difference_test, fit_mixer, frontier_with_band,
-                                         isoflop_groups, paired_runs, predict_with_band)
+from idattn.rundir.layout import last_metrics, load_config, planned_steps
+from idattn.studies.results import mixer_family, pyplot, save_figure
+from idattn.studies.scaling_laws import (HUBER_DELTA, PARAM_NAMES, Point, difference_test, fit_mixer,
+                                         frontier_with_band, isoflop_groups, paired_runs, predict_with_band)
 
 
 # ------------------------------------------------------------------------------------------------ collection
@@ -82,7 +83,7 @@ def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]
         t = cfg.train
         seq = int(cfg.data.seq_len)
         tps = int(t.batch_size) * seq
-        steps = int(t.num_steps) if int(t.num_steps) > 0 else -(-int(t.total_tokens) // tps)
+        steps = planned_steps(cfg)
         vpath = os.path.join(wd, "eval", f"validation-step{steps:08d}.json")
         if metric == "val_loss":
             if not os.path.exists(vpath):
@@ -118,10 +119,10 @@ def paper_points() -> dict[str, dict]:
     """The paper's four sizes: non-embedding N (Softmax and Interdomain shapes), tokens D, and validation loss
     ln(ppl) from Fig. 2 / Table 6 (FineWeb-Edu, 32K tokenizer; 350M and 760M read off the figure)."""
 
-    tokens = {"125m": 2.5e9, "350m": 7e9, "760m": 15e9, "1.3b": 26e9}  # App. A.2 (experiments/scaling.py)
     out = {}
     for size, width in PAPER_WIDTHS.items():
-        row = {"d": tokens[size], "n": {}, "paper_loss": {}, "approx": size in P.APPROX_FIG2}
+        row = {"d": float(PAPER_RECIPE[size]["total_tokens"]), "n": {}, "paper_loss": {},
+               "approx": size in P.APPROX_FIG2}
         for mixer in ("softmax", "interdomain"):
             c = base_config()
             c.model.update(paper_shape(width))
@@ -133,51 +134,44 @@ def paper_points() -> dict[str, dict]:
 
 
 # ---------------------------------------------------------------------------------------------------- plots
+def _band_curve(ax, x, loss, xx, band, col, label: str) -> None:
+    """One group of runs (points at x) and the fitted law's central curve with its 95% band over xx."""
+    ax.plot(xx, band[0], color=col, lw=1.2)
+    ax.fill_between(xx, band[1], band[2], color=col, alpha=0.2)
+    ax.scatter(x, loss, color=col, edgecolor="k", zorder=3, label=label)
+
+
+def _loss_axes(ax, xlabel: str, title: str, **title_kw) -> None:
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation loss (nats/token)")
+    ax.set_title(title, **title_kw)
+    ax.legend(fontsize=8)
+
+
 def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
     """law.png: per mixer, loss vs N along each budget (IsoFLOP curves) or fixed D, and loss vs D per size."""
     mixers = list(fits)
     fig, axes = plt.subplots(len(mixers), 2, figsize=(11, 4.2 * len(mixers)), squeeze=False)
     for r, m in enumerate(mixers):
         pts, fit = points_by_mixer[m], fits[m]
-        ax = axes[r, 0]
         groups = isoflop_groups(pts)
-        cmap = plt.get_cmap("viridis")
         for i, (c, gp) in enumerate(groups.items()):
-            col = cmap(i / max(1, len(groups) - 1))
             ns = np.array([p.n for p in gp])
             nn = np.geomspace(ns.min() / 1.5, ns.max() * 1.5, 60)
-            mid, lo, hi = predict_with_band(fit, nn, c / (6 * nn))
-            ax.plot(nn, mid, color=col, lw=1.2)
-            ax.fill_between(nn, lo, hi, color=col, alpha=0.2)
-            ax.scatter(ns, [p.loss for p in gp], color=col, edgecolor="k", zorder=3, label=f"C = {c:.2g} FLOPs")
-        ax.set_xscale("log")
-        ax.set_xlabel("non-embedding parameters N")
-        ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{m}: loss vs N at fixed compute C = 6ND\n(fitted law, 95% bootstrap band)")
-        ax.legend(fontsize=8)
-        ax = axes[r, 1]
+            _band_curve(axes[r, 0], ns, [p.loss for p in gp], nn, predict_with_band(fit, nn, c / (6 * nn)),
+                        plt.get_cmap("viridis")(i / max(1, len(groups) - 1)), f"C = {c:.2g} FLOPs")
+        _loss_axes(axes[r, 0], "non-embedding parameters N",
+                   f"{m}: loss vs N at fixed compute C = 6ND\n(fitted law, 95% bootstrap band)")
         sizes = sorted({p.n for p in pts})
         for i, s in enumerate(sizes):
-            col = plt.get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85)
             gp = [p for p in pts if p.n == s]
             ds = np.array([p.d for p in gp])
             dd = np.geomspace(ds.min() / 1.5, ds.max() * 1.5, 60)
-            mid, lo, hi = predict_with_band(fit, np.full_like(dd, s), dd)
-            ax.plot(dd, mid, color=col, lw=1.2)
-            ax.fill_between(dd, lo, hi, color=col, alpha=0.2)
-            ax.scatter(ds, [p.loss for p in gp], color=col, edgecolor="k", zorder=3,
-                       label=f"{gp[0].size} (N = {s:,.0f})")
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens D")
-        ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{m}: loss vs D at fixed N")
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "law.png")
-    atomic.savefig(fig, path, dpi=80)
-    plt.close(fig)
-    return path
+            _band_curve(axes[r, 1], ds, [p.loss for p in gp], dd, predict_with_band(fit, np.full_like(dd, s), dd),
+                        plt.get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85), f"{gp[0].size} (N = {s:,.0f})")
+        _loss_axes(axes[r, 1], "training tokens D", f"{m}: loss vs D at fixed N")
+    return _save(plt, fig, os.path.join(out, "law.png"), title)
 
 
 def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
@@ -199,18 +193,9 @@ def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) 
             if mm and mm.get("ok"):  # filled: minimum inside the sizes tried; hollow: extrapolated outside
                 ax.scatter([mm["n_opt"]], [mm["loss_opt"]], marker="*", s=160, zorder=4,
                            color=col if mm["inside"] else "none", edgecolor=col if not mm["inside"] else "k")
-        ax.set_xscale("log")
-        ax.set_xlabel("non-embedding parameters N")
-        ax.set_ylabel("validation loss (nats/token)")
-        ax.set_title(f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum (hollow: outside the sizes tried)",
-                     fontsize=9)
-        ax.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "isoflop.png")
-    atomic.savefig(fig, path, dpi=80)
-    plt.close(fig)
-    return path
+        _loss_axes(ax, "non-embedding parameters N", f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum "
+                   "(hollow: outside the sizes tried)", fontsize=9)
+    return _save(plt, fig, os.path.join(out, "isoflop.png"), title)
 
 
 def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
@@ -236,24 +221,15 @@ def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
             ax.set_ylabel(lab)
         for mm in fits[m]["isoflop"]["minima"]:
             if mm.get("ok"):
-                axes[0].scatter([mm["compute"]], [mm["loss_opt"]], color=col, marker="*", s=120, edgecolor="k",
-                                zorder=4)
-                axes[1].scatter([mm["compute"]], [mm["n_opt"]], color=col, marker="*", s=120, edgecolor="k",
-                                zorder=4)
-                axes[2].scatter([mm["compute"]], [mm["d_opt"]], color=col, marker="*", s=120, edgecolor="k",
-                                zorder=4)
+                for ax, k in zip(axes, ("loss_opt", "n_opt", "d_opt")):
+                    ax.scatter([mm["compute"]], [mm[k]], color=col, marker="*", s=120, edgecolor="k", zorder=4)
         for ax in axes:
             for edge in fits[m]["range"]["c"]:
                 ax.axvline(edge, color=col, ls=":", lw=0.8)
     axes[0].legend(fontsize=8)
     axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: the data's range of C, "
                       "extrapolation outside)", fontsize=9)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "frontier.png")
-    atomic.savefig(fig, path, dpi=80)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, os.path.join(out, "frontier.png"), title)
 
 
 def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
@@ -283,21 +259,18 @@ def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
                         label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
         axes[1].set_ylim(-100, 100)
     axes[1].legend(fontsize=7, loc="lower left")
-    fig.suptitle(title, fontsize=8)
+    return _save(plt, fig, os.path.join(out, "gap.png"), title, fontsize=8)
+
+
+def _save(plt, fig, path: str, title: str, fontsize: int = 9) -> str:
+    fig.suptitle(title, fontsize=fontsize)
     fig.tight_layout()
-    path = os.path.join(out, "gap.png")
-    atomic.savefig(fig, path, dpi=80)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=80)
 
 
 def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:
     """The study's figures (law, isoflop, frontier and, for two mixers, gap) written to `out`; their paths."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     files = [_plot_law(plt, fits, points_by_mixer, out, title), _plot_isoflop(plt, fits, points_by_mixer, out, title),
              _plot_frontier(plt, fits, out, title)]
     if diff is not None:
@@ -328,17 +301,17 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
         raise SystemExit("idattn.scaling: nothing to fit:\n  " + "\n  ".join(notes))
     out = out or os.path.join(root, "scaling")
     os.makedirs(out, exist_ok=True)
-    diff = None
+    diff, paper = None, paper_points()
     if len(compare) == 2 and all(m in fits for m in compare):
         lo = min(fits[m]["range"]["c"][0] for m in compare)
         hi = max(fits[m]["range"]["c"][1] for m in compare)
-        paper_c = [6 * r["n"]["softmax"] * r["d"] for r in paper_points().values()]
+        paper_c = [6 * r["n"]["softmax"] * r["d"] for r in paper.values()]
         grid = np.geomspace(lo, max(hi, max(paper_c)), 60)
         diff = difference_test(fits[compare[0]], fits[compare[1]], grid)
         diff["mixers"] = list(compare)
         diff["c_data_max"] = hi
         diff["paired_runs"] = paired_runs(points, compare[0], compare[1])
-        pts = paper_points() if set(compare) <= {"softmax", "interdomain"} else {}
+        pts = paper if set(compare) <= {"softmax", "interdomain"} else {}
         diff["paper"] = None if not pts else {"sizes": list(pts), "c": [6 * r["n"][compare[0]] * r["d"] for r in pts.values()],
                          "rel_gap": [(r["paper_loss"][compare[0]] - r["paper_loss"][compare[1]])
                                      / r["paper_loss"][compare[0]] for r in pts.values()],
@@ -346,10 +319,8 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
                                  "FineWeb-Edu: another corpus and tokenizer, and not compute-optimal sizes"}
         # the headline: the change of the relative gap over the data's own compute range
         inside = difference_test(fits[compare[0]], fits[compare[1]], np.array([lo, hi]))
-        diff["in_range"] = {"c": [lo, hi], "rel_gap": inside["rel_gap"], "rel_lo": inside["rel_lo"],
-                            "rel_hi": inside["rel_hi"], "rel_growth": inside["rel_growth"],
-                            "rel_growth_ci": inside["rel_growth_ci"]}
-    paper = paper_points()
+        diff["in_range"] = {"c": [lo, hi], **{k: inside[k] for k in ("rel_gap", "rel_lo", "rel_hi", "rel_growth",
+                                                                    "rel_growth_ci")}}
     preds = {}
     for m, fit in fits.items():
         if m not in ("softmax", "interdomain"):
@@ -381,6 +352,10 @@ def _json_default(o):
     raise TypeError(type(o))
 
 
+def _pct_ci(v, lo, hi) -> str:
+    return f"{100 * v:+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%]"
+
+
 def print_report(res: dict) -> None:
     fits = res["_fits"]
     print(f"idattn.scaling: {len(res['points'])} finished runs under {res['root']} (metric {res['metric']}); "
@@ -389,27 +364,22 @@ def print_report(res: dict) -> None:
         print(f"  note: {n}")
     print("\nL(N, D) = E + A/N^alpha + B/D^beta  (Huber on log residuals, delta 1e-3; N non-embedding params, "
           "D tokens)")
-    print("| mixer | runs | E | A | alpha | B | beta | a (N*~C^a) | b (D*~C^b) | rms log resid | "
-          "held-out (largest size) mean / max rel. err |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = []
     for m, f in fits.items():
-        p, ci = f["params"], f["ci"]
         ho = f["held_out"].get("largest")
         hos = f"{ho['size']}: {100 * ho['mean_rel_err']:.2f}% / {100 * ho['max_rel_err']:.2f}%" if ho else "-"
-        print(f"| {m} | {f['n_runs']} | {_fmt_ci(p['E'], ci['E'])} | {_fmt_ci(p['A'], ci['A'])} | "
-              f"{_fmt_ci(p['alpha'], ci['alpha'])} | {_fmt_ci(p['B'], ci['B'])} | {_fmt_ci(p['beta'], ci['beta'])} | "
-              f"{_fmt_ci(f['derived']['a_N_opt'], f['derived_ci']['a_N_opt'])} | "
-              f"{_fmt_ci(f['derived']['b_D_opt'], f['derived_ci']['b_D_opt'])} | {f['rms_log_resid']:.4f} | {hos} |")
+        rows.append([m, f["n_runs"]] + [_fmt_ci(f["params"][k], f["ci"][k]) for k in PARAM_NAMES]
+                    + [_fmt_ci(f["derived"][k], f["derived_ci"][k]) for k in ("a_N_opt", "b_D_opt")]
+                    + [f"{f['rms_log_resid']:.4f}", hos])
+    print(markdown_table(["mixer", "runs", *PARAM_NAMES, "a (N*~C^a)", "b (D*~C^b)", "rms log resid",
+                          "held-out (largest size) mean / max rel. err"], rows))
     print("\nIsoFLOP minima (parabola in log N per budget) and compute-optimal exponents")
-    print("| mixer | C (FLOPs) | sizes | N_opt | D_opt | L_opt | minimum inside the sizes? |")
-    print("|---|---|---|---|---|---|---|")
-    for m, f in fits.items():
-        for mm in f["isoflop"]["minima"]:
-            if mm.get("ok"):
-                print(f"| {m} | {mm['compute']:.2g} | {mm['sizes']} | {mm['n_opt']:,.0f} | {mm['d_opt']:,.0f} | "
-                      f"{mm['loss_opt']:.4f} | {'yes' if mm['inside'] else 'no (extrapolated)'} |")
-            else:
-                print(f"| {m} | {mm['compute']:.2g} | {mm['sizes']} | - | - | - | {mm['why']} |")
+    print(markdown_table(["mixer", "C (FLOPs)", "sizes", "N_opt", "D_opt", "L_opt", "minimum inside the sizes?"],
+                         [[m, f"{mm['compute']:.2g}", mm["sizes"]]
+                          + ([f"{mm['n_opt']:,.0f}", f"{mm['d_opt']:,.0f}", f"{mm['loss_opt']:.4f}",
+                              "yes" if mm["inside"] else "no (extrapolated)"] if mm.get("ok") else
+                             ["-", "-", "-", mm["why"]])
+                          for m, f in fits.items() for mm in f["isoflop"]["minima"]]))
     for m, f in fits.items():
         ex = f["isoflop"].get("exponents")
         if ex:
@@ -427,7 +397,7 @@ def print_report(res: dict) -> None:
         ir = d["in_range"]
         print(f"\nDifference test: relative gap (L*_{a} - L*_{b}) / L*_{a} at the compute-optimal size")
         for c, g, lo, hi in zip(ir["c"], ir["rel_gap"], ir["rel_lo"], ir["rel_hi"]):
-            print(f"  C = {c:.2g}: {100 * g:+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%]")
+            print(f"  C = {c:.2g}: {_pct_ci(g, lo, hi)}")
         gi = ir["rel_growth_ci"]
         verdict = ("grows" if gi[0] > 0 else "shrinks" if gi[1] < 0 else "no significant change")
         print(f"  change over the data's compute range: {100 * ir['rel_growth']:+.2f} points "
@@ -435,22 +405,18 @@ def print_report(res: dict) -> None:
         pr = d.get("paired_runs")
         if pr:
             print(f"  model-free: {pr['n']} pairs of runs (same size and budget): mean (L_{a} - L_{b}) / L_{a} = "
-                  f"{100 * pr['mean_rel']:+.2f}% [{100 * pr['mean_rel_ci'][0]:+.2f}%, "
-                  f"{100 * pr['mean_rel_ci'][1]:+.2f}%]; {b} lower in {pr['b_better']} of {pr['n']}")
-        i = -1
-        print(f"  extrapolated to C = {d['c'][i]:.2g} (the paper's 1.3B): {100 * d['rel_gap'][i]:+.2f}% "
-              f"[{100 * d['rel_lo'][i]:+.2f}%, {100 * d['rel_hi'][i]:+.2f}%] (extrapolation)")
+                  f"{_pct_ci(pr['mean_rel'], *pr['mean_rel_ci'])}; {b} lower in {pr['b_better']} of {pr['n']}")
+        print(f"  extrapolated to C = {d['c'][-1]:.2g} (the paper's 1.3B): "
+              f"{_pct_ci(d['rel_gap'][-1], d['rel_lo'][-1], d['rel_hi'][-1])} (extrapolation)")
     if res["paper_predictions"]:
         print("\nPredictions at the paper's sizes and token budgets -- EXTRAPOLATION of the fitted law by orders of "
               "magnitude; different corpus and tokenizer from the paper (FineWeb-Edu, 32K): absolute values are "
               "not comparable")
-        print("| mixer | size | N (non-emb.) | D | predicted loss [95%] | paper val loss (ln ppl) |")
-        print("|---|---|---|---|---|---|")
-        for m, rows in res["paper_predictions"].items():
-            for size, r in rows.items():
-                print(f"| {m} | {size} | {r['n']:,.0f} | {r['d']:.2g} | {r['pred_loss']:.3f} "
-                      f"[{r['pred_ci'][0]:.3f}, {r['pred_ci'][1]:.3f}] | {r['paper_loss']:.3f}"
-                      f"{' (read off Fig. 2)' if r['paper_approx'] else ''} |")
+        print(markdown_table(["mixer", "size", "N (non-emb.)", "D", "predicted loss [95%]", "paper val loss (ln ppl)"],
+                             [[m, size, f"{r['n']:,.0f}", f"{r['d']:.2g}",
+                               f"{r['pred_loss']:.3f} [{r['pred_ci'][0]:.3f}, {r['pred_ci'][1]:.3f}]",
+                               f"{r['paper_loss']:.3f}" + (" (read off Fig. 2)" if r["paper_approx"] else "")]
+                              for m, rows in res["paper_predictions"].items() for size, r in rows.items()]))
     if res["plots"]:
         print("\nplots: " + ", ".join(res["plots"]))
 

@@ -55,17 +55,12 @@ def _objective(theta, logn, logd, logl, delta):
     return loss, grad
 
 
-def default_inits(level: str = "full") -> np.ndarray:
+def default_inits() -> np.ndarray:
     """Fixed initialisations (a, b, e, α, β) after Chinchilla's grid (coarser here; the data-driven starts of
     `grid_inits` do most of the work)."""
-    if level == "full":
-        al = be = (0.5,)
-        e = (-1.0, 0.5)
-        a = b = (3.0, 10.0)
-    else:
-        al = be = (0.5,)
-        e = (0.5,)
-        a = b = (3.0, 10.0)
+    al = be = (0.5,)
+    e = (-1.0, 0.5)
+    a = b = (3.0, 10.0)
     return np.array([(x1, x2, x3, x4, x5) for x1 in a for x2 in b for x3 in e for x4 in al for x5 in be])
 
 
@@ -91,23 +86,26 @@ def grid_inits(logn, logd, logl, *, k: int = 6, delta: float = HUBER_DELTA) -> n
     return np.stack([np.log(coef[best, 1]), np.log(coef[best, 2]), np.log(coef[best, 0]), ag[best], bg[best]], 1)
 
 
+def _theta_of(p: dict) -> np.ndarray:
+    """The law's parameters as one BFGS start (a, b, e, α, β): the inverse of _params_from_theta."""
+    return np.array([[math.log(p["A"]), math.log(p["B"]), math.log(p["E"]), p["alpha"], p["beta"]]])
+
+
 def _params_from_theta(theta) -> dict:
     a, b, e, al, be = (float(x) for x in theta)
     return {"E": math.exp(e), "A": math.exp(a), "alpha": al, "B": math.exp(b), "beta": be}
 
 
-def fit_law(n, d, loss, *, inits: np.ndarray | None = None, grid_k: int = 6, delta: float = HUBER_DELTA,
-            return_all: bool = False):
+def fit_law(n, d, loss, *, inits: np.ndarray | None = None, grid_k: int = 6, delta: float = HUBER_DELTA) -> dict:
     """Fits E, A, α, B, β by Huber loss on log-residuals from every start (the `grid_k` best `grid_inits` plus
-    `inits`, default `default_inits()`); returns the best parameters (and, with return_all, the sorted
-    (objective, theta) of every converged start)."""
+    `inits`, default `default_inits()`); returns the parameters of the start that converged lowest."""
     n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
     if n.size < 5:
         raise ValueError(f"fit_law: {n.size} runs; the law has 5 parameters, give at least 5 runs (better 12+)")
     if np.any(loss <= 0) or np.any(n <= 0) or np.any(d <= 0):
         raise ValueError("fit_law: N, D and the loss must be positive")
     logn, logd, logl = np.log(n), np.log(d), np.log(loss)
-    starts = [default_inits("full") if inits is None else np.atleast_2d(inits)]
+    starts = [default_inits() if inits is None else np.atleast_2d(inits)]
     if grid_k > 0:
         starts.append(grid_inits(logn, logd, logl, k=grid_k, delta=delta))
     inits = np.concatenate(starts)
@@ -120,9 +118,7 @@ def fit_law(n, d, loss, *, inits: np.ndarray | None = None, grid_k: int = 6, del
             results.append((float(r.fun), r.x))
     if not results:
         raise RuntimeError("fit_law: no initialisation converged")
-    results.sort(key=lambda t: t[0])
-    best = _params_from_theta(results[0][1])
-    return (best, results) if return_all else best
+    return _params_from_theta(min(results, key=lambda t: t[0])[1])
 
 
 def optimal_allocation(p: dict, c):
@@ -137,8 +133,7 @@ def optimal_allocation(p: dict, c):
     return n, d, law(p, n, d)
 
 
-def bootstrap_law(n, d, loss, *, n_boot: int = 200, seed: int = 0, best: dict | None = None,
-                  inits: np.ndarray | None = None) -> list[dict]:
+def bootstrap_law(n, d, loss, *, n_boot: int = 200, seed: int = 0, best: dict | None = None) -> list[dict]:
     """Parameter sets refitted on runs resampled with replacement (draws with < 5 distinct runs are redrawn).
     Each refit starts from the full fit's solution and the resample's two best `grid_inits`."""
     n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
@@ -146,8 +141,7 @@ def bootstrap_law(n, d, loss, *, n_boot: int = 200, seed: int = 0, best: dict | 
     m = n.size
     if best is None:
         best = fit_law(n, d, loss)
-    theta0 = np.array([math.log(best["A"]), math.log(best["B"]), math.log(best["E"]), best["alpha"], best["beta"]])
-    starts = np.array([theta0] + ([] if inits is None else list(np.atleast_2d(inits))))
+    starts = _theta_of(best)
     out = []
     while len(out) < n_boot:
         idx = rng.integers(0, m, m)
@@ -271,14 +265,14 @@ def fit_mixer(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0, init
     y = np.array([p.loss for p in points])
     best = fit_law(n, d, y, inits=inits)
     boots = bootstrap_law(n, d, y, n_boot=n_boot, seed=seed, best=best)
-    theta = np.array([[math.log(best["A"]), math.log(best["B"]), math.log(best["E"]), best["alpha"], best["beta"]]])
     ci = {k: interval([b[k] for b in boots]) for k in PARAM_NAMES}
     der = derived(best)
     der_ci = {k: interval([derived(b)[k] for b in boots]) for k in der}
     resid = np.log(law(best, n, d)) - np.log(y)
     return {"n_runs": len(points), "params": best, "ci": ci, "derived": der, "derived_ci": der_ci,
             "rms_log_resid": float(np.sqrt(np.mean(resid ** 2))), "boot": boots,
-            "held_out": held_out(points, inits=theta), "isoflop": isoflop_fit(points, n_boot=n_boot, seed=seed),
+            "held_out": held_out(points, inits=_theta_of(best)),
+            "isoflop": isoflop_fit(points, n_boot=n_boot, seed=seed),
             "range": {"n": [float(n.min()), float(n.max())], "d": [float(d.min()), float(d.max())],
                       "c": [float((6 * n * d).min()), float((6 * n * d).max())]}}
 
