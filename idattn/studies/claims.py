@@ -84,8 +84,7 @@ QUESTIONS = {
                    "ppl(Interdomain-selective) > 1", "s4d_only-selective", _SEL),
 }
 
-LABEL = {"softmax": "Softmax", "interdomain": "Interdomain", "s4d_only": "S4D-only",
-         "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
+LABEL = {**P.MIXER_LABEL, "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
 _ATTENTION = {"softmax": "global attention", "swa": "sliding-window attention"}
 
 

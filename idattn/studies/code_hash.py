@@ -86,19 +86,20 @@ _TRAIN_SRC: list[str] = []
 
 def train_code_hash() -> str:
     """sha1 (10 hex) of TRAIN_FILES' contents, in their listed order."""
-    if not _TRAIN_SRC:
-        _TRAIN_SRC.append(_files_hash(TRAIN_FILES))
-    return _TRAIN_SRC[0]
+    return _files_hash(TRAIN_FILES, _TRAIN_SRC)
 
 
-def _files_hash(files: tuple[str, ...]) -> str:
-    h = hashlib.sha1()
-    for rel in files:
-        path = os.path.join(PACKAGE, rel)
-        if not os.path.isfile(path):
-            raise CodeHashError(f"no training code at {path} to hash ({rel} in {__name__})")
-        h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
-    return h.hexdigest()[:10]
+def _files_hash(files: tuple[str, ...], cache: list[str]) -> str:
+    """sha1 (10 hex) of the files' contents in order, computed once into `cache` (a one-item list)."""
+    if not cache:
+        h = hashlib.sha1()
+        for rel in files:
+            path = os.path.join(PACKAGE, rel)
+            if not os.path.isfile(path):
+                raise CodeHashError(f"no training code at {path} to hash ({rel} in {__name__})")
+            h.update(hashlib.sha1(pathlib.Path(path).read_bytes()).digest())
+        cache.append(h.hexdigest()[:10])
+    return cache[0]
 
 
 # What decides a synthetic-task run's numbers (MQAR, MAD, state tracking) besides the model and the task's data: the
@@ -110,6 +111,4 @@ _SYNTHETIC_SRC: list[str] = []
 
 def synthetic_train_hash() -> str:
     """sha1 (10 hex) of SYNTHETIC_TRAIN_FILES' contents, in their listed order."""
-    if not _SYNTHETIC_SRC:
-        _SYNTHETIC_SRC.append(_files_hash(SYNTHETIC_TRAIN_FILES))
-    return _SYNTHETIC_SRC[0]
+    return _files_hash(SYNTHETIC_TRAIN_FILES, _SYNTHETIC_SRC)

@@ -15,12 +15,13 @@ import os
 import time
 from typing import Any
 
-from idattn import atomic
+from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import CLAIMS, RATIO_CLAIMS
-from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_runs import Tally, lm_ppl
 from idattn.studies.repro_verdicts import NO_VERDICT, judge, trend
-from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
+from idattn.studies.results import pyplot, save_figure
+from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, write_table
 
 
 def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
@@ -54,17 +55,14 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
         L = int(z["seq_len"])
         tokens = int(z["num_steps"]) * int(z["batch_size"]) * L
         dt = ctx.exp.PRIMARY_DT
-        ppl: dict[str, list] = {m: [] for m in ("softmax", "interdomain", "s4d_only")}
-        params, cost, missing, where = None, 0.0, [], set()
+        ppl: dict[str, list] = {m: [] for m in P.MIXERS}
+        params, got, where = None, Tally(), set()
         for s in seeds:
             for m in ppl:
-                r = lm_ppl(ctx, m, dt, s, [L])
-                if r is None or L not in r:
-                    ppl[m].append(None)
-                    missing.append(f"{size}/{os.path.basename(ctx.lm_dir(m, dt, s))}")
+                r = got.ppl(ctx, m, dt, s, [L], name=f"{size}/{os.path.basename(ctx.lm_dir(m, dt, s))}")
+                ppl[m].append(None if r is None else r[L])
+                if r is None:
                     continue
-                ppl[m].append(r[L])
-                cost += run_cost(ctx.lm_dir(m, dt, s))
                 marker = read_marker(ctx.lm_dir(m, dt, s))
                 where.add(marker.get("trained_on", "cpu:cpu"))  # none: a CPU-era run
                 if m == "interdomain" and params is None:
@@ -72,7 +70,7 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
         flops = 6.0 * params * tokens if params else None
         out.append({"size": size, "d_model": z["model"]["d_model"], "num_layers": z["model"]["num_layers"],
                     "tokens": tokens, "params_interdomain": params, "flops": flops, "ppl": ppl,
-                    "compute_s": cost, "missing": missing, "judged": ctx.judged, "trained_on": sorted(where)})
+                    "compute_s": got.cost, "missing": got.missing, "judged": ctx.judged, "trained_on": sorted(where)})
     return out
 
 
@@ -99,9 +97,7 @@ def _plot(path: str, points, stats) -> str | None:
     if not any(p["flops"] and pp["interval"]["n"] for st in stats.values() for p, pp in zip(points, st["points"])):
         return None
     try:  # matplotlib is an optional extra: the table is written without its figure
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return None
     fig, axes = plt.subplots(1, len(stats), figsize=(5 * len(stats), 3.6))
@@ -126,21 +122,17 @@ def _plot(path: str, points, stats) -> str | None:
         ax.set_ylabel(st["label"])
         ax.legend(fontsize=7)
     fig.tight_layout()
-    atomic.savefig(fig, path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, path, dpi=120)
 
 
-def table_ladder(ctx: Ctx, ctx_of=None, table: Table | None = None) -> dict[str, Any]:
+def table_ladder(ctx: Ctx, table: Table | None = None) -> dict[str, Any]:
     """The ladder table of `ctx`'s invocation (its root, seeds, flags) over experiments/repro.py LADDER, or with
     `table` CLIMB_TABLE over CLIMB (each point with its own seeds: a seed a point does not have is not missing)."""
     t0 = time.time()
     table = table or TABLE
     climb = table.name == "climb"
     sizes = tuple(getattr(ctx.exp, "CLIMB" if climb else "LADDER", ())) if ctx.size != "toy" else ()
-    if ctx_of is None:
-        ctx_of = ctx.for_size
-    points = ladder_points(ctx_of, sizes, ctx.seeds)
+    points = ladder_points(ctx.for_size, sizes, ctx.seeds)
     stats = claim_stats(points)
     rows = []
     for i, p in enumerate(points):
@@ -181,8 +173,7 @@ def table_ladder(ctx: Ctx, ctx_of=None, table: Table | None = None) -> dict[str,
         + _devices_note(points) + missing_note(missing, ctx, "rerun without --render_only to train them")])
     data = {"table": table.name, "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
-    write_table(ctx, table.name, md, data)
-    return data
+    return write_table(ctx, table.name, md, data)
 
 
 def climb_order(exp, seeds) -> list[tuple[str, int]]:
@@ -205,7 +196,7 @@ def table_climb(ctx: Ctx) -> dict[str, Any]:
     chosen = set(ctx.seeds) if ctx.seeds_given else {s for z in sizes for s in ctx.exp.SEEDS[z]}
     for size, s in climb_order(ctx.exp, chosen) if sizes else []:
         c = ctx.for_size(size)
-        for m in ("softmax", "interdomain", "s4d_only"):
+        for m in P.MIXERS:
             lm_ppl(c, m, ctx.exp.PRIMARY_DT, s, [c.train_len()])
     top = ctx.for_size(ctx.size)
     top.seeds = tuple(sorted({s for z in sizes for s in ctx.exp.SEEDS[z] if s in chosen})) or tuple(ctx.seeds)

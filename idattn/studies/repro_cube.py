@@ -2,20 +2,16 @@
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import f2, rule_line, setup_line
-from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_runs import Tally
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paper_cube_axes, stats, verdict_d,
                                            verdict_json, verdict_md)
-from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, run_name, write_table
-
-MIXERS3 = ("softmax", "interdomain", "s4d_only")
-HINT = "rerun the command to train / evaluate them"
+from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, run_name, write_table
 
 
 def table_cube(ctx: Ctx) -> dict[str, Any]:
@@ -24,18 +20,13 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     cells = ["softmax"] + [c for c, *_ in P.TABLE4 if c != "softmax"]
     dt = ctx.exp.PRIMARY_DT
     per: dict[str, list] = {c: [] for c in cells}
-    missing, cost, params = [], 0.0, {}
+    got, params = Tally(), {}
     for s in ctx.seeds:  # seeds outer: an interrupted run has the whole cube at seed 0 first
         for cell in cells:
-            mixer = run_name(cell)
-            r = lm_ppl(ctx, mixer, dt, s, [L])
-            if r is None or L not in r:
-                missing.append(os.path.basename(ctx.lm_dir(mixer, dt, s)))
-                per[cell].append(None)
-                continue
-            per[cell].append(r[L])
-            params[cell] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
-            cost += run_cost(ctx.lm_dir(mixer, dt, s))
+            r = got.ppl(ctx, run_name(cell), dt, s, [L])
+            per[cell].append(None if r is None else r[L])
+            if r is not None:
+                params[cell] = read_marker(ctx.lm_dir(run_name(cell), dt, s)).get("params")
     axes = [cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     seed_pair_axes = [pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     vd = verdict_d([axes_for_verdict(a, b) for a, b in zip(axes, seed_pair_axes)], judged=ctx.judged)
@@ -73,14 +64,12 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
         "are not reported there. Only orderings and ratios compare.", "",
         rule_line(ctx), "",
         f"- (d) the query readout is the dominant axis and RoPE barely matters: {verdict_md(vd)} ({vd.why})", "",
-        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{ctx.invocation_time(wall)})." + missing_note(missing, ctx, HINT)])
+        compute_line(ctx, got.cost, wall, missing=got.missing)])
     data = {"table": "cube", "paper_table": TABLE.paper, "size": ctx.size, "eval_length": L, "dt": dt, "setup": setup_line(ctx), "rows": jrows,
-            "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": verdict_json(vd, md=verdict_md(vd))},
-            "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": cost, "wall_s": wall,
-            "missing": missing}
-    write_table(ctx, "cube", md, data)
-    return data
+            "axes_per_seed": axes, "pair_axes_per_seed": seed_pair_axes, "paper_axes": pax, "verdicts": {"d": verdict_json(vd)},
+            "paper": {"source": "TABLE4", "rows": [list(r) for r in P.TABLE4]}, "compute_s": got.cost, "wall_s": wall,
+            "missing": got.missing}
+    return write_table(ctx, "cube", md, data)
 
 
 TABLE = Table("cube", "Table 4: mechanism cube, validation perplexity at the training context ({L} tokens), {dt} Δ range",

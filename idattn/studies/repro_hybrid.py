@@ -16,7 +16,7 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import QUESTIONS, label
-from idattn.studies.repro_runs import lm_ppl, mqar_run, text_recall
+from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import answer
 from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
 
@@ -30,41 +30,33 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     L = c.train_len()
     dt = ctx.exp.PRIMARY_DT
     tr = ctx.exp.TEXT_RECALL[h["size"]]
-    niah = [int(round(r * L)) for r in tr["niah_ratios"]]
-    text_keys = [f"niah@{n}/acc" for n in niah] + [f"phonebook@{n}/acc" for n in tr["phonebook_sizes"]]
+    niah, text_keys = text_recall_setup(c)
     mq = ctx.exp.MQAR[h["size"]]
-    mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
+    mq_keys = mqar_keys(mq)
     mq_acc: dict[str, dict[int, dict[str, float]]] = {m: {} for m in h["mixers"]}
     ppl: dict[str, dict[int, float]] = {m: {} for m in h["mixers"]}
     text: dict[str, dict[str, list]] = {m: {k: [] for k in text_keys} for m in h["mixers"]}
     params: dict[str, int] = {}
-    missing, cost = [], 0.0
+    got = Tally()
     for s in seeds:  # seed-major: a stop leaves every model with the same seeds
         for m in h["mixers"]:
-            r = lm_ppl(c, m, dt, s, [L])
-            if r is None or L not in r:
-                missing.append(f"{m}-s{s}")
+            r = got.ppl(c, m, dt, s, [L], name=f"{m}-s{s}", cost=False)  # counted after its text recall
+            if r is None:
                 continue
-            ppl[m][s] = r[L]
-            wd = c.lm_dir(m, dt, s)
+            ppl[m][s], wd = r[L], c.lm_dir(m, dt, s)
             params.setdefault(m, read_marker(wd).get("params"))
-            rec = text_recall(c, m, s)
-            if rec is None:
-                missing.append(f"text recall {m}-s{s}")
-            else:
+            rec = got.take(text_recall(c, m, s), wd, f"text recall {m}-s{s}", cost=False)
+            if rec is not None:
                 for k in text_keys:
                     text[m][k].append(rec.get(k))
-            cost += run_cost(wd)
+            got.cost += run_cost(wd)
     mq_loss: dict[str, dict[int, float | None]] = {m: {} for m in h["mixers"]}  # last logged training loss
     for s in seeds:  # MQAR after the language models: seed-major again
         for m in h["mixers"]:
-            r = mqar_run(c, m, s)
-            if r is None:
-                missing.append(f"mqar {m}-s{s}")
-                continue
-            mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
-            mq_loss[m][s] = (r.get("details") or {}).get("loss")
-            cost += run_cost(c.mqar_dir(m, s))
+            r = got.take(mqar_run(c, m, s), c.mqar_dir(m, s), f"mqar {m}-s{s}")
+            if r is not None:
+                mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
+                mq_loss[m][s] = (r.get("details") or {}).get("loss")
     rows = []
     for m in h["mixers"]:
         vals = [ppl[m][s] for s in seeds if s in ppl[m]]
@@ -116,17 +108,14 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         "Questions (95% t interval of the per-seed log ratio, judged against the line; `undecided` when the "
         "interval contains it or fewer than 3 seeds pair):", "",
         *lines, "",
-        f"Compute: {cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
-        f"invocation {ctx.invocation_time(wall)})."
-        + missing_note(missing, ctx)])
+        f"Compute: {got.cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
+        f"invocation {ctx.invocation_time(wall)})." + missing_note(got.missing, ctx)])
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},
             "text": text, "mqar": {m: {str(s): v for s, v in mq_acc[m].items()} for m in mq_acc},
             "mqar_final_loss": {m: {str(s): v for s, v in mq_loss[m].items()} for m in mq_loss},
-            "params": params, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
-            "missing": missing}
-    write_table(c, "hybrid", md, data)
-    return data
+            "params": params, "verdicts": verdicts, "compute_s": got.cost, "wall_s": wall, "missing": got.missing}
+    return write_table(c, "hybrid", md, data)
 
 
 TABLE = Table("hybrid", "Hybrid stacks: Interdomain with a few attention layers", table_hybrid, at_toy=False)

@@ -9,12 +9,9 @@ from typing import Any
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import f2, label, rule_line, setup_line
-from idattn.studies.repro_runs import context_use, lm_ppl
+from idattn.studies.repro_runs import Tally, context_use
 from idattn.studies.repro_verdicts import stats, verdict_c, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, ReproError, Table, missing_note, run_cost, write_table
-
-MIXERS3 = ("softmax", "interdomain", "s4d_only")
-HINT = "rerun the command to train / evaluate them"
+from idattn.studies.runcache import Ctx, ReproError, Table, compute_line, write_table
 
 
 def table_length(ctx: Ctx) -> dict[str, Any]:
@@ -24,8 +21,7 @@ def table_length(ctx: Ctx) -> dict[str, Any]:
     if size != ctx.size:
         ctx = ctx.for_size(size)
     md, data = length_at(ctx)
-    write_table(ctx, "length", md, data)
-    return data
+    return write_table(ctx, "length", md, data)
 
 
 def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
@@ -34,26 +30,21 @@ def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
     t0 = time.time()
     lengths = ctx.lengths()
     L1, L4 = lengths[0], lengths[-1]
-    mixers = tuple(getattr(ctx.exp, "LENGTH_MIXERS", ("softmax", "interdomain", "s4d_only")))
+    mixers = tuple(getattr(ctx.exp, "LENGTH_MIXERS", P.MIXERS))
     if "softmax" not in mixers or "interdomain" not in mixers:
         raise ReproError(f"experiments/repro.py LENGTH_MIXERS={mixers!r}: claim (c) needs softmax and interdomain")
     variants = [("softmax", "scaled", "no Δ")] + [(m, dt, None) for dt in ("scaled", "paper")
                                                   for m in mixers if m != "softmax"]
-    missing, cost = [], 0.0
-    rows, jrows = [], []
+    tally, rows, jrows = Tally(), [], []
     ratios: dict[tuple[str, str], list[float]] = {}
     got: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
     seed_ratios: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
     for s in ctx.seeds:  # seeds outer: an interrupted run has every variant at seed 0 first
         for mixer, dt, _ in variants:
-            r = lm_ppl(ctx, mixer, dt, s, lengths)
-            if r is None or any(L not in r for L in lengths):
-                missing.append(f"{mixer}-{dt}-s{s}")
-                seed_ratios[(mixer, dt)].append(None)
-                continue
-            got[(mixer, dt)].append(r)
-            seed_ratios[(mixer, dt)].append(r[L4] / r[L1])
-            cost += run_cost(ctx.lm_dir(mixer, dt, s))
+            r = tally.ppl(ctx, mixer, dt, s, lengths, name=f"{mixer}-{dt}-s{s}")
+            seed_ratios[(mixer, dt)].append(None if r is None else r[L4] / r[L1])
+            if r is not None:
+                got[(mixer, dt)].append(r)
     for mixer, dt, note in variants:
         per_seed = got[(mixer, dt)]
         rat = [r[L4] / r[L1] for r in per_seed]
@@ -105,15 +96,13 @@ def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
         f"({vc.why}; paper 14K/4K: Interdomain {P.TABLE2['interdomain'][2] / P.TABLE2['interdomain'][0]:.3f}, "
         f"Softmax {P.TABLE2['softmax'][2] / P.TABLE2['softmax'][0]:.3f})",
         f"- the same criterion with the paper's Δ range: {verdict_md(vc_paper)} ({vc_paper.why})", "",
-        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{ctx.invocation_time(wall)})." + missing_note(missing, ctx, HINT)])
+        compute_line(ctx, tally.cost, wall, missing=tally.missing)])
     data = {"table": "length", "paper_table": TABLE.paper, "size": ctx.size, "lengths": lengths, "setup": setup_line(ctx), "rows": jrows,
             "softmax_context_use_per_seed": uses,
-            "verdicts": {"c": verdict_json(vc, md=verdict_md(vc)),
-                         "c_paper_dt": verdict_json(vc_paper, md=verdict_md(vc_paper))},
+            "verdicts": {"c": verdict_json(vc), "c_paper_dt": verdict_json(vc_paper)},
             "paper": {"source": "TABLE2", "ratios": list(P.EXTRAP_RATIOS), "table2": {k: list(v) for k, v in
                                                                                       P.TABLE2.items()}},
-            "compute_s": cost, "wall_s": wall, "missing": missing}
+            "compute_s": tally.cost, "wall_s": wall, "missing": tally.missing}
     return md, data
 
 
@@ -153,8 +142,7 @@ def table_length_climb(ctx: Ctx) -> dict[str, Any]:
         f"{ctx.invocation_time(wall)}).")
     data = {"table": "length_climb", "points": points, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
             "missing": missing}
-    write_table(ctx, "length_climb", md, data)
-    return data
+    return write_table(ctx, "length_climb", md, data)
 
 
 TABLE = Table("length", "Table 2: length extrapolation, perplexity against evaluation length (trained at {L} tokens; "

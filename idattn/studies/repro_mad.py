@@ -7,16 +7,15 @@ it of acc(a) − acc(b), a = (dual KV | query | RoPE): positive when a is better
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from idattn.eval.mad import TASKS
 from idattn.eval.markdown import markdown_table
 from idattn.models.counting import state_budget
-from idattn.studies.repro_runs import cells, mad_dir, mad_model_config, mad_recipe, mad_run
+from idattn.studies.repro_runs import Tally, cells, mad_dir, mad_model_config, mad_recipe, mad_run
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
+from idattn.studies.runcache import Ctx, Table, missing_note, write_table
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
 
@@ -31,29 +30,23 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
     r = ctx.exp.MAD_SIZES[ctx.size]
     tasks = tuple(r["tasks"])
     cs = cells()
-    acc = {t: {c: [] for c in cs} for t in tasks}
-    missing, cost = [], 0.0
+    acc, got = {t: {c: [] for c in cs} for t in tasks}, Tally()
     for s in ctx.seeds:
         for t in tasks:
             for c in cs:
-                v = mad_run(ctx, c, t, s)
-                acc[t][c].append(v)
-                if v is None:
-                    missing.append(os.path.basename(mad_dir(ctx, c, t, s)))
-                else:
-                    cost += run_cost(mad_dir(ctx, c, t, s))
+                acc[t][c].append(got.take(mad_run(ctx, c, t, s), mad_dir(ctx, c, t, s)))
     verdicts, lines = {}, []
     for t in tasks:
         ax = [acc_axes({c: acc[t][c][i] for c in cs}) for i in range(len(ctx.seeds))]
         vd = verdict_d(ax, judged=ctx.judged, unit="pts")
-        verdicts[f"d_{t}"] = verdict_json(vd, task=t, md=verdict_md(vd))
+        verdicts[f"d_{t}"] = verdict_json(vd, task=t)
         lines.append(f"- {t}: (d) the query readout is the dominant axis and RoPE barely matters: {verdict_md(vd)} "
                      f"({vd.why})")
         if t in RECALL_TASKS:
             # Interdomain and S4D-only are the cube cells dualkv-query-rope and generic-linear-norope
             ve = verdict_e(acc[t]["softmax"], acc[t]["dualkv-query-rope"], acc[t]["generic-linear-norope"],
                            judged=ctx.judged)
-            verdicts[f"e_{t}"] = verdict_json(ve, task=t, md=verdict_md(ve))
+            verdicts[f"e_{t}"] = verdict_json(ve, task=t)
             lines.append(f"- {t}: (e) Softmax ≥ Interdomain > S4D-only: {verdict_md(ve)} ({ve.why})")
     pct = lambda vs: " / ".join("—" if v is None else f"{100 * v:.1f}" for v in vs)  # noqa: E731
     rows = [[f"`{c}`"] + [pct(acc[t][c]) for t in tasks] for c in cs]
@@ -80,13 +73,12 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
             "points here).")
     md = "\n".join(["## " + TABLE.title, "", setup, "",
                     markdown_table(["cell"] + list(tasks), rows), "", rule, "", *lines, "",
-                    f"Compute: {cost / 60:.1f} min of training over the runs of this table."
-                    + missing_note(missing, ctx)])
+                    f"Compute: {got.cost / 60:.1f} min of training over the runs of this table."
+                    + missing_note(got.missing, ctx)])
     data = {"table": "mad", "size": ctx.size, "tasks": list(tasks), "accuracy": acc, "verdicts": verdicts,
-            "setup": setup, "recipe": mad_recipe(ctx), "compute_s": cost, "wall_s": time.time() - t0,
-            "missing": missing}
-    write_table(ctx, "mad", md, data)
-    return data
+            "setup": setup, "recipe": mad_recipe(ctx), "compute_s": got.cost, "wall_s": time.time() - t0,
+            "missing": got.missing}
+    return write_table(ctx, "mad", md, data)
 
 
 TABLE = Table("mad", "MAD synthetic tasks (Poli et al. 2024): Softmax and the mechanism cube", table_mad, where="MAD")

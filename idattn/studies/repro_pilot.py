@@ -24,9 +24,9 @@ from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.models.counting import count_params_closed
 from idattn.studies.claims import CLAIMS, label
-from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_runs import Tally, lm_ppl
 from idattn.studies.repro_verdicts import half_width, sd
-from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, write_table
 
 
 def targets() -> dict[str, dict[str, Any]]:
@@ -86,18 +86,15 @@ def pilot_cells(ctx: Ctx) -> list[dict[str, Any]]:
         lengths = [L, 4 * L]
         seeds = tuple(ctx.seeds)
         per: dict[str, dict[str, list]] = {m: {"ln_ppl": [], "ln_r": [], "curve": []} for m in pilot["mixers"]}
-        missing, cost = [], 0.0
+        got = Tally()
         for s in seeds:  # seeds outer: a stop leaves whole pairs
             for m in pilot["mixers"]:
-                r = lm_ppl(c, m, dt, s, lengths)
-                wd = c.lm_dir(m, dt, s)
-                if not r or L not in r:
-                    missing.append(f"{size}/{os.path.basename(wd)}")
+                r, wd = lm_ppl(c, m, dt, s, lengths), c.lm_dir(m, dt, s)
+                if got.take(r if r and L in r else None, wd, f"{size}/{os.path.basename(wd)}") is None:
                     for k in per[m]:
                         per[m][k].append(None)
                     continue
                 rec = read_marker(wd)
-                cost += run_cost(wd)
                 per[m]["ln_ppl"].append(math.log(r[L]))
                 per[m]["ln_r"].append(math.log(r[4 * L] / r[L]) if r.get(4 * L) else None)
                 per[m]["curve"].append(curve_stats(rec.get("loss_curve"), int(z["warmup_steps"])))
@@ -109,7 +106,7 @@ def pilot_cells(ctx: Ctx) -> list[dict[str, Any]]:
         out.append({"size": size, "steps": int(z["num_steps"]), "batch": int(z["batch_size"]), "seq_len": L,
                     "warmup": int(z["warmup_steps"]), "peak_lr": float(z.get("peak_lr", 3e-3)),
                     "tokens": int(z["num_steps"]) * int(z["batch_size"]) * L, "seeds": list(seeds), "per": per,
-                    "pair_log_ratio": pair, "c_gap": gap, "sd": sds, "missing": missing, "compute_s": cost})
+                    "pair_log_ratio": pair, "c_gap": gap, "sd": sds, "missing": got.missing, "compute_s": got.cost})
     return out
 
 
@@ -133,8 +130,7 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
     if not ctx.judged or not hasattr(ctx.exp, "PILOT_SIZES"):
         md = "## Pilot\n\nToy size: no pilot (it is defined for the reproduction's sizes only)."
         data = {"table": "pilot", "cells": [], "rule": [], "compute_s": 0.0, "missing": []}
-        write_table(ctx, "pilot", md, data)
-        return data
+        return write_table(ctx, "pilot", md, data)
     cells = pilot_cells(ctx)
     rule = apply_rule(cells)
     T = targets()
@@ -191,14 +187,11 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
         *((["The alternative that fits the ~10 CPU-hour budget (experiments/repro.py CLIMB_BUDGET; not the recipe "
              "of record):", "", recipe_md(ctx.exp, ctx.exp.CLIMB_BUDGET), ""])
           if getattr(ctx.exp, "CLIMB_BUDGET", ()) else []),
-        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{ctx.invocation_time(time.time() - t0)})."
-        + missing_note(missing, ctx, "rerun without --render_only to train them")])
+        compute_line(ctx, cost, time.time() - t0, hint="rerun without --render_only to train them", missing=missing)])
     data = {"table": "pilot", "cells": cells, "rule": rule, "targets": T, "compute_s": cost,
             "recipe": recipe_rows(ctx.exp) if getattr(ctx.exp, "CLIMB", ()) else [],
             "wall_s": time.time() - t0, "missing": missing}
-    write_table(ctx, "pilot", md, data)
-    return data
+    return write_table(ctx, "pilot", md, data)
 
 
 # ------------------------------------------------------------------------------------------------ the recipe's cost

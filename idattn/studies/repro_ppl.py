@@ -2,19 +2,15 @@
 the training context, both Δ ranges; claims (a) and (b)."""
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import f2, label, rule_line, setup_line
-from idattn.studies.repro_runs import lm_ppl
+from idattn.studies.repro_runs import Tally
 from idattn.studies.repro_verdicts import paired, stats, verdict_a, verdict_b, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, ReproError, Table, missing_note, read_marker, run_cost, write_table
-
-MIXERS3 = ("softmax", "interdomain", "s4d_only")
-HINT = "rerun the command to train / evaluate them"
+from idattn.studies.runcache import Ctx, ReproError, Table, compute_line, read_marker, write_table
 
 
 def table_ppl(ctx: Ctx) -> dict[str, Any]:
@@ -28,25 +24,20 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
     if dts[0] != primary:
         raise ReproError(f"experiments/repro.py PPL_DTS={dts!r}: the primary range {primary!r} must come first")
     variants = tuple(getattr(ctx.exp, "PPL_VARIANTS", ()))
-    per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in MIXERS3 + variants}
-    params, missing, cost = {}, [], 0.0
+    per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in P.MIXERS + variants}
+    params, got = {}, Tally()
     for dt in dts:
         for s in ctx.seeds:  # seeds outer: an interrupted run has every mixer at seed 0 first
-            for mixer in MIXERS3 + (variants if dt == primary else ()):
-                r = lm_ppl(ctx, mixer, dt, s, [L])
-                if r is None or L not in r:
-                    missing.append(os.path.basename(ctx.lm_dir(mixer, dt, s)))
-                    per[(mixer, dt)].append(None)
-                    continue
-                per[(mixer, dt)].append(r[L])
-                params[mixer] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
-                if not (mixer == "softmax" and dt != dts[0]):
-                    cost += run_cost(ctx.lm_dir(mixer, dt, s))
+            for mixer in P.MIXERS + (variants if dt == primary else ()):
+                r = got.ppl(ctx, mixer, dt, s, [L], cost=not (mixer == "softmax" and dt != dts[0]))
+                per[(mixer, dt)].append(None if r is None else r[L])
+                if r is not None:
+                    params[mixer] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
     pp = P.VAL_PPL["125m"]
-    rows, jrows, verdicts = [], [], {}
+    rows, jrows, verdicts, lines = [], [], {}, []
     for dt in dts:
         soft = per[("softmax", dt)]
-        for m in MIXERS3 + (variants if dt == primary else ()):
+        for m in P.MIXERS + (variants if dt == primary else ()):
             v = per[(m, dt)]
             base = m.partition("+")[0]  # the paper's row of a variant (the paper does not give the readout scale)
             st = stats(v)
@@ -65,25 +56,19 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)], judged=ctx.judged)
         vb = verdict_b(per[("interdomain", dt)], soft, judged=ctx.judged)
         sfx = "" if dt == primary else f"_{dt}_dt"
-        verdicts["a" + sfx] = verdict_json(va, dt=dt, md=verdict_md(va))
-        verdicts["b" + sfx] = verdict_json(vb, dt=dt, md=verdict_md(vb))
+        verdicts["a" + sfx] = verdict_json(va, dt=dt)
+        verdicts["b" + sfx] = verdict_json(vb, dt=dt)
+        tag = f"{dt} Δ" + (" (primary)" if dt == primary else "")
+        lines += [f"- {tag}: (a) Interdomain beats S4D-only: {verdict_md(va)} ({va.why}; paper "
+                  f"{pp['s4d_only'] / pp['interdomain']:.3f})",
+                  f"- {tag}: (b) Interdomain matches (within 2%) or beats Softmax: {verdict_md(vb)} ({vb.why}; paper "
+                  f"{pp['interdomain'] / pp['softmax']:.3f})"]
     for m in variants:  # (a) against each variant of S4D-only: shown, never the verdict of record
         va = verdict_a(per[("interdomain", primary)], per[(m, primary)], judged=ctx.judged)
-        verdicts[f"a_{m}"] = verdict_json(va, dt=primary, variant=m, md=verdict_md(va))
-    wall = time.time() - t0
-    lines = []
-    for dt in dts:
-        sfx = "" if dt == primary else f"_{dt}_dt"
-        va, vb = verdicts["a" + sfx], verdicts["b" + sfx]
-        tag = f"{dt} Δ" + (" (primary)" if dt == primary else "")
-        lines += [f"- {tag}: (a) Interdomain beats S4D-only: {va['md']} ({va['why']}; paper "
-                  f"{pp['s4d_only'] / pp['interdomain']:.3f})",
-                  f"- {tag}: (b) Interdomain matches (within 2%) or beats Softmax: {vb['md']} ({vb['why']}; paper "
-                  f"{pp['interdomain'] / pp['softmax']:.3f})"]
-    for m in variants:
-        va = verdicts[f"a_{m}"]
+        verdicts[f"a_{m}"] = verdict_json(va, dt=primary, variant=m)
         lines.append(f"- {primary} Δ, against {label(m)} (a variant, not the verdict of record): (a) "
-                     f"{va['md']} ({va['why']}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
+                     f"{verdict_md(va)} ({va.why}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
+    wall = time.time() - t0
     md = "\n".join([
         "## " + TABLE.title.format(L=L), "",
         setup_line(ctx), "",
@@ -93,14 +78,11 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         markdown_table(["mixer", "Δ", "params", "ppl per seed", "ppl mean", "seed spread", "ratio to Softmax per seed",
                    "ratio of means", "paper 125M ppl †", "paper ratio to Softmax †"], rows), "",
         "† The paper's numbers (FineWeb-Edu, 125M, 2.5B tokens): only the ratio columns compare.", "",
-        rule_line(ctx), "", *lines, "",
-        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{ctx.invocation_time(wall)})." + missing_note(missing, ctx, HINT)])
+        rule_line(ctx), "", *lines, "", compute_line(ctx, got.cost, wall, missing=got.missing)])
     data = {"table": "ppl", "paper_table": TABLE.paper, "size": ctx.size, "eval_length": L, "primary_dt": primary, "setup": setup_line(ctx),
             "rows": jrows, "verdicts": verdicts, "paper": {"source": "VAL_PPL['125m']", "ppl": dict(pp)},
-            "compute_s": cost, "wall_s": wall, "missing": missing}
-    write_table(ctx, "ppl", md, data)
-    return data
+            "compute_s": got.cost, "wall_s": wall, "missing": got.missing}
+    return write_table(ctx, "ppl", md, data)
 
 
 TABLE = Table("ppl", "Fig. 2 (its 125M point): validation perplexity at the training context ({L} tokens)", table_ppl,

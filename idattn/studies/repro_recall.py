@@ -8,12 +8,9 @@ from typing import Any
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import by_seed, label, rule_line
-from idattn.studies.repro_runs import mqar_run, text_recall
+from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import verdict_e, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
-
-MIXERS3 = ("softmax", "interdomain", "s4d_only")
-HINT = "rerun the command to train / evaluate them"
+from idattn.studies.runcache import HINT, Ctx, Table, missing_note, write_table
 
 
 def mqar_seeds(ctx: Ctx) -> list[int]:
@@ -31,43 +28,38 @@ def _seed_gap(accs: list) -> str:
 def table_recall(ctx: Ctx) -> dict[str, Any]:
     t0 = time.time()
     mq = ctx.exp.MQAR[ctx.size]
-    main_key = f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"
-    grid_keys = [main_key] + [f"mqar@{T}x{Pp}/acc" for T, Pp in mq["test_grid"]]
-    missing, cost = [], 0.0
-    mq_acc = {m: {k: [] for k in grid_keys} for m in MIXERS3}
-    mq_seeds: dict[str, list[int]] = {m: [] for m in MIXERS3}
-    mq_loss: dict[str, list] = {m: [] for m in MIXERS3}  # the last logged training loss: a seed that did not learn
+    grid_keys = mqar_keys(mq)
+    main_key, got = grid_keys[0], Tally()
+    mq_acc = {m: {k: [] for k in grid_keys} for m in P.MIXERS}
+    mq_seeds: dict[str, list[int]] = {m: [] for m in P.MIXERS}
+    mq_loss: dict[str, list] = {m: [] for m in P.MIXERS}  # the last logged training loss: a seed that did not learn
     seeds = mqar_seeds(ctx)
     for s in seeds:
-        for m in MIXERS3:
-            r = mqar_run(ctx, m, s)
+        for m in P.MIXERS:
+            r = got.take(mqar_run(ctx, m, s), ctx.mqar_dir(m, s), f"mqar {m}-s{s}")
             if r is None:
-                missing.append(f"mqar {m}-s{s}")
                 continue
-            cost += run_cost(ctx.mqar_dir(m, s))
             mq_seeds[m].append(s)
             mq_loss[m].append((r.get("details") or {}).get("loss"))
             for k in grid_keys:
                 mq_acc[m][k].append(r["metrics"].get(k))
     tr = ctx.exp.TEXT_RECALL[ctx.size]
-    niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
-    text_keys = [f"niah@{L}/acc" for L in niah] + [f"phonebook@{n}/acc" for n in tr["phonebook_sizes"]]
-    text = {m: {k: [] for k in text_keys} for m in MIXERS3}
+    niah, text_keys = text_recall_setup(ctx)
+    text = {m: {k: [] for k in text_keys} for m in P.MIXERS}
     for s in [s for s in ctx.seeds if s in tr.get("seeds", ctx.seeds)]:
-        for m in MIXERS3:
-            r = text_recall(ctx, m, s)
-            if r is None:
-                missing.append(f"text recall {os.path.basename(ctx.lm_dir(m, ctx.exp.PRIMARY_DT, s))}")
-                continue
-            for k in text_keys:
-                text[m][k].append(r.get(k))
-    ve = verdict_e(*(by_seed(mq_seeds[m], mq_acc[m][main_key], seeds) for m in MIXERS3), judged=ctx.judged)
+        for m in P.MIXERS:
+            wd = ctx.lm_dir(m, ctx.exp.PRIMARY_DT, s)
+            r = got.take(text_recall(ctx, m, s), wd, f"text recall {os.path.basename(wd)}", cost=False)
+            if r is not None:
+                for k in text_keys:
+                    text[m][k].append(r.get(k))
+    ve = verdict_e(*(by_seed(mq_seeds[m], mq_acc[m][main_key], seeds) for m in P.MIXERS), judged=ctx.judged)
     pct = lambda vs: " / ".join(f"{100 * v:.1f}" for v in vs if v is not None) or "—"  # noqa: E731
     mq_rows = [[label(m)] + [pct(mq_acc[m][k]) for k in grid_keys]
-               + [" / ".join("—" if v is None else f"{v:.3f}" for v in mq_loss[m]) or "—"] for m in MIXERS3]
+               + [" / ".join("—" if v is None else f"{v:.3f}" for v in mq_loss[m]) or "—"] for m in P.MIXERS]
     tx_rows = [[label(m)] + [pct(text[m][k]) for k in text_keys]
                + [" / ".join(f"{v:g}" for v in P.TABLE9_NIAH[m]), " / ".join(f"{v:g}" for v in P.TABLE9_PHONEBOOK[m])]
-               for m in MIXERS3]
+               for m in P.MIXERS]
     wall = time.time() - t0
     c = ctx.exp.get_mqar_config("softmax", ctx.size)
     md = "\n".join([
@@ -82,7 +74,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                        + ["train loss at the end"], mq_rows), "",
         f"Seeds alike (the new recipe's check: no seed more than 10 points from the others at T x pairs {mq['seq_len']} x "
         f"{mq['num_kv_pairs']}): the largest gap between two seeds, in points: " + "; ".join(
-            f"{label(m)} {_seed_gap(mq_acc[m][main_key])}" for m in MIXERS3) + ".", "",
+            f"{label(m)} {_seed_gap(mq_acc[m][main_key])}" for m in P.MIXERS) + ".", "",
         f"Text recall on the `ppl` models (trained at {ctx.train_len()} tokens on KJV; seeds "
         f"{[s for s in ctx.seeds if s in tr.get('seeds', ctx.seeds)]}), {tr['n']} examples per "
         f"setting, greedy exact match (%), per seed; the paper's Table 9 (1.3B; S-NIAH-1 at 1K / 2K / 4K / 8K, "
@@ -94,18 +86,17 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         rule_line(ctx), "",
         f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
         f"pairs): {verdict_md(ve)} ({ve.why})", "",
-        f"Compute: {cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
-        f"included: {ctx.invocation_time(wall)})." + missing_note(missing, ctx, HINT)])
-    data = {"table": "recall", "paper_table": TABLE.paper, "size": ctx.size, "mqar": {m: mq_acc[m] for m in MIXERS3},
+        f"Compute: {got.cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
+        f"included: {ctx.invocation_time(wall)})." + missing_note(got.missing, ctx, HINT)])
+    data = {"table": "recall", "paper_table": TABLE.paper, "size": ctx.size, "mqar": {m: mq_acc[m] for m in P.MIXERS},
             "mqar_final_loss": mq_loss, "mqar_seeds": mq_seeds, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},
             "text_setup": {"niah_lengths": niah, "phonebook_sizes": list(tr["phonebook_sizes"]), "n": tr["n"]},
-            "verdicts": {"e": verdict_json(ve, md=verdict_md(ve))},
+            "verdicts": {"e": verdict_json(ve)},
             "paper": {"source": "TABLE9_NIAH, TABLE9_PHONEBOOK", "niah": {k: list(v) for k, v in P.TABLE9_NIAH.items()},
                       "phonebook": {k: list(v) for k, v in P.TABLE9_PHONEBOOK.items()}},
-            "compute_s": cost, "wall_s": wall, "missing": missing}
-    write_table(ctx, "recall", md, data)
-    return data
+            "compute_s": got.cost, "wall_s": wall, "missing": got.missing}
+    return write_table(ctx, "recall", md, data)
 
 
 TABLE = Table("recall", "Table 9: recall, at small size", table_recall, paper="Table 9", where="MQAR")

@@ -30,7 +30,8 @@ from idattn.models.spec import cube_cells
 from idattn.rundir import load_params
 from idattn.rundir.schema import read_results, result_path, write_result
 from idattn.studies.code_hash import synthetic_train_hash, train_code_hash
-from idattn.studies.runcache import Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_name
+from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_cost,
+                                    run_name)
 from idattn.train.step import token_nll
 
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
@@ -185,6 +186,36 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
     return out
 
 
+class Tally:
+    """What a table read: the recorded compute of its runs and the names of the runs it lacks."""
+
+    def __init__(self):
+        self.cost, self.missing = 0.0, []
+
+    def take(self, value, wd: str, name: str | None = None, cost: bool = True):
+        """`value`, one run's result, adding the run's recorded compute (unless `cost` is false: a run counted
+        elsewhere); None when there is none, the run named missing (`name`, else its folder's name)."""
+        if value is None:
+            self.missing.append(os.path.basename(wd) if name is None else name)
+        elif cost:
+            self.cost += run_cost(wd)
+        return value
+
+    def ppl(self, ctx: Ctx, mixer: str, dt: str, seed: int, lengths, name: str | None = None,
+            cost: bool = True) -> dict[int, float] | None:
+        """lm_ppl's {L: perplexity} of one run when it has every length of `lengths`, else None (`take`)."""
+        r = lm_ppl(ctx, mixer, dt, seed, lengths)
+        return self.take(r if r is not None and all(L in r for L in lengths) else None, ctx.lm_dir(mixer, dt, seed),
+                         name, cost)
+
+
+def text_recall_setup(ctx: Ctx) -> tuple[list[int], list[str]]:
+    """The text-recall suite's S-NIAH-1 lengths (TEXT_RECALL's ratios of the training length) and its metric keys."""
+    tr = ctx.exp.TEXT_RECALL[ctx.size]
+    niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
+    return niah, [f"niah@{n}/acc" for n in niah] + [f"phonebook@{n}/acc" for n in tr["phonebook_sizes"]]
+
+
 def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
     """S-NIAH-1 and phonebook accuracy of the `ppl` run (mixer, primary Δ, seed)."""
     tr = ctx.exp.TEXT_RECALL[ctx.size]
@@ -192,7 +223,7 @@ def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
     if rec is None:
         return None
     wd = ctx.lm_dir(mixer, ctx.exp.PRIMARY_DT, seed)
-    niah = [int(round(r * ctx.train_len())) for r in tr["niah_ratios"]]
+    niah = text_recall_setup(ctx)[0]
     proto = {"corpus": "niah+phonebook", "tokens": int(tr["n"]), "context": niah + [f"pb{n}" for n in
                                                                                       tr["phonebook_sizes"]],
              "method": "greedy exact match of the answer (idattn.eval.recall)"}
@@ -254,6 +285,11 @@ MQAR_ACC_TOL = 1e-3  # re-scored accuracy may move by this much (4 of 4,000 quer
 EXECUTION_KEYS = ("impl", "attn_impl", "remat", "scan_layers")  # how a model runs, not what it computes
 
 
+def mqar_keys(mq) -> list[str]:
+    """The result keys of an MQAR recipe (experiments/repro.py MQAR[size]): its training setting, then its test grid."""
+    return [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
+
+
 def mqar_model_record(model_cfg) -> dict[str, Any]:
     """The MQAR model as a run's marker records it (JSON, without the execution-only keys)."""
     return {k: v for k, v in json.loads(json.dumps(model_cfg.to_dict(), default=str)).items()
@@ -307,15 +343,11 @@ def mqar_run(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                                "method": "Zoology MQAR, accuracy at query positions"})
         return {}
 
-    def read(rec):
-        recs = read_results(wd, "recall") if os.path.isdir(wd) else []
-        return recs[-1] if recs else None
-
     return cached(ctx, wd, mixer=mixer, ident={"recipe": json.loads(json.dumps(q.to_dict())),
                                                "model": mqar_model_record(c.model)},
                   legacy=("model",), stamp_legacy=True, fields={"mixer": mixer, "seed": seed, "size": ctx.size},
-                  model=c.model, train=train, read=read, train_src=synthetic_train_hash(),
-                  verify=lambda: verify_mqar(ctx, mixer, seed, wd))
+                  model=c.model, train=train, read=lambda rec: last_result(wd, "recall"),
+                  train_src=synthetic_train_hash(), verify=lambda: verify_mqar(ctx, mixer, seed, wd))
 
 
 # ------------------------------------------------------------------------------------------------ MAD
@@ -333,13 +365,24 @@ def mad_recipe(ctx: Ctx) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in ctx.exp.MAD_SIZES[ctx.size].items() if k != "tasks"}))
 
 
-def mad_model_config(ctx: Ctx, cell: str):
-    """The MQAR recipe's model for `cell` at MAD's width and depth (a MAD size of its own names the size whose MQAR
-    model it trains: `model_size`), with a vocabulary holding every MAD task's (memorization: 256)."""
-    c = ctx.exp.get_mqar_config(cell, ctx.exp.MAD_SIZES[ctx.size].get("model_size", ctx.size)).model
-    c.update(ctx.exp.MAD_SIZES[ctx.size]["model"])
-    c.vocab_size = 256
+def task_model_config(ctx: Ctx, mixer: str, recipe: dict[str, Any], vocab_size: int):
+    """The MQAR recipe's model for `mixer` at a synthetic task recipe's width and depth (`recipe["model"]`; a recipe
+    of its own names the size whose MQAR model it trains: `model_size`), with the task's vocabulary."""
+    c = ctx.exp.get_mqar_config(mixer, recipe.get("model_size", ctx.size)).model
+    c.update(recipe["model"])
+    c.vocab_size = vocab_size
     return c
+
+
+def last_result(wd: str, suite: str) -> dict[str, Any] | None:
+    """The run's newest `suite` result, or None."""
+    recs = read_results(wd, suite) if os.path.isdir(wd) else []
+    return recs[-1] if recs else None
+
+
+def mad_model_config(ctx: Ctx, cell: str):
+    """MAD's model for `cell` (task_model_config) with a vocabulary holding every MAD task's (memorization: 256)."""
+    return task_model_config(ctx, cell, ctx.exp.MAD_SIZES[ctx.size], 256)
 
 
 def mad_run(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
@@ -361,8 +404,8 @@ def mad_run(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
         return {}
 
     def read(rec):
-        recs = read_results(wd, "mad") if os.path.isdir(wd) else []
-        return float(recs[-1]["metrics"][f"mad/{task}/acc"]) if recs else None
+        r = last_result(wd, "mad")
+        return float(r["metrics"][f"mad/{task}/acc"]) if r else None
 
     return cached(ctx, wd, mixer=cell, ident={"recipe": mad_recipe(ctx)}, model=model, train=train, read=read,
                   fields={"cell": cell, "task": task, "seed": seed, "size": ctx.size},
@@ -380,12 +423,8 @@ def state_recipe(ctx: Ctx) -> dict[str, Any]:
 
 
 def state_model_config(ctx: Ctx, mixer: str):
-    """The MQAR recipe's model for `mixer` at STATE_TRACKING's width and depth, with a 16-token vocabulary (the
-    tasks use 4 and 10)."""
-    c = ctx.exp.get_mqar_config(mixer, ctx.size).model
-    c.update(ctx.exp.STATE_TRACKING[ctx.size]["model"])
-    c.vocab_size = 16
-    return c
+    """State tracking's model for `mixer` (task_model_config) with a 16-token vocabulary (the tasks use 4 and 10)."""
+    return task_model_config(ctx, mixer, ctx.exp.STATE_TRACKING[ctx.size], 16)
 
 
 def state_run(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | None:
@@ -409,10 +448,10 @@ def state_run(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | 
         return {}
 
     def read(rec):
-        recs = read_results(wd, "state") if os.path.isdir(wd) else []
-        if not recs:
+        r = last_result(wd, "state")
+        if not r:
             return None
-        met, det = recs[-1]["metrics"], recs[-1].get("details") or {}
+        met, det = r["metrics"], r.get("details") or {}
         out = {"acc": float(met[f"state/{task}/acc"]), "scaled": float(met[f"state/{task}/scaled"])}
         if det.get("loss") is not None:  # the last training batch's loss: was the task learnt at training lengths?
             out["train_loss"] = float(det["loss"])

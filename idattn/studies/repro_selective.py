@@ -14,16 +14,15 @@ with ours.
 from __future__ import annotations
 
 import math
-import os
 import time
 from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.eval.state_tracking import PROTOCOL, TASKS as STATE_TASKS
 from idattn.studies.claims import QUESTIONS, label
-from idattn.studies.repro_runs import lm_ppl, mad_dir, mad_run, mqar_run, state_dir, state_run
+from idattn.studies.repro_runs import Tally, mad_dir, mad_run, mqar_keys, mqar_run, state_dir, state_run
 from idattn.studies.repro_verdicts import answer
-from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
+from idattn.studies.runcache import Ctx, Table, missing_note, write_table
 
 TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # --tasks: the families one invocation trains
 # Published numbers the table echoes, in %: other models, data and training.
@@ -43,7 +42,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     acc: dict[str, dict[str, dict[int, float]]] = {}  # task key -> mixer -> seed -> accuracy (scaled for state)
     raw: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the unscaled accuracy
     train_loss: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the last training batch's loss
-    missing, cost = [], 0.0
+    got = Tally()
 
     def put(key, m, s, v, store=acc):
         store.setdefault(key, {x: {} for x in mixers})[m][s] = v
@@ -53,37 +52,30 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     for s in seeds:  # the cheapest runs first: state tracking, then MAD, MQAR, the language models
         for task in sel["state_tasks"]:
             for m in mixers:
-                r = state_run(sctx, m, task, s)
+                r = got.take(state_run(sctx, m, task, s), state_dir(ctx, m, task, s))
                 if r is None:
-                    missing.append(os.path.basename(state_dir(ctx, m, task, s)))
                     continue
                 put(f"state/{task}", m, s, r["scaled"])
                 put(f"state/{task}", m, s, r["acc"], raw)
                 if "train_loss" in r:
                     put(f"state/{task}", m, s, r["train_loss"], train_loss)
-                cost += run_cost(state_dir(ctx, m, task, s))
     mctx = ctx.for_task("mad").for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table
     for s in seeds:
         for task in sel["mad_tasks"]:
             for m in mixers:
-                v = mad_run(mctx, m, task, s)
-                if v is None:
-                    missing.append(os.path.basename(mad_dir(mctx, m, task, s)))
-                    continue
-                put(f"mad/{task}", m, s, v)
-                cost += run_cost(mad_dir(mctx, m, task, s))
+                v = got.take(mad_run(mctx, m, task, s), mad_dir(mctx, m, task, s))
+                if v is not None:
+                    put(f"mad/{task}", m, s, v)
     mq = ctx.exp.MQAR[ctx.size]
-    mq_keys = [f"mqar@{mq['seq_len']}x{mq['num_kv_pairs']}/acc"] + [f"mqar@{T}x{p}/acc" for T, p in mq["test_grid"]]
+    mq_keys = mqar_keys(mq)
     for s in seeds:
         for m in mixers:
-            r = mqar_run(qctx, m, s)
+            r = got.take(mqar_run(qctx, m, s), ctx.mqar_dir(m, s), f"mqar {m}-s{s}")
             if r is None:
-                missing.append(f"mqar {m}-s{s}")
                 continue
             for k in mq_keys:
                 if r["metrics"].get(k) is not None:
                     put(k, m, s, float(r["metrics"][k]))
-            cost += run_cost(ctx.mqar_dir(m, s))
     dt = ctx.exp.PRIMARY_DT
     lm_sizes = list(ctx.exp.SELECTIVE_LM[ctx.size])
     ppl: dict[str, dict[str, dict[int, float]]] = {z: {m: {} for m in mixers} for z in lm_sizes}
@@ -92,12 +84,9 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         L = c.train_len()
         for s in seeds:
             for m in mixers:
-                r = lm_ppl(c, m, dt, s, [L])
-                if r is None or L not in r:
-                    missing.append(f"lm {z} {m}-s{s}")
-                    continue
-                ppl[z][m][s] = r[L]
-                cost += run_cost(c.lm_dir(m, dt, s))
+                r = got.ppl(c, m, dt, s, [L], name=f"lm {z} {m}-s{s}")
+                if r is not None:
+                    ppl[z][m][s] = r[L]
 
     verdicts, lines = {}, []
     for q, Q in ((q, Q) for q, Q in QUESTIONS.items() if q.startswith("s")):
@@ -161,14 +150,13 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         "above, and never averaged with them):", "",
         markdown_table(["source and task", "time-invariant / no rotation", "selective / rotating"],
                        [list(p) for p in PUBLISHED]), "",
-        f"Compute: {cost / 60:.1f} min over the runs of this table (this invocation "
-        f"{ctx.invocation_time(time.time() - t0)})." + missing_note(missing, ctx)])
+        f"Compute: {got.cost / 60:.1f} min over the runs of this table (this invocation "
+        f"{ctx.invocation_time(time.time() - t0)})." + missing_note(got.missing, ctx)])
     keyed = lambda d: {k: {m: {str(s): v for s, v in x.items()} for m, x in a.items()} for k, a in d.items()}  # noqa: E731
     data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": keyed(acc),
             "state_raw_accuracy": keyed(raw), "state_train_loss": keyed(train_loss), "ppl": keyed(ppl),
-            "verdicts": verdicts, "compute_s": cost, "wall_s": time.time() - t0, "missing": missing}
-    write_table(ctx, "selective", md, data)
-    return data
+            "verdicts": verdicts, "compute_s": got.cost, "wall_s": time.time() - t0, "missing": got.missing}
+    return write_table(ctx, "selective", md, data)
 
 
 TABLE = Table("selective", "The selective core: what a data-dependent decay and phase buy", table_selective, at_toy=False)

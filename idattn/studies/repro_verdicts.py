@@ -53,7 +53,6 @@ from scipy import stats as scipy_stats
 from idattn.eval import paper_numbers as P
 from idattn.models.spec import cube_cells
 
-LEVEL = 0.95
 MIN_SEEDS = 3
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -291,8 +290,8 @@ def stats(vals: list[float]) -> dict[str, Any]:
 
 
 def verdict_json(v: Verdict, **extra) -> dict[str, Any]:
-    """A verdict as the tables' JSON record."""
-    return dict(extra, verdict=v.verdict, why=v.why, rule=METHOD,
+    """A verdict as the tables' JSON record, with `md`: its word as the tables print it (verdict_md)."""
+    return dict(extra, md=verdict_md(v), verdict=v.verdict, why=v.why, rule=METHOD,
                 parts=[{k: p[k] for k in ("name", "values", "interval", "line", "side", "verdict")} for p in v.parts])
 
 

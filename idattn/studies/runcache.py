@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import jax
 
+from idattn import atomic
 from idattn.configs import repro as experiment
 from idattn.data import tokenizer as tok_lib
 from idattn.studies import fingerprint
@@ -65,10 +66,7 @@ def read_marker(wd: str) -> dict[str, Any]:
 
 def write_marker(wd: str, rec: dict[str, Any]) -> None:
     os.makedirs(wd, exist_ok=True)
-    tmp = os.path.join(wd, MARKER + ".tmp")
-    with open(tmp, "w") as f:
-        json.dump(rec, f, indent=1, sort_keys=True)
-    os.replace(tmp, os.path.join(wd, MARKER))
+    atomic.write_json(os.path.join(wd, MARKER), rec, indent=1, sort_keys=True)
 
 
 def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
@@ -291,22 +289,23 @@ def missing_note(missing: list[str], ctx: "Ctx | None" = None,
     return out
 
 
-def compute_line(ctx: Ctx, cost: float, wall: float, what: str = "training + evaluation",
-                 hint: str = "rerun the command to train / evaluate them", missing=()) -> str:
+HINT = "rerun the command to train / evaluate them"  # how a table's reader gets the runs it lacks
+
+
+def compute_line(ctx: Ctx, cost: float, wall: float, what: str = "training + evaluation", hint: str = HINT,
+                 missing=()) -> str:
     """A table's last paragraph: its runs' recorded compute, this invocation's time, and what it lacks."""
     return (f"Compute: {cost / 60:.1f} min of {what} over the runs of this table (this invocation: "
             f"{ctx.invocation_time(wall)})." + missing_note(list(missing), ctx, hint))
 
 
-def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> None:
-    """<root>/<table>[-<size>].md and .json, each written whole and renamed (a kill leaves the previous one)."""
+def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> dict[str, Any]:
+    """<root>/<table>[-<size>].md and .json, each written whole (a kill leaves the previous one); returns `data`."""
     os.makedirs(ctx.root, exist_ok=True)
     for ext, text in (("json", json.dumps(data, indent=1, sort_keys=True, default=float)), ("md", md + "\n")):
-        path = ctx.table_path(table, ext)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
+        atomic.write_text(ctx.table_path(table, ext), text)
     log(f"wrote {ctx.table_path(table, 'md')} and .json")
+    return data
 
 
 # ------------------------------------------------------------------------------- the record (outlives the root)
@@ -376,11 +375,8 @@ def archive_runs(root: str, path: str) -> int:
                 files[f"eval/{n}"] = pathlib.Path(ev, n).read_text()
         rel = os.path.relpath(wd, root)
         runs[rel] = merge_run(runs.get(rel), files)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"format": ARCHIVE_FORMAT, "runs": dict(sorted(runs.items()))}, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    atomic.write_text(path, json.dumps({"format": ARCHIVE_FORMAT, "runs": dict(sorted(runs.items()))}, indent=1,
+                                       sort_keys=True) + "\n")
     return len(runs)
 
 
