@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import ml_collections
 import numpy as np
@@ -213,16 +213,22 @@ def diff_dicts(old: dict, new: dict, prefix: str = "") -> list[tuple[str, Any, A
     return out
 
 
-def last_metrics(workdir: str) -> dict | None:
-    """The last well-formed line of a run's metrics.jsonl (the trainer's per-step log), or None."""
-    last = None
+def metrics_records(workdir: str) -> Iterator[Any]:
+    """Each well-formed line of a run's metrics.jsonl (the trainer's per-step log), in order; none without one."""
     path = os.path.join(workdir, METRICS_FILE)
     if os.path.exists(path):
         with open(path) as f:
             for line in f:
                 try:
-                    last = json.loads(line)
+                    yield json.loads(line)
                 except json.JSONDecodeError:  # a line cut by a kill mid-write
                     pass
+
+
+def last_metrics(workdir: str) -> dict | None:
+    """The last well-formed line of a run's metrics.jsonl, or None."""
+    last = None
+    for last in metrics_records(workdir):
+        pass
     return last
 

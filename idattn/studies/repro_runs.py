@@ -28,6 +28,7 @@ from idattn.eval.scoring import model_score_fn
 from idattn.models import build_model
 from idattn.models.spec import cube_cells
 from idattn.rundir import load_params
+from idattn.rundir.layout import metrics_records
 from idattn.rundir.schema import read_results, result_path, write_result
 from idattn.studies.code_hash import synthetic_train_hash, train_code_hash
 from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_cost,
@@ -102,16 +103,7 @@ def context_protocol(ctx: Ctx) -> dict[str, Any]:
 def loss_curve(wd: str) -> list[list[float]]:
     """[[step, training loss], ...] from the trainer's metrics.jsonl (the loss of that step's batch), kept in the
     marker so that the record holds it (spikes are findings)."""
-    out: dict[int, float] = {}
-    if os.path.exists(os.path.join(wd, "metrics.jsonl")):
-        with open(os.path.join(wd, "metrics.jsonl")) as f:
-            for line in f:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if "loss" in r and "step" in r:
-                    out[int(r["step"])] = round(float(r["loss"]), 5)
+    out = {int(r["step"]): round(float(r["loss"]), 5) for r in metrics_records(wd) if "loss" in r and "step" in r}
     return [[k, out[k]] for k in sorted(out)]
 
 
