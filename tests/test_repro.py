@@ -468,7 +468,7 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
     seen = {base}
     for rel in code_hash.TRAIN_FILES:
         original = (pkg / rel).read_bytes()
-        (pkg / rel).write_bytes(original + b"\n# a change\n")
+        (pkg / rel).write_bytes(original + b"\n_A_CHANGE = 1\n")
         seen.add(fresh_hash())
         (pkg / rel).write_bytes(original)
         assert fresh_hash() == base
@@ -486,7 +486,7 @@ def test_training_code_hash_covers_what_decides_a_runs_numbers(tmp_path, monkeyp
     for rel, moves in [(r, True) for r in code_hash.SYNTHETIC_TRAIN_FILES] + [(os.path.join("data", "pipeline.py"),
                                                                                 False)]:
         original = (pkg / rel).read_bytes()
-        (pkg / rel).write_bytes(original + b"\n# a change\n")
+        (pkg / rel).write_bytes(original + b"\n_A_CHANGE = 1\n")
         assert (fresh_synthetic() != synth) is moves, rel
         (pkg / rel).write_bytes(original)
 

@@ -41,7 +41,7 @@ from idattn.eval.perplexity import eval_batches, perplexities
 from idattn.rundir.layout import config_to_dict
 from idattn.rundir.schema import read_results, write_result
 from idattn.studies.claims import label
-from idattn.studies.code_hash import source_hash, train_code_hash
+from idattn.studies.code_hash import current_train_hash, source_hash, train_code_hash
 from idattn.studies.results import pyplot, save_figure
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
@@ -126,6 +126,9 @@ def claim_run(wd: str, ident: dict[str, str], log=print) -> dict:
             rec = json.load(f)
     except (OSError, ValueError):
         rec = {}
+    if rec.get("code"):  # "<model hash>-<training hash>": a v1 training hash of migrated code reads as its v2 value
+        model_src, _, train_src = rec["code"].rpartition("-")
+        rec["code"] = f"{model_src}-{current_train_hash(train_src)}"
     if rec and all(rec.get(k) == v for k, v in ident.items()):
         return rec
     n = 1

@@ -25,7 +25,7 @@ from idattn import atomic
 from idattn.configs import repro as experiment
 from idattn.data import tokenizer as tok_lib
 from idattn.studies import fingerprint
-from idattn.studies.code_hash import source_hash
+from idattn.studies.code_hash import current_train_hash, source_hash
 
 MARKER = "repro.json"
 RUN_NAME = {"dualkv-query-rope": "interdomain", "generic-linear-norope": "s4d_only",
@@ -103,7 +103,7 @@ def check_reuse(wd: str, src: str, keep_stale: bool, verify=None, train_src: str
             rec["train_src"] = train_src
             write_marker(wd, rec)
             log(f"{wd}: recorded before the training code was hashed; stamped with the current {train_src}")
-        elif rec["train_src"] != train_src:
+        elif current_train_hash(rec["train_src"]) != train_src:  # a v1 stamp of migrated code: its v2 value
             if keep_stale:
                 log(f"{wd}: trained with other training code ({rec['train_src']} != {train_src}); kept "
                     "(--keep_stale)")
