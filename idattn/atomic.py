@@ -12,8 +12,8 @@ the target's suffix (matplotlib and others choose the format from it). Contents 
 rename, so a crash after it cannot leave an empty file under the final name.
 
 One copy stays elsewhere on purpose: ``idattn.data.tokenizer.atomic_write`` (the tokenizer cache), because that
-file's bytes are part of the training-code hash every recorded study run carries (idattn.studies.code_hash): an
-edit there would mark every run of the reproduction as trained with other code.
+file's code is part of the training-code hash every recorded study run carries (idattn.studies.code_hash): an
+edit of it would mark every run of the reproduction as trained with other code.
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags, logging
 
-from idattn.configs.flags import define_model_flags, step_flag
+from idattn.configs.flags import define_model_flags, run_app, step_flag
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
 from idattn.models import decoding
 from idattn.rundir.loading import load_model
@@ -134,7 +134,5 @@ def generate_file() -> None:
 
 
 if __name__ == "__main__":
-    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
-
     define_flags()
     run_app(main)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from absl import app
 from ml_collections import config_flags
 
+from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
 from idattn.models.counting import report
 
 
@@ -27,8 +28,6 @@ def main(argv, config_flag):
 
 
 if __name__ == "__main__":
-    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
-
     # Defined here, not at import: `report` is imported by tests and tools beside other CLIs that define --config.
     _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config, e.g. "
                                               "experiments/scaling.py:softmax,125m", lock_config=False)

@@ -20,7 +20,7 @@ import sys
 
 from absl import app, flags, logging
 
-from idattn.configs.flags import define_model_flags, step_flag
+from idattn.configs.flags import define_model_flags, run_app, step_flag
 from idattn.data import jsonl
 from idattn.data.tokenizer import check_ids, encode, get_tokenizer
 from idattn.eval.scoring import model_score_fn, score_ids, score_sequences
@@ -135,7 +135,5 @@ def score_ids_batched(model, params, all_ids: list[list[int]], batch_size: int) 
 
 
 if __name__ == "__main__":
-    from idattn.configs.flags import run_app
-
     define_flags()
     run_app(main)

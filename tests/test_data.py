@@ -563,17 +563,17 @@ def test_prepare_guarantees_validation_split(tmp_path, small_tok):
 
 
 def test_tokenizer_cli_and_prepare_train_tokenizer_agree(tmp_path):
-    """`python -m idattn.data.tokenizer train` and `prepare --train_tokenizer` train the same model, on the
+    """`python -m idattn.data.prepare tokenizer` and `prepare --train_tokenizer` train the same model, on the
     training documents only (the held-out ones never reach it), with the project's settings."""
-    from idattn.data.prepare import tokenizer_main  # the code of `python -m idattn.data.tokenizer`
+    from idattn.data.prepare import main, tokenizer_main  # the code of `python -m idattn.data.prepare tokenizer`
     docs = _docs(40, seed=1)
     (tmp_path / "src").mkdir()
     for i, d in enumerate(docs):
         (tmp_path / "src" / f"{i:02d}.txt").write_text(d)
     held = [d for d in docs if int.from_bytes(hashlib.sha1(d.encode()).digest()[:8], "little") / 2**64 < 0.2]
     assert held
-    assert tokenizer_main(["train", f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}",
-                    "--val_fraction=0.2"]) == 0
+    assert main(["tokenizer", f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}",
+                 "--val_fraction=0.2"]) == 0
     ref = train_sentencepiece([d for d in docs if d not in held], 300)
     assert (tmp_path / "t.model").read_bytes() == ref
     meta = prepare.prepare(str(tmp_path / "src"), str(tmp_path / "out"), train_tokenizer=300, val_fraction=0.2,
@@ -582,7 +582,20 @@ def test_tokenizer_cli_and_prepare_train_tokenizer_agree(tmp_path):
     tok = load_tokenizer(str(tmp_path / "out" / "tokenizer.model"))
     formats.check_tokenizer_matches(tmp_path / "out", tok)
     assert meta["tokenizer"]["vocab_size"] == 300 and meta["val_docs"] == len(held)
-    assert tokenizer_main(["train", f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}"]) == 2
+    assert tokenizer_main([f"--source={tmp_path / 'src'}", "--vocab=300", f"--out={tmp_path / 't.model'}"]) == 2
+
+
+def test_the_old_tokenizer_command_names_the_new_one():
+    """`python -m idattn.data.tokenizer train ...` (the command before it moved to prepare, which reads the inputs:
+    tokenizer.py imports nothing back) refuses, naming `python -m idattn.data.prepare tokenizer`."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-m", "idattn.data.tokenizer", "train", "--vocab=300"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "python -m idattn.data.prepare tokenizer --source=" in out.stderr, out.stderr
 
 
 def test_check_splits_refuses_missing_split(tmp_path, small_tok):

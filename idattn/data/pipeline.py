@@ -47,8 +47,9 @@ from typing import Any
 
 import grain
 import numpy as np
+from absl import flags
 
-from idattn.data import formats
+from idattn.data import corpus, formats, stdlib_corpus
 from idattn.data.formats import check_tokenizer_matches  # noqa: F401  (public API)
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,6 @@ _KJV_CACHE: dict[tuple, tuple[np.ndarray, ...]] = {}
 def kjv_token_docs(tokenizer, split: str, val_fraction: float) -> tuple[np.ndarray, ...]:
     key = (tokenizer.identity()["sha256"], float(val_fraction), split)
     if key not in _KJV_CACHE:
-        from idattn.data import corpus
         train, val = corpus.kjv_documents(val_fraction=val_fraction)
         docs = train if split == "train" else val
         if not docs:
@@ -195,7 +195,6 @@ def stdlib_token_docs(tokenizer, split: str) -> tuple[np.ndarray, ...]:
     deterministic list, held-out files by a path hash), tokenised; cached per (tokenizer, split)."""
     key = ("stdlib", tokenizer.identity()["sha256"], split)
     if key not in _KJV_CACHE:
-        from idattn.data import stdlib_corpus
         train, val = stdlib_corpus.split()
         docs = train if split == "train" else val
         _KJV_CACHE[key] = tuple(np.asarray(ids, np.int32) for ids in tokenizer.encode_batch([t for _, t in docs]))
@@ -308,7 +307,6 @@ def make_train_dataset(data_cfg, tokenizer, *, global_batch_size: int, seq_len: 
     workers = int(_cfg(data_cfg, "num_workers", 0) or 0)
     prefetch = int(_cfg(data_cfg, "prefetch", 0) or 0)
     if workers > 0:
-        from absl import flags
         if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside absl.app nobody parsed them
             flags.FLAGS.mark_as_parsed()
         it = it.mp_prefetch(grain.MultiprocessingOptions(num_workers=workers,

@@ -4,6 +4,7 @@
     python -m idattn.data.prepare --source='notes/*.jsonl.gz' --text_field=body --out=data/notes --tokenizer=tok.model
     python -m idattn.data.prepare --source HuggingFaceFW/fineweb-edu --subset sample-10BT \
         --out /data/fineweb-edu-10BT-mistral --tokenizer mistral --num_proc 16
+    python -m idattn.data.prepare tokenizer --source=my_texts/ --vocab=4096 --out=my_tok.model   # a tokenizer only
 
 Sources (`--source`; several may be given comma-separated, and formats may be mixed: each file is read by the
 reader of its own format):
@@ -854,8 +855,14 @@ def prepare(source: str, out: str, *, tokenizer: str | Tokenizer = "mistral", su
 
 
 def main(argv=None) -> int:
+    """`python -m idattn.data.prepare --source=... --out=...`, or `python -m idattn.data.prepare tokenizer ...`
+    (`tokenizer_main`: a tokenizer only)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["tokenizer"]:
+        return tokenizer_main(argv[1:])
     p = argparse.ArgumentParser(prog="python -m idattn.data.prepare", description=__doc__.split("\n")[0],
-                                epilog="Details: python -c 'import idattn.data.prepare as p; help(p)' or docs/data.md")
+                                epilog="A tokenizer only: python -m idattn.data.prepare tokenizer --help. Details: "
+                                       "python -c 'import idattn.data.prepare as p; help(p)' or docs/data.md")
     p.add_argument("--source", required=True,
                    help="file(s), folder, glob ('texts/*.txt'), hub id (HuggingFaceFW/fineweb-edu) or gs://...; "
                         "comma-separated for several")
@@ -895,13 +902,14 @@ def main(argv=None) -> int:
 
 
 def tokenizer_main(argv=None) -> int:
-    """`python -m idattn.data.tokenizer train --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`."""
-    ap = argparse.ArgumentParser(prog="python -m idattn.data.tokenizer",
-                                 description="Train a SentencePiece tokenizer on your own text (the settings of "
-                                             "train_sentencepiece: BPE, byte fallback, identity normalisation, "
-                                             "<unk>=0 <s>=1 </s>=2, one thread so the model is reproducible).")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    t = sub.add_parser("train", help="train a .model file")
+    """`python -m idattn.data.prepare tokenizer --source=<files|folder|glob|hub id> --vocab=N --out=<file>.model`.
+
+    Here, not in idattn.data.tokenizer, because it reads the inputs the way prepare does (and leaves out the
+    documents prepare would hold out): prepare imports the tokenizer module, never the reverse."""
+    t = argparse.ArgumentParser(prog="python -m idattn.data.prepare tokenizer",
+                                description="Train a SentencePiece tokenizer on your own text (the settings of "
+                                            "train_sentencepiece: BPE, byte fallback, identity normalisation, "
+                                            "<unk>=0 <s>=1 </s>=2, one thread so the model is reproducible).")
     t.add_argument("--source", required=True, help="the same forms as `python -m idattn.data.prepare --source`")
     t.add_argument("--vocab", type=int, required=True, help=f"vocabulary size (>= {MIN_TRAIN_VOCAB})")
     t.add_argument("--out", required=True, help="output path ending in .model")
@@ -911,7 +919,7 @@ def tokenizer_main(argv=None) -> int:
     t.add_argument("--val_fraction", type=float, default=0.0005,
                    help="leave out the documents prepare would hold out with this fraction (use the same value)")
     t.add_argument("--overwrite", action="store_true")
-    a = ap.parse_args(argv)
+    a = t.parse_args(argv)
     out = pathlib.Path(a.out).expanduser()
     try:
         if out.suffix != ".model":

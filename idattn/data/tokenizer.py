@@ -15,7 +15,7 @@ embedded corpus.
 
 Train one on your own text (the same settings; documents prepare would hold out are left out):
 
-    python -m idattn.data.tokenizer train --source=my_texts/ --vocab=4096 --out=my_tok.model
+    python -m idattn.data.prepare tokenizer --source=my_texts/ --vocab=4096 --out=my_tok.model
 
 or in one go with the data: `python -m idattn.data.prepare --source=my_texts/ --out=DIR --train_tokenizer=4096`
 (writes DIR/tokenizer.model). Either path then works as `data.tokenizer=<path>` everywhere.
@@ -31,10 +31,13 @@ import importlib.resources
 import io
 import os
 import pathlib
+import re
 import tempfile
 from typing import Iterable, Sequence
 
 import sentencepiece as spm
+
+from idattn.data import corpus, stdlib_corpus  # corpus loads its 6 MB of text on first use, not at import
 
 MISTRAL_MODEL_RESOURCE = ("mistral_common", "data/tokenizer.model.v1")
 # Byte fallback needs 256 byte pieces plus <unk>, <s>, </s>; below this SentencePiece cannot train.
@@ -157,7 +160,6 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int, model_prefix: str
             raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} is below what the text needs (256 byte "
                              f"pieces + specials + every distinct character): {e}. Use a larger vocabulary, e.g. "
                              "512.") from e
-        import re
         m = re.search(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)", str(e))
         if m:
             raise ValueError(f"train_sentencepiece: vocab_size={vocab_size} is more pieces than this text can "
@@ -204,7 +206,6 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Tok
         return Tokenizer(path.read_bytes(), name="mistral")
     if spec.startswith("train:"):
         vocab = _spec_vocab(spec, "train", 4096)
-        from idattn.data import corpus  # local import: the corpus module is heavy-ish (6 MB text)
         train_docs, _ = corpus.kjv_documents()
         path = _trained_model(f"kjv-bpe{vocab}", corpus.corpus_hash(train_docs), train_docs, vocab, cache_dir)
         return Tokenizer(path.read_bytes(), name=spec)
@@ -267,9 +268,9 @@ def check_ids(ids, vocab_size: int, what: str = "prompt") -> None:
                          "tokenizer does not match the model (check --tokenizer)")
 
 
-if __name__ == "__main__":  # the command; its code is idattn.data.prepare.tokenizer_main (it reads inputs)
-    from idattn.data.prepare import tokenizer_main
-    raise SystemExit(tokenizer_main())
+if __name__ == "__main__":  # the command reads inputs, which prepare does: it is prepare's (imports run one way)
+    raise SystemExit("the tokenizer command is `python -m idattn.data.prepare tokenizer --source=<files|folder|glob|"
+                     "hub id> --vocab=N --out=<file>.model` (the arguments of `train` here before)")
 
 
 def stdlib_tokenizer_path(vocab_size: int = 1024, root: str | None = None,
@@ -277,7 +278,6 @@ def stdlib_tokenizer_path(vocab_size: int = 1024, root: str | None = None,
     """Path of the SentencePiece model trained on the standard-library corpus's training files only
     (idattn.data.stdlib_corpus; trained and cached on first use, keyed by the training files' content hash, the
     vocabulary and the recipe). Also usable as `data.tokenizer=<path>`."""
-    from idattn.data import stdlib_corpus
     train, _ = stdlib_corpus.split(root)
     return _trained_model(f"stdlib-bpe{vocab_size}", stdlib_corpus.content_hash(train), [t for _, t in train],
                           vocab_size, cache_dir)

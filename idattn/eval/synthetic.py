@@ -15,7 +15,13 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
+from flax import linen as nn
+
+from idattn.train.step import TrainState, make_train_step
 
 IGNORE = -100  # a target that is not scored
 
@@ -26,13 +32,6 @@ def fit(model: Any, x_tr: np.ndarray, y_tr: np.ndarray, *, steps: int, batch_siz
     """Trains the flax `model` on (x_tr, y_tr) [N, T] and returns {"params": the trained parameters, "loss": the
     last step's batch loss, "first_loss": the first step's, "loss_curve": [[step, batch loss], ...] every
     `curve_every` steps and at the last (empty with curve_every=0), "steps", "train_seconds", "seq_len"}."""
-    import jax
-    import jax.numpy as jnp
-    import optax
-    from flax import linen as nn
-
-    from idattn.train.step import TrainState, make_train_step
-
     n_train, T = x_tr.shape
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(seed), jnp.asarray(x_tr[:2]))["params"])
     sched = optax.warmup_cosine_decay_schedule(0.0, lr, warmup, max(steps, warmup + 1), lr * 0.01)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from absl import app, flags, logging
 
-from idattn.configs.flags import define_model_flags, step_flag
+from idattn.configs.flags import define_model_flags, run_app, step_flag
 from idattn.data.tokenizer import load_tokenizer
 from idattn.export.hf import export_hf
 from idattn.rundir.loading import load_model
@@ -46,7 +46,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from idattn.configs.flags import run_app  # a --config.<key> typo: one readable line
-
     define_flags()
     run_app(main)
