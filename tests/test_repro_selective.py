@@ -155,7 +155,40 @@ def test_tasks_flag_trains_only_the_named_families(tmp_path, monkeypatch):
     assert data["missing"] == ["mqar interdomain-selective-s1"]
     assert data["verdicts"]["s2"]["answer"] == "yes"  # the state runs were read as the invocation's own
     for argv, want in ((["selective", "--tasks=state,bogus"], "--tasks: bogus; expected some of state, mad, mqar, lm"),
-                       (["ppl", "--tasks=state"], "--tasks applies to the selective table only")):
+                       (["ppl", "--tasks=state"], "--tasks applies to the selective and delta tables only")):
         p = subprocess.run([sys.executable, "-m", "idattn.repro", *argv, f"--root={tmp_path}/x", "--render_only"],
                            capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"))
         assert p.returncode == 1 and want in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_delta_table_answers_d1_to_d3_from_the_runs_each_family_trains(tmp_path):
+    """The delta study reuses the selective table's function: MQAR and the LM train s = 1 only, state tracking
+    both scales; (d1) at the two test settings of MQAR, (d2) at climb96, (d3) s = 2 against s = 1; its own
+    published rows; no MAD column; what is missing is only what its families train."""
+    top = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=True, keep_stale=False)
+    D = top.exp.DELTA
+    for s in (0, 1, 2):
+        j = 0.01 * (s - 1)
+        for m in D["mixers"]:
+            _fake_state(top, m, "parity", s, (0.8 if m.endswith("delta2") else 0.02) + j)
+            _fake_state(top, m, "modular_arithmetic", s, 0.1 + j + (0.001 * s if m.endswith("delta2") else 0))
+            if m != "interdomain-delta2":
+                _fake_mqar(top, m, s, (0.95 if m == "interdomain-delta" else 0.7) + j)
+                _fake_lm(top.for_size("climb96"), m, s, {"softmax": 30.0, "interdomain": 31.0,
+                                                         "interdomain-delta": 32.0}[m] * math.exp(j))
+    data = repro_selective.table_delta(top)
+    assert data["missing"] == [] and data["table"] == "delta"
+    v = data["verdicts"]
+    # _fake_mqar writes acc / 2 at the test grid: (0.95 - 0.7) / 2 per seed
+    assert v["d1a"]["answer"] == "yes" and v["d1a"]["interval"]["mean"] == pytest.approx(0.125)
+    assert v["d1b"]["answer"] == "yes"
+    assert v["d2@climb96"]["answer"] == "no"  # the delta model's perplexity is higher on every seed
+    assert v["d2@climb96"]["interval"]["mean"] == pytest.approx(math.log(31 / 32), abs=1e-9)
+    assert v["d3a"]["answer"] == "yes" and v["d3a"]["interval"]["mean"] == pytest.approx(0.78)
+    assert v["d3b"]["answer"] == "undecided"  # a difference of 0.000, 0.001, 0.002: the interval holds 0
+    assert set(v) == {"d1a", "d1b", "d2@climb96", "d3a", "d3b"}  # the selective questions are not asked here
+    md = open(top.table_path("delta", "md")).read()
+    assert md.startswith("## The delta update") and "MAD tasks" not in md and "selective copying" not in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| Interdomain-delta (s = 2) |"))
+    assert "79.0 / 80.0 / 81.0" in row and row.count("—") == 4  # no MQAR (3 settings) or LM run at s = 2
+    assert "Gated DeltaNet [-1, 1] 100" in md and "DeltaNet 28.24" in md

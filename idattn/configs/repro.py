@@ -336,6 +336,19 @@ SELECTIVE = dict(mixers=("softmax", "interdomain", "interdomain-selective", "int
 MAD_SIZES["mad-s2000"] = dict(MAD, steps=2000, warmup=100, model_size="small")  # the `small` MAD model
 SELECTIVE_MAD = {"small": "mad-s2000", "toy": "toy"}  # table size -> the MAD size its MAD tasks train at
 SELECTIVE_LM = {"small": CLIMB[:2], "toy": ("toy",)}
+# The delta update's evaluation (`python -m idattn.repro delta`; idattn/studies/repro_selective.py DELTA): the erase
+# before write (docs/model.md "Delta core") against the LTI Interdomain core it extends, with the selective table's
+# recipes, 3 seeds, its questions (d1)-(d3) registered in docs/reproduction.md before any of its runs (2026-12-06).
+# Which models each family trains (`families`): MQAR (the recall table's recipe; tested at 64 x 8 and 128 x 16, where
+# the LTI cores fail) and KJV perplexity at climb96 train s = 1 only (d1, d2); state tracking trains s = 1 and s = 2
+# (d3: negative eigenvalues). Softmax and Interdomain are read from the runs the selective table and the ladder
+# already hold (no training). Estimated cost (one core): 12 state runs, 3 MQAR runs and 3 climb96 runs of the delta
+# models, ~7 CPU-hours if the erase doubles the step time of the LTI runs.
+DELTA = dict(mixers=("softmax", "interdomain", "interdomain-delta", "interdomain-delta2"), seeds=(0, 1, 2),
+             mad_tasks=(), state_tasks=("parity", "modular_arithmetic"),
+             families=dict(mqar=("softmax", "interdomain", "interdomain-delta"),
+                           lm=("softmax", "interdomain", "interdomain-delta")))
+DELTA_LM = {"small": CLIMB[1:2], "toy": ("toy",)}
 # State tracking (idattn.eval.state_tracking: Grazzi et al.'s lengths, trained at 3-40 tokens, scored at 40-256) on
 # MAD's model (d 64 x 2 blocks) with MAD's optimiser; 2,000 steps x 64 sequences of at most 41 tokens (~5M tokens).
 # Measured on one core (2026-12-03, the other busy compiling): 0.43 s a step for Interdomain-selective+phase, 0.10 s

@@ -15,6 +15,7 @@ import dataclasses
 import math
 
 from idattn.eval import paper_numbers as P
+from idattn.models.spec import mixer_delta
 from idattn.studies.repro_runs import recorded_corpus
 from idattn.studies.repro_verdicts import B_MARGIN
 from idattn.studies.runcache import Ctx
@@ -56,6 +57,7 @@ RATIO_CLAIMS = ("a", "b")  # judged per ladder point, with a trend
 
 _G, _S4G, _SWA = "hybrid-interdomain-softmax-1to3", "hybrid-s4d_only-softmax-1to3", "hybrid-interdomain-swa-1to3"
 _SEL, _PH = "interdomain-selective", "interdomain-selective+phase"
+_DELTA, _DELTA2 = "interdomain-delta", "interdomain-delta2"
 _MQAR = "mqar"  # the MQAR accuracy at the recall table's training setting
 QUESTIONS = {
     # hybrid stacks (idattn/studies/repro_hybrid.py)
@@ -82,6 +84,16 @@ QUESTIONS = {
                    _SEL),
     "s6": Question("the query readout still matters under a selective core: ppl(S4D-only-selective) / "
                    "ppl(Interdomain-selective) > 1", "s4d_only-selective", _SEL),
+    # the delta update (idattn/studies/repro_selective.py DELTA), registered 2026-12-06 before any of its runs
+    "d1a": Question("the erase recalls: MQAR acc(Interdomain-delta, s = 1) − acc(Interdomain) > 0 at 64 x 8",
+                    _DELTA, "interdomain", "mqar@64x8/acc"),
+    "d1b": Question("the erase recalls: MQAR acc(Interdomain-delta, s = 1) − acc(Interdomain) > 0 at 128 x 16",
+                    _DELTA, "interdomain", "mqar@128x16/acc"),
+    "d2": Question("the erase models language: ppl(Interdomain) / ppl(Interdomain-delta, s = 1) > 1", "interdomain", _DELTA),
+    "d3a": Question("negative eigenvalues track parity: scaled acc(Interdomain-delta, s = 2) − scaled "
+                    "acc(Interdomain-delta, s = 1) > 0", _DELTA2, _DELTA, "state/parity"),
+    "d3b": Question("negative eigenvalues track arithmetic: scaled acc(Interdomain-delta, s = 2) − scaled "
+                    "acc(Interdomain-delta, s = 1) > 0 on modular arithmetic", _DELTA2, _DELTA, "state/modular_arithmetic"),
 }
 
 LABEL = {**P.MIXER_LABEL, "s4d_only+sum": "S4D-only, mode sum (c_h = 1ᵀ C_h)"}
@@ -89,9 +101,13 @@ _ATTENTION = {"softmax": "global attention", "swa": "sliding-window attention"}
 
 
 def label(mixer: str) -> str:
-    """A model's name in the tables: Softmax, Interdomain-selective+phase, S4D-only + global attention 1:3, ..."""
+    """A model's name in the tables: Softmax, Interdomain-selective+phase, S4D-only + global attention 1:3,
+    Interdomain-delta (s = 2), ..."""
     if mixer in LABEL:
         return LABEL[mixer]
+    base, scale = mixer_delta(mixer)
+    if scale:  # the delta update: Interdomain-delta (s = 2)
+        return f"{label(base)}-delta (s = {scale:g})"
     if mixer.startswith("hybrid-"):
         _, rec, att, ratio = mixer.split("-")
         return f"{LABEL.get(rec, rec)} + {_ATTENTION[att]} 1:{ratio[3:]}"

@@ -49,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
                    "root, in the order of `all`, to its sibling <name>-tables.md (idattn/studies/repro_doc.py)")
     p.add_argument("--only", default="", help="comma-separated mixers to train / evaluate; the tables read the "
                    "others' existing results (e.g. to run part of the grid first)")
-    p.add_argument("--tasks", default="", help="the selective table only: comma-separated task families to train "
+    p.add_argument("--tasks", default="", help="the selective and delta tables only: comma-separated task families to train "
                    f"({', '.join(TASK_FAMILIES)}); the others' runs are read (e.g. a GPU for the slow ones)")
     p.add_argument("--restore", default="", help="first recreate under --root the finished runs this record "
                    "(written by --archive) holds and the root lacks: markers and results, no checkpoints; they are "
@@ -76,8 +76,8 @@ def _ctx(args) -> Ctx:
     if tasks - set(TASK_FAMILIES):
         raise ReproError(f"--tasks: {', '.join(sorted(tasks - set(TASK_FAMILIES)))}; expected some of "
                          f"{', '.join(TASK_FAMILIES)}, comma-separated")
-    if tasks and args.table != "selective":
-        raise ReproError(f"--tasks applies to the selective table only (got table {args.table!r}); drop it, or "
+    if tasks and args.table not in ("selective", "delta"):
+        raise ReproError(f"--tasks applies to the selective and delta tables only (got table {args.table!r}); drop it, or "
                          f"use --only / --seeds to choose runs")
     ctx = Ctx(args.root, size, seeds, args.render_only, args.keep_stale, only)
     ctx.tasks, ctx.train_dt, ctx.seeds_given, ctx.archive = tasks, args.train_dt, bool(args.seeds), args.archive

@@ -78,7 +78,7 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
     """(claim, where, verdict, interval) rows from the tables' JSON, claims in order (a)..(e)."""
     rows: list[tuple[str, list[str]]] = []
     for t, data in tables.items():
-        if not data or t in ("hybrid", "selective"):  # questions beyond the paper: answered in their own tables
+        if not data or t in ("hybrid", "selective", "delta"):  # questions beyond the paper: answered in their own tables
             continue
         for key, v in verdict_items(data):
             c = key[0]

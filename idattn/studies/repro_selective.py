@@ -1,18 +1,21 @@
-"""The selective core (per-token Δ_t, and Mamba-3's rotation θ_t): what it buys on the tasks where time-invariant
-cores are known to fail.
+"""Studies of a core past the paper, on the tasks where time-invariant cores are known to fail: the selective core
+(per-token Δ_t, and Mamba-3's rotation θ_t) and the delta update (erase before write on the key state).
 
     python -m idattn.repro selective --root=DIR [--toy] [--only=MIXERS --seeds=SEEDS --tasks=state,mad,mqar,lm]
+    python -m idattn.repro delta --root=DIR [--toy] [--only=MIXERS --seeds=SEEDS --tasks=state,mqar,lm]
 
-Six models (experiments/repro.py SELECTIVE), 3 seeds each: Softmax, Interdomain (LTI), Interdomain-selective,
-Interdomain-selective+phase, S4D-only (LTI) and S4D-only-selective (a selective decay without the query readout),
-on selective copying and in-context recall (MAD at 10x the `mad` table's steps: SELECTIVE_MAD), state tracking
-(parity, modular arithmetic without brackets, trained at 3-40 tokens and scored at 40-256: STATE_TRACKING), MQAR
-(the recall table's) and KJV perplexity at two ladder points (SELECTIVE_LM). Questions (s1)-(s6):
-idattn/studies/claims.py QUESTIONS. Published numbers (Mamba, Mamba-3) are shown in their own table, never mixed
-with ours.
+One table function, `core_table`, serves both; a `CoreStudy` names the study's config in experiments/repro.py
+(SELECTIVE, DELTA: mixers, seeds, MAD and state-tracking tasks, the models each task family trains), its LM
+points, its question ids and the published numbers it echoes. The tasks: selective copying and in-context recall
+(MAD at 10x the `mad` table's steps: SELECTIVE_MAD), state tracking (parity, modular arithmetic without brackets,
+trained at 3-40 tokens and scored at 40-256: STATE_TRACKING), MQAR (the recall table's, tested at its grid) and KJV
+perplexity at ladder points. Questions: idattn/studies/claims.py QUESTIONS ((s1)-(s6), (d1)-(d3)). Published
+numbers are shown in their own table, never mixed with ours.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import math
 import time
 from typing import Any
@@ -25,20 +28,44 @@ from idattn.studies.repro_verdicts import answer
 from idattn.studies.runcache import Ctx, Table, missing_note, write_table
 
 TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # --tasks: the families one invocation trains
-# Published numbers the table echoes, in %: other models, data and training.
-PUBLISHED = (
+
+
+@dataclasses.dataclass(frozen=True)
+class CoreStudy:
+    """One study of a core: its table name, its config's name in experiments/repro.py (a dict with `mixers`,
+    `seeds`, `mad_tasks`, `state_tasks` and optionally `families`: task family -> the mixers it trains, default
+    all), the name of its LM points (size -> ladder sizes), its questions' id prefix and the published rows it
+    echoes (source and task, the weaker model's numbers, the stronger one's: column heads in `published_heads`)."""
+    name: str
+    config: str
+    lm_points: str
+    prefix: str
+    published: tuple[tuple[str, str, str], ...]
+    published_heads: tuple[str, str] = ("time-invariant / no rotation", "selective / rotating")
+
+
+SELECTIVE = CoreStudy("selective", "SELECTIVE", "SELECTIVE_LM", "s", (
     ("Mamba (arXiv 2312.00752), selective copying", "S4 (LTI) 18.3", "Mamba (selective) 99.8"),
     ("Mamba-3 (arXiv 2603.15569), parity, scaled", "Mamba-2 0.90; Mamba-3 without RoPE 2.27", "Mamba-3 100"),
     ("Mamba-3, arithmetic without brackets, scaled", "Mamba-2 47.81; Mamba-3 without RoPE 1.49", "Mamba-3 98.51"),
-)
+))
+# The delta rule's published counterparts, as their sources state them (other models, data and training): Gated
+# DeltaNet with β ∈ [0, 2) ("[-1, 1]" eigenvalues) in Mamba-3's state-tracking table; DeltaNet against
+# Transformer++ at 340M / 15B tokens of SlimPajama (Wikitext perplexity).
+DELTA = CoreStudy("delta", "DELTA", "DELTA_LM", "d", (
+    ("Mamba-3 (arXiv 2603.15569), parity, scaled", "Mamba-2 0.90", "Gated DeltaNet [-1, 1] 100"),
+    ("Mamba-3, arithmetic without brackets, scaled", "Mamba-2 47.81", "Gated DeltaNet [-1, 1] 99.25"),
+    ("DeltaNet (arXiv 2406.06484), 340M / 15B tokens, Wikitext ppl", "Transformer++ 28.39", "DeltaNet 28.24"),
+), ("without the erase / other core", "with the delta rule"))
 
 
-def table_selective(ctx: Ctx) -> dict[str, Any]:
-    """Trains what is missing (cheapest first, seed-major) and writes <root>/selective[-toy].md and .json."""
+def core_table(ctx: Ctx, study: CoreStudy) -> dict[str, Any]:
+    """Trains what is missing (cheapest first, seed-major) and writes <root>/<study.name>[-toy].md and .json."""
     t0 = time.time()
-    sel = ctx.exp.SELECTIVE
+    sel = getattr(ctx.exp, study.config)
     seeds = list(ctx.seeds) if ctx.seeds_given else list(sel["seeds"] if ctx.size != "toy" else ctx.seeds)
     mixers = list(sel["mixers"])
+    trains = lambda family: [m for m in mixers if m in sel.get("families", {}).get(family, mixers)]  # noqa: E731
     acc: dict[str, dict[str, dict[int, float]]] = {}  # task key -> mixer -> seed -> accuracy (scaled for state)
     raw: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the unscaled accuracy
     train_loss: dict[str, dict[str, dict[int, float]]] = {}  # state tasks: the last training batch's loss
@@ -51,7 +78,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     sctx, qctx = ctx.for_task("state"), ctx.for_task("mqar")
     for s in seeds:  # the cheapest runs first: state tracking, then MAD, MQAR, the language models
         for task in sel["state_tasks"]:
-            for m in mixers:
+            for m in trains("state"):
                 r = got.take(state_run(sctx, m, task, s), state_dir(ctx, m, task, s))
                 if r is None:
                     continue
@@ -59,17 +86,17 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                 put(f"state/{task}", m, s, r["acc"], raw)
                 if "train_loss" in r:
                     put(f"state/{task}", m, s, r["train_loss"], train_loss)
-    mctx = ctx.for_task("mad").for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of this table
+    mctx = ctx.for_task("mad").for_size(ctx.exp.SELECTIVE_MAD[ctx.size])  # the MAD size of these tables
     for s in seeds:
         for task in sel["mad_tasks"]:
-            for m in mixers:
+            for m in trains("mad"):
                 v = got.take(mad_run(mctx, m, task, s), mad_dir(mctx, m, task, s))
                 if v is not None:
                     put(f"mad/{task}", m, s, v)
     mq = ctx.exp.MQAR[ctx.size]
     mq_keys = mqar_keys(mq)
     for s in seeds:
-        for m in mixers:
+        for m in trains("mqar"):
             r = got.take(mqar_run(qctx, m, s), ctx.mqar_dir(m, s), f"mqar {m}-s{s}")
             if r is None:
                 continue
@@ -77,19 +104,19 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
                 if r["metrics"].get(k) is not None:
                     put(k, m, s, float(r["metrics"][k]))
     dt = ctx.exp.PRIMARY_DT
-    lm_sizes = list(ctx.exp.SELECTIVE_LM[ctx.size])
+    lm_sizes = list(getattr(ctx.exp, study.lm_points)[ctx.size])
     ppl: dict[str, dict[str, dict[int, float]]] = {z: {m: {} for m in mixers} for z in lm_sizes}
     for z in lm_sizes:
         c = ctx.for_task("lm").for_size(z)
         L = c.train_len()
         for s in seeds:
-            for m in mixers:
+            for m in trains("lm"):
                 r = got.ppl(c, m, dt, s, [L], name=f"lm {z} {m}-s{s}")
                 if r is not None:
                     ppl[z][m][s] = r[L]
 
     verdicts, lines = {}, []
-    for q, Q in ((q, Q) for q, Q in QUESTIONS.items() if q.startswith("s")):
+    for q, Q in ((q, Q) for q, Q in QUESTIONS.items() if q.startswith(study.prefix)):
         if Q.task != "ppl":
             a = acc.get(mq_keys[0] if Q.task == "mqar" else Q.task, {})
             diffs = [a[Q.num][s] - a[Q.den][s] for s in seeds if s in a.get(Q.num, {}) and s in a.get(Q.den, {})]
@@ -117,9 +144,10 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
     st = ctx.exp.STATE_TRACKING[ctx.size]
     trl, tel = st.get("train_lengths", PROTOCOL["train_lengths"]), st.get("test_lengths", PROTOCOL["test_lengths"])
     mad_r = ctx.exp.MAD_SIZES[mctx.size]
-    setup = (f"Ours, per seed (seeds {seeds}): MAD tasks with the `mad` table's model, data and optimiser at "
-             f"{mad_r['steps']} steps x {mad_r['batch_size']} (size `{mctx.size}`; d_model "
-             f"{mad_r['model']['d_model']} x {mad_r['model']['num_layers']} blocks), test accuracy %; state tracking ({st['steps']} steps x {st['batch_size']} at lengths {trl[0]}-{trl[1]}, "
+    mad_setup = (f"MAD tasks with the `mad` table's model, data and optimiser at {mad_r['steps']} steps x "
+                 f"{mad_r['batch_size']} (size `{mctx.size}`; d_model {mad_r['model']['d_model']} x "
+                 f"{mad_r['model']['num_layers']} blocks), test accuracy %; ") if sel["mad_tasks"] else ""
+    setup = (f"Ours, per seed (seeds {seeds}): {mad_setup}state tracking ({st['steps']} steps x {st['batch_size']} at lengths {trl[0]}-{trl[1]}, "
              f"scored at {tel[0]}-{tel[1]}, d_model {st['model']['d_model']} x {st['model']['num_layers']} blocks), "
              f"scaled accuracy % (0 chance, 100 solved; idattn.eval.state_tracking); MQAR (the recall table's "
              f"recipe: {mq['steps']} steps x {mq['batch_size']}, trained at T = {mq['seq_len']} with "
@@ -139,7 +167,7 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
             "(perplexity), judged against the line; `undecided` when it contains the line or fewer than 3 seeds "
             "pair (idattn/studies/repro_verdicts.py).")
     md = "\n".join([
-        "## " + TABLE.title, "",
+        "## " + TABLES[study.name].title, "",
         setup, "",
         markdown_table(["model"] + heads + [f"KJV ppl {z}" for z in lm_sizes], rows), "",
         loss_note, "",
@@ -148,15 +176,18 @@ def table_selective(ctx: Ctx) -> dict[str, Any]:
         rule, "", *lines, "",
         "Published numbers these echo (their models, data, lengths and training; not comparable with the rows "
         "above, and never averaged with them):", "",
-        markdown_table(["source and task", "time-invariant / no rotation", "selective / rotating"],
-                       [list(p) for p in PUBLISHED]), "",
+        markdown_table(["source and task", *study.published_heads], [list(p) for p in study.published]), "",
         f"Compute: {got.cost / 60:.1f} min over the runs of this table (this invocation "
         f"{ctx.invocation_time(time.time() - t0)})." + missing_note(got.missing, ctx)])
     keyed = lambda d: {k: {m: {str(s): v for s, v in x.items()} for m, x in a.items()} for k, a in d.items()}  # noqa: E731
-    data = {"table": "selective", "size": ctx.size, "seeds": seeds, "accuracy": keyed(acc),
+    data = {"table": study.name, "size": ctx.size, "seeds": seeds, "accuracy": keyed(acc),
             "state_raw_accuracy": keyed(raw), "state_train_loss": keyed(train_loss), "ppl": keyed(ppl),
             "verdicts": verdicts, "compute_s": got.cost, "wall_s": time.time() - t0, "missing": got.missing}
-    return write_table(ctx, "selective", md, data)
+    return write_table(ctx, study.name, md, data)
 
 
+table_selective = functools.partial(core_table, study=SELECTIVE)
+table_delta = functools.partial(core_table, study=DELTA)
 TABLE = Table("selective", "The selective core: what a data-dependent decay and phase buy", table_selective, at_toy=False)
+DELTA_TABLE = Table("delta", "The delta update: what erasing a key's old value buys", table_delta, at_toy=False)
+TABLES = {t.name: t for t in (TABLE, DELTA_TABLE)}

@@ -8,7 +8,7 @@ from idattn.studies import (ladder, repro_cube, repro_hybrid, repro_length, repr
 
 TABLES = {t.name: t for t in (repro_pilot.TABLE, repro_ppl.TABLE, repro_cube.TABLE, repro_length.TABLE, ladder.TABLE,
                               repro_mad.TABLE, repro_recall.TABLE, repro_length.CLIMB_TABLE, ladder.CLIMB_TABLE,
-                              repro_hybrid.TABLE, repro_selective.TABLE)}
+                              repro_hybrid.TABLE, repro_selective.TABLE, repro_selective.DELTA_TABLE)}
 
 
 def order(toy: bool, tables=None) -> tuple[str, ...]:
