@@ -44,6 +44,15 @@ def test_features_count_programs_waves_and_iterations_by_hand():
     assert f[G.TERMS.index("c_glue_op")] == 20 and f[G.TERMS.index("c_glue_bytes")] == pytest.approx(0.2)
 
 
+def test_a_group_longer_than_the_sequence_runs_only_its_chunks():
+    """At 1K tokens (B = 64, H = 16, 16 chunks of 64) the backward's group size works out at 32 chunks per program
+    for 512 programs, but a program's loop stops at the last chunk: 16 iterations, not 32."""
+    rep = _rep(B=64, T=1024, H=16, L=64)
+    serial, par = G.kernel_costs(rep)
+    assert par.programs == 64 * 16 and par.iterations == 16
+    assert serial.iterations == 16
+
+
 def test_the_fit_returns_the_constants_the_times_were_made_with():
     rng = np.random.default_rng(0)
     true = np.array([5.0, 2.0, 0.0, 0.01, 300.0, 3.0, 0.0])
