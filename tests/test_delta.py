@@ -23,6 +23,7 @@ import pytest
 from idattn.ops import interdomain_mix, interdomain_step
 from idattn.ops import interdomain as op
 from tests import train_helpers as T
+from tests.op_reference import ref_loop
 from tests.test_ops import make_inputs, rel_err
 from tests.test_selective import SEG, build_lam_b, make_selective
 
@@ -35,33 +36,7 @@ CORES = ("lti", "selective")
 def ref_delta(fq, zk, zv, lam, b, beta, c=None, conj=True, seg=None, x0=None):
     """float64 loop: lam, b [H, M] or per token [B, T, H, M]; beta [B, T, H]. Returns o [B, T, H, D] and the
     final (Xk, Xv)."""
-    bsz, t, h, r = fq.shape
-    d, m = zv.shape[-1], lam.shape[-1]
-    o = np.zeros((bsz, t, h, d))
-    xk_out = np.zeros((bsz, h, m, r), complex)
-    xv_out = np.zeros((bsz, h, m, d), complex)
-    for bb in range(bsz):
-        for hh in range(h):
-            xk = np.zeros((m, r), complex) if x0 is None else x0[0][bb, hh].astype(complex).copy()
-            xv = np.zeros((m, d), complex) if x0 is None else x0[1][bb, hh].astype(complex).copy()
-            for tt in range(t):
-                if seg is not None and tt > 0 and seg[bb, tt] != seg[bb, tt - 1]:
-                    xk[:] = 0
-                    xv[:] = 0
-                lt = lam[bb, tt, hh] if lam.ndim == 4 else lam[hh]
-                bt = b[bb, tt, hh] if b.ndim == 4 else b[hh]
-                k = zk[bb, tt, hh]
-                kh = k / np.linalg.norm(k) if np.any(k) else k  # a zero key erases nothing
-                xk = lt[:, None] * xk
-                xk = xk - beta[bb, tt, hh] * np.outer(xk @ kh, kh)  # erase, after the decay, before the write
-                xk = xk + np.outer(bt, k)
-                xv = lt[:, None] * xv + np.outer(bt, zv[bb, tt, hh])
-                u = xk if c is None else c[hh] @ xk
-                gam = xv if c is None else c[hh] @ xv
-                p = u @ fq[bb, tt, hh]
-                o[bb, tt, hh] = np.real((np.conj(p) if conj else p) @ gam)
-            xk_out[bb, hh], xv_out[bb, hh] = xk, xv
-    return o, (xk_out, xv_out)
+    return ref_loop(fq, zk, zv, lam, b, c, conj, seg, x0, beta=beta)
 
 
 def make_delta(core, bsz=2, t=37, h=2, r=5, d=4, m=6, seed=0):
@@ -615,3 +590,19 @@ def test_delta_model_split_over_the_sequence_equals_one_device_and_trains():
     print(f"\ndelta model split: {json.dumps(res)[:600]}")
     assert len(res) == 1
     _check_model(res, steps=3)
+
+
+def test_an_ahead_of_time_compile_says_the_delta_layers_run_chunked():
+    """`python -m idattn.aot` resolves impl=auto to the kernels on an accelerator; a delta (or selective) model's
+    layers have none and run the chunked form, and the compile's notes say so instead of leaving it silent."""
+    import ml_collections as mc
+
+    from idattn.aot.compile import resolve_auto
+
+    def notes(mixer, platform="tpu"):
+        return resolve_auto(mc.ConfigDict({"model": {"impl": "auto", "chunk_size": 64, "mixer": mixer}}), platform)
+
+    assert notes("interdomain") == ["model.impl=auto -> pallas (as on tpu)"]
+    assert notes("interdomain-delta2", "gpu") == [
+        "model.impl=auto -> pallas (as on gpu); the delta update has no kernel: those layers run impl=chunked"]
+    assert "the delta update and the selective core have no kernel" in notes("interdomain-selective-delta")[0]

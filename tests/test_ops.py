@@ -12,33 +12,14 @@ import pytest
 
 from idattn.ops import interdomain_mix, interdomain_step, s4d
 from idattn.ops import interdomain as op
+from tests.op_reference import ref_loop
 
 IMPLS = ("sequential", "associative", "chunked")
 
 
 def ref_mix(fq, zk, zv, lam, b, c=None, conj=True, seg=None, x0=None):
-    """float64 sequential loop: returns o [B,T,H,D] and final (Xk, Xv)."""
-    bsz, t, h, r = fq.shape
-    d, m = zv.shape[-1], lam.shape[-1]
-    o = np.zeros((bsz, t, h, d))
-    xk_out = np.zeros((bsz, h, m, r), complex)
-    xv_out = np.zeros((bsz, h, m, d), complex)
-    for bb in range(bsz):
-        for hh in range(h):
-            xk = np.zeros((m, r), complex) if x0 is None else x0[0][bb, hh].astype(complex).copy()
-            xv = np.zeros((m, d), complex) if x0 is None else x0[1][bb, hh].astype(complex).copy()
-            for tt in range(t):
-                if seg is not None and tt > 0 and seg[bb, tt] != seg[bb, tt - 1]:
-                    xk[:] = 0
-                    xv[:] = 0
-                xk = lam[hh][:, None] * xk + np.outer(b[hh], zk[bb, tt, hh])
-                xv = lam[hh][:, None] * xv + np.outer(b[hh], zv[bb, tt, hh])
-                u = xk if c is None else c[hh] @ xk
-                gam = xv if c is None else c[hh] @ xv
-                p = u @ fq[bb, tt, hh]
-                o[bb, tt, hh] = np.real((np.conj(p) if conj else p) @ gam)
-            xk_out[bb, hh], xv_out[bb, hh] = xk, xv
-    return o, (xk_out, xv_out)
+    """float64 sequential loop (time-invariant lam, b [H, M]): o [B,T,H,D] and final (Xk, Xv)."""
+    return ref_loop(fq, zk, zv, lam, b, c, conj, seg, x0)
 
 
 def rel_err(o, ref):

@@ -22,6 +22,7 @@ import pytest
 from idattn.ops import interdomain_mix, interdomain_step, s4d
 from idattn.ops import interdomain as op
 from tests import train_helpers as T
+from tests.op_reference import ref_loop
 from tests.test_ops import ref_mix, rel_err
 
 
@@ -31,28 +32,8 @@ pytestmark = pytest.mark.usefixtures("fast_compile")
 
 def ref_mix_selective(fq, zk, zv, lam, b, c=None, conj=True, seg=None, x0=None):
     """float64 loop with per-token lam [B, T, H, M], b [B, T, H, M]: o [B, T, H, D] and the final (Xk, Xv)."""
-    bsz, t, h, r = fq.shape
-    d, m = zv.shape[-1], lam.shape[-1]
-    o = np.zeros((bsz, t, h, d))
-    xk_out = np.zeros((bsz, h, m, r), complex)
-    xv_out = np.zeros((bsz, h, m, d), complex)
-    for bb in range(bsz):
-        for hh in range(h):
-            xk = np.zeros((m, r), complex) if x0 is None else x0[0][bb, hh].astype(complex).copy()
-            xv = np.zeros((m, d), complex) if x0 is None else x0[1][bb, hh].astype(complex).copy()
-            for tt in range(t):
-                if seg is not None and tt > 0 and seg[bb, tt] != seg[bb, tt - 1]:
-                    xk[:] = 0
-                    xv[:] = 0
-                lt, bt = lam[bb, tt, hh], b[bb, tt, hh]
-                xk = lt[:, None] * xk + np.outer(bt, zk[bb, tt, hh])
-                xv = lt[:, None] * xv + np.outer(bt, zv[bb, tt, hh])
-                u = xk if c is None else c[hh] @ xk
-                gam = xv if c is None else c[hh] @ xv
-                p = u @ fq[bb, tt, hh]
-                o[bb, tt, hh] = np.real((np.conj(p) if conj else p) @ gam)
-            xk_out[bb, hh], xv_out[bb, hh] = xk, xv
-    return o, (xk_out, xv_out)
+    assert lam.ndim == 4 and b.ndim == 4
+    return ref_loop(fq, zk, zv, lam, b, c, conj, seg, x0)
 
 
 def build_lam_b(dt, a, w, theta, bc, xp=np):

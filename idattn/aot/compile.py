@@ -45,6 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from idattn.aot import gpu, tpu
 from idattn.models import flops_per_token
 from idattn.models.decoding import init_cache
+from idattn.models.spec import mixer_core, mixer_delta
 from idattn.ops.pallas import chunk_size_supported
 from idattn.train import sharding as shd
 from idattn.train.step import BATCH_KEYS
@@ -82,7 +83,14 @@ def resolve_auto(config, platform: str) -> list[str]:
         impl = "pallas" if chunk_size_supported(int(m.chunk_size), fam) else "chunked"
         with m.unlocked() if hasattr(m, "unlocked") else _null():
             m.impl = impl
-        notes.append(f"model.impl=auto -> {impl} (as on {platform})")
+        # the delta update and the selective core have no kernel: their layers run the chunked form under "pallas"
+        mixer = str(m.mixer)
+        chunked = [what for what, on in (("the delta update", mixer_delta(mixer)[1]),
+                                         ("the selective core", mixer_core(mixer)[1] != "lti")) if on]
+        notes.append(f"model.impl=auto -> {impl} (as on {platform})" + (
+            f"; {' and '.join(chunked)} {'has' if len(chunked) == 1 else 'have'} no kernel: those layers run "
+            "impl=chunked" if impl == "pallas" and chunked
+            else ""))
     return notes
 
 
