@@ -337,8 +337,9 @@ def beside_measured(measured: list, data: dict | None = None) -> str:
     except OSError as e:
         return f"(no model: {e})"
     c, _ = evaluate(data)
-    lines = ["| (H, d_h, M) | T | mode | kernels | measured ms (now) | model ms | error | compiled data |",
-             "|---|---|---|---|---|---|---|---|"]
+    c_hbm = evaluate(data, fit_hbm_glue)[0]  # the same rows decide between the two glue constants (HBM_GLUE_US_PER_GB)
+    lines = ["| (H, d_h, M) | T | mode | kernels | measured ms (now) | model ms | error | model ms, XLA's bytes at HBM "
+             "speed | error | compiled data |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in measured:
         if not r.impl.startswith("pallas") or not r.ms:
             continue
@@ -347,10 +348,11 @@ def beside_measured(measured: list, data: dict | None = None) -> str:
         old = "2026-12-04" in r.impl
         tag = "main" if old else "now"
         rep = data.get(key(tag, tuple(r.shape), r.T, 64, r.mode))
-        pred = predict_ms(rep, c) if rep is not None else None
+        preds = [None if rep is None else predict_ms(rep, k) for k in (c, c_hbm)]
         lines.append(f"| {tuple(r.shape)} | {r.T} | {r.mode} | {'2026-12-04' if old else 'current'} | {r.ms:.3f} | "
-                     + ("no kernel data | - |" if pred is None else f"{pred:.3f} | {100 * (pred / r.ms - 1):+.0f}% |")
-                     + f" {tag} ({'fit rows' if old else (rep or {}).get('commit', '-')}) |")
+                     + "".join("no kernel data | - | " if p is None else f"{p:.3f} | {100 * (p / r.ms - 1):+.0f}% | "
+                               for p in preds)
+                     + f"{tag} ({'fit rows' if old else (rep or {}).get('commit', '-')}) |")
     return "\n".join(lines)
 
 
