@@ -18,6 +18,18 @@ is n·ε after n tokens.
 
     python scripts/parity_probe.py --mixer=s4d_only-selective+phase --seed=0 --steps=1200 --out=probe.json
 
+A delta mixer (`-delta`, `-delta2`: the erase before write on the key state, β_t = s·σ(x_t·w_β)) is read for its
+erase instead (and for its turns too when its core is selective). The erase (I − β_t k̂_t k̂_tᵀ) has eigenvalue
+1 − β_t along k̂_t: a reflection (−1) at β = 2, the delta rule's way to count parity (Grazzi et al.), so a delta
+layer that has learnt parity that way puts β near s = 2 at 1-bits and near 0 at 0-bits, on a key direction
+shared by the 1-bits. Per delta layer, at the head whose mean β differs most between the bits:
+
+    beta1, beta0         mean β_t at 1-bits and at 0-bits;
+    flip1, flip0         the fraction of those tokens with β_t > 1 (a negative eigenvalue 1 − β_t);
+    key_concentration1   |mean of k̂_t over the 1-bits| (1: every 1-bit erases along one direction).
+
+    python scripts/parity_probe.py --mixer=interdomain-delta2 --seed=0 --steps=1200 --out=probe.json
+
 Model: the state-tracking table's model family (`experiments/repro.py` get_mqar_config) at d_model `--width` × 2
 blocks, 2 heads × 16, M = 16 modes, layers unrolled (the reading captures each layer's `recurrence`); MAD's
 optimiser (idattn.eval.synthetic.fit), peak LR 3e-3, warmup 50, batch 64, 20,000 training sequences.
@@ -78,9 +90,26 @@ def _captured_lams(tree: Any, path: str = "") -> list[tuple[str, Any]]:
     return out
 
 
+def _captured(tree: Any, method: str, path: str = "") -> list[tuple[str, Any]]:
+    """(layer path, the first output) of every captured call of `method` in flax's intermediates."""
+    out = []
+    for k, v in tree.items():
+        if k == method:
+            out.append((path, v[0] if method != "recurrence" else v[0][0]))
+        elif isinstance(v, Mapping):
+            out += _captured(v, method, f"{path}/{k}" if path else k)
+    return out
+
+
 def read_turns(model: Any, params: Any, inputs: np.ndarray) -> dict[str, dict[str, Any]]:
     """Per selective layer (module docstring): the (head, mode) whose 1-bit turns furthest from its 0-bit, and how.
     `inputs` [B, T] of bits (0 / 1) only; the model's layers must be unrolled (scan_layers=False)."""
+    return read_layers(model, params, inputs, erase=False)
+
+
+def read_layers(model: Any, params: Any, inputs: np.ndarray, erase: bool = True) -> dict[str, dict[str, Any]]:
+    """Per layer: its turn statistics when its core is selective (`turn_stats`), and its erase statistics when it
+    has the delta update (`erase_stats`, with `erase`); layers with neither are not listed."""
     import jax.numpy as jnp
 
     if getattr(getattr(model, "spec", None), "scan_layers", False):
@@ -90,13 +119,44 @@ def read_turns(model: Any, params: Any, inputs: np.ndarray) -> dict[str, dict[st
         raise ValueError("parity probe: inputs must be bits (tokens 0 / 1) only")
     import jax
 
+    methods = ("recurrence", "erase_strength") if erase else ("recurrence",)
+
+    def wanted(mdl, method):  # the layer's methods, and (for the erase) its key norm's output: the keys k̃_t
+        return method in methods or (erase and method == "__call__" and mdl.name == "ssm_norm_k")
+
     capture = jax.jit(lambda p, x: model.apply({"params": p}, x, mutable=["intermediates"],
-                                               capture_intermediates=lambda mdl, method: method == "recurrence"))
+                                               capture_intermediates=wanted))
     _, state = capture(params, jnp.asarray(inputs))
-    lams = _captured_lams(dict(state["intermediates"]))
-    if not lams:
-        raise ValueError("parity probe: no selective recurrence captured; is the mixer's core selective?")
-    return {name: turn_stats(np.asarray(lam), inputs) for name, lam in lams}
+    inter = dict(state["intermediates"])
+    out = {name: turn_stats(np.asarray(lam), inputs) for name, lam in _captured_lams(inter)}
+    if erase:
+        keys = {path.rsplit("/ssm_norm_k", 1)[0]: k for path, k in _captured(inter, "__call__")
+                if path.endswith("/ssm_norm_k")}
+        for name, beta in _captured(inter, "erase_strength"):
+            if beta is not None:
+                k = keys.get(name)
+                k = None if k is None else np.asarray(k).reshape(beta.shape + (-1,))  # [B, T, H, R]
+                out.setdefault(name, {}).update(erase_stats(np.asarray(beta), inputs, k))
+    if not out:
+        raise ValueError("parity probe: nothing to read; the mixer has neither a selective core nor the delta update")
+    return out
+
+
+def erase_stats(beta: np.ndarray, inputs: np.ndarray, keys: np.ndarray | None = None) -> dict[str, Any]:
+    """The module docstring's erase statistics of one layer's β [B, T, H] on bits `inputs` [B, T], at the head
+    whose mean β differs most between 1-bits and 0-bits; `keys` [B, T, H, R] (the layer's feature-mapped keys),
+    when given, adds the concentration of k̂ over the 1-bits at that head."""
+    beta = np.asarray(beta, np.float64)
+    one, zero = inputs == 1, inputs == 0
+    b1, b0 = beta[one].mean(0), beta[zero].mean(0)  # [H]
+    h = int(np.argmax(np.abs(b1 - b0)))
+    out = {"erase_head": h, "beta1": float(b1[h]), "beta0": float(b0[h]),
+           "flip1": float((beta[one][:, h] > 1).mean()), "flip0": float((beta[zero][:, h] > 1).mean())}
+    if keys is not None:
+        k = np.asarray(keys, np.float64)[one][:, h]  # [N, R]
+        kh = k / np.maximum(np.linalg.norm(k, axis=-1, keepdims=True), 1e-30)
+        out["key_concentration1"] = float(np.linalg.norm(kh.mean(0)))
+    return out
 
 
 def turn_stats(lam: np.ndarray, inputs: np.ndarray) -> dict[str, Any]:
@@ -152,20 +212,22 @@ def probe(mixer: str, seed: int, steps: int, width: int = 32, num_train: int = 2
     out["acc_40_256"] = score(*st.generate("parity", num_test, seed + 100_003, lengths=(40, 256)))
     out["acc_41_256_at_most_20_ones"] = score(*few_ones_set(num_test, seed + 11))
     bits, _ = st.generate("parity", 256, seed + 7, lengths=(40, 40))
-    out["layers"] = read_turns(model, params, bits[:, :40])
+    out["layers"] = read_layers(model, params, bits[:, :40])
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mixer", required=True, help="a selective mixer, e.g. s4d_only-selective+phase")
+    ap.add_argument("--mixer", required=True, help="a selective or delta mixer, e.g. s4d_only-selective+phase, "
+                    "interdomain-delta2")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--width", type=int, default=32)
     ap.add_argument("--out", default=None, help="write the result as JSON here (default: print it)")
     a = ap.parse_args(argv)
-    if "selective" not in a.mixer:
-        ap.error(f"--mixer={a.mixer}: expected a selective core (a name ending in -selective or -selective+phase)")
+    if "selective" not in a.mixer and "-delta" not in a.mixer:
+        ap.error(f"--mixer={a.mixer}: expected a selective core or the delta update (a name with -selective, "
+                 f"-selective+phase, -delta or -delta2)")
     res = probe(a.mixer, a.seed, a.steps, a.width, log=lambda s: print(s, file=sys.stderr, flush=True))
     text = json.dumps(res, indent=1)
     if a.out:

@@ -125,3 +125,43 @@ def test_probe_end_to_end(tmp_path, capsys):
         assert 0.0 <= res[k] <= 1.0
     for r in res["layers"].values():
         assert -1.0 <= r["turn_over_pi"] <= 1.0 and 0 < r["mag0"] <= 1.0 and 0 < r["mag1"] <= 1.0
+
+
+def test_erase_stats_on_a_known_beta():
+    """A hand-made β: head 1 erases by 1.9 at every 1-bit and 0.1 at every 0-bit, head 0 by 0.5 at both; the keys
+    at head 1 are one direction at every 1-bit (concentration 1), random elsewhere."""
+    rng = np.random.default_rng(1)
+    bits = rng.integers(0, 2, (5, 30))
+    beta = np.full(bits.shape + (2,), 0.5)
+    beta[..., 1] = np.where(bits == 1, 1.9, 0.1)
+    keys = rng.normal(size=bits.shape + (2, 8))
+    keys[..., 1, :] = np.where((bits == 1)[..., None], 3.0 * np.eye(8)[2], keys[..., 1, :])
+    r = PP.erase_stats(beta, bits, keys)
+    assert r["erase_head"] == 1 and r["beta1"] == pytest.approx(1.9) and r["beta0"] == pytest.approx(0.1)
+    assert r["flip1"] == 1.0 and r["flip0"] == 0.0 and r["key_concentration1"] == pytest.approx(1.0)
+    assert "key_concentration1" not in PP.erase_stats(beta, bits)
+
+
+def test_read_layers_is_a_delta_layers_beta():
+    """With w_beta's kernel at zero every token gets β = s·σ(0) = s / 2 (s = 2 here: 1.0, no token above 1), and
+    an LTI delta layer has no turns to read."""
+    import jax.numpy as jnp
+    from flax import linen as nn
+
+    from idattn.models import build_model
+
+    model = build_model(PP.probe_config("interdomain-delta2", width=16))
+    params = nn.meta.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))["params"])
+    params = jax.tree_util.tree_map_with_path(
+        lambda p, v: np.zeros_like(v) if "w_beta" in jax.tree_util.keystr(p) else v, params)
+    bits = np.random.default_rng(0).integers(0, 2, (4, 12)).astype(np.int32)
+    got = PP.read_layers(model, params, bits)
+    assert len(got) == 2
+    for r in got.values():
+        assert r["beta1"] == pytest.approx(1.0, abs=1e-6) and r["beta0"] == pytest.approx(1.0, abs=1e-6)
+        assert r["flip1"] == 0.0 and r["flip0"] == 0.0 and 0.0 < r["key_concentration1"] <= 1.0 + 1e-9
+        assert "turn_over_pi" not in r
+    with pytest.raises(ValueError, match="neither"):
+        plain = build_model(PP.probe_config("interdomain", width=16))
+        PP.read_layers(plain, nn.meta.unbox(jax.jit(plain.init)(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+                                            ["params"]), bits)
