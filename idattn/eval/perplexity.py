@@ -36,7 +36,7 @@ from idattn.data import pipeline
 from idattn.eval import datasets as ds
 from idattn.eval.scoring import ScoreFn, loglikelihood_rolling, score_sequences
 from idattn.models import build_model
-from idattn.train.step import make_loss_sums
+from idattn.train.step import make_loss_sums, token_nll
 
 # name -> (hf path, config, split, text field)
 CORPORA: dict[str, tuple[str, str | None, str, str]] = {
@@ -112,6 +112,20 @@ def perplexities(config, params, tokenizer, lengths, total_tokens) -> dict[int, 
             s, c = s + float(bs), c + float(bc)
         out[length] = math.exp(s / max(c, 1.0)) if math.isfinite(s) else float("nan")
     return out
+
+
+def token_nlls(config, params, tokenizer, length: int, total_tokens: int) -> tuple[np.ndarray, ...]:
+    """(per-token nll, loss mask, segment ids), each [rows, length], over `eval_batches`: what `context_buckets`
+    reads."""
+    model = build_model(config.model)
+    fn = jax.jit(lambda p, b: token_nll(model.apply({"params": p}, b["inputs"], segment_ids=b["segment_ids"],
+                                                    positions=b["positions"]), b["targets"]))
+    nll, mask, seg = [], [], []
+    for b in eval_batches(config, tokenizer, length, total_tokens):
+        nll.append(np.asarray(fn(params, b)))
+        mask.append(np.asarray(b["loss_mask"]))
+        seg.append(np.asarray(b["segment_ids"]))
+    return np.concatenate(nll), np.concatenate(mask), np.concatenate(seg)
 
 
 def context_buckets(nll, mask, segment_ids, length: int, num_buckets: int = 8) -> dict[str, Any]:

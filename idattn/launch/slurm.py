@@ -103,8 +103,9 @@ def render(args, train_args: list[str]) -> str:
         local_devices="one" if per_gpu else "all")
 
 
-def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def parse(argv) -> tuple[argparse.Namespace, list[str]]:
+    """The launcher's options and the trainer's arguments (after `--`), refused here (usage, exit 2) when wrong."""
+    argv = list(argv)
     rest = []
     if "--" in argv:
         k = argv.index("--")
@@ -136,6 +137,11 @@ def main(argv=None) -> int:
         p.error(f"--nodes={args.nodes}, --gpus_per_node={args.gpus_per_node}: must be >= 1")
     if not rest:
         p.error("pass the trainer's arguments after `--` (at least --config and --workdir)")
+    return args, rest
+
+
+def main(argv=None) -> int:
+    args, rest = parse(sys.argv[1:] if argv is None else argv)
     script = render(args, rest)
     # dry run or not: fails here as the job would, before a script is written or anything queues
     rc = 0 if args.no_check else check_trainer_args(rest, dry_run=args.dry_run)

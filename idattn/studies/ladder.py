@@ -56,17 +56,15 @@ def ladder_points(ctx_of, sizes, seeds) -> list[dict[str, Any]]:
         tokens = int(z["num_steps"]) * int(z["batch_size"]) * L
         dt = ctx.exp.PRIMARY_DT
         ppl: dict[str, list] = {m: [] for m in P.MIXERS}
-        params, got, where = None, Tally(), set()
+        got, where = Tally(), set()
         for s in seeds:
             for m in ppl:
                 r = got.ppl(ctx, m, dt, s, [L], name=f"{size}/{os.path.basename(ctx.lm_dir(m, dt, s))}")
                 ppl[m].append(None if r is None else r[L])
                 if r is None:
                     continue
-                marker = read_marker(ctx.lm_dir(m, dt, s))
-                where.add(marker.get("trained_on", "cpu:cpu"))  # none: a CPU-era run
-                if m == "interdomain" and params is None:
-                    params = marker.get("params")
+                where.add(read_marker(ctx.lm_dir(m, dt, s)).get("trained_on", "cpu:cpu"))  # none: a CPU-era run
+        params = got.params.get("interdomain")
         flops = 6.0 * params * tokens if params else None
         out.append({"size": size, "d_model": z["model"]["d_model"], "num_layers": z["model"]["num_layers"],
                     "tokens": tokens, "params_interdomain": params, "flops": flops, "ppl": ppl,

@@ -19,7 +19,7 @@ from absl import logging as absl_logging
 from idattn.studies import repro_doc
 from idattn.studies.repro_selective import TASK_FAMILIES
 from idattn.studies.repro_verify import verify_runs
-from idattn.studies.runcache import Ctx, ReproError, archive_runs, experiment, log, restore_runs
+from idattn.studies.runcache import Ctx, ReproError, archive_now, experiment, log, restore_runs
 from idattn.studies.tables import TABLES, order
 
 
@@ -111,8 +111,7 @@ def main(argv=None) -> int:
                 print(open(ctx.table_path(t, "md")).read(), flush=True)
             if args.doc:
                 log(f"wrote the generated parts of {', '.join(repro_doc.write(args.doc, ctx, every))}")
-        if args.archive:
-            log(f"recorded {archive_runs(ctx.root, args.archive)} finished runs in {args.archive}")
+        archive_now(ctx)  # --archive
     except ReproError as e:
         print(f"idattn.repro: {e}", file=sys.stderr)
         return 1

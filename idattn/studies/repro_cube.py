@@ -11,7 +11,7 @@ from idattn.studies.claims import f2, rule_line, setup_line
 from idattn.studies.repro_runs import Tally
 from idattn.studies.repro_verdicts import (axes_for_verdict, cube_axes, pair_axes, paper_cube_axes, stats, verdict_d,
                                            verdict_json, verdict_md)
-from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, run_name, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, run_name, write_table
 
 
 def table_cube(ctx: Ctx) -> dict[str, Any]:
@@ -20,13 +20,12 @@ def table_cube(ctx: Ctx) -> dict[str, Any]:
     cells = ["softmax"] + [c for c, *_ in P.TABLE4 if c != "softmax"]
     dt = ctx.exp.PRIMARY_DT
     per: dict[str, list] = {c: [] for c in cells}
-    got, params = Tally(), {}
+    got = Tally()
     for s in ctx.seeds:  # seeds outer: an interrupted run has the whole cube at seed 0 first
         for cell in cells:
             r = got.ppl(ctx, run_name(cell), dt, s, [L])
             per[cell].append(None if r is None else r[L])
-            if r is not None:
-                params[cell] = read_marker(ctx.lm_dir(run_name(cell), dt, s)).get("params")
+    params = {c: got.params.get(run_name(c)) for c in cells}
     axes = [cube_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     seed_pair_axes = [pair_axes({c: per[c][i] for c in cells}) for i in range(len(ctx.seeds))]
     vd = verdict_d([axes_for_verdict(a, b) for a, b in zip(axes, seed_pair_axes)], judged=ctx.judged)

@@ -18,7 +18,7 @@ from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import QUESTIONS, label
 from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import answer
-from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, run_cost, write_table
+from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
 
 
 def table_hybrid(ctx: Ctx) -> dict[str, Any]:
@@ -36,7 +36,6 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     mq_acc: dict[str, dict[int, dict[str, float]]] = {m: {} for m in h["mixers"]}
     ppl: dict[str, dict[int, float]] = {m: {} for m in h["mixers"]}
     text: dict[str, dict[str, list]] = {m: {k: [] for k in text_keys} for m in h["mixers"]}
-    params: dict[str, int] = {}
     got = Tally()
     for s in seeds:  # seed-major: a stop leaves every model with the same seeds
         for m in h["mixers"]:
@@ -44,7 +43,6 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
             if r is None:
                 continue
             ppl[m][s], wd = r[L], c.lm_dir(m, dt, s)
-            params.setdefault(m, read_marker(wd).get("params"))
             rec = got.take(text_recall(c, m, s), wd, f"text recall {m}-s{s}", cost=False)
             if rec is not None:
                 for k in text_keys:
@@ -57,7 +55,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
             if r is not None:
                 mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
                 mq_loss[m][s] = (r.get("details") or {}).get("loss")
-    rows = []
+    rows, params = [], got.params
     for m in h["mixers"]:
         vals = [ppl[m][s] for s in seeds if s in ppl[m]]
         mean = math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None

@@ -36,7 +36,6 @@ def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
     variants = [("softmax", "scaled", "no Δ")] + [(m, dt, None) for dt in ("scaled", "paper")
                                                   for m in mixers if m != "softmax"]
     tally, rows, jrows = Tally(), [], []
-    ratios: dict[tuple[str, str], list[float]] = {}
     got: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
     seed_ratios: dict[tuple[str, str], list] = {(m, dt): [] for m, dt, _ in variants}
     for s in ctx.seeds:  # seeds outer: an interrupted run has every variant at seed 0 first
@@ -48,7 +47,6 @@ def length_at(ctx: Ctx) -> tuple[str, dict[str, Any]]:
     for mixer, dt, note in variants:
         per_seed = got[(mixer, dt)]
         rat = [r[L4] / r[L1] for r in per_seed]
-        ratios[(mixer, dt)] = rat
         cfg = ctx.config(mixer, dt, 0)
         dtr = note or f"[{cfg.model.dt_min:g}, {cfg.model.dt_max:g}]"
         means = {L: stats([r[L] for r in per_seed]) for L in lengths}

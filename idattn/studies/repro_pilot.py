@@ -25,27 +25,28 @@ from idattn.eval.markdown import markdown_table
 from idattn.models.counting import count_params_closed
 from idattn.studies.claims import CLAIMS, label
 from idattn.studies.repro_runs import Tally, lm_ppl
-from idattn.studies.repro_verdicts import half_width, sd
+from idattn.studies.repro_verdicts import C_FLAT, half_width, sd
 from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, write_table
 
 
 def targets() -> dict[str, dict[str, Any]]:
     """The effects the pilot's sd must resolve: per claim statistic, the paper's value, the claim's line and the
     effect (their distance), from idattn.eval.paper_numbers and the claims of idattn/studies/claims.py."""
-    t2 = P.TABLE2
+    t2, pp = P.TABLE2, P.VAL_PPL["125m"]
     r_soft = math.log(t2["softmax"][-1] / t2["softmax"][0])
     r_inter = math.log(t2["interdomain"][-1] / t2["interdomain"][0])
     a, b = CLAIMS["a"], CLAIMS["b"]
+    r = {m: f"{t2[m][-1]:.2f} / {t2[m][0]:.2f}" for m in ("softmax", "interdomain")}  # Table 2's 14K / 4K
     out = {
         "a": dict(stat="ln(ppl_S4D-only / ppl_Interdomain)", paper=math.log(a.paper), line=a.line,
-                  source="Fig. 2 / Table 4, 125M: 19.22 / 16.48", sd_from="pair"),
+                  source=f"Fig. 2 / Table 4, 125M: {pp['s4d_only']:.2f} / {pp['interdomain']:.2f}", sd_from="pair"),
         "c_gap": dict(stat="ln R_Softmax − ln R_Interdomain", paper=r_soft - r_inter, line=0.0,
-                      source="Table 2, 1.3B, 14K / 4K: Softmax 55.92 / 12.79, Interdomain 14.26 / 14.36",
+                      source=f"Table 2, 1.3B, 14K / 4K: Softmax {r['softmax']}, Interdomain {r['interdomain']}",
                       sd_from="c_gap"),
-        "c_flat": dict(stat="ln R_Interdomain (line ln 1.05)", paper=r_inter, line=math.log(1.05),
-                       source="Table 2, 1.3B, 14K / 4K: Interdomain 14.26 / 14.36", sd_from="r_inter"),
+        "c_flat": dict(stat="ln R_Interdomain (line ln 1.05)", paper=r_inter, line=C_FLAT,
+                       source=f"Table 2, 1.3B, 14K / 4K: Interdomain {r['interdomain']}", sd_from="r_inter"),
         "b": dict(stat="ln(ppl_Interdomain / ppl_Softmax) (line ln 1.02)", paper=math.log(b.paper), line=b.line,
-                  source="Fig. 2 / Table 4, 125M: 16.48 / 16.65", sd_from="pair"),
+                  source=f"Fig. 2 / Table 4, 125M: {pp['interdomain']:.2f} / {pp['softmax']:.2f}", sd_from="pair"),
     }
     for v in out.values():
         v["effect"] = abs(v["paper"] - v["line"])

@@ -7,10 +7,10 @@ from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
-from idattn.studies.claims import f2, label, rule_line, setup_line
+from idattn.studies.claims import CLAIMS, f2, label, rule_line, setup_line
 from idattn.studies.repro_runs import Tally
 from idattn.studies.repro_verdicts import paired, stats, verdict_a, verdict_b, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, ReproError, Table, compute_line, read_marker, write_table
+from idattn.studies.runcache import Ctx, ReproError, Table, compute_line, write_table
 
 
 def table_ppl(ctx: Ctx) -> dict[str, Any]:
@@ -25,16 +25,14 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
         raise ReproError(f"experiments/repro.py PPL_DTS={dts!r}: the primary range {primary!r} must come first")
     variants = tuple(getattr(ctx.exp, "PPL_VARIANTS", ()))
     per: dict[tuple[str, str], list] = {(m, dt): [] for dt in dts for m in P.MIXERS + variants}
-    params, got = {}, Tally()
+    got = Tally()
     for dt in dts:
         for s in ctx.seeds:  # seeds outer: an interrupted run has every mixer at seed 0 first
             for mixer in P.MIXERS + (variants if dt == primary else ()):
                 r = got.ppl(ctx, mixer, dt, s, [L], cost=not (mixer == "softmax" and dt != dts[0]))
                 per[(mixer, dt)].append(None if r is None else r[L])
-                if r is not None:
-                    params[mixer] = read_marker(ctx.lm_dir(mixer, dt, s)).get("params")
     pp = P.VAL_PPL["125m"]
-    rows, jrows, verdicts, lines = [], [], {}, []
+    rows, jrows, verdicts, lines, params = [], [], {}, [], got.params
     for dt in dts:
         soft = per[("softmax", dt)]
         for m in P.MIXERS + (variants if dt == primary else ()):
@@ -53,21 +51,16 @@ def table_ppl(ctx: Ctx) -> dict[str, Any]:
                           **{f"ppl_{k}": x for k, x in st.items()}, "ratio_to_softmax_per_seed": seed_ratios,
                           "ratio_to_softmax": ratio, "paper_ppl_125m": pp[base],
                           "paper_ratio_to_softmax": pp[base] / pp["softmax"]})
-        va = verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)], judged=ctx.judged)
-        vb = verdict_b(per[("interdomain", dt)], soft, judged=ctx.judged)
-        sfx = "" if dt == primary else f"_{dt}_dt"
-        verdicts["a" + sfx] = verdict_json(va, dt=dt)
-        verdicts["b" + sfx] = verdict_json(vb, dt=dt)
-        tag = f"{dt} Δ" + (" (primary)" if dt == primary else "")
-        lines += [f"- {tag}: (a) Interdomain beats S4D-only: {verdict_md(va)} ({va.why}; paper "
-                  f"{pp['s4d_only'] / pp['interdomain']:.3f})",
-                  f"- {tag}: (b) Interdomain matches (within 2%) or beats Softmax: {verdict_md(vb)} ({vb.why}; paper "
-                  f"{pp['interdomain'] / pp['softmax']:.3f})"]
+        for c, v in (("a", verdict_a(per[("interdomain", dt)], per[("s4d_only", dt)], judged=ctx.judged)),
+                     ("b", verdict_b(per[("interdomain", dt)], soft, judged=ctx.judged))):
+            verdicts[c + ("" if dt == primary else f"_{dt}_dt")] = verdict_json(v, dt=dt)
+            lines.append(f"- {dt} Δ{' (primary)' if dt == primary else ''}: {CLAIMS[c].title}: {verdict_md(v)} "
+                         f"({v.why}; paper {CLAIMS[c].paper:.3f})")
     for m in variants:  # (a) against each variant of S4D-only: shown, never the verdict of record
         va = verdict_a(per[("interdomain", primary)], per[(m, primary)], judged=ctx.judged)
         verdicts[f"a_{m}"] = verdict_json(va, dt=primary, variant=m)
         lines.append(f"- {primary} Δ, against {label(m)} (a variant, not the verdict of record): (a) "
-                     f"{verdict_md(va)} ({va.why}; paper {pp['s4d_only'] / pp['interdomain']:.3f})")
+                     f"{verdict_md(va)} ({va.why}; paper {CLAIMS['a'].paper:.3f})")
     wall = time.time() - t0
     md = "\n".join([
         "## " + TABLE.title.format(L=L), "",

@@ -7,7 +7,7 @@ from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
-from idattn.studies.claims import by_seed, label, rule_line
+from idattn.studies.claims import CLAIMS, by_seed, label, rule_line
 from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import verdict_e, verdict_json, verdict_md
 from idattn.studies.runcache import HINT, Ctx, Table, missing_note, write_table
@@ -84,7 +84,7 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
                   tx_rows), "",
         "† The paper's numbers (1.3B, FineWeb-Edu); only orderings compare.", "",
         rule_line(ctx), "",
-        f"- (e) recall: Softmax ≥ Interdomain > S4D-only (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
+        f"- {CLAIMS['e'].title} (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
         f"pairs): {verdict_md(ve)} ({ve.why})", "",
         f"Compute: {got.cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
         f"included: {ctx.invocation_time(wall)})." + missing_note(got.missing, ctx, HINT)])

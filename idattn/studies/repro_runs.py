@@ -16,14 +16,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import serialization
 
 from idattn import train as trainer
 from idattn.configs import packaged_config
 from idattn.data import stdlib_corpus
 from idattn.eval import mad as mad_lib, recall, state_tracking
-from idattn.eval.perplexity import context_buckets, eval_batches, perplexities
+from idattn.eval.perplexity import context_buckets, perplexities, token_nlls
 from idattn.eval.scoring import model_score_fn
 from idattn.models import build_model
 from idattn.models.spec import cube_cells
@@ -33,7 +32,6 @@ from idattn.rundir.schema import read_results, result_path, write_result
 from idattn.studies.code_hash import synthetic_train_hash, train_code_hash
 from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_cost,
                                     run_name)
-from idattn.train.step import token_nll
 
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
 CONTEXT_BUCKETS = 8
@@ -127,6 +125,7 @@ def lm_run(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
     """Trains (or resumes / reuses) one language-model run; its marker, None when not available. A marker from
     before recipes were recorded is judged by its code alone."""
     wd, cfg = ctx.lm_dir(mixer, dt, seed), ctx.config(mixer, dt, seed)
+    fields = {"mixer": mixer, "dt": dt, "seed": seed, "size": ctx.size}
     if not ctx.skip(mixer, dt):
         check_corpus(ctx)
 
@@ -139,11 +138,9 @@ def lm_run(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | None:
         return {"params": int(summary["num_params"]), "steps": int(cfg.train.num_steps),
                 "final_train_loss": summary.get("loss"), "loss_curve": loss_curve(wd)}
 
-    return cached(ctx, wd, mixer=mixer, dt=dt, ident={"recipe": size_recipe(ctx)}, legacy=("recipe",),
-                  fields={"mixer": mixer, "dt": dt, "seed": seed, "size": ctx.size,
-                          "dt_range": [float(cfg.model.dt_min), float(cfg.model.dt_max)]},
-                  model=cfg.model, train=train, read=lambda rec: rec, train_src=train_code_hash(),
-                  verify=lambda: verify_lm(ctx, wd, read_marker(wd)))
+    return cached(ctx, wd, mixer=mixer, dt=dt, **identity(ctx, "lm", fields),
+                  fields=dict(fields, dt_range=[float(cfg.model.dt_min), float(cfg.model.dt_max)]), train=train,
+                  read=lambda rec: rec, train_src=train_code_hash(), verify=lambda: verify_lm(ctx, wd, read_marker(wd)))
 
 
 def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float] | None:
@@ -179,10 +176,11 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
 
 
 class Tally:
-    """What a table read: the recorded compute of its runs and the names of the runs it lacks."""
+    """What a table read: the recorded compute of its runs, the names of the runs it lacks and, per mixer, the
+    parameter count its first language-model run recorded."""
 
     def __init__(self):
-        self.cost, self.missing = 0.0, []
+        self.cost, self.missing, self.params = 0.0, [], {}
 
     def take(self, value, wd: str, name: str | None = None, cost: bool = True):
         """`value`, one run's result, adding the run's recorded compute (unless `cost` is false: a run counted
@@ -196,9 +194,11 @@ class Tally:
     def ppl(self, ctx: Ctx, mixer: str, dt: str, seed: int, lengths, name: str | None = None,
             cost: bool = True) -> dict[int, float] | None:
         """lm_ppl's {L: perplexity} of one run when it has every length of `lengths`, else None (`take`)."""
-        r = lm_ppl(ctx, mixer, dt, seed, lengths)
-        return self.take(r if r is not None and all(L in r for L in lengths) else None, ctx.lm_dir(mixer, dt, seed),
-                         name, cost)
+        r, wd = lm_ppl(ctx, mixer, dt, seed, lengths), ctx.lm_dir(mixer, dt, seed)
+        if r is not None and all(L in r for L in lengths):
+            self.params.setdefault(mixer, read_marker(wd).get("params"))
+            return self.take(r, wd, name, cost)
+        return self.take(None, wd, name, cost)
 
 
 def text_recall_setup(ctx: Ctx) -> tuple[list[int], list[str]]:
@@ -253,15 +253,8 @@ def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | No
         return None
     t0 = time.time()
     cfg, params = load_params(wd)
-    model = build_model(cfg.model)
-    fn = jax.jit(lambda p, b: token_nll(model.apply({"params": p}, b["inputs"], segment_ids=b["segment_ids"],
-                                                    positions=b["positions"]), b["targets"]))
-    nll, mask, seg = [], [], []
-    for b in eval_batches(cfg, ctx.tokenizer(cfg), L, int(ctx.exp.EVAL_TOKENS[ctx.size])):
-        nll.append(np.asarray(fn(params, b)))
-        mask.append(np.asarray(b["loss_mask"]))
-        seg.append(np.asarray(b["segment_ids"]))
-    out = context_buckets(np.concatenate(nll), np.concatenate(mask), np.concatenate(seg), L, CONTEXT_BUCKETS)
+    nll = token_nlls(cfg, params, ctx.tokenizer(cfg), L, int(ctx.exp.EVAL_TOKENS[ctx.size]))
+    out = context_buckets(*nll, L, CONTEXT_BUCKETS)
     write_result(wd, "context", int(rec["steps"]), {"context/ratio_last_first": out["ratio"] or float("nan")},
                  run={"workdir": wd, "mixer": mixer, "size": f"repro-{ctx.size}", "dt": dt, "seed": seed},
                  details=out, protocol=context_protocol(ctx))
@@ -335,10 +328,9 @@ def mqar_run(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
                                "method": "Zoology MQAR, accuracy at query positions"})
         return {}
 
-    return cached(ctx, wd, mixer=mixer, ident={"recipe": json.loads(json.dumps(q.to_dict())),
-                                               "model": mqar_model_record(c.model)},
-                  legacy=("model",), stamp_legacy=True, fields={"mixer": mixer, "seed": seed, "size": ctx.size},
-                  model=c.model, train=train, read=lambda rec: last_result(wd, "recall"),
+    fields = {"mixer": mixer, "seed": seed, "size": ctx.size}
+    return cached(ctx, wd, mixer=mixer, **identity(ctx, "mqar", fields), stamp_legacy=True, fields=fields,
+                  train=train, read=lambda rec: last_result(wd, "recall"),
                   train_src=synthetic_train_hash(), verify=lambda: verify_mqar(ctx, mixer, seed, wd))
 
 
@@ -379,13 +371,15 @@ def mad_model_config(ctx: Ctx, cell: str):
 
 def mad_run(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
     """Test accuracy of one (cell, task, seed) MAD run, trained if needed; None when not available."""
-    wd, r, model = mad_dir(ctx, cell, task, seed), ctx.exp.MAD_SIZES[ctx.size], mad_model_config(ctx, cell)
+    fields = {"cell": cell, "task": task, "seed": seed, "size": ctx.size}
+    wd, r, idn = mad_dir(ctx, cell, task, seed), ctx.exp.MAD_SIZES[ctx.size], identity(ctx, "mad", fields)
 
     def train(rec):
         log(f"MAD {task} {cell} seed {seed}: {r['steps']} steps x {r['batch_size']}")
         n = r.get("num_train")  # at most MAD's own (memorization keeps MAD's 256 sequences: its map is learnt from them)
-        res = mad_lib.train_mad(model, task, steps=int(r["steps"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
-                                weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]), seed=seed,
+        res = mad_lib.train_mad(idn["model"], task, steps=int(r["steps"]), batch_size=int(r["batch_size"]),
+                                lr=float(r["lr"]), weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]),
+                                seed=seed,
                                 num_train=None if n is None else min(int(n), int(mad_lib.TASKS[task]["num_train"])),
                                 num_test=r.get("num_test"), **dict(r.get("task_overrides", {}).get(task, {})))
         write_result(wd, "mad", int(r["steps"]), {f"mad/{task}/acc": float(res["acc"])},
@@ -399,9 +393,7 @@ def mad_run(ctx: Ctx, cell: str, task: str, seed: int) -> float | None:
         r = last_result(wd, "mad")
         return float(r["metrics"][f"mad/{task}/acc"]) if r else None
 
-    return cached(ctx, wd, mixer=cell, ident={"recipe": mad_recipe(ctx)}, model=model, train=train, read=read,
-                  fields={"cell": cell, "task": task, "seed": seed, "size": ctx.size},
-                  train_src=synthetic_train_hash())
+    return cached(ctx, wd, mixer=cell, **idn, train=train, read=read, fields=fields, train_src=synthetic_train_hash())
 
 
 # ------------------------------------------------------------------------------------------------ state tracking
@@ -419,14 +411,32 @@ def state_model_config(ctx: Ctx, mixer: str):
     return task_model_config(ctx, mixer, ctx.exp.STATE_TRACKING[ctx.size], 16)
 
 
+KINDS = ("lm", "mqar", "mad", "state")  # runs/<size>/<kind>/<name>
+
+
+def identity(ctx: Ctx, kind: str, rec: dict[str, Any]) -> dict[str, Any]:
+    """A `kind` run with the marker fields `rec` as the current configs build it (`cached` and `repro verify` judge
+    a marker by it): {"ident": the marker fields that make its training, "legacy": those an older marker may lack,
+    "model": its model config}."""
+    if kind == "mqar":
+        c = ctx.exp.get_mqar_config(rec["mixer"], ctx.size)
+        return {"ident": {"recipe": json.loads(json.dumps(c.mqar.to_dict())), "model": mqar_model_record(c.model)},
+                "legacy": ("model",), "model": c.model}
+    model = (ctx.config(rec["mixer"], rec["dt"], int(rec["seed"])).model if kind == "lm" else
+             mad_model_config(ctx, rec["cell"]) if kind == "mad" else state_model_config(ctx, rec["mixer"]))
+    recipe = {"lm": size_recipe, "mad": mad_recipe, "state": state_recipe}[kind](ctx)
+    return {"ident": {"recipe": recipe}, "legacy": ("recipe",) if kind == "lm" else (), "model": model}
+
+
 def state_run(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | None:
     """{"acc", "scaled"[, "train_loss"]} of one state-tracking run, trained if needed; None when not available."""
-    wd, r, model = state_dir(ctx, mixer, task, seed), ctx.exp.STATE_TRACKING[ctx.size], state_model_config(ctx, mixer)
+    fields = {"mixer": mixer, "task": task, "seed": seed, "size": ctx.size}
+    wd, r, idn = state_dir(ctx, mixer, task, seed), ctx.exp.STATE_TRACKING[ctx.size], identity(ctx, "state", fields)
 
     def train(rec):
         log(f"state tracking {task} {mixer} seed {seed}: {r['steps']} steps x {r['batch_size']}")
         res = state_tracking.train_state_tracking(
-            model, task, steps=int(r["steps"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
+            idn["model"], task, steps=int(r["steps"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
             weight_decay=float(r["weight_decay"]), warmup=int(r["warmup"]), seed=seed, num_train=int(r["num_train"]),
             num_test=int(r["num_test"]), train_lengths=r.get("train_lengths"), test_lengths=r.get("test_lengths"),
             log_every=max(1, int(r["steps"]) // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
@@ -449,6 +459,4 @@ def state_run(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | 
             out["train_loss"] = float(det["loss"])
         return out
 
-    return cached(ctx, wd, mixer=mixer, ident={"recipe": state_recipe(ctx)}, model=model, train=train, read=read,
-                  fields={"mixer": mixer, "task": task, "seed": seed, "size": ctx.size},
-                  train_src=synthetic_train_hash())
+    return cached(ctx, wd, mixer=mixer, **idn, train=train, read=read, fields=fields, train_src=synthetic_train_hash())

@@ -6,41 +6,27 @@ import os
 from typing import Any
 
 from idattn.studies import fingerprint as F, runcache as C
-from idattn.studies.repro_runs import (mad_model_config, mad_recipe, mqar_model_record, size_recipe, state_model_config,
-                                       state_recipe)
+from idattn.studies.repro_runs import KINDS, identity
 
 
 def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
     """(model config, "") of a finished run as the current configs build it, or (None, why not): the run's kind
     from its folder (runs/<size>/<lm|mqar|mad|state>/<name>), its size, mixer, Δ range and seed from its marker.
-    A run whose recorded recipe (or MQAR model) differs from the current config's is not this config's run."""
+    A run whose marker differs from the current config's identity (repro_runs.identity: its recipe, its MQAR
+    model) is not this config's run."""
     parts = os.path.relpath(wd, ctx.root).split(os.sep)
     if len(parts) != 4 or parts[0] != "runs":
         return None, f"not a run folder runs/<size>/<kind>/<name>: {'/'.join(parts)}"
-    size, kind = parts[1], parts[2]
-    c = ctx.for_size(size)
+    if parts[2] not in KINDS:
+        return None, f"unknown run kind {parts[2]!r}"
     try:
-        if kind == "lm":
-            if "recipe" in rec and rec["recipe"] != size_recipe(c):
-                return None, "trained with another recipe than the current config's"
-            return c.config(rec["mixer"], rec["dt"], int(rec["seed"])).model, ""
-        if kind == "mqar":
-            cfg = c.exp.get_mqar_config(rec["mixer"], size)
-            model = mqar_model_record(cfg.model)
-            if rec.get("model", model) != model:
-                return None, "trained with another MQAR model than the current config's"
-            return cfg.model, ""
-        if kind == "mad":
-            if rec.get("recipe") != mad_recipe(c):
-                return None, "trained with another MAD recipe than the current config's"
-            return mad_model_config(c, rec["cell"]), ""
-        if kind == "state":
-            if rec.get("recipe") != state_recipe(c):
-                return None, "trained with another state-tracking recipe than the current config's"
-            return state_model_config(c, rec["mixer"]), ""
+        idn = identity(ctx.for_size(parts[1]), parts[2], rec)
     except (KeyError, ValueError) as e:
         return None, f"its config no longer builds ({type(e).__name__}: {e})"
-    return None, f"unknown run kind {kind!r}"
+    other = C.differs(rec, idn["ident"], idn["legacy"])
+    if other:
+        return None, f"trained with another {parts[2]} {' and '.join(other)} than the current config's"
+    return idn["model"], ""
 
 
 def verify_runs(ctx: Any) -> dict[str, list[str]]:

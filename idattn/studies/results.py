@@ -335,21 +335,29 @@ def _ratio_value(run: Run, ratio: float, key_prefix: str) -> float | None:
     return run.metrics.get(f"{key_prefix}{best}") if abs(best - target) <= 0.15 * target else None
 
 
+EXTRAP_HEADER = [f"paper {x}" for x in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS]
+
+
+def _extrap_rows(runs: list[Run], prefix: str, paper: dict, why) -> list[tuple[list[str], Run | None]]:
+    """Tables 2 and 8: per model measured (the paper's three first) its name, the paper's perplexities and ours at
+    each ratio of the training length (metric `prefix`<L>), with the run they come from."""
+    out = []
+    for fam in families(runs, prefix):
+        r = pick(runs, fam, need=prefix, why=why)
+        out.append(([family_label(fam)] + [fmt(v) for v in paper.get(fam, (None,) * len(P.EXTRAP_RATIOS))]
+                    + [fmt(_ratio_value(r, x, prefix)) if r else "—" for x in P.EXTRAP_RATIOS], r))
+    return out
+
+
 def table2(runs: list[Run], why: list[str] | None = None) -> str:
-    header = ["mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS] + ["ours run"]
-    rows = []
     five = [r for r in runs if r.five_corpus_mean()]
-    for fam in families(five, "extrapolation/ppl@"):  # the paper's three, then every other model measured
-        r = pick(five, fam, need="extrapolation/ppl@", why=why)
-        ours = [fmt(_ratio_value(r, x, "extrapolation/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
-        paper = P.TABLE2.get(fam, (None,) * len(P.EXTRAP_RATIOS))
-        rows.append([family_label(fam)] + [fmt(v) for v in paper] + ours + [r.size if r else "—"])
+    rows = [row + [r.size if r else "—"] for row, r in _extrap_rows(five, "extrapolation/ppl@", P.TABLE2, why)]
     others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
     note = ("\n\n'ours' is filled only from runs evaluated on all five corpora (PG19, CodeParrot, GovReport, "
             "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
                                                    "see the per-corpus table." if others else ""))
     return ("### Table 2: length extrapolation (five-corpus mean perplexity; paper: 1.3B trained at 4K)\n\n" +
-            markdown_table(header, rows) + note)
+            markdown_table(["mixer"] + EXTRAP_HEADER + ["ours run"], rows) + note)
 
 
 def table_corpora(runs: list[Run]) -> str:
@@ -386,15 +394,10 @@ def _corpus_cells(r: Run, suite: str, c: str) -> list[str]:
 
 
 def table8(runs: list[Run], why: list[str] | None = None) -> str:
-    header = ["corpus", "mixer"] + [f"paper {l}" for l in P.EXTRAP_LABELS] + [f"ours {r:g}x" for r in P.EXTRAP_RATIOS]
-    rows = []
-    for corpus, per in P.TABLE8.items():
-        for fam in families(runs, f"extrapolation/{corpus}/ppl@"):
-            r = pick(runs, fam, need=f"extrapolation/{corpus}/ppl@", why=why)
-            ours = [fmt(_ratio_value(r, x, f"extrapolation/{corpus}/ppl@")) if r else "—" for x in P.EXTRAP_RATIOS]
-            rows.append([corpus, family_label(fam)] + [fmt(v) for v in per.get(fam, (None,) * 3)] + ours)
+    rows = [[corpus] + row for corpus, per in P.TABLE8.items()
+            for row, _ in _extrap_rows(runs, f"extrapolation/{corpus}/ppl@", per, why)]
     return "### Table 8: per-corpus extrapolation perplexity (NarrativeQA outside the Table 2 mean)\n\n" + \
-        markdown_table(header, rows)
+        markdown_table(["corpus", "mixer"] + EXTRAP_HEADER, rows)
 
 
 def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], str]:
@@ -418,9 +421,10 @@ def _protocol_notes(runs: list[Run], shown: list[Run]) -> tuple[dict[int, str], 
     return marks, note
 
 
-def _validation_protocols(runs: list[Run]) -> list[tuple]:
-    """The distinct validation protocols (protocol_key) of `runs`, in a fixed order."""
-    return sorted({protocol_key(r.protocols.get("validation")) for r in runs}, key=str)
+def _validation_protocols(runs: list[Run]) -> dict[tuple, str]:
+    """The distinct validation protocols (protocol_key) of `runs`, in a fixed order, each with its protocol_text."""
+    texts = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in runs}
+    return dict(sorted(texts.items(), key=lambda kv: str(kv[0])))
 
 
 def table4(runs: list[Run], why: list[str] | None = None) -> str:
@@ -434,8 +438,7 @@ def table4(runs: list[Run], why: list[str] | None = None) -> str:
     size = "125m" if "125m" in sizes else max(sorted(set(sizes)), key=lambda s: (sizes.count(s), _size_rank(s)),
                                               default=None)
     measured = [r for r in runs if r.size == size and "validation/loss" in r.metrics]
-    protocols = _validation_protocols(measured)
-    text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in measured}
+    protocols = text = _validation_protocols(measured)
     cube = [(mixer_family(cell), cell, desc, loss, ppl) for cell, desc, loss, ppl in P.TABLE4]
     # every other model of ours at this size (a selective core, a hybrid stack, ...) below the cube, paper "—"
     others = [(f, family_label(f), _not_in_cube(f), None, None) for f in families(measured)
@@ -554,13 +557,13 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
               [f"{family_label(f)} ours" for f in fams])
     rows = []
     sizes = list(P.VAL_PPL) + sorted({r.size for r in runs} - set(P.VAL_PPL), key=lambda s: (_size_rank(s), s))
-    text = {protocol_key(r.protocols.get("validation")): protocol_text(r.protocols.get("validation")) for r in shown}
     for s in sizes:
         paper = P.VAL_PPL.get(s, {})
         approx = "≈" if s in P.APPROX_FIG2 else ""
         # one row per validation protocol measured at this size (corpus, token count, context): a row's three
         # values are always of one protocol
-        for pk in _validation_protocols([r for r in shown if r.size == s]) or [None]:
+        text = _validation_protocols([r for r in shown if r.size == s])
+        for pk in text or [None]:
             ours = []
             for f in fams:
                 r = pick(shown, f, size=s, exact=True, protocol=pk, why=why) if pk else None
@@ -589,18 +592,21 @@ def save_figure(plt, fig, path: str, **kw) -> str:
     return path
 
 
-def _legend_outside(fig, ax) -> None:
-    """The legend beside the axes, right of them, so that it never covers a point or an axis label; the figure is
-    widened by the legend's width (the axes keep their size) and laid out to hold both."""
+def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> str:
+    """Labels the axes and writes the figure, its legend beside the axes, right of them, so that it never covers a
+    point or an axis label; the figure is widened by the legend's width (the axes keep their size)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     handles, labels = ax.get_legend_handles_labels()
-    if not handles:
-        fig.tight_layout()
-        return
-    legend = ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                       borderaxespad=0.0, ncol=1 + (len(labels) - 1) // 24)
-    fig.canvas.draw()
-    fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.3, fig.get_figheight())
+    if handles:
+        legend = ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                           borderaxespad=0.0, ncol=1 + (len(labels) - 1) // 24)
+        fig.canvas.draw()
+        fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.3,
+                            fig.get_figheight())
     fig.tight_layout()
+    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
 
 
 def plot_extrapolation(runs: list[Run], path: str) -> str | None:
@@ -636,12 +642,9 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
                 drawn = True
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
-    ax.set_xlabel("context length / training length (ratio; paper: 4K tokens = 1)")
-    ax.set_ylabel("perplexity (per token, log scale)")
     ax.set_yscale("log")
-    ax.set_title("Length extrapolation" + ("" if drawn else " (paper only)"))
-    _legend_outside(fig, ax)
-    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
+    return _finish(plt, fig, ax, path, "context length / training length (ratio; paper: 4K tokens = 1)",
+                   "perplexity (per token, log scale)", "Length extrapolation" + ("" if drawn else " (paper only)"))
 
 
 def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float, str]]]]:
@@ -686,11 +689,8 @@ def plot_scaling(runs: list[Run], path: str) -> str:
                 ax.annotate(m, (x, y), fontsize=9)
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("parameters (count, log scale)")
-    ax.set_ylabel("validation perplexity (per token, log scale)")
-    ax.set_title("Validation perplexity against scale (Fig. 2)")
-    _legend_outside(fig, ax)
-    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
+    return _finish(plt, fig, ax, path, "parameters (count, log scale)", "validation perplexity (per token, log scale)",
+                   "Validation perplexity against scale (Fig. 2)")
 
 
 def plot_recall(runs: list[Run], path: str) -> str:
@@ -712,11 +712,8 @@ def plot_recall(runs: list[Run], path: str) -> str:
                 ax.axvline(r.seq_len(), color=f"C{i % 10}", lw=0.8, ls=":",
                            label=f"{family_label(fam)} ours training length {r.seq_len()}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("S-NIAH-1 accuracy (%)")
-    ax.set_title("Recall against context length (Table 9)")
-    _legend_outside(fig, ax)
-    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
+    return _finish(plt, fig, ax, path, "context length (tokens)", "S-NIAH-1 accuracy (%)",
+                   "Recall against context length (Table 9)")
 
 
 def render(runs: list[Run]) -> str:

@@ -230,6 +230,11 @@ def finish_run(ctx: Ctx, wd: str, rec: dict[str, Any], model: Any) -> None:
     archive_now(ctx)
 
 
+def differs(rec: dict[str, Any], ident: dict[str, Any], legacy: tuple[str, ...] = ()) -> list[str]:
+    """The keys of `ident` on which the marker `rec` differs (a key of `legacy` that it lacks is taken as equal)."""
+    return [k for k, v in ident.items() if rec.get(k, v if k in legacy else None) != v]
+
+
 def cached(ctx: Ctx, wd: str, *, mixer: str, ident: dict[str, Any], fields: dict[str, Any], model: Any,
            train: Callable[[dict[str, Any]], dict[str, Any]], read: Callable[[dict[str, Any]], Any],
            train_src: str, dt: str | None = None, verify=None, legacy: tuple[str, ...] = (),
@@ -242,12 +247,12 @@ def cached(ctx: Ctx, wd: str, *, mixer: str, ident: dict[str, Any], fields: dict
     size, ...). `train(marker)` trains, writes the results `read` reads, and returns the fields the finished
     marker adds; it raises ReproError when stopped (the marker keeps its training time, and a rerun resumes)."""
     rec = read_marker(wd)
-    differs = [k for k, v in ident.items() if rec.get(k, v if k in legacy else None) != v]
+    other = differs(rec, ident, legacy)
     if ctx.skip(mixer, dt):
         read_only(ctx, wd, rec)
-        return read(rec) if rec.get("status") == "done" and not differs else None
-    if rec and differs and not ctx.keep_stale:
-        move_aside(wd, rec, "trained with another " + "; ".join(f"{k} ({rec.get(k)} != {ident[k]})" for k in differs))
+        return read(rec) if rec.get("status") == "done" and not other else None
+    if rec and other and not ctx.keep_stale:
+        move_aside(wd, rec, "trained with another " + "; ".join(f"{k} ({rec.get(k)} != {ident[k]})" for k in other))
     src = source_hash()
     rec = check_reuse(wd, src, ctx.keep_stale, verify=verify, train_src=train_src, model=model, ctx=ctx)
     if rec.get("status") == "done":

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import math
 import os
 import sys
@@ -58,7 +57,7 @@ from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.models.counting import flops_per_token
 from idattn.models.spec import apply_mixer_name
-from idattn.rundir.layout import last_metrics, load_config, planned_steps
+from idattn.rundir.layout import completion, last_metrics, load_config, planned_steps
 from idattn.studies.results import mixer_family, pyplot, save_figure
 from idattn.studies.scaling_laws import (HUBER_DELTA, PARAM_NAMES, Point, difference_test, fit_mixer,
                                          frontier_with_band, isoflop_groups, paired_runs, predict_with_band)
@@ -84,13 +83,11 @@ def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]
         seq = int(cfg.data.seq_len)
         tps = int(t.batch_size) * seq
         steps = planned_steps(cfg)
-        vpath = os.path.join(wd, "eval", f"validation-step{steps:08d}.json")
-        if metric == "val_loss":
-            if not os.path.exists(vpath):
-                skipped.append(f"{wd}: not finished (no {os.path.relpath(vpath, wd)})")
+        if metric == "val_loss":  # the final validation, as idattn.rundir.layout.completion reads it
+            loss = completion(wd)["val_loss"]
+            if loss is None:
+                skipped.append(f"{wd}: not finished (no eval/validation-step{steps:08d}.json)")
                 continue
-            with open(vpath) as f:
-                loss = float(json.load(f)["metrics"]["loss"])
         else:
             last = last_metrics(wd)
             if not last or int(last["step"]) != steps:
@@ -353,7 +350,7 @@ def _json_default(o):
 
 
 def _pct_ci(v, lo, hi) -> str:
-    return f"{100 * v:+.2f}% [{100 * lo:+.2f}%, {100 * hi:+.2f}%]"
+    return _fmt_ci(100 * v, (100 * lo, 100 * hi), "{:+.2f}%")
 
 
 def print_report(res: dict) -> None:

@@ -46,10 +46,8 @@ it reports it "running elsewhere", not failed, and it does not make the sweep's 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import glob
 import importlib
-import io
 import json
 import os
 import shlex
@@ -290,28 +288,23 @@ def _launch_module(name: str):
     return importlib.import_module(f"idattn.launch.{name}")
 
 
-def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max_parallel: int = 0) -> str:
-    """launch/slurm.py's script with `--array` and the run chosen by SLURM_ARRAY_TASK_ID."""
+def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max_parallel: int = 0
+                 ) -> tuple[str, str]:
+    """(launch/slurm.py's script with `--array` and the run chosen by SLURM_ARRAY_TASK_ID, its log folder)."""
     slurm = _launch_module("slurm")
-    n = len(configs)
-    array = f"--array=0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
-    # --no_check: the template's config names the placeholder RUN_NAME (each run's config was resolved here)
-    argv = [*launcher_args, f"--sbatch={array}", "--dry_run", "--no_check", "--",
-            *train_args(sweep_file, "RUN_NAME", root, extra)]
-    # parse with launch/slurm.py's own parser by calling its main in dry-run mode and capturing the script
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        rc = slurm.main(argv)
-    if rc:
-        raise SystemExit(f"launch/slurm.py refused {shlex.join(argv)}")
-    script = buf.getvalue().split("# submit with:")[0].rstrip() + "\n"
+    array = f"--array=0-{len(configs) - 1}" + (f"%{max_parallel}" if max_parallel else "")
+    # launch/slurm.py's own parser and template; the config names the placeholder RUN_NAME (each run's config was
+    # checked here)
+    args, targs = slurm.parse([*launcher_args, f"--sbatch={array}", "--",
+                               *train_args(sweep_file, "RUN_NAME", root, extra)])
+    script = slurm.render(args, targs)
     if "RUN_NAME" not in script:
         raise SystemExit("launch/slurm.py's script does not contain the run placeholder; cannot make an array")
     names = " ".join(shlex.quote(c.sweep.name) for c in configs)
     pick = (f"RUNS=({names})\nRUN=\"${{RUNS[$SLURM_ARRAY_TASK_ID]}}\"\n"
             f"echo \"array task $SLURM_ARRAY_TASK_ID: run $RUN\"\n")
     script = script.replace("set -euo pipefail\n", "set -euo pipefail\n" + pick, 1)
-    return expand_run_placeholder(script)
+    return expand_run_placeholder(script), slurm.log_dir_of(args)
 
 
 def expand_run_placeholder(script: str) -> str:
@@ -329,7 +322,7 @@ def expand_run_placeholder(script: str) -> str:
 
 
 def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool, max_parallel: int) -> int:
-    script = slurm_script(sweep_file, configs, root, extra, launcher_args, max_parallel)
+    script, log_dir = slurm_script(sweep_file, configs, root, extra, launcher_args, max_parallel)
     print(f"idattn.sweep: {len(configs)} runs in {root} as one SLURM job array (task i = run i):")
     for i, c in enumerate(configs):
         print(f"  [{i}] {c.sweep.name}  N={c.sweep.n_params:,} D={c.sweep.tokens:,}")
@@ -339,11 +332,8 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
         return 0
     os.makedirs(root, exist_ok=True)
     # SLURM opens the --output file before the script starts, in a folder that must exist: a missing one fails
-    # every array task silently. launch/slurm.py creates it only when it submits itself, not in the dry run that
-    # rendered this script.
-    for line in script.splitlines():
-        if line.startswith("#SBATCH --output="):
-            os.makedirs(os.path.dirname(line.split("=", 1)[1].strip().strip("\"")) or ".", exist_ok=True)
+    # every array task silently (launch/slurm.py creates it only when it submits itself)
+    os.makedirs(log_dir, exist_ok=True)
     path = os.path.join(root, "sweep-array.sbatch")
     with open(path, "w") as f:
         f.write(script)
