@@ -1,6 +1,6 @@
 """flash-linear-attention's `chunk_simple_gla` kernels compiled for an H200 on a CPU host, read like ours.
 
-    python scripts/fla_sass.py [--T 4096] [--out idattn/bench/fla_kernels.json]
+    python scripts/fla_sass.py [--T 4096] [--shape 16,128,128] [--out idattn/bench/fla_kernels.json]
 
 The one device run measured fla's `chunk_simple_gla` (fla-core 0.6.0, Triton 3.6, bf16, H = 16, K = V = 128,
 65,536 tokens, a per-head decay `g_gamma`) at 3.29-3.46 ms forward + backward and 0.74-0.83 ms forward, flat in T.
@@ -134,12 +134,15 @@ def kernels(T: int):
 
 
 def main(argv=None) -> int:
+    global S, H, K, V
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=4096)
+    ap.add_argument("--shape", default=f"{H},{K},{V}", help="H,K,V (heads, key and value width): the anchor run's "
+                    "16,128,128 by default; 32,64,64 is the 1.3B model's heads")
     ap.add_argument("--out", default=os.path.join(ROOT, "idattn", "bench", "fla_kernels.json"))
     ap.add_argument("--quick", action="store_true", help="one configuration per kernel (a smoke run)")
     a = ap.parse_args(argv)
-    global S
+    H, K, V = (int(x) for x in a.shape.split(","))
     try:
         import triton
         from triton.backends.compiler import GPUTarget

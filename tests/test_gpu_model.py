@@ -122,3 +122,15 @@ def test_per_kernel_times_record_every_launch_of_the_operator():
     assert all(r["grid"][:2] == (2, 2) for r in rows)  # (B, H, ...)
     text = PK.format_rows((2, 32, 16), 128, 256, "fwdbwd", rows, total_ms=1e6)
     assert "6 launches" in text and "XLA around the kernels" in text
+
+
+def test_fla_predict_reads_the_shape_from_its_data():
+    """fla_predict at the anchor shape is the fla table's fastest column, and the shape it prices is the one its
+    data's `case` names (the same kernels read as 32 heads of 64 cost otherwise)."""
+    c, _ = G.evaluate(G.load())
+    fla = G.load(G.FLA_DATA)
+    got = G.fla_predict(c, fla, 4096)
+    rows = {r["mode"]: r["fastest"] for r in G.fla_predictions(c, fla) if r["T"] == 4096}
+    assert got["fwd"] == pytest.approx(rows["fwd"]) and got["fwdbwd"] == pytest.approx(rows["fwdbwd"])
+    other = {**fla, "case": [32, 64, 64] + list(fla["case"][3:])}
+    assert G.fla_predict(c, other, 4096)["fwdbwd"] != pytest.approx(got["fwdbwd"])
