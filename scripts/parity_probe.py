@@ -77,17 +77,10 @@ def few_ones_set(num: int, seed: int, lengths: tuple[int, int] = (41, 256), max_
     return x, y
 
 
-def _captured_lams(tree: Any, path: str = "") -> list[tuple[str, Any]]:
+def _captured_lams(tree: Any) -> list[tuple[str, Any]]:
     """(layer path, lam [B, T, H, M]) of every selective `recurrence` call in flax's captured intermediates (an
     LTI layer's lam [H, M] is not per token and is skipped)."""
-    out = []
-    for k, v in tree.items():
-        if k == "recurrence":
-            if v[0][0].ndim == 4:  # the method's outputs (lam, b, c), captured once; per token: a selective core
-                out.append((path, v[0][0]))
-        elif isinstance(v, Mapping):
-            out += _captured_lams(v, f"{path}/{k}" if path else k)
-    return out
+    return [(path, lam) for path, lam in _captured(tree, "recurrence") if lam.ndim == 4]
 
 
 def _captured(tree: Any, method: str, path: str = "") -> list[tuple[str, Any]]:
