@@ -30,18 +30,11 @@ from flax import linen as nn
 
 from idattn import models
 from idattn.configs import base_config
-from idattn.data import formats, stdlib_corpus, tokenizer as tok_lib
+from idattn.data import formats, pipeline, stdlib_corpus, tokenizer as tok_lib
 from idattn.rundir import layout
 from idattn.train import optim, validate
 from idattn.train.errors import TrainingError, first_line, log
 from idattn.train.plan import RunPlan
-
-
-def data_pipeline():
-    """idattn.data.pipeline, imported when a run first reads data: the model-only paths (`build_setup` for
-    `python -m idattn.bench model` and the AOT twin) do not read data, so they run on images without grain."""
-    from idattn.data import pipeline  # noqa: PLC0415 local: grain, absent from the model-only images (bench, aot)
-    return pipeline
 
 
 class Branch(NamedTuple):
@@ -92,7 +85,7 @@ def preflight(config, workdir: str) -> Preflight:
     branch = check_branch(config, plan, workdir)
     check_init_from(config, plan, workdir)
     try:
-        data_pipeline().check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation runs
+        pipeline.check_splits(config.data, tokenizer, ("train", "val"))  # val: the final validation runs
     except (ValueError, KeyError) as e:
         raise TrainingError(str(e)) from e
     return Preflight(config=config, plan=plan, workdir=workdir, tokenizer=tokenizer, branch=branch,
@@ -371,11 +364,11 @@ def describe_data(config, tokenizer) -> str:
             meta = formats.read_meta(d.path)
             tokens = f"{int(meta.get('train_tokens', 0)):,} train / {int(meta.get('val_tokens', 0)):,} val tokens"
         elif source == "kjv":
-            docs = data_pipeline().kjv_token_docs(tokenizer, "train", float(d.val_fraction))
+            docs = pipeline.kjv_token_docs(tokenizer, "train", float(d.val_fraction))
             tokens = (f"{sum(len(x) for x in docs):,} train tokens (the embedded KJV text; a smoke-test corpus, not "
                       f"the paper's data)")
         elif source == "stdlib":
-            docs = data_pipeline().stdlib_token_docs(tokenizer, "train")
+            docs = pipeline.stdlib_token_docs(tokenizer, "train")
             tokens = f"{sum(len(x) for x in docs):,} train tokens ({stdlib_corpus.corpus_id()})"
     except Exception as e:  # informative only
         tokens = f"n/a ({type(e).__name__}: {e})"

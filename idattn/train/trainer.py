@@ -33,6 +33,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from idattn import models
+from idattn.data import pipeline
 from idattn.rundir import layout, loading
 from idattn.rundir.schema import read_results, write_result
 from idattn.train import checkpoint as ckpt
@@ -42,7 +43,7 @@ from idattn.train import sharding as shd
 from idattn.train import tracker as tracker_lib
 from idattn.train.errors import TrainingError, first_line, log
 from idattn.train.plan import RunPlan
-from idattn.train.preflight import (Branch, Preflight, data_pipeline, describe_data, preflight,
+from idattn.train.preflight import (Branch, Preflight, describe_data, preflight,
                                     refuse_restart_from_zero)
 # the refusals, also the trainer's API (the launchers' dry run, tests)
 from idattn.train.preflight import (check_config, check_data_choice, check_resume_compatible,  # noqa: F401
@@ -286,7 +287,7 @@ class _Loop:
         self.restored_meta: dict = {}
         # a sequence group across hosts: every process reads the whole global batch and keeps its devices' blocks
         self.full_batches = shd.sequence_spans_processes(self.mesh)
-        self.data_iter = data_pipeline().make_train_iterator(
+        self.data_iter = pipeline.make_train_iterator(
             config.data, pre.tokenizer, global_batch_size=plan.batch_size, seq_len=self.seq_len,
             seed=int(config.data.shuffle_seed), process_index=0 if self.full_batches else jax.process_index(),
             process_count=1 if self.full_batches else jax.process_count())
@@ -381,7 +382,7 @@ class _Loop:
     def evaluate(self, step: int) -> tuple[float, float]:
         """The trainer's validation (docs/evaluation.md): the first train.eval_batches packed held-out batches."""
         if self.eval_data is None:
-            self.eval_data = data_pipeline().make_eval_batches(
+            self.eval_data = pipeline.make_eval_batches(
                 self.config.data, self.tokenizer, batch_size=self.micro, seq_len=self.seq_len,
                 num_batches=self.plan.eval_batches)
         nll, cnt = 0.0, 0.0

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from idattn.configs import ConfigError
-from idattn.data import formats
+from idattn.data import formats, pipeline
 from idattn.data.prepare import reprepare_command
 from idattn.train import optim, tracker
 
@@ -71,8 +71,6 @@ def _choice(cfg, section, key, choices):
 
 def check_values(config) -> None:
     """Raises ConfigError (one line) for the first out-of-range train / data value."""
-    from idattn.data import pipeline  # noqa: PLC0415 local: grain, absent from the model-only images (bench, aot)
-
     _int_at_least(config, "train", "batch_size", 1)
     _int_at_least(config, "train", "grad_accum", 1)
     t = config.train
