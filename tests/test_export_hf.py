@@ -36,8 +36,9 @@ RTOL = 1e-4  # of the largest |logit|
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 os.environ.update(OFFLINE)  # nothing here may reach a hub
 
-# every kind of the issue's list: Interdomain, S4D-only, two more cube cells, both selective cores, a hybrid with a
-# global attention layer and one with a window layer; plus the windowed model alone and an unrolled stack
+# every kind of the issue's list: Interdomain, S4D-only, two more cube cells, both selective cores, the delta update
+# (s = 1 on the LTI core, s = 2 on the selective one), a hybrid with a global attention layer and one with a window
+# layer; plus the windowed model alone and an unrolled stack
 KINDS = {
     "interdomain": {},
     "s4d_only": {},
@@ -45,6 +46,8 @@ KINDS = {
     "dualkv-linear-norope": {},
     "interdomain-selective": {},
     "interdomain-selective+phase": {},
+    "interdomain-delta": {},
+    "interdomain-selective-delta2": {},
     "hybrid_global": {"mixer": "interdomain", "layer_pattern": "interdomain,softmax"},
     "hybrid_window": {"mixer": "interdomain", "layer_pattern": "s4d_only-selective,swa", "window": 5},
     "swa": {"window": 6},
@@ -187,6 +190,7 @@ def test_transformers_logits_equal_idattn(tmp_path, torch_hf, kind):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["interdomain", "dualkv-linear-norope", "interdomain-selective+phase",
+                                  "interdomain-delta2",
                                   "hybrid_window", "hybrid_global"])
 def test_decoding_cache_holds_states_and_matches(tmp_path, torch_hf, kind):
     """Token-by-token decoding through the cache gives the prompt path's logits, and a recurrent layer's cache has

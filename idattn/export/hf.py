@@ -8,8 +8,9 @@
                             config under `"idattn"` and an `auto_map` to the two code files below, so that
                             `AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)` builds it.
   configuration_idattn.py   the config class (transformers only)
-  modeling_idattn.py        the model in plain PyTorch: the operator's chunked form for prompts, its recurrence
-                            for decoding, the attention layers of hybrids, and a cache of fixed-size states
+  modeling_idattn.py        the model in plain PyTorch: the operator's chunked form for prompts (the delta
+                            update's layers: its recurrence), its recurrence for decoding, the attention layers
+                            of hybrids, and a cache of fixed-size states
   model.safetensors         idattn's own tensor names and [in, out] layout (idattn.models.export), which the
                             PyTorch modules carry under the same names: `embedding`, `layers.{i}.mixer.ssm_c_re`,
                             `layers.{i}.mlp.w_gate.kernel`, `final_norm.scale`, `lm_head.kernel`, ...
@@ -36,7 +37,7 @@ from safetensors.numpy import load_file
 from sentencepiece import sentencepiece_model_pb2
 
 from idattn.models.export import IDATTN_CONFIG, export, import_export
-from idattn.models.spec import layer_specs, spec_from_config
+from idattn.models.spec import spec_from_config
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CODE_FILES = ("configuration_idattn.py", "modeling_idattn.py")
@@ -66,9 +67,6 @@ def export_hf(params, model_cfg, out_dir: str, tokenizer=None, max_length: int =
     if spec.theory:
         raise ValueError("model.theory=True: the LegS theory mode has no step form and no PyTorch port; export an "
                          "S4D model (model.theory=False)")
-    if any(ls.delta_scale for ls in layer_specs(spec)):
-        raise ValueError("the delta update (a -delta / -delta2 mixer) has no PyTorch port in modeling_idattn.py yet; "
-                         "idattn.models.export.export writes and reads it back (idattn's own format)")
     files = export(params, model_cfg, out_dir)
     bos, eos, pad = _special_ids(tokenizer)
     if spec.family != "softmax":

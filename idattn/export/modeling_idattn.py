@@ -18,6 +18,10 @@ Interdomain mixer (H heads of width d_h, M complex modes per head; every tensor 
     linear readout: y_t = Re( cᵀ [Xk_t | Xv_t] ),  c = mean_m C[m, :] (or the sum),  o_t = y[:d_h] + y[d_h:],
                     then o <- o · C_out ([H·d_h, H·d_h])
     o <- σ(x W_g) ⊙ o (output gate, before C_out);  y = o · W_O
+  Delta update (mixer names ending -delta, s = 1, or -delta2, s = 2; query readout): before the write the key state
+    forgets along the new key, Xk_t = (λ_t ⊙ Xk_{t−1})(I − β_t k̂_t k̂_tᵀ) + b_t ⊗ k̃_t with k̂ = k̃/‖k̃‖ (a zero key,
+    ‖k̃‖² ≤ √tiny of float32, erases nothing) and β_t = s·σ(x W_β) [B, T, H]; Xv as above. These layers run the
+    recurrence token by token in prompts too (exact; O(T) small steps, no chunk form here).
   SC is the causal depthwise convolution of width K (y_t = Σ_{j<K} w[K−1−j] x_{t−j}); ξ(u) = SiLU(u)/‖SiLU(u)‖ per
   head; N+β the per-head RMSNorm with scale and bias; RoPE the rotate-half form per head.
   LTI core:  Δ = exp(log_dt) [H];  z = max(−exp(log_a_re)·Δ, −κ) + i·a_im·Δ;  λ = e^z;  b = (λ − 1)/z · Δ · B.
@@ -56,11 +60,20 @@ from .configuration_idattn import IdattnConfig
 
 _ALIASES = {"interdomain": ("dualkv", "query", True), "s4d_only": ("generic", "linear", False)}
 _CORES = ("selective", "selective+phase")
+_DELTA = {"delta": 1.0, "delta2": 2.0}  # the delta update's suffix -> its scale s
 _ATTENTION = ("softmax", "swa")
 
 
+def split_delta(name: str) -> tuple[str, float]:
+    """Mixer name -> (the name without its delta suffix, the delta update's scale s; 0 without one)."""
+    base, _, last = str(name).rpartition("-")
+    return (base, _DELTA[last]) if base and last in _DELTA else (str(name), 0.0)
+
+
 def parse_mixer(name: str) -> tuple[str, Optional[str], Optional[str], bool, str]:
-    """Mixer name -> (family, input, readout, rope, core); family is softmax, swa or interdomain."""
+    """Mixer name -> (family, input, readout, rope, core); family is softmax, swa or interdomain (the delta suffix:
+    `split_delta`)."""
+    name = split_delta(name)[0]
     base, _, last = str(name).rpartition("-")
     core = last if base and last in _CORES else "lti"
     if core != "lti":
@@ -74,7 +87,8 @@ def parse_mixer(name: str) -> tuple[str, Optional[str], Optional[str], bool, str
             and parts[2] in ("rope", "norope")):
         return "interdomain", parts[0], parts[1], parts[2] == "rope", core
     raise ValueError(f"idattn.mixer: got {name!r}; expected softmax, swa, interdomain, s4d_only or a cube cell "
-                     "<dualkv|generic>-<query|linear>-<rope|norope> (optionally -selective / -selective+phase); "
+                     "<dualkv|generic>-<query|linear>-<rope|norope> (optionally -selective / -selective+phase, then "
+                     "-delta / -delta2 on a query readout); "
                      "fix config.json's idattn.mixer or idattn.layer_pattern")
 
 
@@ -164,6 +178,7 @@ class InterdomainMixer(nn.Module):
         super().__init__()
         family, inp, readout, use_rope, core = parse_mixer(name)
         self.input, self.readout, self.use_rope, self.core = inp, readout, use_rope, core
+        self.delta_scale = split_delta(name)[1]
         d, h, dh, m = int(spec["d_model"]), int(spec["num_heads"]), int(spec["head_dim"]), int(spec["num_modes"])
         k = int(spec.get("short_conv", 4))
         self.d, self.h, self.dh, self.m, self.k = d, h, dh, m, k
@@ -200,6 +215,8 @@ class InterdomainMixer(nn.Module):
         self.ssm_c_im = nn.Parameter(torch.zeros(h, m, m))
         if self.output_gate:
             self.wg = _Params(kernel=(d, h, dh))
+        if self.delta_scale:
+            self.w_beta = _Params(kernel=(d, h))
         if readout == "linear":
             self.c_out = _Params(kernel=(h, dh, h, dh))
         self.wo = _Params(kernel=(h, dh, d))
@@ -278,7 +295,10 @@ class InterdomainMixer(nn.Module):
             xv = torch.zeros_like(xk)
         else:
             xk, xv = state["xk"], state["xv"]
-        if self.readout == "query":
+        if self.delta_scale:
+            beta = self.delta_scale * torch.sigmoid(x @ self.w_beta.kernel)  # [B, T, H]
+            o, xk, xv = self._query_delta(lam, b, zk, zv, fq, c, xk, xv, beta)
+        elif self.readout == "query":
             o, xk, xv = self._query(lam, b, zk, zv, fq, c, xk, xv)
         else:
             o, xk, xv = self._linear(lam, b, zk, zv, c, xk, xv)
@@ -305,6 +325,24 @@ class InterdomainMixer(nn.Module):
             o, xk, xv = chunk_mix(lam[:, sl], b[:, sl], zk[:, sl], zv[:, sl], fq[:, sl], kmat, xk, xv, self.conj)
             outs.append(o)
         return torch.cat(outs, dim=1), xk, xv
+
+    def _query_delta(self, lam, b, zk, zv, fq, c, xk, xv, beta):
+        """The delta update's recurrence token by token (module docstring), read out as the query readout decodes."""
+        tiny = math.sqrt(torch.finfo(torch.float32).tiny)
+        outs = []
+        for s in range(zk.shape[1]):
+            n2 = (zk[:, s] * zk[:, s]).sum(-1, keepdim=True)                # [B, H, 1]
+            kh = torch.where(n2 > tiny, zk[:, s] * torch.rsqrt(torch.where(n2 > tiny, n2, torch.ones_like(n2))),
+                             torch.zeros_like(zk[:, s])).to(xk.dtype)      # k̂ [B, H, R]
+            xk = lam[:, s, ..., None] * xk
+            proj = torch.einsum("bhmr,bhr->bhm", xk, kh)                    # (λ ⊙ Xk) k̂
+            xk = xk - (beta[:, s, :, None].to(xk.dtype) * proj)[..., None] * kh[:, :, None, :]
+            xk = xk + b[:, s, ..., None] * zk[:, s, :, None, :].to(xk.dtype)
+            xv = lam[:, s, ..., None] * xv + b[:, s, ..., None] * zv[:, s, :, None, :].to(xv.dtype)
+            p = torch.einsum("bhmr,bhr->bhm", c @ xk, fq[:, s].to(xk.dtype))
+            p = p.conj() if self.conj else p
+            outs.append(torch.einsum("bhm,bhmd->bhd", p, c @ xv).real)
+        return torch.stack(outs, dim=1), xk, xv
 
     def _linear(self, lam, b, zk, zv, c, xk, xv):
         cvec = c.mean(dim=1) if self.contraction == "mean" else c.sum(dim=1)  # [H, M]
