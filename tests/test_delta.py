@@ -338,6 +338,32 @@ def test_zero_key_erases_nothing():
     assert rel_err(o, ref) <= 1e-12
 
 
+def test_the_cpu_solve_is_forward_substitution_not_lapack():
+    """The per-chunk solve (I + N)·X = R against NumPy's float64 solve, values and both gradients; on CPU it lowers
+    without LAPACK's custom call (whose batch waits inside XLA's thread pool: two at once hung a 2-core host), the
+    chunked delta op and its gradient too; for GPU and TPU it lowers to XLA's triangular solve."""
+    r = np.random.RandomState(5)
+    n, rhs = 0.3 * r.randn(2, 3, 16, 16), r.randn(2, 3, 16, 5)
+    a = np.eye(16) + np.tril(n, -1)
+    with jax.enable_x64(True):
+        x = np.asarray(jax.jit(op.unit_lower_solve)(n, rhs))
+        gn, gr = jax.grad(lambda n_, r_: jnp.sum(jnp.sin(op.unit_lower_solve(n_, r_))), (0, 1))(n, rhs)
+    ref = np.linalg.solve(a, rhs)
+    # d/dR sum(sin X) = A^-T cos(X); d/dN = -(A^-T cos X) Xᵀ on the strict lower part
+    gr_ref = np.linalg.solve(np.swapaxes(a, -1, -2), np.cos(ref))
+    gn_ref = np.tril(-gr_ref @ np.swapaxes(ref, -1, -2), -1)
+    for got, want in ((x, ref), (gr, gr_ref), (gn, gn_ref)):
+        assert np.abs(np.asarray(got) - want).max() <= 1e-12 * np.abs(want).max()
+    x = make_delta("lti", bsz=1, t=8, h=1, r=3, d=2, m=3, seed=1)
+    mix = lambda z: jnp.sum(interdomain_mix(x["fq"], z, x["zv"], x["lam"], x["b"], impl="chunked",  # noqa: E731
+                                            chunk_size=4, beta=x["beta"]))
+    hlo = jax.jit(jax.value_and_grad(mix)).lower(x["zk"]).as_text()
+    assert "lapack" not in hlo and "custom_call" not in hlo
+    for platform in ("cuda", "tpu"):
+        txt = jax.jit(op.unit_lower_solve).trace(n, rhs).lower(lowering_platforms=(platform,)).as_text()
+        assert "triangular_solve" in txt, platform
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The sequence split (CPU mesh of fake devices)
 # ---------------------------------------------------------------------------------------------------------------

@@ -550,6 +550,31 @@ def _delta_tables(lam, length, rdt):
     return dict(rin=(rin[0][:, 0], rin[1][:, 0]), te=(te[0][:, 0], te[1][:, 0]))
 
 
+def unit_lower_solve(n, rhs):
+    """X with (I + N)·X = rhs, N [..., l, l] strictly lower triangular (its diagonal and upper part are ignored),
+    rhs [..., l, w] real: the delta update's per-chunk solve.
+
+    On CPU by forward substitution in XLA (a loop over the l rows, X_i = rhs_i − N_i·X): jaxlib's LAPACK solve
+    runs its batch on XLA's intra-op thread pool and waits inside that pool, so two solves running at once
+    deadlock a host with as few pool threads as solves (seen on a 2-core host: every worker blocked in
+    ParallelBatchMap, the training loop hung). Elsewhere `lax.linalg.triangular_solve` (cuBLAS, or XLA's own
+    expansion on TPU). Both are exact to rounding; the float64 tests check the CPU one."""
+    l = n.shape[-1]
+    n = jnp.where(jnp.tril(jnp.ones((l, l), bool), -1), n, 0)
+
+    def substitute(n, rhs):
+        def row(i, x):
+            n_i = lax.dynamic_slice_in_dim(n, i, 1, axis=-2)  # [..., 1, l]: zero at and past column i
+            r_i = lax.dynamic_slice_in_dim(rhs, i, 1, axis=-2)
+            return lax.dynamic_update_slice_in_dim(x, r_i - jnp.matmul(n_i, x, precision=_HI), i, axis=-2)
+        return lax.fori_loop(0, l, row, rhs)
+
+    def library(n, rhs):
+        return lax.linalg.triangular_solve(n, rhs, left_side=True, lower=True, unit_diagonal=True)
+
+    return lax.platform_dependent(n, rhs, cpu=substitute, default=library)
+
+
 def _erase_chunk(fq, zk, kh, beta, xk2, ps_dot, rin_mul, mask, carried, dec=None):
     """The delta update inside one chunk (module docstring "Delta"): (Ũ, F·Ũ), both [B, H, l, 2M] real planes.
 
@@ -574,7 +599,7 @@ def _erase_chunk(fq, zk, kh, beta, xk2, ps_dot, rin_mul, mask, carried, dec=None
     kx = jnp.einsum("bhlr,bhmr->bhlm", kh, xk2, precision=_HI)  # K̂·Xk0ᵀ as planes
     rhs = ps_dot(kz) + jnp.where(carried, rin_mul(kx), 0)
     bcol = beta[..., None]
-    u = lax.linalg.triangular_solve(bcol * kk, bcol * rhs, left_side=True, lower=True, unit_diagonal=True)
+    u = unit_lower_solve(bcol * kk, bcol * rhs)
     return u, jnp.einsum("bhij,bhjm->bhim", fk, u, precision=_HI)
 
 
@@ -888,7 +913,7 @@ def delta_end_state(zk, zv, lam, b, beta, segment_ids=None, chunk_size: int = 64
 
     def solve(beta_c, kk, rhs):
         bcol = beta_c[..., None]
-        return lax.linalg.triangular_solve(bcol * kk, bcol * rhs, left_side=True, lower=True, unit_diagonal=True)
+        return unit_lower_solve(bcol * kk, bcol * rhs)
 
     def common(l, zk_c, kh_c):
         strict = jnp.tril(jnp.ones((l, l), bool), -1)
