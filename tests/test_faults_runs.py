@@ -344,6 +344,25 @@ def test_ctrl_c_saves_at_the_next_step_and_the_rerun_resumes(tmp_path, env, fini
     assert [r["step"] for r in T.read_metrics(wd)] == list(range(1, 21))
 
 
+@pytest.mark.slow
+def test_a_stalled_step_ends_the_run_with_its_stacks_and_the_rerun_resumes(tmp_path, env, finished):
+    """The trial (2026-12-06): a training process deadlocked inside XLA's CPU runtime (two LAPACK solves waiting
+    on its thread pool) and hung for an hour, silently. With train.stall_minutes a step that does not end in time
+    prints every thread's Python stack and exits with status 1; what was committed survives and the rerun resumes
+    from it, training the straight run's losses."""
+    wd = str(tmp_path / "stalled")
+    ov = {"train.stall_minutes": 0.2}  # 12 s: far above a tiny step, far below the test's patience
+    proc = subprocess.run(T.train_command(wd, overrides=ov), cwd=T.REPO, capture_output=True, text=True,
+                          env=dict(env, IDATTN_DEBUG_STALL_AT_STEP="12"), timeout=300)
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    assert "Timeout (0:00:12)!" in proc.stderr and "trainer.py" in proc.stderr, proc.stderr[-3000:]
+    assert "a step that takes over 0.2 min stops the run" in proc.stdout
+    assert committed_steps(wd) == [5, 10]
+    rerun = T.run_train(wd, env=env)
+    assert "restored step 10" in rerun.stdout, rerun.stdout[-2000:]
+    assert {r["step"]: r["loss"] for r in T.read_metrics(wd)} == finished[1]
+
+
 def test_a_second_ctrl_c_aborts_at_once():
     from idattn.train.trainer import _Preemption
     p = _Preemption()

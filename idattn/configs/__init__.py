@@ -229,6 +229,7 @@ def base_config() -> ml_collections.ConfigDict:
     t.lease_heartbeat_s = 30.0  # workdir lease: heartbeat period (train/lease.py)
     t.lease_stale_s = 600.0  # workdir lease: this run's lease not renewed for this long is a dead trainer's (written
     #   into the lease: a later trainer judges this run by this value, never by its own)
+    t.stall_minutes = 60.0  # no step finished for this long (after the first): stacks to stderr, exit 1 (0: off)
     t.checkpoint_minutes = 0.0  # also save when this many minutes of wall time passed since the last save (0: off):
     #   bounds what a preemption without warning loses
     t.restart_from_scratch = False  # a workdir that has committed checkpoints but none restores: start at step 0

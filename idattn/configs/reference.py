@@ -125,6 +125,9 @@ DESCRIPTIONS = {
     "train.keep_best": "Keep the best-of-run parameters by validation loss in <workdir>/best.",
     "train.lease_heartbeat_s": "Workdir lease heartbeat period in seconds.",
     "train.lease_stale_s": "A lease not renewed for this long is a dead trainer's (written into the lease).",
+    "train.stall_minutes": "No step finished for this many minutes after the first (compilation): every thread's "
+                           "Python stack goes to stderr and the process exits with status 1, so that the rerun "
+                           "resumes from the last committed checkpoint instead of hanging silently (0: off).",
     "train.checkpoint_minutes": "Also save after this many minutes of wall time since the last save (0: off).",
     "train.restart_from_scratch": "Train a workdir with history from step 0 when none of its checkpoints restores "
                                   "(explicit only).",

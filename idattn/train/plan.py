@@ -47,6 +47,7 @@ class RunPlan:
     # checkpoints
     checkpoint_every: int
     checkpoint_minutes: float  # 0: off
+    stall_minutes: float  # 0: off (train/watchdog.py)
     checkpoint_steps: tuple[int, ...]
     keep_last: int
     keep_every: int  # 0: none beyond keep_last
@@ -88,6 +89,7 @@ class RunPlan:
             peak_tflops_per_device=float(get("peak_tflops_per_device", 0.0) or 0.0),
             checkpoint_every=max(1, int(t.checkpoint_every)),
             checkpoint_minutes=float(get("checkpoint_minutes", 0.0) or 0.0),
+            stall_minutes=float(get("stall_minutes", 60.0) or 0.0),
             checkpoint_steps=tuple(sorted(int(x) for x in (get("checkpoint_steps", ()) or ()))),
             keep_last=max(1, int(t.keep_last)), keep_every=max(0, int(t.keep_every)), keep_best=bool(t.keep_best),
             async_checkpoint=bool(t.async_checkpoint), checkpoint_fallback=bool(t.checkpoint_fallback),

@@ -50,6 +50,7 @@ from idattn.train.preflight import (check_config, check_data_choice, check_resum
                                     check_schedule_change)
 from idattn.train.placement import Setup, build_setup, hbm_estimate  # noqa: F401  (build_setup: also for tools)
 from idattn.train.step import TrainState
+from idattn.train.watchdog import StallWatchdog, debug_stall_step
 
 
 def _maybe(fn, *args):
@@ -234,7 +235,9 @@ def _log_startup(pre: Preflight, setup: Setup, micro: int) -> None:
     log(describe_data(config, pre.tokenizer))
     log(f"  schedule: {plan.num_steps} steps x {plan.batch_size} x {plan.seq_len} tokens (grad_accum "
         f"{plan.grad_accum}, microbatch {micro}), warmup {plan.warmup_steps}, peak lr {plan.peak_lr:g} (ssm "
-        f"{min(plan.peak_lr, plan.ssm_lr_cap):g}) -> {plan.end_lr:g}")
+        f"{min(plan.peak_lr, plan.ssm_lr_cap):g}) -> {plan.end_lr:g}"
+        + (f"; a step that takes over {plan.stall_minutes:g} min stops the run (train.stall_minutes)"
+           if plan.stall_minutes else ""))
 
 
 class _StepTimer:
@@ -456,17 +459,20 @@ class _Loop:
         preempt = _Preemption()
         preempt.install()
         step = self.start_step
+        stall = StallWatchdog(self.plan.stall_minutes)
         try:
             while step < self.num_steps:
                 if _should_stop(preempt, self.mngr, step, jax.process_count(), self.plan.log_every):
                     self._stop(step, preempt)
                     break
                 step = self.step(step)
+                stall.arm()
             else:
                 if self.pending is not None:
                     self.summary["loss"] = self.check_finite(*self.pending)
             self.checkpoints.finish(step)
         finally:
+            stall.disarm()
             preempt.uninstall()
             self.close()
         return self.summary
@@ -479,6 +485,7 @@ class _Loop:
         self.train_flops_tok = float(flops_tok) if isinstance(flops_tok, (int, float)) else None
         self.checkpoints.start_clock()
         self.step_delay_s = _test_step_delay()
+        self.stall_at = debug_stall_step()
         self.pending: tuple[int, Any] | None = None  # (step, metrics) not yet checked for finiteness
         self.timer = _StepTimer()
         self.data_state = self.data_iter.get_state()
@@ -503,6 +510,8 @@ class _Loop:
             self.timer.first_step_done(m)
         if self.step_delay_s:  # tests only: a run slow enough to stop or kill mid-way
             time.sleep(self.step_delay_s)
+        if step == self.stall_at:  # tests only: a step that never ends (the stall watchdog's case)
+            threading.Event().wait()
         self.checkpoints.check_saves(step)
         self._due(step, m)
         return step

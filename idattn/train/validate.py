@@ -110,6 +110,7 @@ def check_values(config) -> None:
     _int_at_least(config, "train", "decay_steps", -1)
     _real(config, "train", "decay_fraction", lo=0, hi=1, lo_open=True)
     _real(config, "train", "lease_heartbeat_s", lo=0, lo_open=True)
+    _real(config, "train", "stall_minutes", lo=0)
     _real(config, "train", "lease_stale_s", lo=0, lo_open=True)
     if float(t.get("lease_stale_s", 600)) <= 2 * float(t.get("lease_heartbeat_s", 30)):
         raise ConfigError(f"config.train.lease_stale_s={t.lease_stale_s!r} must exceed twice "
