@@ -69,11 +69,9 @@ def _is_main_guard(node: ast.If) -> bool:
 
 
 def source_hash() -> str:
-    """sha1 (10 hex) of the model code: every .py file under idattn/ops, idattn/layers and idattn/models but the
-    fused kernels (SRC_EXCLUDE: no study run executes them), each reduced to its code (`code_text`: no comments,
-    docstrings or blank lines, so that rewording the prose beside the math retrains and re-verifies nothing), as
-    a sorted set of per-file hashes, so that moving or renaming a file changes nothing either; any change of code
-    re-verifies a finished run."""
+    """sha1 (10 hex) of the model code: every .py file under SRC_DIRS but SRC_EXCLUDE, each reduced to its
+    `code_text` (rewording the prose beside the math retrains and re-verifies nothing), as a sorted set of per-file
+    hashes (moving or renaming a file changes nothing either); any change of code re-verifies a finished run."""
     if not _SRC:
         digests = []
         skip = [os.path.join(PACKAGE, x) for x in SRC_EXCLUDE]
@@ -105,12 +103,9 @@ def train_code_hash() -> str:
 
 
 def _files_hash(files: tuple[str, ...], cache: list[str] | None = None, scheme: str = "v2") -> str:
-    """sha1 (10 hex) of the files in order, computed once into `cache` (a one-item list) when one is given.
-
-    Scheme v2 (the current) hashes each file's `code_text(..., training=True)`: no comments, docstrings, blank
-    lines, import statements or command block, so that tidying a file's imports or prose trains nothing again,
-    while any change of code does. Scheme v1 hashed the raw bytes; a run stamped with it is read through
-    V1_TO_V2 (`current_train_hash`). Kept for the test that checks that table."""
+    """sha1 (10 hex) of the files in order, computed once into `cache` (a one-item list) when one is given. Scheme
+    v2 (the current) hashes each file's `code_text(..., training=True)`; v1 hashed the raw bytes (a run stamped with
+    it is read through V1_TO_V2, `current_train_hash`; kept for the test that checks that table)."""
     if cache:
         return cache[0]
     h = hashlib.sha1()

@@ -21,7 +21,7 @@ from idattn.studies.claims import CLAIMS, RATIO_CLAIMS
 from idattn.studies.repro_runs import Tally, lm_ppl
 from idattn.studies.repro_verdicts import NO_VERDICT, judge, trend
 from idattn.studies.results import pyplot, save_figure
-from idattn.studies.runcache import Ctx, Table, missing_note, read_marker, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, write_table
 
 
 def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
@@ -119,7 +119,6 @@ def _plot(path: str, points, stats) -> str | None:
         ax.set_xlabel("training compute (FLOPs, 6·N·D)")
         ax.set_ylabel(st["label"])
         ax.legend(fontsize=7)
-    fig.tight_layout()
     return save_figure(plt, fig, path, dpi=120)
 
 
@@ -167,8 +166,8 @@ def table_ladder(ctx: Ctx, table: Table | None = None) -> dict[str, Any]:
                        + [f"({c}) {st['label']}" for c, st in stats.items()], rows) if rows else "", "",
         *trend_lines, "",
         (f"Figure: {os.path.basename(png)}" if png else "No figure (no point has runs yet)."), "",
-        f"Compute: {cost / 60:.1f} min of training + evaluation over the runs of this table."
-        + _devices_note(points) + missing_note(missing, ctx, "rerun without --render_only to train them")])
+        compute_line(ctx, cost, hint="rerun without --render_only to train them", missing=missing,
+                     note=_devices_note(points))])
     data = {"table": table.name, "sizes": list(sizes), "seeds": list(ctx.seeds), "points": points, "claims": stats,
             "compute_s": cost, "wall_s": time.time() - t0, "figure": png, "missing": missing}
     return write_table(ctx, table.name, md, data)

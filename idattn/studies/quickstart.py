@@ -21,6 +21,7 @@ least 30% below the unigram baseline.
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import math
@@ -42,7 +43,9 @@ from idattn.rundir.layout import config_to_dict
 from idattn.rundir.schema import read_results, write_result
 from idattn.studies.claims import label
 from idattn.studies.code_hash import current_train_hash, source_hash, train_code_hash
+from idattn.studies import read_json
 from idattn.studies.results import pyplot, save_figure
+from idattn.studies.runcache import write_marker
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
 REQUIRED_GAIN = 0.30
@@ -86,7 +89,6 @@ def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) ->
     ax.set_xticks(list(lengths))
     ax.set_title("Quickstart length sweep: tiny models on the KJV corpus")
     ax.legend(fontsize=8)
-    fig.tight_layout()
     labels = {"xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title()}
     save_figure(plt, fig, path, dpi=120)
     return labels
@@ -121,11 +123,7 @@ def claim_run(wd: str, ident: dict[str, str], log=print) -> dict:
     an old run of other code or config (or without a marker) aside to <wd>.stale-<n>."""
     if not os.path.exists(wd):
         return {}
-    try:
-        with open(os.path.join(wd, RUN_MARKER)) as f:
-            rec = json.load(f)
-    except (OSError, ValueError):
-        rec = {}
+    rec = read_json(os.path.join(wd, RUN_MARKER), {}, (OSError, ValueError))
     if rec.get("code"):  # "<model hash>-<training hash>": a v1 training hash of migrated code reads as its v2 value
         model_src, _, train_src = rec["code"].rpartition("-")
         rec["code"] = f"{model_src}-{current_train_hash(train_src)}"
@@ -140,9 +138,7 @@ def claim_run(wd: str, ident: dict[str, str], log=print) -> dict:
     return {}
 
 
-def write_run_marker(wd: str, rec: dict) -> None:
-    os.makedirs(wd, exist_ok=True)
-    atomic.write_json(os.path.join(wd, RUN_MARKER), rec, indent=1, sort_keys=True)
+write_run_marker = functools.partial(write_marker, name=RUN_MARKER)
 
 
 def main(argv=None) -> int:

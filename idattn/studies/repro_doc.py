@@ -12,7 +12,6 @@ committed code, and the prose around them stays hand-written. A table not writte
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -20,6 +19,7 @@ from typing import Any
 
 from idattn import atomic
 from idattn.eval.markdown import markdown_table
+from idattn.studies import read_json
 from idattn.studies.claims import CLAIMS
 from idattn.studies.ladder import ratio_text
 from idattn.studies.repro_verdicts import INCONCLUSIVE, NOT_REPRODUCED, NO_VERDICT, REPRODUCED, VACUOUS
@@ -93,8 +93,8 @@ def summary_rows(tables: dict[str, dict[str, Any] | None]) -> list[list[str]]:
                            + f" over {iv['n']} seeds")
                     word = NOT_RUN if not iv.get("n") else (
                         pp["verdict"] if pp["verdict"] == NO_VERDICT else f"**{pp['verdict']}**")
-                    rows.append((c, [_title(c), f"{TABLES[t].where} {p['size']} ({p['flops']:.2e} FLOPs)"
-                                     if p.get("flops") else f"{TABLES[t].where} {p['size']}", word, txt]))
+                    where = f"{TABLES[t].where} {p['size']}" + (f" ({p['flops']:.2e} FLOPs)" if p.get("flops") else "")
+                    rows.append((c, [_title(c), where, word, txt]))
                 tr = st["trend"]
                 rows.append((c, [_title(c), f"{TABLES[t].where} trend (slope of ln ratio per decade of compute)",
                                  f"sign {tr['sign']}" if tr.get("sign") else "no trend (fewer than 3 points)",
@@ -280,11 +280,7 @@ def load_tables(order, table_path) -> dict[str, dict[str, Any] | None]:
     out: dict[str, dict[str, Any] | None] = {}
     for t in order:
         js = table_path(t, "json")
-        if os.path.exists(js) and os.path.exists(table_path(t, "md")):
-            with open(js) as f:
-                out[t] = json.load(f)
-        else:
-            out[t] = None
+        out[t] = read_json(js, tolerate=()) if os.path.exists(js) and os.path.exists(table_path(t, "md")) else None
     return out
 
 

@@ -18,7 +18,7 @@ from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import QUESTIONS, label
 from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import answer
-from idattn.studies.runcache import Ctx, Table, missing_note, run_cost, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, run_cost, write_table
 
 
 def table_hybrid(ctx: Ctx) -> dict[str, Any]:
@@ -106,8 +106,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
         "Questions (95% t interval of the per-seed log ratio, judged against the line; `undecided` when the "
         "interval contains it or fewer than 3 seeds pair):", "",
         *lines, "",
-        f"Compute: {got.cost / 60:.1f} min over the runs of this table (training, evaluation, text recall; this "
-        f"invocation {ctx.invocation_time(wall)})." + missing_note(got.missing, ctx)])
+        compute_line(ctx, got.cost, wall, "", "", got.missing, "training, evaluation, text recall; this invocation ")])
     data = {"table": "hybrid", "size": h["size"], "seeds": seeds, "ppl": {m: {str(s): v for s, v in ppl[m].items()}
                                                                          for m in ppl},
             "text": text, "mqar": {m: {str(s): v for s, v in mq_acc[m].items()} for m in mq_acc},

@@ -135,9 +135,7 @@ def table_length_climb(ctx: Ctx) -> dict[str, Any]:
             "The previous recipe's `length` table (above) stays as measured.", ""]
     if not sizes:
         head.append("No points (experiments/repro.py LENGTH_CLIMB is empty, or the toy size).")
-    md = "\n".join(head) + "\n\n" + "\n\n".join(sections) + (
-        f"\n\nCompute: {cost / 60:.1f} min of training + evaluation over the runs of this table (this invocation: "
-        f"{ctx.invocation_time(wall)}).")
+    md = "\n".join(head) + "\n\n" + "\n\n".join(sections) + "\n\n" + compute_line(ctx, cost, wall, missing=None)
     data = {"table": "length_climb", "points": points, "verdicts": verdicts, "compute_s": cost, "wall_s": wall,
             "missing": missing}
     return write_table(ctx, "length_climb", md, data)

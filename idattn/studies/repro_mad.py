@@ -15,7 +15,7 @@ from idattn.eval.markdown import markdown_table
 from idattn.models.counting import state_budget
 from idattn.studies.repro_runs import Tally, cells, mad_dir, mad_model_config, mad_recipe, mad_run
 from idattn.studies.repro_verdicts import main_effects, verdict_d, verdict_e, verdict_json, verdict_md
-from idattn.studies.runcache import Ctx, Table, missing_note, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, write_table
 
 RECALL_TASKS = ("in_context_recall", "fuzzy_recall", "noisy_recall")
 
@@ -73,8 +73,7 @@ def table_mad(ctx: Ctx) -> dict[str, Any]:
             "points here).")
     md = "\n".join(["## " + TABLE.title, "", setup, "",
                     markdown_table(["cell"] + list(tasks), rows), "", rule, "", *lines, "",
-                    f"Compute: {got.cost / 60:.1f} min of training over the runs of this table."
-                    + missing_note(got.missing, ctx)])
+                    compute_line(ctx, got.cost, what="of training ", hint="", missing=got.missing)])
     data = {"table": "mad", "size": ctx.size, "tasks": list(tasks), "accuracy": acc, "verdicts": verdicts,
             "setup": setup, "recipe": mad_recipe(ctx), "compute_s": got.cost, "wall_s": time.time() - t0,
             "missing": got.missing}

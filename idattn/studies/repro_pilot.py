@@ -23,7 +23,7 @@ from typing import Any
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.models.counting import count_params_closed
-from idattn.studies.claims import CLAIMS, label
+from idattn.studies.claims import CLAIMS, f2, label
 from idattn.studies.repro_runs import Tally, lm_ppl
 from idattn.studies.repro_verdicts import C_FLAT, half_width, sd
 from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, write_table
@@ -68,10 +68,6 @@ def curve_stats(curve, warmup: int) -> dict[str, float | None]:
         rise = max(rise, v - low)
     return {"max_after_warmup": max(after) if after else None, "max_rise": rise if pts else None,
             "last": pts[-1][1] if pts else None}
-
-
-def _f(x, d=3) -> str:
-    return "—" if x is None else f"{x:.{d}f}"
 
 
 def pilot_cells(ctx: Ctx) -> list[dict[str, Any]]:
@@ -144,18 +140,18 @@ def table_pilot(ctx: Ctx) -> dict[str, Any]:
             p = cell["per"][m]
             rows.append([head, label(m),
                          " / ".join("—" if v is None else f"{v:.3f} ({math.exp(v):.1f})" for v in p["ln_ppl"]),
-                         _f(cell["sd"][f"ln_ppl_{m}"], 4),
-                         " / ".join("—" if c is None else _f(c["max_after_warmup"], 2) for c in p["curve"]),
-                         " / ".join("—" if c is None else _f(c["max_rise"], 2) for c in p["curve"]),
-                         " / ".join(_f(v, 3) for v in p["ln_r"])])
+                         f2(cell["sd"][f"ln_ppl_{m}"], 4),
+                         " / ".join("—" if c is None else f2(c["max_after_warmup"], 2) for c in p["curve"]),
+                         " / ".join("—" if c is None else f2(c["max_rise"], 2) for c in p["curve"]),
+                         " / ".join(f2(v, 3) for v in p["ln_r"])])
     prow = []
     for cell in cells:
         hw = {r["claim"]: r for r in rule if r["size"] == cell["size"]}
         prow.append([f"{cell['steps']} steps, LR {cell['peak_lr']:g}",
-                     " / ".join(_f(v, 4) for v in cell["pair_log_ratio"]), _f(cell["sd"]["pair"], 4),
-                     " / ".join(_f(v, 3) for v in cell["c_gap"]), _f(cell["sd"]["c_gap"], 4),
-                     _f(cell["sd"]["r_inter"], 4)]
-                    + [f"{_f(hw[c]['half_width'][3], 4)} / {_f(hw[c]['half_width'][5], 4)} "
+                     " / ".join(f2(v, 4) for v in cell["pair_log_ratio"]), f2(cell["sd"]["pair"], 4),
+                     " / ".join(f2(v, 3) for v in cell["c_gap"]), f2(cell["sd"]["c_gap"], 4),
+                     f2(cell["sd"]["r_inter"], 4)]
+                    + [f"{f2(hw[c]['half_width'][3], 4)} / {f2(hw[c]['half_width'][5], 4)} "
                        f"({'yes' if hw[c]['meets'][3] else 'no'} / {'yes' if hw[c]['meets'][5] else 'no'})"
                        for c in RULE_CLAIMS + ("b",)])
     cost = sum(c["compute_s"] for c in cells)

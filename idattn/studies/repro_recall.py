@@ -10,7 +10,7 @@ from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import CLAIMS, by_seed, label, rule_line
 from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import verdict_e, verdict_json, verdict_md
-from idattn.studies.runcache import HINT, Ctx, Table, missing_note, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, write_table
 
 
 def mqar_seeds(ctx: Ctx) -> list[int]:
@@ -86,8 +86,8 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
         rule_line(ctx), "",
         f"- {CLAIMS['e'].title} (MQAR at T = {mq['seq_len']}, {mq['num_kv_pairs']} "
         f"pairs): {verdict_md(ve)} ({ve.why})", "",
-        f"Compute: {got.cost / 60:.1f} min of MQAR training over the runs of this table (this invocation, text recall "
-        f"included: {ctx.invocation_time(wall)})." + missing_note(got.missing, ctx, HINT)])
+        compute_line(ctx, got.cost, wall, "of MQAR training ", missing=got.missing,
+                     invocation="this invocation, text recall included: ")])
     data = {"table": "recall", "paper_table": TABLE.paper, "size": ctx.size, "mqar": {m: mq_acc[m] for m in P.MIXERS},
             "mqar_final_loss": mq_loss, "mqar_seeds": mq_seeds, "text": text,
             "mqar_setup": {k: (list(v) if isinstance(v, tuple) else v) for k, v in mq.items()},

@@ -29,6 +29,7 @@ from idattn.models.spec import cube_cells
 from idattn.rundir import load_params
 from idattn.rundir.layout import metrics_records
 from idattn.rundir.schema import read_results, result_path, write_result
+from idattn.studies import read_json
 from idattn.studies.code_hash import synthetic_train_hash, train_code_hash
 from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_cost,
                                     run_name)
@@ -39,9 +40,14 @@ CONTEXT_BUCKETS = 8
 
 # ------------------------------------------------------------------------------------------------ language models
 
+def _plain(value: Any) -> Any:
+    """`value` as a marker holds it: through JSON (tuples as lists; a value JSON cannot hold as its str)."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def size_recipe(ctx: Ctx) -> dict[str, Any]:
     """The size's recipe (experiments/repro.py SIZES[size]) as JSON, in every LM marker: another recipe retrains."""
-    return json.loads(json.dumps(ctx.exp.SIZES[ctx.size], sort_keys=True))
+    return _plain(ctx.exp.SIZES[ctx.size])
 
 
 def recorded_corpus(ctx: Ctx) -> str | None:
@@ -52,8 +58,7 @@ def recorded_corpus(ctx: Ctx) -> str | None:
         if ".stale-" in path:
             continue
         try:
-            with open(path) as f:
-                found.add(str(json.load(f)["protocol"]["corpus"]))
+            found.add(str(read_json(path, tolerate=())["protocol"]["corpus"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
     if len(found) > 1:
@@ -111,8 +116,7 @@ def verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
     path = result_path(wd, "extrapolation", int(rec.get("steps", -1)), ppl_protocol(ctx, L))
     if not os.path.exists(path):
         return False, "no recorded evaluation to compare with"
-    with open(path) as f:
-        old = float(json.load(f)["metrics"][f"ppl@{L}"])
+    old = float(read_json(path, tolerate=())["metrics"][f"ppl@{L}"])
     try:
         cfg, params = load_params(wd)
         new = perplexities(cfg, params, ctx.tokenizer(cfg), [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
@@ -154,8 +158,7 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
     for L in lengths:
         path = result_path(wd, "extrapolation", step, ppl_protocol(ctx, L))
         if os.path.exists(path):
-            with open(path) as f:
-                out[L] = float(json.load(f)["metrics"][f"ppl@{L}"])
+            out[L] = float(read_json(path, tolerate=())["metrics"][f"ppl@{L}"])
         else:
             todo.append(L)
     if todo and ctx.skip(mixer, dt):
@@ -221,8 +224,7 @@ def text_recall(ctx: Ctx, mixer: str, seed: int) -> dict[str, float] | None:
              "method": "greedy exact match of the answer (idattn.eval.recall)"}
     path = result_path(wd, "recall", int(rec["steps"]), proto)
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)["metrics"]
+        return read_json(path, tolerate=())["metrics"]
     if ctx.skip(mixer):
         return None
     t0 = time.time()
@@ -247,8 +249,7 @@ def context_use(ctx: Ctx, mixer: str, dt: str, seed: int) -> dict[str, Any] | No
     wd, L = ctx.lm_dir(mixer, dt, seed), ctx.train_len()
     path = result_path(wd, "context", int(rec["steps"]), context_protocol(ctx))
     if os.path.exists(path):
-        with open(path) as f:
-            return json.load(f)["details"]
+        return read_json(path, tolerate=())["details"]
     if ctx.skip(mixer, dt):
         return None
     t0 = time.time()
@@ -277,8 +278,7 @@ def mqar_keys(mq) -> list[str]:
 
 def mqar_model_record(model_cfg) -> dict[str, Any]:
     """The MQAR model as a run's marker records it (JSON, without the execution-only keys)."""
-    return {k: v for k, v in json.loads(json.dumps(model_cfg.to_dict(), default=str)).items()
-            if k not in EXECUTION_KEYS}
+    return {k: v for k, v in _plain(model_cfg.to_dict()).items() if k not in EXECUTION_KEYS}
 
 
 def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
@@ -346,7 +346,7 @@ def mad_dir(ctx: Ctx, cell: str, task: str, seed: int) -> str:
 
 
 def mad_recipe(ctx: Ctx) -> dict[str, Any]:
-    return json.loads(json.dumps({k: v for k, v in ctx.exp.MAD_SIZES[ctx.size].items() if k != "tasks"}))
+    return _plain({k: v for k, v in ctx.exp.MAD_SIZES[ctx.size].items() if k != "tasks"})
 
 
 def task_model_config(ctx: Ctx, mixer: str, recipe: dict[str, Any], vocab_size: int):
@@ -403,7 +403,7 @@ def state_dir(ctx: Ctx, mixer: str, task: str, seed: int) -> str:
 
 
 def state_recipe(ctx: Ctx) -> dict[str, Any]:
-    return json.loads(json.dumps(ctx.exp.STATE_TRACKING[ctx.size]))
+    return _plain(ctx.exp.STATE_TRACKING[ctx.size])
 
 
 def state_model_config(ctx: Ctx, mixer: str):
@@ -420,7 +420,7 @@ def identity(ctx: Ctx, kind: str, rec: dict[str, Any]) -> dict[str, Any]:
     "model": its model config}."""
     if kind == "mqar":
         c = ctx.exp.get_mqar_config(rec["mixer"], ctx.size)
-        return {"ident": {"recipe": json.loads(json.dumps(c.mqar.to_dict())), "model": mqar_model_record(c.model)},
+        return {"ident": {"recipe": _plain(c.mqar.to_dict()), "model": mqar_model_record(c.model)},
                 "legacy": ("model",), "model": c.model}
     model = (ctx.config(rec["mixer"], rec["dt"], int(rec["seed"])).model if kind == "lm" else
              mad_model_config(ctx, rec["cell"]) if kind == "mad" else state_model_config(ctx, rec["mixer"]))

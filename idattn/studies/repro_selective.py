@@ -25,7 +25,7 @@ from idattn.eval.state_tracking import PROTOCOL, TASKS as STATE_TASKS
 from idattn.studies.claims import QUESTIONS, label
 from idattn.studies.repro_runs import Tally, mad_dir, mad_run, mqar_keys, mqar_run, state_dir, state_run
 from idattn.studies.repro_verdicts import answer
-from idattn.studies.runcache import Ctx, Table, missing_note, write_table
+from idattn.studies.runcache import Ctx, Table, compute_line, write_table
 
 TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # --tasks: the families one invocation trains
 
@@ -177,8 +177,7 @@ def core_table(ctx: Ctx, study: CoreStudy) -> dict[str, Any]:
         "Published numbers these echo (their models, data, lengths and training; not comparable with the rows "
         "above, and never averaged with them):", "",
         markdown_table(["source and task", *study.published_heads], [list(p) for p in study.published]), "",
-        f"Compute: {got.cost / 60:.1f} min over the runs of this table (this invocation "
-        f"{ctx.invocation_time(time.time() - t0)})." + missing_note(got.missing, ctx)])
+        compute_line(ctx, got.cost, time.time() - t0, "", "", got.missing, "this invocation ")])
     keyed = lambda d: {k: {m: {str(s): v for s, v in x.items()} for m, x in a.items()} for k, a in d.items()}  # noqa: E731
     data = {"table": study.name, "size": ctx.size, "seeds": seeds, "accuracy": keyed(acc),
             "state_raw_accuracy": keyed(raw), "state_train_loss": keyed(train_loss), "ppl": keyed(ppl),

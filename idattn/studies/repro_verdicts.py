@@ -52,6 +52,7 @@ from scipy import stats as scipy_stats
 
 from idattn.eval import paper_numbers as P
 from idattn.models.spec import cube_cells
+from idattn.studies.claims import CLAIMS
 
 MIN_SEEDS = 3
 REPRODUCED = "reproduced"
@@ -173,19 +174,21 @@ def _logratios(num: list, den: list) -> list[float]:
     return [math.log(a / b) for a, b in paired(num, den)]
 
 
-def verdict_a(inter: list, s4d: list, judged: bool = True) -> Verdict:
-    """Per seed ln(ppl_S4D-only / ppl_Interdomain), line 0, above."""
-    return _finish([_part("S4D-only / Interdomain ppl", _logratios(s4d, inter), 0.0, "above", "ratio", "1")],
+def _ratio_claim(c: str, num: list, den: list, judged: bool) -> Verdict:
+    """Ratio claim `c` of idattn/studies/claims.py CLAIMS (its statistic, line and side): per seed ln(num / den)."""
+    cl = CLAIMS[c]
+    return _finish([_part(cl.stat, _logratios(num, den), cl.line, cl.side, "ratio", f"{math.exp(cl.line):g}")],
                    judged)
 
 
-B_MARGIN = math.log(1.02)
+def verdict_a(inter: list, s4d: list, judged: bool = True) -> Verdict:
+    """Per seed ln(ppl_S4D-only / ppl_Interdomain), line 0, above."""
+    return _ratio_claim("a", s4d, inter, judged)
 
 
 def verdict_b(inter: list, soft: list, judged: bool = True) -> Verdict:
     """Per seed ln(ppl_Interdomain / ppl_Softmax), line ln 1.02, below."""
-    return _finish([_part("Interdomain / Softmax ppl", _logratios(inter, soft), B_MARGIN, "below", "ratio",
-                          "1.02")], judged)
+    return _ratio_claim("b", inter, soft, judged)
 
 
 C_FLAT = math.log(1.05)

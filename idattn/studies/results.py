@@ -113,7 +113,11 @@ class Run:
         ident: dict[str, Any] = {}
         for r in recs:
             ident.update({k: v for k, v in r.get("run", {}).items() if v not in (None, "")})
-        self.cfg = cfg = _saved_config(workdir)
+        try:  # the run's saved config (written by the trainer); none in a folder of result files written by hand
+            cfg = load_config(workdir)
+        except Exception:
+            cfg = None
+        self.cfg = cfg
         if cfg is not None and ("size" not in ident or "seq_len" not in ident):
             # the trainer's validation records no size / seq_len: take them from the config
             ident.setdefault("size", size_label(cfg.model))
@@ -182,20 +186,24 @@ class Run:
         p = self.ident.get("params")
         return int(p) if isinstance(p, (int, float)) and p > 0 else None
 
-    def what(self) -> str:
-        """The model: its mixer or layer pattern and the core of its recurrent layers (none for attention alone)."""
-        cores = mixer_cores(self.mixer)
-        return self.mixer + (f", {'/'.join(cores)} core" if cores else "")
-
     def describe(self) -> str:
-        """Mixer or layer pattern, core, size and validation corpus: what the run is, for the tables' header."""
-        return f"{self.what()}, {self.size}, validated on {self.corpus}"
+        """Mixer or layer pattern, the core of its recurrent layers (none for attention alone), size and validation
+        corpus: what the run is, for the tables' header."""
+        cores = mixer_cores(self.mixer)
+        core = f", {'/'.join(cores)} core" if cores else ""
+        return f"{self.mixer}{core}, {self.size}, validated on {self.corpus}"
 
     def label(self) -> str:
         """A row's name for the run: e.g. "hybrid[interdomain,softmax] (lti core, d128l2)"."""
         cores = mixer_cores(self.mixer)
         core = f"{'/'.join(cores)} core, " if cores else ""
         return f"{self.mixer} ({core}{self.size})"
+
+    def extrap_series(self) -> list[tuple[str, str]]:
+        """(suite, corpus) of every per-corpus extrapolation result: the paper's protocol first, then any other of
+        the run (rolling windows), each its own series."""
+        suites = ["extrapolation"] + sorted(k for k in self.protocols if k.startswith("extrapolation-"))
+        return [(s, c) for s in suites for c in self.extrap_corpora(s)]
 
     def extrap_corpora(self, suite: str = "extrapolation") -> list[str]:
         """Corpora with per-corpus extrapolation numbers of `suite` (extrapolation: the paper's protocol;
@@ -271,14 +279,6 @@ def protocol_text(p: dict | None) -> str:
     return ", ".join(parts) or "unknown protocol"
 
 
-def _saved_config(workdir: str):
-    """The run's saved config (written by the trainer), or None when there is none or it cannot be read."""
-    try:
-        return load_config(workdir)
-    except Exception:  # no trainer config in this folder (e.g. result files written by hand)
-        return None
-
-
 def _size_rank(s: str) -> int:
     return SIZE_ORDER.index(s) if s in SIZE_ORDER else -1
 
@@ -314,10 +314,6 @@ def fmt(v: float | None, digits: int = 2, pct: bool = False) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "—"
     return f"{v * 100 if pct else v:.{digits}f}"
-
-
-def _col(run: Run | None, fam: str) -> str:
-    return f"{family_label(fam)} ours ({run.size})" if run else f"{family_label(fam)} ours"
 
 
 def _extrap_lengths(run: Run, prefix: str = "extrapolation/ppl@") -> list[int]:
@@ -364,10 +360,7 @@ def table_corpora(runs: list[Run]) -> str:
     """Every (run, corpus) measured, each on its own row, at the lengths it was measured (no averaging)."""
     rows = []
     for r in runs:
-        # the paper's protocol first, then any other of the same run (rolling windows): each its own row
-        for suite in ["extrapolation"] + sorted(k for k in r.protocols if k.startswith("extrapolation-")):
-            for c in r.extrap_corpora(suite):
-                rows.append([c, r.label()] + _corpus_cells(r, suite, c))
+        rows += [[c, r.label()] + _corpus_cells(r, suite, c) for suite, c in r.extrap_series()]
     if not rows:
         return "### Length extrapolation per corpus (ours)\n\nno extrapolation results."
     return ("### Length extrapolation per corpus (ours; perplexity per token at each context length L, each row "
@@ -473,11 +466,6 @@ def _not_in_cube(fam: str) -> str:
     return "not in the paper's cube"
 
 
-def _corpora(runs: list[Run], need: str | None) -> list[str]:
-    """The validation corpora of the runs (of any model) that have metric prefix `need`, sorted."""
-    return sorted({r.corpus for r in runs if need is None or any(k.startswith(need) for k in r.metrics)})
-
-
 def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm"),
                    why: list[str] | None = None, corpus: str | None = None) -> str:
     """Paper columns beside ours, every 'ours' value of the table from runs validated on one corpus (`corpus`;
@@ -485,7 +473,8 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
     need0 = spec[0][0].split("/")[0] if spec else None
     fams = families([r for r in runs if corpus is None or r.corpus == corpus], need0)  # + every other model
     picked = {fam: pick(runs, fam, size="1.3b", need=need0, corpus=corpus) for fam in fams}
-    header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [_col(picked[f], f) for f in fams]
+    header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [
+        f"{family_label(f)} ours" + (f" ({picked[f].size})" if picked[f] else "") for f in fams]
     rows = []
     for key, label, paper in spec:
         pct = key.split("/")[-1] in pct_keys
@@ -501,7 +490,8 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
 def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None, **kw) -> str:
     """One table when the runs share a validation corpus; else one table per corpus, titled with it, so that no
     row sets a run of one corpus beside a run of another ("the latest step" never chooses between corpora)."""
-    corpora = _corpora(runs, spec[0][0].split("/")[0] if spec else None)
+    need = spec[0][0].split("/")[0] if spec else None  # the validation corpora of the runs with the table's metrics
+    corpora = sorted({r.corpus for r in runs if need is None or any(k.startswith(need) for k in r.metrics)})
     groups = [None] if len(corpora) <= 1 else corpora
     out = []
     for c in groups:
@@ -585,8 +575,12 @@ def pyplot():
     return plt
 
 
-def save_figure(plt, fig, path: str, **kw) -> str:
-    """Writes `fig` to `path` whole (idattn.atomic) and closes it."""
+def save_figure(plt, fig, path: str, title: str = "", fontsize: int = 9, **kw) -> str:
+    """Writes `fig` to `path` whole (idattn.atomic), laid out tight (below the figure title `title`, when given), and
+    closes it."""
+    if title:
+        fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
     atomic.savefig(fig, path, **kw)
     plt.close(fig)
     return path
@@ -605,7 +599,6 @@ def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> st
         fig.canvas.draw()
         fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.3,
                             fig.get_figheight())
-    fig.tight_layout()
     return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
 
 
@@ -630,16 +623,16 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
             drawn = True
     k = len(fams)
     for r in runs:
-        for suite in ["extrapolation"] + sorted(x for x in r.protocols if x.startswith("extrapolation-")):
-            for c in [c for c in r.extrap_corpora(suite) if not (suite == "extrapolation" and r in five
-                                                                 and c in P_FIVE)]:
-                Ls = _extrap_lengths(r, f"{suite}/{c}/ppl@")
-                base = r.seq_len() or Ls[0]
-                mode = "" if suite == "extrapolation" else f" ({suite.split('-', 1)[1]})"
-                ax.plot([L / base for L in Ls], [r.metrics[f"{suite}/{c}/ppl@{L}"] for L in Ls], marker="o",
-                        ls=":", color=f"C{k % 10}", label=f"{r.label()} ours on {c}{mode}")
-                k += 1
-                drawn = True
+        for suite, c in r.extrap_series():
+            if suite == "extrapolation" and r in five and c in P_FIVE:
+                continue
+            Ls = _extrap_lengths(r, f"{suite}/{c}/ppl@")
+            base = r.seq_len() or Ls[0]
+            mode = "" if suite == "extrapolation" else f" ({suite.split('-', 1)[1]})"
+            ax.plot([L / base for L in Ls], [r.metrics[f"{suite}/{c}/ppl@{L}"] for L in Ls], marker="o",
+                    ls=":", color=f"C{k % 10}", label=f"{r.label()} ours on {c}{mode}")
+            k += 1
+            drawn = True
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
     ax.set_yscale("log")
@@ -652,9 +645,8 @@ def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, floa
     context), never a line joining two protocols; each (family, label, [(params, best-of-run ppl, mark)]), in a
     fixed order (the mark is empty: a series is one protocol)."""
     shown = sorted((r for r in runs if "validation/ppl" in r.metrics and r.params()), key=Run.sort_key)
-    families = list(P.MIXERS) + sorted({r.family for r in shown} - set(P.MIXERS))
     out = []
-    for fam in families:
+    for fam in families(shown):
         mine = [r for r in shown if r.family == fam]
         for pk in _validation_protocols(mine):
             rs = [r for r in mine if protocol_key(r.protocols.get("validation")) == pk]

@@ -24,7 +24,7 @@ import jax
 from idattn import atomic
 from idattn.configs import repro as experiment
 from idattn.data import tokenizer as tok_lib
-from idattn.studies import fingerprint
+from idattn.studies import fingerprint, read_json
 from idattn.studies.code_hash import current_train_hash, source_hash
 
 MARKER = "repro.json"
@@ -57,16 +57,13 @@ def run_name(mixer: str) -> str:
 
 
 def read_marker(wd: str) -> dict[str, Any]:
-    try:
-        with open(os.path.join(wd, MARKER)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return {}
+    return read_json(os.path.join(wd, MARKER), {}, FileNotFoundError)
 
 
-def write_marker(wd: str, rec: dict[str, Any]) -> None:
+def write_marker(wd: str, rec: dict[str, Any], name: str = MARKER) -> None:
+    """Writes the marker `rec` (or another record of the run folder: `name`) whole."""
     os.makedirs(wd, exist_ok=True)
-    atomic.write_json(os.path.join(wd, MARKER), rec, indent=1, sort_keys=True)
+    atomic.write_json(os.path.join(wd, name), rec, indent=1, sort_keys=True)
 
 
 def move_aside(wd: str, rec: dict[str, Any], why: str) -> dict[str, Any]:
@@ -297,11 +294,13 @@ def missing_note(missing: list[str], ctx: "Ctx | None" = None,
 HINT = "rerun the command to train / evaluate them"  # how a table's reader gets the runs it lacks
 
 
-def compute_line(ctx: Ctx, cost: float, wall: float, what: str = "training + evaluation", hint: str = HINT,
-                 missing=()) -> str:
-    """A table's last paragraph: its runs' recorded compute, this invocation's time, and what it lacks."""
-    return (f"Compute: {cost / 60:.1f} min of {what} over the runs of this table (this invocation: "
-            f"{ctx.invocation_time(wall)})." + missing_note(list(missing), ctx, hint))
+def compute_line(ctx: Ctx, cost: float, wall: float | None = None, what: str = "of training + evaluation ",
+                 hint: str = HINT, missing=(), invocation: str = "this invocation: ", note: str = "") -> str:
+    """A table's last paragraph: its runs' recorded compute (`what`: of which work), this invocation's time (none
+    without `wall`), a `note`, and what it lacks (`missing`; None: no missing_note at all)."""
+    text = f"Compute: {cost / 60:.1f} min {what}over the runs of this table"
+    text += f" ({invocation}{ctx.invocation_time(wall)})." if wall is not None else "."
+    return text + note + ("" if missing is None else missing_note(list(missing), ctx, hint))
 
 
 def write_table(ctx: Ctx, table: str, md: str, data: dict[str, Any]) -> dict[str, Any]:

@@ -168,7 +168,7 @@ def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> s
             _band_curve(axes[r, 1], ds, [p.loss for p in gp], dd, predict_with_band(fit, np.full_like(dd, s), dd),
                         plt.get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85), f"{gp[0].size} (N = {s:,.0f})")
         _loss_axes(axes[r, 1], "training tokens D", f"{m}: loss vs D at fixed N")
-    return _save(plt, fig, os.path.join(out, "law.png"), title)
+    return save_figure(plt, fig, os.path.join(out, "law.png"), title, dpi=80)
 
 
 def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
@@ -192,7 +192,7 @@ def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) 
                            color=col if mm["inside"] else "none", edgecolor=col if not mm["inside"] else "k")
         _loss_axes(ax, "non-embedding parameters N", f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum "
                    "(hollow: outside the sizes tried)", fontsize=9)
-    return _save(plt, fig, os.path.join(out, "isoflop.png"), title)
+    return save_figure(plt, fig, os.path.join(out, "isoflop.png"), title, dpi=80)
 
 
 def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
@@ -226,7 +226,7 @@ def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
     axes[0].legend(fontsize=8)
     axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: the data's range of C, "
                       "extrapolation outside)", fontsize=9)
-    return _save(plt, fig, os.path.join(out, "frontier.png"), title)
+    return save_figure(plt, fig, os.path.join(out, "frontier.png"), title, dpi=80)
 
 
 def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
@@ -256,13 +256,7 @@ def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
                         label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
         axes[1].set_ylim(-100, 100)
     axes[1].legend(fontsize=7, loc="lower left")
-    return _save(plt, fig, os.path.join(out, "gap.png"), title, fontsize=8)
-
-
-def _save(plt, fig, path: str, title: str, fontsize: int = 9) -> str:
-    fig.suptitle(title, fontsize=fontsize)
-    fig.tight_layout()
-    return save_figure(plt, fig, path, dpi=80)
+    return save_figure(plt, fig, os.path.join(out, "gap.png"), title, 8, dpi=80)
 
 
 def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:

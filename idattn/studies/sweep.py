@@ -59,6 +59,7 @@ from typing import Any
 from idattn import atomic
 from idattn.configs.runs import load_sweep
 from idattn.rundir import layout
+from idattn.studies import read_json
 from idattn.train import lease as lease_lib, optim
 
 STATE_FILE = "sweep_state.json"
@@ -66,28 +67,20 @@ MANIFEST = "sweep.json"
 
 
 # ---------------------------------------------------------------------------------------------- run states
-def _read_json(path: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
-
-
 def run_status(workdir: str) -> dict[str, Any]:
     """{state, step, num_steps, loss, val_loss} of one run folder (see the module docstring for the states).
     "done" is idattn.rundir.layout.completion's (the final checkpoint committed, its validation written, best/
     consistent); otherwise `step` is the newest committed checkpoint, the step a rerun resumes from and
     `load_params` loads (metrics.jsonl may run ahead of it: those steps are trained again)."""
     out: dict[str, Any] = {"state": "pending", "step": 0, "num_steps": None, "loss": None, "val_loss": None}
-    cfg = _read_json(os.path.join(workdir, "config.json"))
+    cfg = read_json(os.path.join(workdir, "config.json"))
     done = layout.completion(workdir)
     out["num_steps"] = done["num_steps"]
     last = layout.last_metrics(workdir)
     if last:
         out["loss"] = last.get("loss")
     out["step"] = done["committed"] or 0
-    st = _read_json(os.path.join(workdir, STATE_FILE)) or {}
+    st = read_json(os.path.join(workdir, STATE_FILE)) or {}
     holder = lease_lib.holder_alive(workdir) if not done["done"] else None
     if done["done"]:
         out.update(state="done", val_loss=done["val_loss"], step=done["num_steps"])
@@ -241,7 +234,7 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
             continue
         print(f"[{i + 1}/{len(todo)}] {action} {c.sweep.name}", flush=True)
         os.makedirs(wd, exist_ok=True)
-        before = _read_json(os.path.join(wd, STATE_FILE))
+        before = read_json(os.path.join(wd, STATE_FILE))
         t0 = time.time()
         with open(os.path.join(wd, "train.log"), "a") as log:
             log.write(f"\n# idattn.sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
@@ -394,7 +387,7 @@ def status(root: str, sweep_file: str = "") -> list[dict[str, Any]]:
     if sweep_file:
         names = [c.sweep.name for c in load_sweep(sweep_file)]
     else:
-        man = _read_json(os.path.join(root, MANIFEST)) or {}
+        man = read_json(os.path.join(root, MANIFEST)) or {}
         names = man.get("runs") or sorted(os.path.basename(os.path.dirname(p))
                                           for p in glob.glob(os.path.join(root, "*", "config.json")))
     return [{"name": n, **run_status(os.path.join(root, n))} for n in names]
