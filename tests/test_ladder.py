@@ -57,6 +57,9 @@ def test_ladder_trend_has_a_sign_when_the_ratio_moves_with_compute(tmp_path):
     x = [math.log10(f) for f in flops]
     assert tr["slope"] == pytest.approx(0.2 / (x[2] - x[0]), rel=0.2)
     assert "sign +" in md and "[95% t CI" in md
+    # the ratio crosses 1 at the middle point (ln ratios −0.1, 0, +0.1): inside the trained range, with its interval
+    assert tr["cross"]["lo"] < x[1] < tr["cross"]["hi"] and tr["cross"]["x"] == pytest.approx(x[1], abs=0.05)
+    assert f"reaches ratio 1 at {10 ** tr['cross']['x']:.1e} FLOPs" in md and "inside the trained range" in md
     # (b): Interdomain / Softmax = 1.005 in every seed at every point: within the 2% margin everywhere, no trend
     b = data["claims"]["b"]
     assert [p["verdict"] for p in b["points"]] == ["reproduced"] * 3

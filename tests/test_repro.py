@@ -187,6 +187,30 @@ def test_trend_equals_scipy_linregress():
         assert tr["sign"] == ("+" if ref.slope - h > 0 else "−" if ref.slope + h < 0 else "undetermined")
 
 
+def test_trend_crossing_is_where_the_lines_band_contains_zero():
+    """Where a decided trend crosses 0 and its 95% interval (Fieller) against a dense grid of the definition: the x
+    whose fitted mean's 95% t band contains 0. No crossing while the slope's interval contains 0."""
+    import numpy as np
+    from scipy import stats as st
+    rng = np.random.default_rng(3)
+    xs = [12.5] * 3 + [13.0] * 3 + [13.5] * 3 + [14.0]
+    ys = [-0.08 + 0.04 * (x - 12.5) + rng.normal(0, 0.005) for x in xs]
+    tr = verdicts.trend([(x, [y]) for x, y in zip(xs, ys)])
+    X, Y = np.array(xs), np.array(ys)
+    ref = st.linregress(X, Y)
+    n, mx = len(X), X.mean()
+    s2 = ((Y - ref.intercept - ref.slope * X) ** 2).sum() / (n - 2)
+    g = np.linspace(10, 20, 400001)
+    band = st.t.ppf(0.975, n - 2) * np.sqrt(s2 * (1 / n + (g - mx) ** 2 / ((X - mx) ** 2).sum()))
+    inside = g[np.abs(ref.intercept + ref.slope * g) <= band]
+    cr = tr["cross"]
+    assert cr["x"] == pytest.approx(-ref.intercept / ref.slope, rel=1e-9)
+    assert cr["lo"] == pytest.approx(inside.min(), abs=1e-4) and cr["hi"] == pytest.approx(inside.max(), abs=1e-4)
+    assert cr["lo"] < cr["x"] < cr["hi"]
+    flat = verdicts.trend([(x, [0.01 * (-1) ** i]) for i, x in enumerate(xs)])
+    assert flat["sign"] == "undetermined" and "cross" not in flat
+
+
 def test_verdict_clear_effect_gives_a_verdict_noise_gives_inconclusive_with_interval():
     # a clear paired effect: every seed's S4D-only / Interdomain ratio ~1.16, while the seeds' own difficulty moves
     # perplexity by 30% (the unpaired ranges overlap; the pairing removes the seed)

@@ -14,12 +14,15 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from idattn.configs.sizes import NOMINAL_PARAMS, PAPER_RECIPE
 from idattn.eval import paper_numbers as P
 from idattn.models.spec import mixer_delta
 from idattn.studies.repro_runs import recorded_corpus
 from idattn.studies.runcache import Ctx
 
 PPL_125M = P.VAL_PPL["125m"]
+# the compute of the paper's 125M point on the ladder's axis, 6·N·D: 125M parameters x 2.5B tokens
+PAPER_125M_FLOPS = 6.0 * NOMINAL_PARAMS["125m"] * PAPER_RECIPE["125m"]["total_tokens"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
-from idattn.studies.claims import CLAIMS, RATIO_CLAIMS
+from idattn.studies.claims import CLAIMS, PAPER_125M_FLOPS, RATIO_CLAIMS
 from idattn.studies.repro_runs import Tally, lm_ppl
 from idattn.studies.repro_verdicts import NO_VERDICT, judge, trend
 from idattn.studies.results import pyplot, save_figure
@@ -34,6 +34,21 @@ def ratio_text(iv: dict[str, Any], *, words: bool = False) -> str:
         return f"{r} (1 seed)"
     lo, hi = math.exp(iv["lo"]), math.exp(iv["hi"])
     return f"{r} [95% CI {lo:.3f}, {hi:.3f}] over {iv['n']} seeds" if words else f"{r} [{lo:.3f}, {hi:.3f}]"
+
+
+def crossing_text(tr: dict[str, Any], points: list[dict[str, Any]]) -> str:
+    """Where a trend with a decided sign puts the ratio at 1 (ln ratio 0), as a clause: the compute, its 95%
+    interval (Fieller, `repro_verdicts._crossing`), how far past the ladder's top point that extrapolates, and
+    the paper's 125M point on the same axis; "" without a crossing."""
+    cr = tr.get("cross")
+    if not cr:
+        return ""
+    top = max(math.log10(p["flops"]) for p in points if p.get("flops"))
+    where = (f"{cr['x'] - top:.1f} decades past the top point: extrapolated" if cr["x"] > top else
+             "inside the trained range")
+    return (f"the fitted line reaches ratio 1 at {10 ** cr['x']:.1e} FLOPs [95% CI {10 ** cr['lo']:.1e}, "
+            f"{10 ** cr['hi']:.1e}] ({where}; the paper's 125M point, where its ratio is measured, is at "
+            f"{PAPER_125M_FLOPS:.1e} FLOPs = 6 x 125M parameters x 2.5B tokens)")
 
 
 def _devices_note(points) -> str:
@@ -145,9 +160,10 @@ def table_ladder(ctx: Ctx, table: Table | None = None) -> dict[str, Any]:
             trend_lines.append(f"- ({c}) {st['label']}: no trend fitted ({tr['points']} compute point(s) with runs; "
                                "it needs 3)")
         else:
+            cross = crossing_text(tr, points)
             trend_lines.append(f"- ({c}) {st['label']}: slope of ln ratio per decade of compute {tr['slope']:+.4f} "
                                f"[95% t CI {tr['lo']:+.4f}, {tr['hi']:+.4f}] over {tr['n']} runs at "
-                               f"{tr['points']} points: sign {tr['sign']}")
+                               f"{tr['points']} points: sign {tr['sign']}" + (f"; {cross}" if cross else ""))
     png = _plot(ctx.table_path(table.name, "png"), points, stats) if any(p["flops"] for p in points) else None
     cost = sum(p["compute_s"] for p in points)
     missing = [m for p in points for m in p["missing"]

@@ -21,7 +21,7 @@ from idattn import atomic
 from idattn.eval.markdown import markdown_table
 from idattn.studies import read_json
 from idattn.studies.claims import CLAIMS
-from idattn.studies.ladder import ratio_text
+from idattn.studies.ladder import crossing_text, ratio_text
 from idattn.studies.repro_verdicts import INCONCLUSIVE, NOT_REPRODUCED, NO_VERDICT, REPRODUCED, VACUOUS
 from idattn.studies.runcache import Ctx, ReproError, read_marker, run_cost, run_dirs
 from idattn.studies.tables import TABLES
@@ -127,7 +127,7 @@ def _names(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else ", ".join(xs[:-1]) + " and " + xs[-1]
 
 
-def _trend_clause(st: dict[str, Any]) -> str:
+def _trend_clause(st: dict[str, Any], points: list[dict[str, Any]]) -> str:
     tr = st["trend"]
     if not tr.get("sign"):
         return "whether that changes with compute waits for the ladder's upper points (a trend needs 3)"
@@ -135,7 +135,9 @@ def _trend_clause(st: dict[str, Any]) -> str:
     if tr["sign"] == "undetermined":
         return f"whether that changes with compute is open: the log-ratio's slope, {band}, contains 0"
     toward = (tr["sign"] == "+") == (st["side"] == "above")
-    return f"the log-ratio moves {'toward' if toward else 'away from'} the paper's side with compute, {band}"
+    cross = crossing_text(tr, points) if st["line"] == 0 else ""
+    return (f"the log-ratio moves {'toward' if toward else 'away from'} the paper's side with compute, {band}"
+            + (f"; {cross}" if cross else ""))
 
 
 def _ladder_paragraph(c: str, st: dict[str, Any], points: list[dict[str, Any]], previous: list[str]) -> str:
@@ -187,7 +189,7 @@ def _ladder_paragraph(c: str, st: dict[str, Any], points: list[dict[str, Any]], 
                                 "margin: at this scale the fixed-size state costs quality against attention",
             }.get(word, f"at {size} the interval straddles the 2% line: this scale cannot tell whether Interdomain "
                         "keeps up with Softmax")
-        meaning += "; " + _trend_clause(st) + "."
+        meaning += "; " + _trend_clause(st, points) + "."
     return (f"**{CLAIMS[c].title}** (paper, 125M: {st['label']} {st['paper']:.3f}). New ladder (KJV): {where}. "
             f"Trend over compute: {trend}.{prev} *What it means:* {meaning}")
 

@@ -306,7 +306,8 @@ def verdict_md(v: Verdict) -> str:
 def trend(points: Sequence[tuple[float, Sequence[float]]]) -> dict[str, Any]:
     """Least-squares line s = a + b·x through every per-seed value s at its compute point x (x = log10 FLOPs),
     with the 95% t interval of the slope b (df = n − 2, the ordinary OLS standard error). `sign`: "+" / "−" when
-    the interval excludes 0, else "undetermined"; needs 3 distinct compute points (else sign None)."""
+    the interval excludes 0, else "undetermined"; needs 3 distinct compute points (else sign None). With a decided
+    sign also `cross` = {x, lo, hi}: where the line crosses 0 and its 95% interval (`_crossing`)."""
     xs, ys = [], []
     for x, vals in points:
         for v in vals:
@@ -324,10 +325,24 @@ def trend(points: Sequence[tuple[float, Sequence[float]]]) -> dict[str, Any]:
     a = my - b * mx
     rss = sum((y - a - b * x) ** 2 for x, y in zip(xs, ys))
     se = math.sqrt(rss / (n - 2) / sxx)
-    h = t975(n - 2) * se
+    t = t975(n - 2)
+    h = t * se
     out.update(slope=b, intercept=a, lo=b - h, hi=b + h,
                sign="+" if b - h > 0 else ("−" if b + h < 0 else "undetermined"))
+    if abs(b) > h:  # the sign is decided: where the line crosses 0, and Fieller's interval for that x
+        out["cross"] = _crossing(b, my, mx, h, t * t * rss / (n - 2) / n)
     return out
+
+
+def _crossing(b: float, my: float, mx: float, h: float, w: float) -> dict[str, float]:
+    """x0 = −a/b, where the fitted line a + b·x crosses 0, with its 95% interval (Fieller): the x whose fitted mean's
+    95% t band contains 0, |my + b·u| ≤ t·s·sqrt(1/n + u²/Sxx) with u = x − mx, i.e. the u between the roots of
+    (b² − h²)·u² + 2·b·my·u + my² − w ≤ 0, h = t·s/sqrt(Sxx) the slope's half-width, w = t²·s²/n. Bounded when
+    |b| > h (the slope's interval excludes 0), which is when this is called."""
+    qa, qb, qc = b * b - h * h, 2.0 * b * my, my * my - w
+    root = math.sqrt(max(qb * qb - 4.0 * qa * qc, 0.0))  # ≥ 0: the band contains 0 at x0 itself
+    u1, u2 = sorted(((-qb - root) / (2.0 * qa), (-qb + root) / (2.0 * qa)))
+    return {"x": mx - my / b, "lo": mx + u1, "hi": mx + u2}
 
 
 ANSWERS = {REPRODUCED: "yes", NOT_REPRODUCED: "no"}  # the rule's words for a claim; for a question its answer
