@@ -3,7 +3,9 @@ way its supervisor can act on, instead of hanging silently."""
 from __future__ import annotations
 
 import faulthandler
+import io
 import os
+import sys
 
 
 class StallWatchdog:
@@ -20,8 +22,8 @@ class StallWatchdog:
         self.seconds = 60.0 * minutes
 
     def arm(self) -> None:
-        if self.seconds > 0:
-            faulthandler.dump_traceback_later(self.seconds, exit=True)
+        if self.seconds > 0 and (out := _stderr_file()) is not None:
+            faulthandler.dump_traceback_later(self.seconds, exit=True, file=out)
 
     def disarm(self) -> None:
         if self.seconds > 0:
@@ -32,3 +34,15 @@ def debug_stall_step() -> int:
     """IDATTN_DEBUG_STALL_AT_STEP: the step at which the loop blocks forever, so that a test sees the stall
     watchdog stop the run (unset, 0, in real runs)."""
     return int(os.environ.get("IDATTN_DEBUG_STALL_AT_STEP", "0") or 0)
+
+
+def _stderr_file():
+    """Where the stacks go: stderr, or the process's own stderr when sys.stderr is not a file (a notebook, a
+    captured stream); None (no watchdog) when neither has a file descriptor."""
+    for out in (sys.stderr, sys.__stderr__):
+        try:
+            out.fileno()
+            return out
+        except (AttributeError, ValueError, io.UnsupportedOperation):
+            continue
+    return None
