@@ -6,7 +6,13 @@ import json
 import os
 import re
 
-from idattn.studies import repro_mad, repro_runs as runs, runcache as cache
+from idattn.studies import fingerprint, repro_mad, repro_runs as runs, runcache as cache
+
+
+def _cheap_probe(monkeypatch):
+    """The runs' model fingerprint as a stand-in: the real probe compiles each of the nine cells' models (minutes
+    on 2 cores) and is tested on its own in tests/test_fingerprint.py; these tests are about the table."""
+    monkeypatch.setattr(fingerprint, "model_fingerprint", lambda cfg: [float(len(repr(cfg))), 1.0])
 
 
 def _fake(calls):
@@ -28,6 +34,7 @@ def test_mad_table_reads_d_and_e_per_task_with_intervals(tmp_path, monkeypatch):
     from idattn.eval import mad
     calls = []
     monkeypatch.setattr(mad, "train_mad", _fake(calls))
+    _cheap_probe(monkeypatch)
     ctx = cache.Ctx(str(tmp_path), "small", (0, 1, 2), render_only=False, keep_stale=False)
     data = repro_mad.table_mad(ctx)
     tasks = ctx.exp.MAD["tasks"]
@@ -51,6 +58,7 @@ def test_mad_table_reads_d_and_e_per_task_with_intervals(tmp_path, monkeypatch):
 def test_mad_table_at_toy_size_prints_no_verdict(tmp_path, monkeypatch):
     from idattn.eval import mad
     monkeypatch.setattr(mad, "train_mad", _fake([]))
+    _cheap_probe(monkeypatch)
     ctx = cache.Ctx(str(tmp_path), "toy", (0, 1, 2), render_only=False, keep_stale=False)
     data = repro_mad.table_mad(ctx)
     md = open(os.path.join(str(tmp_path), "mad-toy.md")).read()
