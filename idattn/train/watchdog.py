@@ -19,11 +19,12 @@ class StallWatchdog:
     window covers a step and what it owes (log, checkpoint, evaluation); `disarm` when the loop ends."""
 
     def __init__(self, minutes: float):
-        self.seconds = 60.0 * minutes
+        self.out = _stderr_file() if minutes > 0 else None  # resolved once, not at every step
+        self.seconds = 60.0 * minutes if self.out is not None else 0.0
 
     def arm(self) -> None:
-        if self.seconds > 0 and (out := _stderr_file()) is not None:
-            faulthandler.dump_traceback_later(self.seconds, exit=True, file=out)
+        if self.seconds > 0:
+            faulthandler.dump_traceback_later(self.seconds, exit=True, file=self.out)
 
     def disarm(self) -> None:
         if self.seconds > 0:
