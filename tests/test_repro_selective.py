@@ -78,10 +78,17 @@ def test_selective_table_answers_its_questions_with_intervals(tmp_path):
     assert v["s1"]["answer"] == "yes" and v["s1"]["interval"]["mean"] == pytest.approx(0.67)
     assert v["s2"]["answer"] == "yes" and v["s2"]["interval"]["mean"] == pytest.approx(0.88)
     assert v["s3"]["answer"] == "yes" and v["s4"]["answer"] == "yes"
-    for z in top.exp.SELECTIVE_LM["small"]:
+    *early, top_point = top.exp.SELECTIVE_LM["small"]
+    for z in early:
         assert v[f"s5@{z}"]["answer"] == "yes"
         assert v[f"s5@{z}"]["interval"]["mean"] == pytest.approx(math.log(31 / 29), abs=1e-9)
         assert v[f"s6@{z}"]["answer"] == "yes"
+    # (s7) at climb128 only, where only its two models train; (s5), (s6) not asked there (one model untrained)
+    assert top_point == "climb128" and [k for k in v if k.startswith("s7")] == ["s7@climb128"]
+    assert v["s7@climb128"]["answer"] == "no"
+    assert v["s7@climb128"]["interval"]["mean"] == pytest.approx(math.log(29 / 29.1), abs=1e-9)
+    assert f"s5@{top_point}" not in v and f"s6@{top_point}" not in v
+    assert set(data["ppl"][top_point]["interdomain"]) == set()  # written on disk, never read at that point
     md = open(top.table_path("selective", "md")).read()
     row = next(ln for ln in md.splitlines() if ln.startswith("| Interdomain-selective+phase |"))
     assert "89.0 / 90.0 / 91.0" in row  # parity, scaled %, per seed

@@ -335,7 +335,10 @@ SELECTIVE = dict(mixers=("softmax", "interdomain", "interdomain-selective", "int
 # lists it, and read as "not learnt at this budget".
 MAD_SIZES["mad-s2000"] = dict(MAD, steps=2000, warmup=100, model_size="small")  # the `small` MAD model
 SELECTIVE_MAD = {"small": "mad-s2000", "toy": "toy"}  # table size -> the MAD size its MAD tasks train at
-SELECTIVE_LM = {"small": CLIMB[:2], "toy": ("toy",)}
+# (s7), registered 2026-12-05 before its runs (docs/reproduction-log.md): the phase at climb128, where only the two
+# models it compares train (`lm_at`: LM point -> the models trained there; default the `lm` family's).
+SELECTIVE_LM = {"small": CLIMB[:3], "toy": ("toy",)}
+SELECTIVE["lm_at"] = {CLIMB[2]: ("interdomain-selective", "interdomain-selective+phase")}
 # The delta update's evaluation (`python -m idattn.repro delta`; idattn/studies/repro_selective.py DELTA): the erase
 # before write (docs/model.md "Delta core") against the LTI Interdomain core it extends, with the selective table's
 # recipes, 3 seeds, its questions (d1)-(d3) registered in docs/reproduction.md before any of its runs (2026-12-06).

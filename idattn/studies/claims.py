@@ -44,6 +44,7 @@ class Question:
     task: str = "ppl"  # "ppl": a log ratio of perplexities; else the accuracy key whose difference is judged
     line: float = 0.0
     side: str = "above"
+    points: tuple[str, ...] = ()  # ppl questions: the LM points it is asked at (empty: every point that trains both)
 
 
 CLAIMS = {
@@ -86,6 +87,10 @@ QUESTIONS = {
                    _SEL),
     "s6": Question("the query readout still matters under a selective core: ppl(S4D-only-selective) / "
                    "ppl(Interdomain-selective) > 1", "s4d_only-selective", _SEL),
+    # registered 2026-12-05 before any of its runs, at climb128 only (the climb96 numbers that chose it are no part
+    # of its answer)
+    "s7": Question("the phase models language: ppl(Interdomain-selective) / ppl(Interdomain-selective+phase) > 1",
+                   _SEL, _PH, points=("climb128",)),
     # the delta update (idattn/studies/repro_selective.py DELTA), registered 2026-12-06 before any of its runs
     "d1a": Question("the erase recalls: MQAR acc(Interdomain-delta, s = 1) − acc(Interdomain) > 0 at 64 x 8",
                     _DELTA, "interdomain", "mqar@64x8/acc"),

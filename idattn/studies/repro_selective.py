@@ -9,7 +9,7 @@ One table function, `core_table`, serves both; a `CoreStudy` names the study's c
 points, its question ids and the published numbers it echoes. The tasks: selective copying and in-context recall
 (MAD at 10x the `mad` table's steps: SELECTIVE_MAD), state tracking (parity, modular arithmetic without brackets,
 trained at 3-40 tokens and scored at 40-256: STATE_TRACKING), MQAR (the recall table's, tested at its grid) and KJV
-perplexity at ladder points. Questions: idattn/studies/claims.py QUESTIONS ((s1)-(s6), (d1)-(d3)). Published
+perplexity at ladder points. Questions: idattn/studies/claims.py QUESTIONS ((s1)-(s7), (d1)-(d3)). Published
 numbers are shown in their own table, never mixed with ours.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ TASK_FAMILIES = ("state", "mad", "mqar", "lm")  # --tasks: the families one invo
 class CoreStudy:
     """One study of a core: its table name, its config's name in experiments/repro.py (a dict with `mixers`,
     `seeds`, `mad_tasks`, `state_tasks` and optionally `families`: task family -> the mixers it trains, default
-    all), the name of its LM points (size -> ladder sizes), its questions' id prefix and the published rows it
+    all, and `lm_at`: LM point -> the mixers trained there, default the `lm` family's), the name of its LM points (size -> ladder sizes), its questions' id prefix and the published rows it
     echoes (source and task, the weaker model's numbers, the stronger one's: column heads in `published_heads`)."""
     name: str
     config: str
@@ -110,7 +110,7 @@ def core_table(ctx: Ctx, study: CoreStudy) -> dict[str, Any]:
         c = ctx.for_task("lm").for_size(z)
         L = c.train_len()
         for s in seeds:
-            for m in trains("lm"):
+            for m in sel.get("lm_at", {}).get(z, trains("lm")):
                 r = got.ppl(c, m, dt, s, [L], name=f"lm {z} {m}-s{s}")
                 if r is not None:
                     ppl[z][m][s] = r[L]
@@ -124,7 +124,9 @@ def core_table(ctx: Ctx, study: CoreStudy) -> dict[str, Any]:
                                        lambda x: f"{100 * x:+.1f}", ctx.judged)
             lines.append(text)
             continue
-        for z in lm_sizes:
+        for z in (z for z in lm_sizes if z in Q.points or not Q.points):
+            if not {Q.num, Q.den} <= set(sel.get("lm_at", {}).get(z, trains("lm"))):
+                continue  # a point where one of its models does not train
             lr = [math.log(ppl[z][Q.num][s] / ppl[z][Q.den][s]) for s in seeds if s in ppl[z][Q.num] and s in ppl[z][Q.den]]
             verdicts[f"{q}@{z}"], text = answer(f"{q}, {z}", Q.text, lr, Q.line, Q.side, "values", "ratio", "",
                                                 lambda x: f"{math.exp(x):.3f}", ctx.judged)
