@@ -159,7 +159,7 @@ FAIL_FINAL_CHECKPOINT = T.fail_save_at(20)
 
 
 def _status(wd):
-    from idattn.studies import sweep
+    from idattn.launch import sweep
     return sweep.run_status(wd)
 
 
@@ -237,7 +237,7 @@ def test_the_results_command_keeps_the_previous_table_and_plots_on_a_failed_writ
 
 def test_a_sweep_state_that_cannot_be_written_is_a_warning(tmp_path, monkeypatch, capsys):
     from idattn import atomic
-    from idattn.studies import sweep
+    from idattn.launch import sweep
 
     def full(path, obj, **kw):
         raise atomic.WriteFailed(errno.ENOSPC, f"could not write {path}: OSError: No space left on device; the "

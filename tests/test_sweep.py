@@ -20,7 +20,7 @@ import pytest
 
 from idattn.configs import sizes as shapes
 from idattn.configs import runs
-from idattn.studies import sweep
+from idattn.launch import sweep
 from idattn.configs import base_config
 from idattn.models.counting import count_params_closed
 

@@ -1,5 +1,6 @@
 """Launchers: local processes (local), SLURM jobs (slurm), Cloud TPU slices (tpu). Each is
-`python -m idattn.launch.<name>` and `launch/<name>.py` in a source checkout."""
+`python -m idattn.launch.<name>` and `launch/<name>.py` in a source checkout. `sweep` runs every config of a sweep
+file through one of them (`python -m idattn.sweep`)."""
 
 import os
 import sys

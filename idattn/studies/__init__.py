@@ -1,6 +1,6 @@
-"""idattn.studies: what is built from many runs: sweeps, scaling fits, the reproduction, result tables, the
-quickstart. Each module is a library with a `main(argv)`; the commands are the thin `idattn/<name>.py` entries
-(`python -m idattn.sweep`, `.scaling`, `.results`, `.repro`, `.quickstart`).
+"""idattn.studies: what is built from many runs: scaling fits, the reproduction, result tables, the quickstart.
+Each module is a library with a `main(argv)`; the commands are the thin `idattn/<name>.py` entries
+(`python -m idattn.scaling`, `.results`, `.repro`, `.quickstart`).
 """
 from __future__ import annotations
 

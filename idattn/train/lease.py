@@ -66,9 +66,17 @@ class LeaseLost(RuntimeError):
     """This trainer's lease was taken over (or removed): it must not write to the workdir any more."""
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid) -> bool:
+    """True while process `pid` exists on this host, one of another user included (os.kill answers EPERM); False
+    for a gone process or no pid (None, 0, not a number)."""
     try:
-        os.kill(int(pid), 0)
+        pid = int(pid)
+    except (TypeError, ValueError):
+        return False
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, owned by someone else
@@ -155,7 +163,7 @@ def stale_reason(path: str, holder: dict, *, own_token: str | None = None, defau
     when it exceeds CLOCK_SKEW_S)."""
     if holder.get("host") == socket.gethostname() and holder.get("pid") is not None:
         pid = int(holder["pid"])
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return f"its process {pid} on this host is gone"
         stat = _proc_stat(pid)
         if stat is not None and holder.get("pid_start") is not None and stat[1] != int(holder["pid_start"]):

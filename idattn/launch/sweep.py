@@ -11,8 +11,8 @@ A sweep file (`experiments/sweeps/<name>.py`) defines `get_sweep()` -> list of m
 complete trainer config with a `sweep` section (`name`: the stable run name and folder, `study`, `mixer`,
 `size`, `tokens`, `compute`: the nominal IsoFLOP budget C = 6·N·D or 0, `n_params`: non-embedding N), and
 `get_config(name)` returning the config of one run (so `python -m idattn.train --config=<file>:<name>` trains
-it; every launcher runs exactly that command with `--workdir=<root>/<name>`). `make_run()` below builds such a
-config from a mixer, a shape and a token budget.
+it; every launcher runs exactly that command with `--workdir=<root>/<name>`). idattn.configs.runs.make_run()
+builds such a config from a mixer, a shape and a token budget.
 
 Launchers (each prints what it will do first; `--dry_run` prints and stops). Before that, dry run or not, every
 member's final trainer arguments are checked here with the trainer's `--check_only` (idattn/launch/check.py, in one
@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import importlib
 import json
 import os
 import shlex
@@ -58,6 +57,7 @@ from typing import Any
 
 from idattn import atomic
 from idattn.configs.runs import load_sweep
+from idattn.launch import check, slurm, tpu
 from idattn.rundir import layout
 from idattn.studies import read_json
 from idattn.train import lease as lease_lib, optim
@@ -88,7 +88,7 @@ def run_status(workdir: str) -> dict[str, Any]:
         out.update(state="running", where=f"host {holder.get('host', '?')} pid {holder.get('pid', '?')}")
         if last:
             out["step"] = int(last["step"])
-    elif st.get("state") == "running" and _alive(st.get("pid")):
+    elif st.get("state") == "running" and lease_lib.pid_alive(st.get("pid")):
         out["state"] = "running"
     elif st.get("state") == "failed":
         out["state"] = "failed"
@@ -97,16 +97,6 @@ def run_status(workdir: str) -> dict[str, Any]:
         out["state"] = "interrupted"
         out["missing"] = done["missing"]
     return out
-
-
-def _alive(pid) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(int(pid), 0)
-        return True
-    except (OSError, ValueError):
-        return False
 
 
 def _write_state(workdir: str, **kw) -> None:
@@ -184,7 +174,7 @@ def check_members(sweep_file, configs, root, extra, per_run=None, *, dry_run: bo
     exit status."""
     per_run = per_run or {}
     runs = [train_args(sweep_file, c.sweep.name, root, extra + per_run.get(c.sweep.name, [])) for c in configs]
-    return _launch_module("check").check_runs(runs, names=[c.sweep.name for c in configs], dry_run=dry_run)
+    return check.check_runs(runs, names=[c.sweep.name for c in configs], dry_run=dry_run)
 
 
 def _extra_flags(configs, args) -> list[str]:
@@ -275,16 +265,9 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
     return 1 if failed else 0
 
 
-def _launch_module(name: str):
-    """idattn.launch.<name>, looked up when a launcher runs: the launchers sit above the studies (the rooms of
-    docs/architecture.md), so this module names them rather than importing them."""
-    return importlib.import_module(f"idattn.launch.{name}")
-
-
 def slurm_script(sweep_file, configs, root, extra, launcher_args: list[str], max_parallel: int = 0
                  ) -> tuple[str, str]:
     """(launch/slurm.py's script with `--array` and the run chosen by SLURM_ARRAY_TASK_ID, its log folder)."""
-    slurm = _launch_module("slurm")
     array = f"--array=0-{len(configs) - 1}" + (f"%{max_parallel}" if max_parallel else "")
     # launch/slurm.py's own parser and template; the config names the placeholder RUN_NAME (each run's config was
     # checked here)
@@ -331,7 +314,7 @@ def run_slurm(sweep_file, configs, root, extra, launcher_args, *, dry_run: bool,
     with open(path, "w") as f:
         f.write(script)
     print(f"wrote {path}")
-    return _launch_module("check").call_tool(["sbatch", path])
+    return check.call_tool(["sbatch", path])
 
 
 def tpu_commands(sweep_file, configs, root, extra, launcher_args, *, tpu_name: str, prefix: str
@@ -354,7 +337,6 @@ def tpu_commands(sweep_file, configs, root, extra, launcher_args, *, tpu_name: s
 
 
 def run_tpu(sweep_file, configs, root, extra, launcher_args, *, dry_run, tpu_name, prefix) -> int:
-    tpu = _launch_module("tpu")
     cmds = tpu_commands(sweep_file, configs, root, extra, launcher_args, tpu_name=tpu_name, prefix=prefix)
     how = f"in turn on the slice {tpu_name}" if tpu_name else "one queued TPU slice per run"
     print(f"idattn.sweep: {len(configs)} runs in {root}, {how} (launch/tpu.py):")
@@ -467,7 +449,7 @@ def main(argv=None) -> int:
     if rc:
         return rc
     if not a.dry_run:
-        rc = _launch_module("check").require_tools({"slurm": ["sbatch"], "tpu": ["gcloud"]}.get(a.launcher, []))
+        rc = check.require_tools({"slurm": ["sbatch"], "tpu": ["gcloud"]}.get(a.launcher, []))
         if rc:
             return rc
         os.makedirs(a.root, exist_ok=True)
