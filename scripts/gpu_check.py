@@ -3,11 +3,12 @@
     PYTHONPATH=. python scripts/gpu_check.py --budget-s 330          # on the lent H200 (see docs/kernels.md)
     PYTHONPATH=. python scripts/gpu_check.py --dry-run               # CPU: every code path at tiny shapes
 
-Needs only jax + numpy for (a) and (b); (c) and (d) need flax / optax / ml-collections. On an image without
-them, `--deps DIR` (default build/gpu_deps when present) is appended to sys.path: a folder of the pure-Python
-packages made on a CPU host with `python scripts/gpu_check.py --make-deps build/gpu_deps` (copied from the
-installed environment, no download; carried to the device with carry=["build/gpu_deps"]). Missing packages
-skip (c) / (d) with the reason; they never stop (a) / (b).
+Needs only jax + numpy for (a) and (b); (c) and (d) import the models and the trainer's pieces (MODEL_DEPS). On an
+image without some of them, `--deps DIR` (default build/gpu_deps when present) is appended to sys.path (the
+image's own packages win): a folder made on a CPU host with `python scripts/gpu_check.py --make-deps
+build/gpu_deps` (the pure-Python packages copied from the installed environment, plus the wheels of the compiled
+ones the image lacks, DEVICE_WHEELS, fetched for the image's Python and unpacked; 28 MiB) and carried to the
+device with carry=["build/gpu_deps"]. Missing packages skip (c) / (d) with the reason; they never stop (a) / (b).
 
 (0) a compile probe of the Triton tuning at the benchmark tiles (fwd+bwd, bf16): the device compiler's
     shared-memory limit decides; the first candidate that compiles everywhere is kept. (float32 is checked by
@@ -271,7 +272,14 @@ def probe_tuning(shapes, dtypes=("bfloat16",), deadline=None):
 # ----------------------------------------------------------------------------------------------------------------
 # dependencies of (c) and (d) on a bare image
 
-MODEL_DEPS = ("flax", "optax", "ml_collections")
+# What (c) and (d) import beyond jax / numpy: idattn.bench.model builds the trainer's RunPlan, whose checks read the
+# data pipeline (grain, array_record) and the tokenizer (sentencepiece), and the trainer's pieces (orbax, msgpack,
+# yaml through flax and orbax).
+MODEL_DEPS = ("flax", "optax", "ml_collections", "orbax", "grain", "array_record", "sentencepiece", "msgpack", "yaml")
+# Compiled packages (c) and (d) need that the device image lacks (its package list, read 2026-11-17, has flax,
+# optax, orbax-checkpoint, tensorstore, msgpack, pyyaml, protobuf and sentencepiece): --make-deps fetches their
+# wheels for the device's Python (--device-python, the image's 3.12) and unpacks them into the folder.
+DEVICE_WHEELS = ("grain", "array-record")
 # Packages the device image brings with jax itself (never copied: the image's own versions must win).
 _IMAGE_OWN = {"jax", "jaxlib", "numpy", "ml_dtypes", "opt_einsum", "scipy", "jax_plugins", "nvidia", "libtpu",
               "jax_cuda12_plugin", "jax_cuda12_pjrt", "jax_cuda13_plugin", "jax_cuda13_pjrt", "idattn",
@@ -283,12 +291,17 @@ def deps_missing():
     return [m for m in MODEL_DEPS if importlib.util.find_spec(m) is None]
 
 
-def make_deps(dest):
+def make_deps(dest, device_python="3.12"):
     """Copy the third-party pure-Python packages that idattn.models, idattn.bench.smoke and
-    idattn.bench.model import (beyond jax / numpy / the image's own) from this environment into dest."""
+    idattn.bench.model import (beyond jax / numpy / the image's own) from this environment into dest, then unpack
+    into it the wheels of DEVICE_WHEELS (at this environment's versions) built for `device_python`."""
     import importlib
+    import importlib.metadata
     import shutil
+    import subprocess
     import sysconfig
+    import tempfile
+    import zipfile
     for m in ("optax", "flax.linen", "ml_collections", "idattn.models", "idattn.bench.smoke",
               "idattn.bench.model", "idattn.configs.scaling", "idattn.train.step"):
         importlib.import_module(m)
@@ -315,8 +328,23 @@ def make_deps(dest):
             size += sum(os.path.getsize(os.path.join(root, x)) for x in files)
         copied.append(top)
     print(f"copied {len(copied)} packages ({size / 2**20:.1f} MiB) into {dest}: {' '.join(copied)}")
+    # the device's wheels: pip's own resolver picks the files for that Python and a manylinux x86-64 platform
+    pins = [f"{n}=={importlib.metadata.version(n)}" for n in DEVICE_WHEELS]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--implementation",
+               "cp", "--python-version", device_python, "-d", tmp, *pins]
+        cmd += [x for n in (28, 27, 24, 17) for x in ("--platform", f"manylinux_2_{n}_x86_64")]
+        r = subprocess.run(cmd + ["--platform", "manylinux2014_x86_64"], capture_output=True, text=True)
+        if r.returncode:
+            raise SystemExit(f"--make-deps: pip could not fetch {pins} for Python {device_python}: "
+                             f"{r.stderr.strip().splitlines()[-1:]}; fetch them by hand into {dest} (unzipped)")
+        for w in sorted(os.listdir(tmp)):
+            zipfile.ZipFile(os.path.join(tmp, w)).extractall(dest)
+            size += os.path.getsize(os.path.join(tmp, w))
+            print(f"unpacked {w} (for Python {device_python}) into {dest}")
+    compiled = [c for c in compiled if c not in {n.replace("-", "_") for n in DEVICE_WHEELS}]
     if compiled:
-        print(f"not copied (compiled extensions; the device image must have its own): {' '.join(compiled)}")
+        print(f"not copied (compiled extensions the device image has itself): {' '.join(compiled)}")
     print(f"carry it to the device: run(..., carry=[{dest!r}])")
 
 
@@ -372,11 +400,12 @@ def main():
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
-    p.add_argument("--deps", default=None, help="folder of pure-Python packages for (c), (d) (see --make-deps)")
+    p.add_argument("--deps", default=None, help="folder of the packages (c), (d) need beyond the image (see --make-deps)")
     p.add_argument("--make-deps", default=None, metavar="DIR", help="build that folder here and exit")
+    p.add_argument("--device-python", default="3.12", help="--make-deps: the device image's Python (X.Y)")
     a = p.parse_args()
     if a.make_deps:
-        make_deps(a.make_deps)
+        make_deps(a.make_deps, a.device_python)
         return
     global _LOGFILE
     if os.environ.get("OUT"):

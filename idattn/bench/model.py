@@ -25,7 +25,7 @@ from idattn.configs.scaling import get_config
 from idattn.models import build_model, decode_step, flops_per_token, init_cache
 from idattn.train import sharding as shd
 from idattn.train.metrics import peak_flops_per_device
-from idattn.train.trainer import build_setup
+from idattn.train.placement import build_setup
 
 
 def peak_flops(device, override=None):
