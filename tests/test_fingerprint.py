@@ -8,7 +8,7 @@ import os
 import pytest
 
 from idattn.studies import fingerprint as F
-from idattn.studies import repro, repro_runs as R, repro_selective, repro_verify as V, runcache as cache
+from idattn.studies import repro, repro_runs as R, repro_selective, runcache as cache
 
 
 def _toy_model(ctx, mixer):
@@ -58,7 +58,7 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert F.probe_len(probe_cfg) == F.FP_LEN
     probe_cfg.window = 64  # a window the probe must reach past, or windowed and global attention look the same
     assert F.probe_len(probe_cfg) == 69
-    out = V.verify_runs(ctx)
+    out = R.verify_runs(ctx)
     assert sorted(out["stamped"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1",
                                       "toy/lm/softmax-scaled-s0"]
     assert out["unverifiable"] == ["toy/lm/s4d_only-paper-s0"] and not out["changed"]
@@ -66,13 +66,13 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert cache.read_marker(wds[0])["fingerprint"] == {"src": old, "version": F.FP_VERSION,
                                                     "values": [11.0, 1.0 + _toy_model(ctx, "interdomain").num_layers,
                                                                0.5]}
-    assert V.verify_runs(ctx)["unchanged"] == [os.path.relpath(w, os.path.join(ctx.root, "runs")) for w in wds]
+    assert R.verify_runs(ctx)["unchanged"] == [os.path.relpath(w, os.path.join(ctx.root, "runs")) for w in wds]
 
     # the model code changes (another hash); the probe still sees the same function for interdomain, not softmax
     monkeypatch.setattr(cache, "source_hash", lambda: "newc0de000")
     monkeypatch.setattr(F, "model_fingerprint",
                         lambda cfg: fake_probe(cfg) if cfg.mixer != "softmax" else [7.0, 9.0, 9.0])
-    out = V.verify_runs(ctx)
+    out = R.verify_runs(ctx)
     assert sorted(out["verified"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
     assert [c.split(" ")[0] for c in out["changed"]] == ["toy/lm/softmax-scaled-s0"]
     rec = cache.read_marker(wds[1])
@@ -80,7 +80,7 @@ def test_verify_stamps_then_keeps_runs_across_a_neutral_change_and_flags_a_chang
     assert cache.read_marker(wds[2])["src"] == old  # left as it was: a table command trains it again
     assert rec["fingerprint"]["checked"] == "newc0de000"  # the values stay the training code's; a re-verify is free
     n = len(probes)
-    assert sorted(V.verify_runs(ctx)["unchanged"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
+    assert sorted(R.verify_runs(ctx)["unchanged"]) == ["toy/lm/interdomain-paper-s0", "toy/lm/interdomain-paper-s1"]
     assert len(probes) == n  # the verified runs were not probed again (softmax's changed run is probed, not faked)
 
 
@@ -103,7 +103,7 @@ def test_every_recorded_run_maps_to_its_config_or_says_why_not(tmp_path):
     ctx = cache.Ctx(root, "small", (0, 1, 2), True, False)
     built, why_not = 0, []
     for wd in cache.run_dirs(root):
-        cfg, why = V.run_model_config(ctx, wd, cache.read_marker(wd))
+        cfg, why = R.run_model_config(ctx, wd, cache.read_marker(wd))
         if cfg is None:
             why_not.append((os.path.relpath(wd, root), why))
         else:
@@ -131,7 +131,7 @@ def test_tables_name_every_family_of_runs_they_read_under_other_model_code(tmp_p
     _populate(top)
     mad_top = top.for_size(top.exp.SELECTIVE_MAD[top.size])
     old = [R.state_dir(top, "interdomain", "parity", 1), R.mad_dir(mad_top, "softmax", "in_context_recall", 2),
-           top.mqar_dir("s4d_only", 0), top.for_size(top.exp.SELECTIVE_LM["small"][-1]).lm_dir("interdomain", "paper", 2)]
+           top.mqar_dir("s4d_only", 0), top.for_size(top.exp.SELECTIVE_LM["small"][1]).lm_dir("interdomain", "paper", 2)]  # climb96: read there
     for wd in old:
         _age(wd)
     repro_selective.table_selective(top)

@@ -31,9 +31,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from idattn import atomic
 from idattn.data import pipeline
 from idattn.eval import datasets as ds
+from idattn.eval.figures import save_figure, subplots
 from idattn.eval.scoring import ScoreFn, loglikelihood_rolling, score_sequences
 from idattn.models import build_model
 from idattn.train.step import make_loss_sums, token_nll
@@ -282,19 +282,14 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", trai
     """PNG: left, perplexity against context length per corpus; right, per-position-bucket perplexity at the
     longest length (where past the training context the loss starts to rise). The training length (`train_len`,
     else details["train_seq_len"]) is marked on both by a dotted vertical line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     lengths = details["lengths"]
     rolling = details.get("mode") == "rolling"  # no per-position buckets: one panel
     if rolling:
-        fig, a1 = plt.subplots(1, 1, figsize=(6, 4))
+        fig, a1 = subplots(1, 1, figsize=(6, 4))
         axes = (a1,)
     else:
         edges = details["bucket_edges"]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (a1, a2) = subplots(1, 2, figsize=(11, 4))
         axes = (a1, a2)
     for name, cd in details["corpora"].items():
         scored = cd[str(lengths[-1])]
@@ -322,8 +317,5 @@ def plot_extrapolation(details: dict[str, Any], path: str, title: str = "", trai
     else:
         a1.set_xlabel("window length L (tokens; documents scored whole in disjoint windows of L)")
     fig.suptitle(title or "length extrapolation")
-    fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic.savefig(fig, path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, dpi=110)

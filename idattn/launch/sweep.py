@@ -59,7 +59,6 @@ from idattn import atomic
 from idattn.configs.runs import load_sweep
 from idattn.launch import check, slurm, tpu
 from idattn.rundir import layout
-from idattn.studies import read_json
 from idattn.train import lease as lease_lib, optim
 
 STATE_FILE = "sweep_state.json"
@@ -73,14 +72,14 @@ def run_status(workdir: str) -> dict[str, Any]:
     consistent); otherwise `step` is the newest committed checkpoint, the step a rerun resumes from and
     `load_params` loads (metrics.jsonl may run ahead of it: those steps are trained again)."""
     out: dict[str, Any] = {"state": "pending", "step": 0, "num_steps": None, "loss": None, "val_loss": None}
-    cfg = read_json(os.path.join(workdir, "config.json"))
+    cfg = layout.read_json(os.path.join(workdir, "config.json"))
     done = layout.completion(workdir)
     out["num_steps"] = done["num_steps"]
     last = layout.last_metrics(workdir)
     if last:
         out["loss"] = last.get("loss")
     out["step"] = done["committed"] or 0
-    st = read_json(os.path.join(workdir, STATE_FILE)) or {}
+    st = layout.read_json(os.path.join(workdir, STATE_FILE)) or {}
     holder = lease_lib.holder_alive(workdir) if not done["done"] else None
     if done["done"]:
         out.update(state="done", val_loss=done["val_loss"], step=done["num_steps"])
@@ -224,7 +223,7 @@ def run_local(sweep_file, configs, root, extra, *, dry_run: bool, python: str,
             continue
         print(f"[{i + 1}/{len(todo)}] {action} {c.sweep.name}", flush=True)
         os.makedirs(wd, exist_ok=True)
-        before = read_json(os.path.join(wd, STATE_FILE))
+        before = layout.read_json(os.path.join(wd, STATE_FILE))
         t0 = time.time()
         with open(os.path.join(wd, "train.log"), "a") as log:
             log.write(f"\n# idattn.sweep {time.strftime('%Y-%m-%d %H:%M:%S')}: {shlex.join(cmd)}\n")
@@ -369,7 +368,7 @@ def status(root: str, sweep_file: str = "") -> list[dict[str, Any]]:
     if sweep_file:
         names = [c.sweep.name for c in load_sweep(sweep_file)]
     else:
-        man = read_json(os.path.join(root, MANIFEST)) or {}
+        man = layout.read_json(os.path.join(root, MANIFEST)) or {}
         names = man.get("runs") or sorted(os.path.basename(os.path.dirname(p))
                                           for p in glob.glob(os.path.join(root, "*", "config.json")))
     return [{"name": n, **run_status(os.path.join(root, n))} for n in names]

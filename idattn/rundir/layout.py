@@ -47,17 +47,24 @@ def committed_steps(workdir: str) -> list[int]:
     return sorted(int(n) for n in os.listdir(d) if n.isdigit() and os.path.isdir(os.path.join(d, n)))
 
 
+def read_json(path: str, default: Any = None, tolerate=(FileNotFoundError, json.JSONDecodeError)) -> Any:
+    """The JSON value in `path`, or `default` when reading it raises one of `tolerate` (the caller's choice: a
+    missing file, or also a half-written or unreadable one). The one reader of a JSON file that may be missing
+    (this layout's records, and the sweep's and the studies' markers and results)."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except tolerate:
+        return default
+
+
 PROGRESS_FILE = "progress.json"  # {"committed_step": N}: the newest checkpoint this workdir ever committed
 
 
 def read_progress(workdir: str) -> dict:
     """The workdir's progress record ({} when none: a new run, or one written before the record existed)."""
-    try:
-        with open(os.path.join(workdir, PROGRESS_FILE)) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
+    d = read_json(os.path.join(workdir, PROGRESS_FILE), {}, (OSError, ValueError))
+    return d if isinstance(d, dict) else {}
 
 
 def write_progress(workdir: str, committed_step: int) -> None:
@@ -138,12 +145,8 @@ def read_identity(workdir: str) -> dict | None:
     "train", "val"} (idattn.data.formats.data_identity), "config": the config.json the trainer last wrote,
     "history": [{"step", "time", "what", "old", "new"}] (allowed changes)}; None for a run that predates it or a
     damaged file (the trainer then records it anew from the current content)."""
-    try:
-        with open(os.path.join(workdir, IDENTITY_FILE)) as f:
-            d = json.load(f)
-        return d if isinstance(d, dict) and d.get("run_id") else None
-    except (OSError, ValueError):
-        return None
+    d = read_json(os.path.join(workdir, IDENTITY_FILE), None, (OSError, ValueError))
+    return d if isinstance(d, dict) and d.get("run_id") else None
 
 
 def write_identity(workdir: str, identity: dict) -> str:

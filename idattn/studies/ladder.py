@@ -16,11 +16,11 @@ import time
 from typing import Any
 
 from idattn.eval import paper_numbers as P
+from idattn.eval.figures import save_figure, subplots
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import CLAIMS, PAPER_125M_FLOPS, RATIO_CLAIMS
 from idattn.studies.repro_runs import Tally, lm_ppl
-from idattn.studies.repro_verdicts import NO_VERDICT, judge, trend
-from idattn.studies.results import pyplot, save_figure
+from idattn.studies.repro_verdicts import NO_VERDICT, judge, log_ratios, trend
 from idattn.studies.runcache import Ctx, Table, compute_line, read_marker, write_table
 
 
@@ -91,16 +91,15 @@ def claim_stats(points: list[dict[str, Any]]) -> dict[str, Any]:
     """Per claim: per point the per-seed log-ratios, their interval and word; the trend over compute."""
     res: dict[str, Any] = {}
     for c in RATIO_CLAIMS:
-        num, den, line, side, label, paper = (getattr(CLAIMS[c], k) for k in ("num", "den", "line", "side", "stat",
-                                                                             "paper"))
+        cl = CLAIMS[c]
         per_point = []
         for p in points:
-            vals = [math.log(a / b) for a, b in zip(p["ppl"][num], p["ppl"][den]) if a is not None and b is not None]
-            word, iv = judge(vals, line, side)
+            vals = log_ratios(p["ppl"][cl.num], p["ppl"][cl.den])
+            word, iv = judge(vals, cl.line, cl.side)
             per_point.append({"size": p["size"], "log_ratios": vals, "interval": iv,
                               "verdict": word if p["judged"] else NO_VERDICT})
         tr = trend([(math.log10(p["flops"]), pp["log_ratios"]) for p, pp in zip(points, per_point) if p["flops"]])
-        res[c] = {"label": label, "line": line, "side": side, "paper": paper, "points": per_point, "trend": tr}
+        res[c] = dict(label=cl.stat, line=cl.line, side=cl.side, paper=cl.paper, points=per_point, trend=tr)
     return res
 
 
@@ -110,10 +109,9 @@ def _plot(path: str, points, stats) -> str | None:
     if not any(p["flops"] and pp["interval"]["n"] for st in stats.values() for p, pp in zip(points, st["points"])):
         return None
     try:  # matplotlib is an optional extra: the table is written without its figure
-        plt = pyplot()
+        fig, axes = subplots(1, len(stats), figsize=(5 * len(stats), 3.6))
     except ImportError:
         return None
-    fig, axes = plt.subplots(1, len(stats), figsize=(5 * len(stats), 3.6))
     for ax, (c, st) in zip(axes, stats.items()):
         xs, ys, lo, hi = [], [], [], []
         for p, pp in zip(points, st["points"]):
@@ -130,11 +128,9 @@ def _plot(path: str, points, stats) -> str | None:
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3, label="ours (mean of per-seed log-ratios, 95% t)")
         ax.axhline(math.exp(st["line"]), color="grey", ls=":", label="claim's line")
         ax.axhline(st["paper"], color="tab:red", ls="--", label="paper 125M (FineWeb-Edu; not comparable in size)")
-        ax.set_xscale("log")
-        ax.set_xlabel("training compute (FLOPs, 6·N·D)")
-        ax.set_ylabel(st["label"])
+        ax.set(xscale="log", xlabel="training compute (FLOPs, 6·N·D)", ylabel=st["label"])
         ax.legend(fontsize=7)
-    return save_figure(plt, fig, path, dpi=120)
+    return save_figure(fig, path, dpi=120)
 
 
 def table_ladder(ctx: Ctx, table: Table | None = None) -> dict[str, Any]:

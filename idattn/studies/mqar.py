@@ -36,11 +36,10 @@ def main(argv=None) -> None:
         c = mqar_config(f"{mixer},{args.seq_len},{args.pairs}")
         q = c.mqar
         steps = args.steps or q.steps
-        res = train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
-                         num_train=q.num_train, num_test=q.num_test, steps=steps, batch_size=q.batch_size,
-                         lr=args.lr or q.lr, weight_decay=q.weight_decay, warmup=q.warmup,
-                         seed=q.seed if args.seed is None else args.seed,
-                         test_grid=((64, 8), (64, 16), (128, 32)), log=lambda s: print(f"[{mixer}] {s}", flush=True))
+        res = train_mqar(c.model, **dict(q.to_dict(), steps=steps, lr=args.lr or q.lr,  # the mqar section's fields
+                                         seed=q.seed if args.seed is None else args.seed,
+                                         test_grid=((64, 8), (64, 16), (128, 32))),
+                         log=lambda s: print(f"[{mixer}] {s}", flush=True))
         res.pop("params")
         rows.append((mixer, res))
         if args.workdir:

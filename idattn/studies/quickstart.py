@@ -37,14 +37,13 @@ from absl import logging as absl_logging
 from idattn import atomic, train as trainer
 from idattn.configs import packaged_config, quickstart as experiment
 from idattn.data import pipeline, tokenizer as tok_lib
+from idattn.eval.figures import save_figure, subplots
 from idattn.eval.markdown import markdown_table
 from idattn.eval.perplexity import eval_batches, perplexities
-from idattn.rundir.layout import config_to_dict
+from idattn.rundir.layout import config_to_dict, read_json
 from idattn.rundir.schema import read_results, write_result
 from idattn.studies.claims import label
 from idattn.studies.code_hash import current_train_hash, source_hash, train_code_hash
-from idattn.studies import read_json
-from idattn.studies.results import pyplot, save_figure
 from idattn.studies.runcache import write_marker
 
 QUICKSTART_CONFIG = packaged_config("quickstart")  # experiments/quickstart.py re-exports it
@@ -75,22 +74,19 @@ def unigram_baseline(config, tokenizer, lengths, total_tokens, train_batches: in
 def plot(path: str, lengths, rows, unigram, train_len: int, eval_tokens: int) -> dict[str, str]:
     """The length sweep (what `perplexities` measured: the first `eval_tokens` held-out tokens in rows of L
     tokens), not the trainer's validation perplexity; returns the axis labels and title as drawn."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     for r in rows:
         ax.plot(lengths, [r["ppl"][L] for L in lengths], marker="o", label=r["name"])
     ax.plot(lengths, [unigram[L] for L in lengths], ls="--", color="gray", label="Unigram")
     ax.axvline(train_len, color="k", lw=0.8, ls=":")
     ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8)
-    ax.set_xlabel("evaluation context length L (tokens)")
+    ax.set(xlabel="evaluation context length L (tokens)", yscale="log", xticks=list(lengths),
+           title="Quickstart length sweep: tiny models on the KJV corpus")
     ax.set_ylabel(f"perplexity per token, log scale\n(first {eval_tokens:,} held-out KJV tokens, rows of L)",
                   fontsize=8)
-    ax.set_yscale("log")
-    ax.set_xticks(list(lengths))
-    ax.set_title("Quickstart length sweep: tiny models on the KJV corpus")
     ax.legend(fontsize=8)
     labels = {"xlabel": ax.get_xlabel(), "ylabel": ax.get_ylabel(), "title": ax.get_title()}
-    save_figure(plt, fig, path, dpi=120)
+    save_figure(fig, path, dpi=120)
     return labels
 
 
@@ -204,7 +200,6 @@ def main(argv=None) -> int:
         print(f"{label(mixer)}: " + ", ".join(f"ppl@{L} {v:.2f}" for L, v in ppl.items())
               + f"  ({time.time() - ts:.0f} s)", flush=True)
 
-    tokenizer = tok_lib.load_tokenizer(config.data.tokenizer)
     unigram, n_tok = unigram_baseline(config, tokenizer, lengths, exp.EVAL_TOKENS, int(config.train.num_steps))
     train_len = int(config.data.seq_len)
     table = format_table(lengths, rows, unigram, train_len)
@@ -228,7 +223,3 @@ def main(argv=None) -> int:
     print(("PASS" if ok else "FAIL") + f": every model's ppl@{train_len} finite and >= {100 * REQUIRED_GAIN:.0f}% "
           f"below the unigram baseline")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -17,8 +17,8 @@ import jax
 from absl import logging as absl_logging
 
 from idattn.studies import repro_doc
+from idattn.studies.repro_runs import verify_runs
 from idattn.studies.repro_selective import TASK_FAMILIES
-from idattn.studies.repro_verify import verify_runs
 from idattn.studies.runcache import Ctx, ReproError, archive_now, experiment, log, restore_runs
 from idattn.studies.tables import TABLES, order
 
@@ -31,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("table", choices=tuple(TABLES) + ("all", "verify"),
                    help="a table, `all`, or `verify`: the root's finished runs by their model fingerprint (stamp it "
                         "under the current model code; re-stamp a run whose fingerprint the current code reproduces; "
-                        "idattn/studies/repro_verify.py), then --archive; no table is written")
+                        "idattn/studies/repro_runs.py verify_runs), then --archive; no table is written")
     p.add_argument("--root", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "idattn-repro"))
     p.add_argument("--toy", action="store_true", help="the smoke-test size: numbers and intervals, never a verdict "
                    "(they mean nothing). Measured on the shared 2-core machine: `ppl --toy` 3.9 min wall (18 toy runs: "

@@ -19,7 +19,7 @@ from typing import Any
 
 from idattn import atomic
 from idattn.eval.markdown import markdown_table
-from idattn.studies import read_json
+from idattn.rundir.layout import read_json
 from idattn.studies.claims import CLAIMS
 from idattn.studies.ladder import crossing_text, ratio_text
 from idattn.studies.repro_verdicts import INCONCLUSIVE, NOT_REPRODUCED, NO_VERDICT, REPRODUCED, VACUOUS

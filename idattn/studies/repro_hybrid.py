@@ -16,7 +16,7 @@ from typing import Any
 
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import QUESTIONS, label
-from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
+from idattn.studies.repro_runs import Tally, mqar_by_seed, mqar_keys, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import answer
 from idattn.studies.runcache import Ctx, Table, compute_line, run_cost, write_table
 
@@ -33,7 +33,6 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
     niah, text_keys = text_recall_setup(c)
     mq = ctx.exp.MQAR[h["size"]]
     mq_keys = mqar_keys(mq)
-    mq_acc: dict[str, dict[int, dict[str, float]]] = {m: {} for m in h["mixers"]}
     ppl: dict[str, dict[int, float]] = {m: {} for m in h["mixers"]}
     text: dict[str, dict[str, list]] = {m: {k: [] for k in text_keys} for m in h["mixers"]}
     got = Tally()
@@ -48,13 +47,7 @@ def table_hybrid(ctx: Ctx) -> dict[str, Any]:
                 for k in text_keys:
                     text[m][k].append(rec.get(k))
             got.cost += run_cost(wd)
-    mq_loss: dict[str, dict[int, float | None]] = {m: {} for m in h["mixers"]}  # last logged training loss
-    for s in seeds:  # MQAR after the language models: seed-major again
-        for m in h["mixers"]:
-            r = got.take(mqar_run(c, m, s), c.mqar_dir(m, s), f"mqar {m}-s{s}")
-            if r is not None:
-                mq_acc[m][s] = {k: r["metrics"].get(k) for k in mq_keys}
-                mq_loss[m][s] = (r.get("details") or {}).get("loss")
+    mq_acc, mq_loss = mqar_by_seed(c, h["mixers"], seeds, got)  # after the language models: seed-major again
     rows, params = [], got.params
     for m in h["mixers"]:
         vals = [ppl[m][s] for s in seeds if s in ppl[m]]

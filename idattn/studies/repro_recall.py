@@ -8,7 +8,7 @@ from typing import Any
 from idattn.eval import paper_numbers as P
 from idattn.eval.markdown import markdown_table
 from idattn.studies.claims import CLAIMS, by_seed, label, rule_line
-from idattn.studies.repro_runs import Tally, mqar_keys, mqar_run, text_recall, text_recall_setup
+from idattn.studies.repro_runs import Tally, mqar_by_seed, mqar_keys, text_recall, text_recall_setup
 from idattn.studies.repro_verdicts import verdict_e, verdict_json, verdict_md
 from idattn.studies.runcache import Ctx, Table, compute_line, write_table
 
@@ -29,20 +29,11 @@ def table_recall(ctx: Ctx) -> dict[str, Any]:
     t0 = time.time()
     mq = ctx.exp.MQAR[ctx.size]
     grid_keys = mqar_keys(mq)
-    main_key, got = grid_keys[0], Tally()
-    mq_acc = {m: {k: [] for k in grid_keys} for m in P.MIXERS}
-    mq_seeds: dict[str, list[int]] = {m: [] for m in P.MIXERS}
-    mq_loss: dict[str, list] = {m: [] for m in P.MIXERS}  # the last logged training loss: a seed that did not learn
-    seeds = mqar_seeds(ctx)
-    for s in seeds:
-        for m in P.MIXERS:
-            r = got.take(mqar_run(ctx, m, s), ctx.mqar_dir(m, s), f"mqar {m}-s{s}")
-            if r is None:
-                continue
-            mq_seeds[m].append(s)
-            mq_loss[m].append((r.get("details") or {}).get("loss"))
-            for k in grid_keys:
-                mq_acc[m][k].append(r["metrics"].get(k))
+    main_key, got, seeds = grid_keys[0], Tally(), mqar_seeds(ctx)
+    acc, loss = mqar_by_seed(ctx, P.MIXERS, seeds, got)  # loss: the last logged training loss (did a seed learn?)
+    mq_seeds = {m: list(acc[m]) for m in P.MIXERS}
+    mq_acc = {m: {k: [a[k] for a in acc[m].values()] for k in grid_keys} for m in P.MIXERS}
+    mq_loss = {m: list(loss[m].values()) for m in P.MIXERS}
     tr = ctx.exp.TEXT_RECALL[ctx.size]
     niah, text_keys = text_recall_setup(ctx)
     text = {m: {k: [] for k in text_keys} for m in P.MIXERS}

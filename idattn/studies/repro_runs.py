@@ -1,6 +1,8 @@
 """The reproduction's run kinds, each through the run cache (idattn.studies.runcache.cached): language models
 (`lm_run`, trained by the real trainer), MQAR (`mqar_run`), MAD (`mad_run`) and state tracking (`state_run`);
-and the language models' evaluations (perplexity by length, text recall, perplexity by context position).
+the language models' evaluations (perplexity by length, text recall, perplexity by context position); and
+`python -m idattn.repro verify` (`verify_runs`), every finished run judged by the identity the current configs give
+its kind (`identity`, as `cached` judges it) and its model fingerprint.
 
 Runs live at `<root>/runs/<size>/<lm|mqar|mad|state>/<name>/`. A language model is re-verified under new model code
 by its perplexity at the training length (relative 1e-4), an MQAR model by re-scoring its saved parameters; every
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import serialization
 
-from idattn import train as trainer
+from idattn import atomic, train as trainer
 from idattn.configs import packaged_config
 from idattn.data import stdlib_corpus
 from idattn.eval import mad as mad_lib, recall, state_tracking
@@ -27,12 +29,12 @@ from idattn.eval.scoring import model_score_fn
 from idattn.models import build_model
 from idattn.models.spec import cube_cells
 from idattn.rundir import load_params
-from idattn.rundir.layout import metrics_records
+from idattn.rundir.layout import metrics_records, read_json
 from idattn.rundir.schema import read_results, result_path, write_result
-from idattn.studies import read_json
+from idattn.studies import fingerprint, runcache
 from idattn.studies.code_hash import synthetic_train_hash, train_code_hash
-from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, log, read_marker, run_cost,
-                                    run_name)
+from idattn.studies.runcache import (Ctx, ReproError, add_time, archive_now, cached, differs, log, read_marker,
+                                    run_cost, run_dirs, run_name, write_marker)
 
 REPRO_CONFIG = packaged_config("repro")  # experiments/repro.py re-exports it
 CONTEXT_BUCKETS = 8
@@ -110,13 +112,18 @@ def loss_curve(wd: str) -> list[list[float]]:
     return [[k, out[k]] for k in sorted(out)]
 
 
+def recorded_ppl(ctx: Ctx, wd: str, step: int, L: int) -> float | None:
+    """The run's recorded ppl@L (its `extrapolation` result on the `ppl` protocol at L); None when not written."""
+    path = result_path(wd, "extrapolation", step, ppl_protocol(ctx, L))
+    return float(read_json(path, tolerate=())["metrics"][f"ppl@{L}"]) if os.path.exists(path) else None
+
+
 def verify_lm(ctx: Ctx, wd: str, rec: dict[str, Any]):
     """(same?, why): the run's ppl at the training length, recomputed now, against the recorded (relative 1e-4)."""
     L = ctx.train_len()
-    path = result_path(wd, "extrapolation", int(rec.get("steps", -1)), ppl_protocol(ctx, L))
-    if not os.path.exists(path):
+    old = recorded_ppl(ctx, wd, int(rec.get("steps", -1)), L)
+    if old is None:
         return False, "no recorded evaluation to compare with"
-    old = float(read_json(path, tolerate=())["metrics"][f"ppl@{L}"])
     try:
         cfg, params = load_params(wd)
         new = perplexities(cfg, params, ctx.tokenizer(cfg), [L], int(ctx.exp.EVAL_TOKENS[ctx.size]))[L]
@@ -153,14 +160,8 @@ def lm_ppl(ctx: Ctx, mixer: str, dt: str, seed: int, lengths) -> dict[int, float
     if rec is None:
         return None
     wd, step = ctx.lm_dir(mixer, dt, seed), int(rec["steps"])
-    out: dict[int, float] = {}
-    todo = []
-    for L in lengths:
-        path = result_path(wd, "extrapolation", step, ppl_protocol(ctx, L))
-        if os.path.exists(path):
-            out[L] = float(read_json(path, tolerate=())["metrics"][f"ppl@{L}"])
-        else:
-            todo.append(L)
+    out = {L: v for L in lengths if (v := recorded_ppl(ctx, wd, step, L)) is not None}
+    todo = [L for L in lengths if L not in out]
     if todo and ctx.skip(mixer, dt):
         return out or None
     if todo:
@@ -284,11 +285,11 @@ def mqar_model_record(model_cfg) -> dict[str, Any]:
 def verify_mqar(ctx: Ctx, mixer: str, seed: int, wd: str):
     """(same?, why): the saved MQAR model re-scored now on the run's own test sets, against its recorded
     accuracies (each within MQAR_ACC_TOL)."""
-    recs = read_results(wd, "recall")
-    if not os.path.exists(os.path.join(wd, MQAR_PARAMS)) or not recs:
+    last = last_result(wd, "recall")
+    if not os.path.exists(os.path.join(wd, MQAR_PARAMS)) or not last:
         return False, "no saved parameters to re-score (trained before they were kept)"
     c = ctx.exp.get_mqar_config(mixer, ctx.size)
-    q, old = c.mqar, recs[-1]["metrics"]
+    q, old = c.mqar, last["metrics"]
     try:
         with open(os.path.join(wd, MQAR_PARAMS), "rb") as f:
             params = serialization.msgpack_restore(f.read())
@@ -313,15 +314,12 @@ def mqar_run(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
 
     def train(rec):
         log(f"MQAR {mixer} seed {seed}: T={q.seq_len}, {q.num_kv_pairs} pairs, {q.steps} steps x {q.batch_size}")
-        res = recall.train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
-                                num_train=q.num_train, num_test=q.num_test, steps=q.steps, batch_size=q.batch_size,
-                                lr=q.lr, weight_decay=q.weight_decay, warmup=q.warmup, seed=seed,
-                                test_grid=tuple(q.test_grid), log_every=max(1, q.steps // 4),
-                                log=lambda s: log(f"[{mixer} s{seed}] {s}"))
+        # the recipe's fields are train_mqar's arguments (the run's seed in place of the config's)
+        res = recall.train_mqar(c.model, **dict(q.to_dict(), seed=seed, test_grid=tuple(q.test_grid)),
+                                log_every=max(1, q.steps // 4), log=lambda s: log(f"[{mixer} s{seed}] {s}"))
         params = res.pop("params")
-        with open(os.path.join(wd, MQAR_PARAMS + ".tmp"), "wb") as f:
-            f.write(serialization.msgpack_serialize(serialization.to_state_dict(params)))
-        os.replace(os.path.join(wd, MQAR_PARAMS + ".tmp"), os.path.join(wd, MQAR_PARAMS))
+        atomic.write_bytes(os.path.join(wd, MQAR_PARAMS),
+                           serialization.msgpack_serialize(serialization.to_state_dict(params)))
         write_result(wd, "recall", q.steps, recall.mqar_metrics(q.seq_len, q.num_kv_pairs, res["acc"], res["grid"]),
                      run={"mixer": mixer, "size": f"repro-{ctx.size}", "task": "mqar", "seed": seed}, details=res,
                      protocol={"corpus": "mqar", "tokens": int(q.num_test), "context": int(q.seq_len),
@@ -332,6 +330,19 @@ def mqar_run(ctx: Ctx, mixer: str, seed: int) -> dict[str, Any] | None:
     return cached(ctx, wd, mixer=mixer, **identity(ctx, "mqar", fields), stamp_legacy=True, fields=fields,
                   train=train, read=lambda rec: last_result(wd, "recall"),
                   train_src=synthetic_train_hash(), verify=lambda: verify_mqar(ctx, mixer, seed, wd))
+
+
+def mqar_by_seed(ctx: Ctx, mixers, seeds, got: Tally) -> tuple[dict, dict]:
+    """The MQAR runs of `mixers` x `seeds` (seed-major), trained if needed: ({mixer: {seed: {key: accuracy}}} over
+    mqar_keys of the size's recipe, {mixer: {seed: the last logged training loss}}); `got` takes each run."""
+    keys, acc, loss = mqar_keys(ctx.exp.MQAR[ctx.size]), {m: {} for m in mixers}, {m: {} for m in mixers}
+    for s in seeds:
+        for m in mixers:
+            r = got.take(mqar_run(ctx, m, s), ctx.mqar_dir(m, s), f"mqar {m}-s{s}")
+            if r is not None:
+                acc[m][s] = {k: r["metrics"].get(k) for k in keys}
+                loss[m][s] = (r.get("details") or {}).get("loss")
+    return acc, loss
 
 
 # ------------------------------------------------------------------------------------------------ MAD
@@ -406,11 +417,6 @@ def state_recipe(ctx: Ctx) -> dict[str, Any]:
     return _plain(ctx.exp.STATE_TRACKING[ctx.size])
 
 
-def state_model_config(ctx: Ctx, mixer: str):
-    """State tracking's model for `mixer` (task_model_config) with a 16-token vocabulary (the tasks use 4 and 10)."""
-    return task_model_config(ctx, mixer, ctx.exp.STATE_TRACKING[ctx.size], 16)
-
-
 KINDS = ("lm", "mqar", "mad", "state")  # runs/<size>/<kind>/<name>
 
 
@@ -423,7 +429,8 @@ def identity(ctx: Ctx, kind: str, rec: dict[str, Any]) -> dict[str, Any]:
         return {"ident": {"recipe": _plain(c.mqar.to_dict()), "model": mqar_model_record(c.model)},
                 "legacy": ("model",), "model": c.model}
     model = (ctx.config(rec["mixer"], rec["dt"], int(rec["seed"])).model if kind == "lm" else
-             mad_model_config(ctx, rec["cell"]) if kind == "mad" else state_model_config(ctx, rec["mixer"]))
+             mad_model_config(ctx, rec["cell"]) if kind == "mad" else
+             task_model_config(ctx, rec["mixer"], ctx.exp.STATE_TRACKING[ctx.size], 16))  # state tasks: 4, 10 tokens
     recipe = {"lm": size_recipe, "mad": mad_recipe, "state": state_recipe}[kind](ctx)
     return {"ident": {"recipe": recipe}, "legacy": ("recipe",) if kind == "lm" else (), "model": model}
 
@@ -460,3 +467,47 @@ def state_run(ctx: Ctx, mixer: str, task: str, seed: int) -> dict[str, float] | 
         return out
 
     return cached(ctx, wd, mixer=mixer, **idn, train=train, read=read, fields=fields, train_src=synthetic_train_hash())
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+def run_model_config(ctx: Any, wd: str, rec: dict[str, Any]) -> tuple[Any, str]:
+    """(model config, "") of a finished run as the current configs build it, or (None, why not): the run's kind
+    from its folder (runs/<size>/<lm|mqar|mad|state>/<name>), its size, mixer, Δ range and seed from its marker.
+    A run whose marker differs from the current config's identity (`identity`: its recipe, its MQAR
+    model) is not this config's run."""
+    parts = os.path.relpath(wd, ctx.root).split(os.sep)
+    if len(parts) != 4 or parts[0] != "runs":
+        return None, f"not a run folder runs/<size>/<kind>/<name>: {'/'.join(parts)}"
+    if parts[2] not in KINDS:
+        return None, f"unknown run kind {parts[2]!r}"
+    try:
+        idn = identity(ctx.for_size(parts[1]), parts[2], rec)
+    except (KeyError, ValueError) as e:
+        return None, f"its config no longer builds ({type(e).__name__}: {e})"
+    other = differs(rec, idn["ident"], idn["legacy"])
+    if other:
+        return None, f"trained with another {parts[2]} {' and '.join(other)} than the current config's"
+    return idn["model"], ""
+
+
+def verify_runs(ctx: Any) -> dict[str, list[str]]:
+    """Every finished run under ctx.root by its model fingerprint (fingerprint.check: stamped under the current
+    model code, or re-stamped where the current code reproduces the recorded one; a run left "changed" is trained
+    again by a table command, or listed by --render_only as read without checking). One probe per distinct model
+    config. Returns {outcome: [run folder as <size>/<kind>/<name>, ...]}."""
+    out: dict[str, list[str]] = {k: [] for k in ("stamped", "verified", "unchanged", "changed", "unverifiable",
+                                                 "skipped")}
+    cache: dict[str, list[float]] = {}
+    src = runcache.source_hash()  # the current model code as the run cache judges it
+    for wd in run_dirs(ctx.root):
+        rec = read_marker(wd)
+        if rec.get("status") != "done":
+            continue
+        name = os.path.relpath(wd, os.path.join(ctx.root, "runs"))
+        outcome, why = fingerprint.check(rec, src, lambda: run_model_config(ctx, wd, rec), cache,
+                                         log=lambda s: log(f"{name}: {s}"))
+        if outcome in ("stamped", "verified"):
+            write_marker(wd, rec)
+        out[outcome].append(f"{name} ({why})" if outcome in ("changed", "skipped") else name)
+    return out

@@ -170,14 +170,14 @@ def paired(x: list, y: list) -> list[tuple[float, float]]:
     return [(a, b) for a, b in zip(x, y) if a is not None and b is not None]
 
 
-def _logratios(num: list, den: list) -> list[float]:
+def log_ratios(num: list, den: list) -> list[float]:
     return [math.log(a / b) for a, b in paired(num, den)]
 
 
 def _ratio_claim(c: str, num: list, den: list, judged: bool) -> Verdict:
     """Ratio claim `c` of idattn/studies/claims.py CLAIMS (its statistic, line and side): per seed ln(num / den)."""
     cl = CLAIMS[c]
-    return _finish([_part(cl.stat, _logratios(num, den), cl.line, cl.side, "ratio", f"{math.exp(cl.line):g}")],
+    return _finish([_part(cl.stat, log_ratios(num, den), cl.line, cl.side, "ratio", f"{math.exp(cl.line):g}")],
                    judged)
 
 

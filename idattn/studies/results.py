@@ -50,7 +50,9 @@ from idattn import atomic
 from idattn.configs.sizes import NOMINAL_PARAMS, SIZE_ORDER, size_label
 from idattn.eval import paper_numbers as P
 from idattn.eval.evaluate import corpus_label
+from idattn.eval.figures import save_figure, subplots
 from idattn.eval.markdown import markdown_table
+from idattn.eval.perplexity import FIVE_CORPORA
 from idattn.models.spec import ATTENTION_FAMILIES, mixer_core, model_label, parse_mixer
 from idattn.rundir.layout import load_config
 from idattn.rundir.schema import protocol_of, read_results
@@ -74,9 +76,9 @@ def mixer_family(name: str) -> str:
     return fam if core == "lti" else f"{fam}-{core}"
 
 
-def mixer_cores(mixer: str) -> list[str]:
+def core_text(mixer: str) -> str:
     """The recurrence cores (lti | selective | selective+phase) of a model's recurrent layers, of every entry of a
-    hybrid's layer pattern; [] for attention alone or a name that is no mixer."""
+    hybrid's layer pattern, as tables name them ("lti core", "lti/selective core"); "" for attention or no mixer."""
     m = str(mixer)
     entries = m[len("hybrid["):-1].split(",") if m.startswith("hybrid[") and m.endswith("]") else [m]
     cores = []
@@ -88,7 +90,7 @@ def mixer_cores(mixer: str) -> list[str]:
         except ValueError:
             continue
         cores.append(mixer_core(name)[1])
-    return list(dict.fromkeys(cores))
+    return f"{'/'.join(dict.fromkeys(cores))} core" if cores else ""
 
 
 def family_label(fam: str) -> str:
@@ -97,8 +99,8 @@ def family_label(fam: str) -> str:
     core)"."""
     if fam in P.MIXER_LABEL:
         return P.MIXER_LABEL[fam]
-    cores = mixer_cores(fam)
-    return f"{fam} ({'/'.join(cores)} core)" if cores else fam
+    core = core_text(fam)
+    return f"{fam} ({core})" if core else fam
 
 
 class Run:
@@ -189,15 +191,13 @@ class Run:
     def describe(self) -> str:
         """Mixer or layer pattern, the core of its recurrent layers (none for attention alone), size and validation
         corpus: what the run is, for the tables' header."""
-        cores = mixer_cores(self.mixer)
-        core = f", {'/'.join(cores)} core" if cores else ""
-        return f"{self.mixer}{core}, {self.size}, validated on {self.corpus}"
+        core = core_text(self.mixer)
+        return f"{self.mixer}{', ' + core if core else ''}, {self.size}, validated on {self.corpus}"
 
     def label(self) -> str:
         """A row's name for the run: e.g. "hybrid[interdomain,softmax] (lti core, d128l2)"."""
-        cores = mixer_cores(self.mixer)
-        core = f"{'/'.join(cores)} core, " if cores else ""
-        return f"{self.mixer} ({core}{self.size})"
+        core = core_text(self.mixer)
+        return f"{self.mixer} ({core + ', ' if core else ''}{self.size})"
 
     def extrap_series(self) -> list[tuple[str, str]]:
         """(suite, corpus) of every per-corpus extrapolation result: the paper's protocol first, then any other of
@@ -208,17 +208,12 @@ class Run:
     def extrap_corpora(self, suite: str = "extrapolation") -> list[str]:
         """Corpora with per-corpus extrapolation numbers of `suite` (extrapolation: the paper's protocol;
         extrapolation-rolling: rolling windows), in first-seen order."""
-        out: list[str] = []
-        for k in self.metrics:
-            if k.startswith(suite + "/") and k.count("/") == 2:
-                c = k.split("/")[1]
-                if c not in out:
-                    out.append(c)
-        return out
+        return list(dict.fromkeys(k.split("/")[1] for k in self.metrics
+                                  if k.startswith(suite + "/") and k.count("/") == 2))
 
     def five_corpus_mean(self) -> bool:
         """True when the headline extrapolation/ppl@L is the paper's five-corpus mean (all five measured)."""
-        return all(c in self.extrap_corpora() for c in P_FIVE) and any(
+        return all(c in self.extrap_corpora() for c in FIVE_CORPORA) and any(
             k.startswith("extrapolation/ppl@") for k in self.metrics)
 
     @property
@@ -236,9 +231,6 @@ class Run:
 
     def __repr__(self) -> str:
         return f"Run({self.workdir!r}, {self.mixer}, {self.size}, {self.corpus})"
-
-
-P_FIVE = ("pg19", "codeparrot", "govreport", "qasper", "qmsum")
 
 
 def extrap_suite(mode: str | None) -> str:
@@ -348,7 +340,7 @@ def _extrap_rows(runs: list[Run], prefix: str, paper: dict, why) -> list[tuple[l
 def table2(runs: list[Run], why: list[str] | None = None) -> str:
     five = [r for r in runs if r.five_corpus_mean()]
     rows = [row + [r.size if r else "—"] for row, r in _extrap_rows(five, "extrapolation/ppl@", P.TABLE2, why)]
-    others = sorted({c for r in runs for c in r.extrap_corpora()} - set(P_FIVE))
+    others = sorted({c for r in runs for c in r.extrap_corpora()} - set(FIVE_CORPORA))
     note = ("\n\n'ours' is filled only from runs evaluated on all five corpora (PG19, CodeParrot, GovReport, "
             "Qasper, QMSum), the paper's mean." + (f" Other corpora ({', '.join(others)}) are never averaged in: "
                                                    "see the per-corpus table." if others else ""))
@@ -466,18 +458,17 @@ def _not_in_cube(fam: str) -> str:
     return "not in the paper's cube"
 
 
-def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_norm"),
-                   why: list[str] | None = None, corpus: str | None = None) -> str:
+def _paper_vs_ours(title: str, spec, runs: list[Run], need: str | None, why: list[str] | None,
+                   corpus: str | None) -> str:
     """Paper columns beside ours, every 'ours' value of the table from runs validated on one corpus (`corpus`;
-    None when the runs have one corpus between them)."""
-    need0 = spec[0][0].split("/")[0] if spec else None
-    fams = families([r for r in runs if corpus is None or r.corpus == corpus], need0)  # + every other model
-    picked = {fam: pick(runs, fam, size="1.3b", need=need0, corpus=corpus) for fam in fams}
+    None when the runs have one corpus between them); `need`: the suite of the table's metrics."""
+    fams = families([r for r in runs if corpus is None or r.corpus == corpus], need)  # + every other model
+    picked = {fam: pick(runs, fam, size="1.3b", need=need, corpus=corpus) for fam in fams}
     header = ["metric"] + [f"{P.MIXER_LABEL[f]} paper" for f in P.MIXERS] + [
         f"{family_label(f)} ours" + (f" ({picked[f].size})" if picked[f] else "") for f in fams]
     rows = []
     for key, label, paper in spec:
-        pct = key.split("/")[-1] in pct_keys
+        pct = key.split("/")[-1] in ("acc", "acc_norm")
         digits = 4 if ("bpb" in key or "bits" in key or "loss" in key) else 2
         ours = []
         for f in fams:
@@ -487,7 +478,7 @@ def _paper_vs_ours(title: str, spec, runs: list[Run], *, pct_keys=("acc", "acc_n
     return f"### {title}\n\n" + markdown_table(header, rows)
 
 
-def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None, **kw) -> str:
+def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None) -> str:
     """One table when the runs share a validation corpus; else one table per corpus, titled with it, so that no
     row sets a run of one corpus beside a run of another ("the latest step" never chooses between corpora)."""
     need = spec[0][0].split("/")[0] if spec else None  # the validation corpora of the runs with the table's metrics
@@ -496,7 +487,7 @@ def _split_by_corpus(title: str, spec, runs: list[Run], why, note_fn=None, **kw)
     out = []
     for c in groups:
         t = title if c is None else f"{title}: ours validated on {c}"
-        out.append(_paper_vs_ours(t, spec, runs, why=why, corpus=c, **kw) + (note_fn(c) if note_fn else ""))
+        out.append(_paper_vs_ours(t, spec, runs, need, why, c) + (note_fn(c) if note_fn else ""))
     if len(groups) > 1:
         out.append(f"Our runs were validated on {len(groups)} corpora ({', '.join(corpora)}): one table per corpus; "
                    "numbers of different corpora are never set side by side.")
@@ -567,31 +558,10 @@ def fig2_table(runs: list[Run], why: list[str] | None = None) -> str:
 PAPER_TRAIN_LEN = 4096
 
 
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (files, no display): an optional extra, loaded only by what draws."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
-def save_figure(plt, fig, path: str, title: str = "", fontsize: int = 9, **kw) -> str:
-    """Writes `fig` to `path` whole (idattn.atomic), laid out tight (below the figure title `title`, when given), and
-    closes it."""
-    if title:
-        fig.suptitle(title, fontsize=fontsize)
-    fig.tight_layout()
-    atomic.savefig(fig, path, **kw)
-    plt.close(fig)
-    return path
-
-
-def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> str:
-    """Labels the axes and writes the figure, its legend beside the axes, right of them, so that it never covers a
-    point or an axis label; the figure is widened by the legend's width (the axes keep their size)."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+def _finish(fig, ax, path: str, xlabel: str, ylabel: str, title: str, **scales) -> str:
+    """Labels the axes (`scales`: xscale, yscale) and writes the figure, its legend beside the axes, right of them,
+    so that it never covers a point or an axis label; the figure is widened by the legend (the axes keep their size)."""
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title, **scales)
     handles, labels = ax.get_legend_handles_labels()
     if handles:
         legend = ax.legend(handles, labels, fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0),
@@ -599,14 +569,13 @@ def _finish(plt, fig, ax, path: str, xlabel: str, ylabel: str, title: str) -> st
         fig.canvas.draw()
         fig.set_size_inches(fig.get_figwidth() + legend.get_window_extent().width / fig.dpi + 0.3,
                             fig.get_figheight())
-    return save_figure(plt, fig, path, dpi=110, bbox_inches="tight")
+    return save_figure(fig, path, dpi=110, bbox_inches="tight")
 
 
 def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     """Five-corpus mean perplexity against context length / training length (paper dashed, ours solid), plus
     every other corpus of ours as its own dotted line named by its corpus; the training length is x = 1."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = subplots(figsize=(6.5, 4))
     drawn = False
     five = [r for r in runs if r.five_corpus_mean()]
     fams = families(five, "extrapolation/ppl@")
@@ -624,7 +593,7 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     k = len(fams)
     for r in runs:
         for suite, c in r.extrap_series():
-            if suite == "extrapolation" and r in five and c in P_FIVE:
+            if suite == "extrapolation" and r in five and c in FIVE_CORPORA:
                 continue
             Ls = _extrap_lengths(r, f"{suite}/{c}/ppl@")
             base = r.seq_len() or Ls[0]
@@ -636,21 +605,21 @@ def plot_extrapolation(runs: list[Run], path: str) -> str | None:
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.text(1.0, 0.98, " training length", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
     ax.set_yscale("log")
-    return _finish(plt, fig, ax, path, "context length / training length (ratio; paper: 4K tokens = 1)",
+    return _finish(fig, ax, path, "context length / training length (ratio; paper: 4K tokens = 1)",
                    "perplexity (per token, log scale)", "Length extrapolation" + ("" if drawn else " (paper only)"))
 
 
-def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float, str]]]]:
+def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, float]]]]:
     """Our points of the scaling plot: one series per (mixer family, validation protocol: corpus, token count,
-    context), never a line joining two protocols; each (family, label, [(params, best-of-run ppl, mark)]), in a
-    fixed order (the mark is empty: a series is one protocol)."""
+    context), never a line joining two protocols; each (family, label naming the protocol, [(params, best-of-run
+    ppl)]), in a fixed order."""
     shown = sorted((r for r in runs if "validation/ppl" in r.metrics and r.params()), key=Run.sort_key)
     out = []
     for fam in families(shown):
         mine = [r for r in shown if r.family == fam]
         for pk in _validation_protocols(mine):
             rs = [r for r in mine if protocol_key(r.protocols.get("validation")) == pk]
-            pts = sorted((r.params(), r.metrics["validation/ppl"], "") for r in rs)
+            pts = sorted((r.params(), r.metrics["validation/ppl"]) for r in rs)
             out.append((fam, f"{family_label(fam)} ours ({protocol_text(rs[0].protocols['validation'])})",
                         pts))
     return out
@@ -658,10 +627,9 @@ def scaling_series(runs: list[Run]) -> list[tuple[str, str, list[tuple[int, floa
 
 def plot_scaling(runs: list[Run], path: str) -> str:
     """Best-of-run validation perplexity against parameter count (log-log): the paper's sizes at their nominal
-    counts, and every run of ours, of any size, at its own count, one line per mixer and validation corpus
-    (marked † when its validation protocol differs from the others')."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    counts, and every run of ours, of any size, at its own count, one line per mixer and validation protocol (its
+    label names the protocol: lines of two protocols are never joined)."""
+    fig, ax = subplots(figsize=(6.5, 4))
     xs = list(P.VAL_PPL)
     for i, fam in enumerate(P.MIXERS):
         ax.plot([NOMINAL_PARAMS[s] for s in xs], [P.VAL_PPL[s][fam] for s in xs], ls="--", marker="x", color=f"C{i}",
@@ -676,20 +644,14 @@ def plot_scaling(runs: list[Run], path: str) -> str:
         i = list(P.MIXERS).index(fam) if fam in P.MIXERS else len(P.MIXERS) + families.index(fam)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="os^D"[k % 4], ls=styles[k % 4],
                 color=f"C{i % 10}", label=label)
-        for x, y, m in pts:
-            if m:
-                ax.annotate(m, (x, y), fontsize=9)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    return _finish(plt, fig, ax, path, "parameters (count, log scale)", "validation perplexity (per token, log scale)",
-                   "Validation perplexity against scale (Fig. 2)")
+    return _finish(fig, ax, path, "parameters (count, log scale)", "validation perplexity (per token, log scale)",
+                   "Validation perplexity against scale (Fig. 2)", xscale="log", yscale="log")
 
 
 def plot_recall(runs: list[Run], path: str) -> str:
     """S-NIAH-1 accuracy against context length: paper (dashed) and ours (solid) per mixer; training lengths
     marked (paper 4K, ours per run)."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = subplots(figsize=(6, 4))
     ax.axvline(PAPER_TRAIN_LEN, color="k", lw=0.8, ls=":", label=f"paper training length {PAPER_TRAIN_LEN}")
     for i, fam in enumerate(families(runs, "recall/niah@")):  # the paper's three, then every other model
         if fam in P.TABLE9_NIAH:
@@ -704,7 +666,7 @@ def plot_recall(runs: list[Run], path: str) -> str:
                 ax.axvline(r.seq_len(), color=f"C{i % 10}", lw=0.8, ls=":",
                            label=f"{family_label(fam)} ours training length {r.seq_len()}")
     ax.set_xscale("log", base=2)
-    return _finish(plt, fig, ax, path, "context length (tokens)", "S-NIAH-1 accuracy (%)",
+    return _finish(fig, ax, path, "context length (tokens)", "S-NIAH-1 accuracy (%)",
                    "Recall against context length (Table 9)")
 
 
@@ -759,7 +721,3 @@ def main(argv=None) -> int:
     print(md)
     print(f"wrote {os.path.join(a.out, 'results.md')}, extrapolation.png, scaling.png, recall.png", file=sys.stderr)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,7 +24,8 @@ import jax
 from idattn import atomic
 from idattn.configs import repro as experiment
 from idattn.data import tokenizer as tok_lib
-from idattn.studies import fingerprint, read_json
+from idattn.rundir.layout import read_json
+from idattn.studies import fingerprint
 from idattn.studies.code_hash import current_train_hash, source_hash
 
 MARKER = "repro.json"

@@ -44,21 +44,20 @@ import argparse
 import glob
 import math
 import os
-import sys
 from dataclasses import asdict
 from typing import Sequence
 
 import numpy as np
 
 from idattn import atomic
-from idattn.configs import base_config
-from idattn.configs.sizes import PAPER_RECIPE, PAPER_WIDTHS, non_embedding_params, paper_shape
+from idattn.configs.scaling import get_config as scaling_config
+from idattn.configs.sizes import PAPER_RECIPE, PAPER_WIDTHS, non_embedding_params, size_name
 from idattn.eval import paper_numbers as P
+from idattn.eval.figures import pyplot, save_figure, subplots
 from idattn.eval.markdown import markdown_table
 from idattn.models.counting import flops_per_token
-from idattn.models.spec import apply_mixer_name
 from idattn.rundir.layout import completion, last_metrics, load_config, planned_steps
-from idattn.studies.results import mixer_family, pyplot, save_figure
+from idattn.studies.results import mixer_family
 from idattn.studies.scaling_laws import (HUBER_DELTA, PARAM_NAMES, Point, difference_test, fit_mixer,
                                          frontier_with_band, isoflop_groups, paired_runs, predict_with_band)
 
@@ -103,7 +102,7 @@ def collect(root: str, metric: str = "val_loss") -> tuple[list[Point], list[str]
         nominal = float(sw.compute) if sw is not None and float(sw.get("compute", 0.0)) > 0 else 0.0
         fpt = float(flops_per_token(cfg.model, seq))
         name = str(sw.name) if sw is not None else os.path.relpath(wd, root)
-        size = str(sw.size) if sw is not None else f"d{int(cfg.model.d_model)}L{int(cfg.model.num_layers)}"
+        size = str(sw.size) if sw is not None else size_name(cfg.model)
         points.append(Point(name=name, mixer=mixer_family(str(cfg.model.mixer)), n=n, d=d, loss=loss,
                             compute=nominal or 6.0 * n * d, flops=fpt * d, size=size, workdir=wd,
                             extra={"nominal_compute": nominal, "flops_per_token": fpt,
@@ -117,14 +116,11 @@ def paper_points() -> dict[str, dict]:
     ln(ppl) from Fig. 2 / Table 6 (FineWeb-Edu, 32K tokenizer; 350M and 760M read off the figure)."""
 
     out = {}
-    for size, width in PAPER_WIDTHS.items():
+    for size in PAPER_WIDTHS:
         row = {"d": float(PAPER_RECIPE[size]["total_tokens"]), "n": {}, "paper_loss": {},
                "approx": size in P.APPROX_FIG2}
-        for mixer in ("softmax", "interdomain"):
-            c = base_config()
-            c.model.update(paper_shape(width))
-            apply_mixer_name(c.model, mixer)
-            row["n"][mixer] = float(non_embedding_params(c.model))
+        for mixer in ("softmax", "interdomain"):  # the paper's config of the size (experiments/scaling.py)
+            row["n"][mixer] = float(non_embedding_params(scaling_config(f"{mixer},{size}").model))
             row["paper_loss"][mixer] = math.log(P.VAL_PPL[size][mixer])
         out[size] = row
     return out
@@ -139,17 +135,15 @@ def _band_curve(ax, x, loss, xx, band, col, label: str) -> None:
 
 
 def _loss_axes(ax, xlabel: str, title: str, **title_kw) -> None:
-    ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation loss (nats/token)")
+    ax.set(xscale="log", xlabel=xlabel, ylabel="validation loss (nats/token)")
     ax.set_title(title, **title_kw)
     ax.legend(fontsize=8)
 
 
-def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
+def _plot_law(fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
     """law.png: per mixer, loss vs N along each budget (IsoFLOP curves) or fixed D, and loss vs D per size."""
     mixers = list(fits)
-    fig, axes = plt.subplots(len(mixers), 2, figsize=(11, 4.2 * len(mixers)), squeeze=False)
+    fig, axes = subplots(len(mixers), 2, figsize=(11, 4.2 * len(mixers)), squeeze=False)
     for r, m in enumerate(mixers):
         pts, fit = points_by_mixer[m], fits[m]
         groups = isoflop_groups(pts)
@@ -157,7 +151,7 @@ def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> s
             ns = np.array([p.n for p in gp])
             nn = np.geomspace(ns.min() / 1.5, ns.max() * 1.5, 60)
             _band_curve(axes[r, 0], ns, [p.loss for p in gp], nn, predict_with_band(fit, nn, c / (6 * nn)),
-                        plt.get_cmap("viridis")(i / max(1, len(groups) - 1)), f"C = {c:.2g} FLOPs")
+                        pyplot().get_cmap("viridis")(i / max(1, len(groups) - 1)), f"C = {c:.2g} FLOPs")
         _loss_axes(axes[r, 0], "non-embedding parameters N",
                    f"{m}: loss vs N at fixed compute C = 6ND\n(fitted law, 95% bootstrap band)")
         sizes = sorted({p.n for p in pts})
@@ -166,21 +160,21 @@ def _plot_law(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> s
             ds = np.array([p.d for p in gp])
             dd = np.geomspace(ds.min() / 1.5, ds.max() * 1.5, 60)
             _band_curve(axes[r, 1], ds, [p.loss for p in gp], dd, predict_with_band(fit, np.full_like(dd, s), dd),
-                        plt.get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85), f"{gp[0].size} (N = {s:,.0f})")
+                        pyplot().get_cmap("plasma")(i / max(1, len(sizes) - 1) * 0.85), f"{gp[0].size} (N = {s:,.0f})")
         _loss_axes(axes[r, 1], "training tokens D", f"{m}: loss vs D at fixed N")
-    return save_figure(plt, fig, os.path.join(out, "law.png"), title, dpi=80)
+    return save_figure(fig, os.path.join(out, "law.png"), title, dpi=80)
 
 
-def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
+def _plot_isoflop(fits: dict, points_by_mixer: dict, out: str, title: str) -> str:
     """isoflop.png: the IsoFLOP parabolas and their minima per budget, one panel per mixer."""
     mixers = list(fits)
-    fig, axes = plt.subplots(1, len(mixers), figsize=(5.5 * len(mixers), 4.2), squeeze=False)
+    fig, axes = subplots(1, len(mixers), figsize=(5.5 * len(mixers), 4.2), squeeze=False)
     for j, m in enumerate(mixers):
         ax = axes[0, j]
         groups = isoflop_groups(points_by_mixer[m])
         mins = {mm["compute"]: mm for mm in fits[m]["isoflop"]["minima"]}
         for i, (c, gp) in enumerate(groups.items()):
-            col = plt.get_cmap("viridis")(i / max(1, len(groups) - 1))
+            col = pyplot().get_cmap("viridis")(i / max(1, len(groups) - 1))
             ns = np.array([p.n for p in gp])
             ax.scatter(ns, [p.loss for p in gp], color=col, edgecolor="k", zorder=3, label=f"C = {c:.2g}")
             mm = mins.get(c)
@@ -192,17 +186,17 @@ def _plot_isoflop(plt, fits: dict, points_by_mixer: dict, out: str, title: str) 
                            color=col if mm["inside"] else "none", edgecolor=col if not mm["inside"] else "k")
         _loss_axes(ax, "non-embedding parameters N", f"{m}: IsoFLOP profiles (parabola in log N)\n* minimum "
                    "(hollow: outside the sizes tried)", fontsize=9)
-    return save_figure(plt, fig, os.path.join(out, "isoflop.png"), title, dpi=80)
+    return save_figure(fig, os.path.join(out, "isoflop.png"), title, dpi=80)
 
 
-def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
+def _plot_frontier(fits: dict, out: str, title: str) -> str:
     """frontier.png: every mixer's compute-optimal L*, N*, D* against C with bootstrap bands."""
     mixers = list(fits)
     colors = {m: c for m, c in zip(mixers, ("tab:blue", "tab:red", "tab:green", "tab:purple", "tab:orange"))}
     cmin = min(f["range"]["c"][0] for f in fits.values()) / 3
     cmax = max(f["range"]["c"][1] for f in fits.values()) * 30
     cc = np.geomspace(cmin, cmax, 80)
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    fig, axes = subplots(1, 3, figsize=(16, 4.4))
     for m in mixers:
         fr = frontier_with_band(fits[m], cc)
         col = colors[m]
@@ -211,11 +205,9 @@ def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
                                                            "compute-optimal D*(C) (tokens)")):
             ax.plot(cc, fr[k], color=col, label=f"{m} (fitted law)")
             ax.fill_between(cc, fr[k + "_lo"], fr[k + "_hi"], color=col, alpha=0.2)
-            ax.set_xscale("log")
+            ax.set(xscale="log", xlabel="training compute C = 6ND (FLOPs)", ylabel=lab)
             if k != "loss":
                 ax.set_yscale("log")
-            ax.set_xlabel("training compute C = 6ND (FLOPs)")
-            ax.set_ylabel(lab)
         for mm in fits[m]["isoflop"]["minima"]:
             if mm.get("ok"):
                 for ax, k in zip(axes, ("loss_opt", "n_opt", "d_opt")):
@@ -226,13 +218,13 @@ def _plot_frontier(plt, fits: dict, out: str, title: str) -> str:
     axes[0].legend(fontsize=8)
     axes[0].set_title("frontier (band: 95% bootstrap; * IsoFLOP minima;\ndotted: the data's range of C, "
                       "extrapolation outside)", fontsize=9)
-    return save_figure(plt, fig, os.path.join(out, "frontier.png"), title, dpi=80)
+    return save_figure(fig, os.path.join(out, "frontier.png"), title, dpi=80)
 
 
-def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
+def _plot_gap(diff: dict, out: str, title: str) -> str:
     """gap.png: the second mixer's relative advantage over the first, in range and extrapolated."""
     a, b = diff["mixers"]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.4))
+    fig, axes = subplots(1, 2, figsize=(13, 4.4))
     c = np.array(diff["c"])
     lo_c, hi_c = diff["in_range"]["c"]
     for ax, (x0, x1), ttl in zip(axes, ((lo_c / 1.5, hi_c * 1.5), (c.min(), c.max() * 1.5)),
@@ -246,9 +238,7 @@ def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
         ax.axhline(0, color="k", lw=0.6)
         for edge in (lo_c, hi_c):
             ax.axvline(edge, color="k", ls=":", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("training compute C = 6ND (FLOPs)")
-        ax.set_ylabel(f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
+        ax.set(xscale="log", xlabel="training compute C = 6ND (FLOPs)", ylabel=f"(L*_{a} − L*_{b}) / L*_{a}  (%)")
         ax.set_title(f"{b}'s advantage over {a}\nat each law's compute-optimal size, {ttl}", fontsize=9)
     pp = diff.get("paper")
     if pp:
@@ -256,16 +246,15 @@ def _plot_gap(plt, diff: dict, out: str, title: str) -> str:
                         label="paper, fixed sizes (FineWeb-Edu, 32K tokenizer:\nanother corpus, not comparable)")
         axes[1].set_ylim(-100, 100)
     axes[1].legend(fontsize=7, loc="lower left")
-    return save_figure(plt, fig, os.path.join(out, "gap.png"), title, 8, dpi=80)
+    return save_figure(fig, os.path.join(out, "gap.png"), title, 8, dpi=80)
 
 
 def _plots(fits: dict, points_by_mixer: dict, out: str, diff: dict | None, title: str) -> list[str]:
     """The study's figures (law, isoflop, frontier and, for two mixers, gap) written to `out`; their paths."""
-    plt = pyplot()
-    files = [_plot_law(plt, fits, points_by_mixer, out, title), _plot_isoflop(plt, fits, points_by_mixer, out, title),
-             _plot_frontier(plt, fits, out, title)]
+    files = [_plot_law(fits, points_by_mixer, out, title), _plot_isoflop(fits, points_by_mixer, out, title),
+             _plot_frontier(fits, out, title)]
     if diff is not None:
-        files.append(_plot_gap(plt, diff, out, title))
+        files.append(_plot_gap(diff, out, title))
     return files
 
 
@@ -275,8 +264,7 @@ def _fmt_ci(v, ci, f="{:.3g}"):
 
 
 def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int = 200, seed: int = 0,
-             plots: bool = True, title: str = "", compare: Sequence[str] = ("softmax", "interdomain"),
-             inits=None) -> dict:
+             plots: bool = True, title: str = "", compare: Sequence[str] = ("softmax", "interdomain")) -> dict:
     points, skipped = collect(root, metric)
     by_mixer: dict[str, list[Point]] = {}
     for p in points:
@@ -287,7 +275,7 @@ def fit_root(root: str, *, metric: str = "val_loss", out: str = "", n_boot: int 
             notes.append(f"{m}: {len(pts)} finished runs ({len({p.n for p in pts})} sizes); need >= 5 runs over "
                          f">= 2 sizes and >= 2 token budgets to fit")
             continue
-        fits[m] = fit_mixer(pts, n_boot=n_boot, seed=seed, inits=inits)
+        fits[m] = fit_mixer(pts, n_boot=n_boot, seed=seed)
     if not fits:
         raise SystemExit("idattn.scaling: nothing to fit:\n  " + "\n  ".join(notes))
     out = out or os.path.join(root, "scaling")
@@ -413,7 +401,6 @@ def print_report(res: dict) -> None:
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     p = argparse.ArgumentParser(prog="python -m idattn.scaling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -431,7 +418,3 @@ def main(argv=None) -> int:
                    title=a.title, compare=tuple(x for x in a.compare.split(",") if x))
     print_report(res)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

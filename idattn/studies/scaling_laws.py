@@ -133,14 +133,12 @@ def optimal_allocation(p: dict, c):
     return n, d, law(p, n, d)
 
 
-def bootstrap_law(n, d, loss, *, n_boot: int = 200, seed: int = 0, best: dict | None = None) -> list[dict]:
+def bootstrap_law(n, d, loss, *, best: dict, n_boot: int = 200, seed: int = 0) -> list[dict]:
     """Parameter sets refitted on runs resampled with replacement (draws with < 5 distinct runs are redrawn).
-    Each refit starts from the full fit's solution and the resample's two best `grid_inits`."""
+    Each refit starts from the full fit's solution `best` and the resample's two best `grid_inits`."""
     n, d, loss = (np.asarray(x, np.float64) for x in (n, d, loss))
     rng = np.random.default_rng(seed)
     m = n.size
-    if best is None:
-        best = fit_law(n, d, loss)
     starts = _theta_of(best)
     out = []
     while len(out) < n_boot:
@@ -259,11 +257,11 @@ def isoflop_fit(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0) ->
     return out
 
 
-def fit_mixer(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0, inits=None) -> dict:
+def fit_mixer(points: Sequence[Point], *, n_boot: int = 200, seed: int = 0) -> dict:
     n = np.array([p.n for p in points])
     d = np.array([p.d for p in points])
     y = np.array([p.loss for p in points])
-    best = fit_law(n, d, y, inits=inits)
+    best = fit_law(n, d, y)
     boots = bootstrap_law(n, d, y, n_boot=n_boot, seed=seed, best=best)
     ci = {k: interval([b[k] for b in boots]) for k in PARAM_NAMES}
     der = derived(best)
