@@ -21,15 +21,17 @@ device with carry=["build/gpu_deps"]. Missing packages skip (c) / (d) with the r
 (b) the operator table of `python -m idattn.bench op` at (H, d_h, M) = (16, 128, 32) and (32, 64, 64),
     T = 1K..16K, 65,536 tokens per batch, fwd and fwd+bwd, against cuDNN causal attention in the same run; beside
     it the cost model's prediction per row (`python -m idattn.bench gpu`, fitted on the 2026-12-04 rows);
-(b1) the 2026-12-04 form of the kernels (op.GPU_PRESCALED_SCAN / GPU_PRESCALED_MODES off) beside the current
-    one at (16, 128, 32), 4K and 16K, fwd and fwd+bwd, in the same process;
+(b1) the 2026-12-04 form of the kernels (op.GPU_PRESCALED_SCAN / _MODES and GPU_FUSED_FACTORS off, the
+    chunk-parallel forward from 8K, the scans at 8 warps) beside the current one at (16, 128, 32), 4K and 16K,
+    fwd and fwd+bwd, in the same process;
 (b2) every Pallas launch of a fwd+bwd timed alone (idattn.bench.per_kernel) at (16, 128, 32) 4K and 16K and
     (32, 64, 64) 4K, beside the whole program: the split the cost model needs.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
 (e) while the budget lasts: pallas variants (save_states=False: the backward recomputes the chunk states, the
-    GPU default saves them; chunk 128; at T >= 8K the serial forward against the default chunk-parallel one), the XLA chunked path, the decode step.
+    GPU default saves them; chunk 128; from op.GPU_PARALLEL_FWD_MIN_T the serial forward against the default
+    chunk-parallel one), the XLA chunked path, the decode step.
 Sections have deadlines inside --budget-s (the table first); every case catches and prints its own error;
 progress is flushed as it goes and mirrored to $OUT/gpu_check.log when $OUT is set; a SUMMARY closes the run.
 """
@@ -488,15 +490,23 @@ def main():
         # the 2026-12-04 form of the kernels (the per-token factors formed inside the loops: op.GPU_PRESCALED_SCAN
         # and GPU_PRESCALED_MODES off) beside the current one, in the same process, at the target shape
         old_rows = []
-        saved = pallas_op.GPU_PRESCALED_SCAN, pallas_op.GPU_PRESCALED_MODES
-        pallas_op.GPU_PRESCALED_SCAN = pallas_op.GPU_PRESCALED_MODES = False
+        from idattn.ops.pallas import gpu as pallas_gpu
+        old_form = dict(GPU_PRESCALED_SCAN=False, GPU_PRESCALED_MODES=False, GPU_FUSED_FACTORS=False,
+                        GPU_PARALLEL_FWD_MIN_T=8192)  # and the scans at 8 warps (gpu.TUNING before 2026-12-06)
+        saved = {k: getattr(pallas_op, k) for k in old_form}, dict(pallas_gpu.TUNING)
+        for k, v in old_form.items():
+            setattr(pallas_op, k, v)
+        pallas_gpu.TUNING["scan"] = (8, 2)
         try:
             for T in [t for t in (4096, 16384) if t in seqs] or seqs[-1:]:
                 old_rows += bop.bench_case(shapes[0], T, tokens, ["pallas"], ["fwd", "fwdbwd"], jnp.bfloat16,
                                            repeats=2 if dry else 10, warmup=1 if dry else 2, attention=False,
                                            deadline=T0 + 0.66 * B, label="pallas 2026-12-04 form")
         finally:
-            pallas_op.GPU_PRESCALED_SCAN, pallas_op.GPU_PRESCALED_MODES = saved
+            for k, v in saved[0].items():
+                setattr(pallas_op, k, v)
+            pallas_gpu.TUNING.clear()
+            pallas_gpu.TUNING.update(saved[1])
         t_old = bop.format_table([r for r in rows if r.impl == "pallas" and tuple(r.shape) == tuple(shapes[0])]
                                  + old_rows)
         log("current kernels beside the 2026-12-04 form:\n" + t_old)

@@ -35,13 +35,23 @@ def _need_plugin():
     pytest.skip(f"deviceless CUDA compilation unavailable: {_MISSING}")
 
 
-def _assert_only_designed_round_trips(trips, dtype):
-    """The mode tensors a compiled program moves through HBM outside the kernels are exactly the per-token factors
-    formed in XLA by design, each one pass in the compute dtype: the adjoint scans' (one per half,
-    op.GPU_PRESCALED_SCAN) and fwd_o's (op.GPU_PRESCALED_MODES); no mixing, no float32 copy."""
+def _designed_round_trips(has_c=True) -> int:
+    """XLA's passes that form a per-token factor, by design (op.GPU_PRESCALED_SCAN / _MODES / GPU_FUSED_FACTORS):
+    fwd_o's unless fwd_mix forms it; the O-half scan's unless it reads conj(u) from fwd_mix's output; the P-half
+    scan's unless bwd_mix forms it beside dp (with c; without c bwd_o writes dp and XLA forms it)."""
     from idattn.ops.pallas import op
+    fused_fwd = op.GPU_PRESCALED_MODES and op.GPU_FUSED_FACTORS
+    return (int(op.GPU_PRESCALED_MODES and not fused_fwd)
+            + int(op.GPU_PRESCALED_SCAN and not fused_fwd)
+            + int(op.GPU_PRESCALED_SCAN and not (op.GPU_FUSED_FACTORS and has_c)))
+
+
+def _assert_only_designed_round_trips(trips, dtype):
+    """The mode tensors a compiled program (with c) moves through HBM outside the kernels are exactly the
+    per-token factors formed in XLA by design (``_designed_round_trips``: none with the default options), each
+    one pass in the compute dtype; no mixing, no float32 copy."""
     cdt = "bf16" if dtype == "bfloat16" else "f32"
-    assert len(trips) == 2 * op.GPU_PRESCALED_SCAN + op.GPU_PRESCALED_MODES, trips
+    assert len(trips) == _designed_round_trips(), trips
     assert all(t.split()[1].startswith(cdt + "[") for t in trips), trips
 
 
@@ -188,9 +198,9 @@ def test_kernels_compile_for_h200(h200, H, dh, M, dtype, save_states):
     assert len(calls) == len(names), f"expected {len(names)} Triton kernels, found {len(calls)}"
     assert {c["name"] for c in calls} == names
     assert all(c["grid"][1] == H for c in calls)  # one program column per head: the kernels, not a fallback
-    # the per-token factors formed in XLA by design, each one pass in the compute dtype: the adjoint scans' (one
-    # per half, op.GPU_PRESCALED_SCAN) and fwd_o's (op.GPU_PRESCALED_MODES); no other mode tensor (no mixing, no
-    # float32 copy) crosses HBM outside the kernels
+    # only the per-token factors formed in XLA by design (none with the default options: fwd_mix and bwd_mix
+    # form them), each one pass in the compute dtype; no other mode tensor (no mixing, no float32 copy) crosses
+    # HBM outside the kernels
     _assert_only_designed_round_trips(gpu.mode_round_trips(text, B, T, H, M), dtype)
     assert compiled.memory_analysis().temp_size_in_bytes > 0
 

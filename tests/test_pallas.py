@@ -255,6 +255,40 @@ def test_gpu_family_chunk_parallel_forward(monkeypatch, dtype, save_states):
     assert {"fwd_p", "fwd_o"} <= set(seen), seen
 
 
+@pytest.mark.parametrize("dtype,with_c,conj,parallel", [
+    (jnp.float32, True, True, True),
+    pytest.param(jnp.float32, False, True, False, marks=pytest.mark.slow),
+    pytest.param(jnp.bfloat16, True, False, False, marks=pytest.mark.slow),
+    pytest.param(jnp.bfloat16, False, False, True, marks=pytest.mark.slow)])
+def test_gpu_family_fused_factors(monkeypatch, dtype, with_c, conj, parallel):
+    """The per-token factors formed inside the kernels (op.GPU_FUSED_FACTORS, the default): fwd_mix writes fwd_o's
+    (q, u) beside w (with c) or from p alone (without c: it then runs for the factors only), so XLA's passes
+    prescale_fwd_o and, with c, prescale_rev(dp) do not run; the backward's O-half scan reads conj(u) from the
+    same tensor and bwd_mix writes the P-half scan's factor beside dp. The serial and the chunk-parallel forward;
+    segment resets, carried state, conj both ways, 3 chunks in groups of 2; forward and every gradient against the
+    float64 references."""
+    from idattn.ops.pallas import gpu, op
+    monkeypatch.setattr(op, "GPU_PARALLEL_FWD_MIN_T", 0 if parallel else 1 << 30)
+    monkeypatch.setattr(gpu, "BWD_TARGET_PROGRAMS", 3)
+    calls = []
+
+    def spy(name, tag=None):
+        real = getattr(gpu, name)
+        monkeypatch.setattr(gpu, name, lambda *a, **k: calls.append(
+            name + ("+factors" if tag and k.get(tag) is not None else "")) or real(*a, **k))
+    for name in ("prescale_fwd_o", "prescale_rev", "scan_fwd"):
+        spy(name)
+    spy("fwd_mix", "tabs")
+    spy("bwd_mix", "tabs")
+    tol = 1e-4 if dtype == jnp.float32 else 2e-2
+    _run_case("gpu", dtype, conj, B=2, T=40, H=1, R=16, D=16, M=4, L=16, with_c=with_c, with_x0=True,
+              with_seg=True, tol_fwd=tol, tol_grad=tol, seed=5, save_states=True)
+    # without c, bwd_o writes dp, and the P-half's factor stays XLA's prescale_rev(dp)
+    expect = (["scan_fwd"] if parallel else []) + ["fwd_mix+factors"] + (["scan_fwd"] if parallel else []) + (
+        ["bwd_mix+factors"] if with_c else ["prescale_rev"])
+    assert calls == expect, calls
+
+
 @pytest.mark.slow
 def test_tpu_family_f32(monkeypatch):
     """The Mosaic kernels compute the same function: conj=False, two rows, T = 40 (3 chunks of 16) in time blocks

@@ -74,12 +74,15 @@ def test_the_fused_forward_for_an_h200_reads_as_tensor_core_loops():
                     f"{gpu.cuda_plugin_missing() or 'no cuobjdump'}")
     rep = sass.compile_and_capture((16, 128, 32, "bfloat16", 16, 4096, 64), mode="fwd")
     names = {c["name"] for c in rep["calls"]}
-    assert names == {"idattn_fwd_p", "idattn_fwd_mix", "idattn_fwd_o"} and set(rep["kernels"]) == names
+    # T = 4096 >= op.GPU_PARALLEL_FWD_MIN_T: the chunk-parallel forward (states by the scans, then the readouts)
+    assert names == {"idattn_scan_fwd_k", "idattn_fwd_p_readout", "idattn_fwd_mix", "idattn_scan_fwd_v",
+                     "idattn_fwd_o_readout"} and set(rep["kernels"]) == names
     for name, k in rep["kernels"].items():
         assert k["loop"] is not None and k["loop"]["mma"] > 0, name  # a chunk loop on the tensor cores
         assert k["loop"]["local (spill)"] == 0 and k["local"] == 0, name  # bf16: no spills (as ptxas -v says)
         assert 0 < k["registers"] <= 255
-    # the P-half's chunk products: at least the G = FQ·ZKᵀ, G·Ps, FQ·Xᵀ and state-update MACs per chunk
+    # per chunk, at least the P readout's G = FQ·ZKᵀ, G·Ps and FQ·Xᵀ MACs, and the scan's state update
     L, M, R = 64, 32, 128
-    assert rep["kernels"]["idattn_fwd_p"]["loop"]["mma_macs"] >= L * L * R + L * L * 2 * M + 2 * L * R * 2 * M
+    assert rep["kernels"]["idattn_fwd_p_readout"]["loop"]["mma_macs"] >= L * L * R + L * L * 2 * M + L * R * 2 * M
+    assert rep["kernels"]["idattn_scan_fwd_k"]["loop"]["mma_macs"] >= L * R * 2 * M
     assert os.environ.get("JAX_PLATFORMS", "cpu") == "cpu"

@@ -229,8 +229,10 @@ from jax.experimental import topologies
 from idattn.aot import gpu
 from idattn.ops import interdomain_mix
 from idattn.ops.pallas import op as pallas_op
-for k, v in {env_opts!r}.items():  # a setter (set_save_states) is called, a constant (GPU_PARALLEL_FWD_MIN_T) set
-    getattr(pallas_op, k)(v) if k.startswith("set_") else setattr(pallas_op, k, v)
+from idattn.ops.pallas import gpu as pallas_gpu
+for k, v in {env_opts!r}.items():  # a setter (set_save_states) is called, a constant (GPU_PARALLEL_FWD_MIN_T) set;
+    mod, k = (pallas_gpu, k[4:]) if k.startswith("gpu.") else (pallas_op, k)  # "gpu.TUNING": the GPU module's
+    getattr(mod, k)(v) if k.startswith("set_") else setattr(mod, k, v)
 topo = topologies.get_topology_desc(platform="cuda", target_config=gpu.target_config({card!r}), topology="1x1x1")
 s = NamedSharding(topologies.make_mesh(topo, (1,), ("x",)), P())
 sd = lambda shp, d: jax.ShapeDtypeStruct(shp, d, sharding=s)
@@ -252,7 +254,9 @@ print("@@XLA", json.dumps(dict(gpu.glue_traffic(txt), fusions=txt.count(" fusion
 def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_opts=None) -> dict:
     """Compiles one case (H, d_h, M, dtype name, B, T, chunk L) in a fresh process and returns {"calls": the
     Triton calls of the compiled HLO (name, grid, warps, stages), "kernels": {entry name: kernel_report}, "ptx":
-    {entry name: PTX text}}. env_opts: {setter in idattn.ops.pallas.op: value}, e.g. {"set_save_states": False}."""
+    {entry name: PTX text}}. env_opts: {setter or constant in idattn.ops.pallas.op: value}, e.g. {"set_save_states": False}; a key
+    "gpu.NAME" sets idattn.ops.pallas.gpu's NAME instead (e.g. {"gpu.TUNING": {...}}: a tuning tried before it
+    lands)."""
     dump = tempfile.mkdtemp(prefix="idattn-sass-")
     cuda_dir = capturing_cuda_dir(dump)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

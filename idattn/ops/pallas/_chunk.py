@@ -172,7 +172,7 @@ class Masks:
         self.mk, self.cm, self.em, self.keep = mk, cm, em, keep
 
 
-def _rowmask(x, m):
+def rowmask(x, m):
     return x if m is None else x * m
 
 
@@ -188,7 +188,7 @@ def carry_fwd(z, X, tb: Tabs, mk: Masks, dot: Dots):
     """X' = keep·lamL∘X + (em·Pe)ᵀ·Z.   z [L, N]; X planes [M, N] float32."""
     xr, xi = cmul(tb.laml[0], tb.laml[1], X[0].astype(F32), X[1].astype(F32))
     xr, xi = _keep(xr, xi, mk.keep)
-    gr, gi = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    gr, gi = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
     return xr + dot.tn(gr, z), xi + dot.tn(gi, z)
 
 
@@ -199,14 +199,14 @@ def p_fwd(fq, zk, X, tb: Tabs, mk: Masks, dot: Dots):
     pr, pi = cmul(tb.pt[0], tb.pt[1], er, ei)
     fr, fi = dot.nt(fq, X[0]), dot.nt(fq, X[1])
     qr, qi = cmul(tb.pin[0], tb.pin[1], fr, fi)
-    return pr + _rowmask(qr, mk.cm), pi + _rowmask(qi, mk.cm)
+    return pr + rowmask(qr, mk.cm), pi + rowmask(qi, mk.cm)
 
 
 def o_fwd(w, zv, X, tb: Tabs, mk: Masks, dot: Dots):
     """O-half readout of one chunk: o [L, D] float32 from w [L, M] planes and the carried Xv."""
     qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
     ur, ui = cmul(qr, qi, tb.lmu1[0], tb.lmu1[1])  # w∘pin = (w∘pt)·lam^(mu+1): w is dead after Q
-    ur, ui = _rowmask(ur, mk.cm), _rowmask(ui, mk.cm)
+    ur, ui = rowmask(ur, mk.cm), rowmask(ui, mk.cm)
     o = dot(ur, X[0]) - dot(ui, X[1])
     a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
     return o + dot(a, zv)
@@ -234,17 +234,18 @@ def carry_rev(x, g, Y, tb: Tabs, mk: Masks, dot: Dots, conj_g: bool):
     if conj_g:
         gi = -gi
     ur, ui = cmul_conj(gr, gi, tb.pin[0], tb.pin[1])
-    ur, ui = _rowmask(ur, mk.cm), _rowmask(ui, mk.cm)
+    ur, ui = rowmask(ur, mk.cm), rowmask(ui, mk.cm)
     return yr + dot.tn(ur, x), yi + dot.tn(ui, x)
 
 
-def carry_rev_scaled(x, gs, Y, tb: Tabs, mk: Masks, dot: Dots):
+def carry_rev_scaled(x, gs, Y, tb: Tabs, mk: Masks, dot: Dots, conj_gs: bool = False):
     """carry_rev with its per-token factor formed outside the kernel: gs = cm·conj(pin)∘g' [L, M] planes (the
     compute dtype; ``gpu.prescale_rev``), so the chunk's work is the state's decay and two products:
-    Y_c = keep·conj(lamL)∘Y_{c+1} + gsᵀ·x."""
+    Y_c = keep·conj(lamL)∘Y_{c+1} + gsᵀ·x  (conj(gs) when ``conj_gs``: the sign goes to the product)."""
     yr, yi = cmul_conj(Y[0], Y[1], tb.laml[0], tb.laml[1])
     yr, yi = _keep(yr, yi, mk.keep)
-    return yr + dot.tn(gs[0], x), yi + dot.tn(gs[1], x)
+    im = dot.tn(gs[1], x)
+    return yr + dot.tn(gs[0], x), (yi - im) if conj_gs else (yi + im)
 
 
 class Acc:
@@ -277,11 +278,11 @@ def o_bwd(w, zv, do, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
     a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
     da = jnp.where(mk.mk, dot.nt(do, zv), 0.0)
-    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    per, pei = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
     dzv = dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1])
     # readout of the carried state: dW~ = dO·conj(X)ᵀ
     tr, ti = dot.nt(do, X[0]), -dot.nt(do, X[1])
-    tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
+    tr, ti = rowmask(tr, mk.cm), rowmask(ti, mk.cm)
     dwr, dwi = cmul_conj(tr, ti, tb.pin[0], tb.pin[1])
     d_pin = cmul_conj(tr, ti, w[0], w[1])
     # intra-chunk: dQ = dA·conj(Ps), dPs = dAᵀ·conj(Q)
@@ -290,7 +291,7 @@ def o_bwd(w, zv, do, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     dwr, dwi = dwr + xr, dwi + xi
     d_pt = cmul_conj(dqr, dqi, w[0], w[1])
     d_ps = (dot.tn(da, qr), -dot.tn(da, qi))
-    d_pe = (_rowmask(dot.nt(zv, Y[0]), mk.em), _rowmask(dot.nt(zv, Y[1]), mk.em))
+    d_pe = (rowmask(dot.nt(zv, Y[0]), mk.em), rowmask(dot.nt(zv, Y[1]), mk.em))
     acc = _acc_tables(acc, tb, length, d_pin, d_pt, d_ps, d_pe, X, Y, mk.keep)
     return (dwr, dwi), dzv, acc
 
@@ -302,15 +303,15 @@ def p_bwd(fq, zk, dp, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     fr, fi = dot.nt(fq, X[0]), dot.nt(fq, X[1])
     der, dei = cmul_conj(dp[0], dp[1], tb.pt[0], tb.pt[1])
     d_pt = cmul_conj(dp[0], dp[1], er, ei)
-    dpr, dpi = _rowmask(dp[0], mk.cm), _rowmask(dp[1], mk.cm)
+    dpr, dpi = rowmask(dp[0], mk.cm), rowmask(dp[1], mk.cm)
     dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
     d_pin = cmul_conj(dpr, dpi, fr, fi)
     dg = jnp.where(mk.mk, dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]), 0.0)
     d_ps = (dot.tn(g, der), dot.tn(g, dei))
     dfq = dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1])
-    per, pei = _rowmask(tb.pe[0], mk.em), _rowmask(tb.pe[1], mk.em)
+    per, pei = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
     dzk = dot.tn(dg, fq) + dot(per, Y[0]) + dot(pei, Y[1])
-    d_pe = (_rowmask(dot.nt(zk, Y[0]), mk.em), _rowmask(dot.nt(zk, Y[1]), mk.em))
+    d_pe = (rowmask(dot.nt(zk, Y[0]), mk.em), rowmask(dot.nt(zk, Y[1]), mk.em))
     acc = _acc_tables(acc, tb, length, d_pin, d_pt, d_ps, d_pe, X, Y, mk.keep)
     return dfq, dzk, acc
 
@@ -521,7 +522,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
     def body1(j, da):
         zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
-        per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
+        per, pei = rowmask(tbf.pe[0], mk.em), rowmask(tbf.pe[1], mk.em)
         store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
         return da + dot.nt(do, zv)
 
@@ -535,14 +536,14 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
         ti = -ti  # dO·conj(X)ᵀ
         sink.yx(_keep(cr, ci, mk.keep))
-        sink.de((_rowmask(yr, mk.em), _rowmask(yi, mk.em)))                               # dPe = em·(ZV·Yᵀ)
+        sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZV·Yᵀ)
         del yr, yi
         wv = w(m)
         qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
         sink.ds((dot.tn(da, qr), -dot.tn(da, qi)))                                         # dPs = dAᵀ·conj(Q)
         del qr, qi
         dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
-        tr, ti = _rowmask(tr, mk.cm), _rowmask(ti, mk.cm)
+        tr, ti = rowmask(tr, mk.cm), rowmask(ti, mk.cm)
         zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
         u = tb.pt
         store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
@@ -574,12 +575,12 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     dg = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in dg_terms(m)], feeds_dot=True), 0.0)
     tbf = tabs(None)
     dv = dp(None)
-    dfr, dfi = cmul_conj(_rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
+    dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
     del dv
 
     def body1(j, g):
         fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
-        per, pei = _rowmask(tbf.pe[0], mk.em), _rowmask(tbf.pe[1], mk.em)
+        per, pei = rowmask(tbf.pe[0], mk.em), rowmask(tbf.pe[1], mk.em)
         store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
               dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
         return g + dot.nt(fq, zk)
@@ -593,7 +594,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         mb = tb.pt[0].shape[-1]
         fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
         sink.yx(_keep(cr, ci, mk.keep))
-        sink.de((_rowmask(yr, mk.em), _rowmask(yi, mk.em)))                               # dPe = em·(ZK·Yᵀ)
+        sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZK·Yᵀ)
         del yr, yi
         dv = dp(m)
         u = tb.pt
@@ -603,7 +604,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
         tr, ti = cmul_conj(dv[0], dv[1], er, ei)                                           # dPt = dp∘conj(G·Ps)
         del er, ei
-        dpr, dpi = _rowmask(dv[0], mk.cm), _rowmask(dv[1], mk.cm)
+        dpr, dpi = rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm)
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
         sink.h((e_t * tr + e_in * zr, e_t * ti + e_in * zi))
 

@@ -76,7 +76,13 @@ def _compiler_params(num_warps, num_stages):
 # use (LoadTabs), and pipelining those loads would multiply their buffers (a bf16 bwd_p at M = 64 asked for
 # 266 KiB at 2 stages). The M = 32 forward ("fwd") also runs at 1 stage: at (16, 128, 32) bf16 fwd_o held 28 B
 # of spills per thread at 2 stages and none at 1.
-TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (8, 2), "bwd": (8, 1)}
+# The scans run 4 warps (2026-12-06): their loop issues about the same instructions per warp at 2, 4 or 8 warps
+# (the [M, N] tile of a program is small, and Triton lays a dot's rows over every warp, so above what the tile
+# fills the warps repeat each other's work), so 8 warps doubled the issued instructions of 4 (compiled for sm_90a,
+# (16, 128, 32) bf16, T = 16K: 427 / 414 / 432 instructions per warp at 8 / 4 / 2 warps; at T = 4K 593 / 830 at
+# 8 / 4). Not 2: with about two programs per SM that leaves one warp per scheduler, a latency regime no measured
+# row covers (fla's state pass runs 4 warps there).
+TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 1)}
 # The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
@@ -366,31 +372,48 @@ def mix_plan(kind, *, L, M, n_modes_in, mode_bytes, k_bytes, limit=None) -> Kern
     return KernelPlan(M, warps, stages, per_stage * stages)
 
 
-def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
+def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, segs=None, write_w=True):
     """Between fwd_p and fwd_o: p = Σ of fwd_p's partial sums p [n, B, T, H, 2, M] over its feature blocks, and
     the mode mixing w = s·K (s = conj(p) if conj else p; kmix [H, 2, M, M] planes, or None: no mixing).
     Returns (w [1, B, T, H, 2, M] or None without kmix, p [1, B, T, H, 2, M] when ``write_p`` or without
     kmix, else None), in mdt.
 
+    With ``tabs`` (and ``segs`` when there are segment ids) it also forms fwd_o's per-token factors from the O-half's
+    mode vector g' (w, or s without kmix), as rounded to mdt:
+
+        q = pt∘g',   u = cm·pin∘g'      -> qu [B, T, H, 4, M] (q's planes, then u's; cdt)
+
+    (what XLA's pass ``prescale_fwd_o`` forms; op.GPU_FUSED_FACTORS) and returns (w, p, qu); w is then written
+    only with ``write_w`` (the backward reads it) and p only with ``write_p``. The backward's O-half scan factor
+    cm·conj(pin)∘conj(g') is conj(u): it reads qu too (``scan_rev(..., gs_planes=(2, 3), gs_conj=True)``).
+
     A kernel of its own: inside fwd_o or fwd_p the four [L, M] x [M, M] products pushed the program past the
     register file (at (32, 64, 64) bf16: fwd_o 244 B of spills per thread with the mixing, 0 without; fwd_p
-    0 -> 240 B with it), and summing fwd_p's partials here lets fwd_p split its features (``MAX_STATE``)
-    without a pass of XLA over the mode tensors. p and w cross HBM in the compute dtype. Grid (B, H, chunk
-    groups) as bwd_mix."""
+    0 -> 240 B with it; the chunk-parallel P readout with the mixing and the factors, 2026-12-06: 255 registers
+    and spills at (16, 128, 32)), and summing fwd_p's partials here lets fwd_p split its features
+    (``MAX_STATE``) without a pass of XLA over the mode tensors. p and w cross HBM in the compute dtype. Grid
+    (B, H, chunk groups) as bwd_mix."""
     has_k = kmix is not None
-    write_p = write_p or not has_k
+    factors = tabs is not None
+    write_w = has_k and (write_w or not factors)
+    write_p = write_p or not (has_k or factors)
     kmix = kmix.astype(cdt) if has_k else None  # only a dot operand
+    tabs = expand_tables(tabs) if factors else ()
+    seg = factors and segs is not None
     n, B, T, H = p.shape[:4]
     M = p.shape[-1]
     NC = T // L
     per, NG = _groups(B, H, NC)
     dot = C.Dots(cdt)
+    n_in = 1 + int(has_k) + len(tabs) + (4 if seg else 0)
 
     def kernel(*refs):
-        p_r, k_r = refs[0], (refs[1] if has_k else None)
-        outs = list(refs[1 + int(has_k):])
-        w_r = outs.pop(0) if has_k else None
+        ins, seg_r, outs = _split(refs, n_in, seg)
+        p_r, k_r, tab_r = ins[0], (ins[1] if has_k else None), ins[1 + int(has_k):]
+        outs = list(outs)
+        w_r = outs.pop(0) if write_w else None
         po_r = outs.pop(0) if write_p else None
+        qu_r = outs.pop(0) if factors else None
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         def body(c, carry):
@@ -402,21 +425,41 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False):
             if po_r is not None:
                 po_r[0, bi, ts, h, 0, :] = pr.astype(po_r.dtype)
                 po_r[0, bi, ts, h, 1, :] = pi.astype(po_r.dtype)
-            if w_r is not None:
-                wc, _ = C.mix_fwd((pr, pi), _kmat(k_r, h), conj, dot)
-                w_r[0, bi, ts, h, 0, :] = wc[0].astype(w_r.dtype)
-                w_r[0, bi, ts, h, 1, :] = wc[1].astype(w_r.dtype)
+            if not factors:
+                if w_r is not None:
+                    wc, _ = C.mix_fwd((pr, pi), _kmat(k_r, h), conj, dot)
+                    w_r[0, bi, ts, h, 0, :] = wc[0].astype(w_r.dtype)
+                    w_r[0, bi, ts, h, 1, :] = wc[1].astype(w_r.dtype)
+                return carry
+            rnd = lambda x: x.astype(mdt).astype(F32)  # noqa: E731  as the value crossed HBM in mdt
+            g, _ = C.mix_fwd((rnd(pr), rnd(pi)), _kmat(k_r, h), conj, dot)
+            if has_k:
+                g = (rnd(g[0]), rnd(g[1]))
+                if w_r is not None:
+                    w_r[0, bi, ts, h, 0, :] = g[0].astype(w_r.dtype)
+                    w_r[0, bi, ts, h, 1, :] = g[1].astype(w_r.dtype)
+            tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, c * L, L)
+            qr, qi = C.cmul(g[0], g[1], *tb.pt)
+            ur, ui = C.cmul(g[0], g[1], *tb.pin)
+            qu_r[bi, ts, h, 0, :] = qr.astype(qu_r.dtype)
+            qu_r[bi, ts, h, 1, :] = qi.astype(qu_r.dtype)
+            qu_r[bi, ts, h, 2, :] = C.rowmask(ur, mk.cm).astype(qu_r.dtype)
+            qu_r[bi, ts, h, 3, :] = C.rowmask(ui, mk.cm).astype(qu_r.dtype)
             return carry
 
         lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
 
     one = jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt)
-    out = (one,) * (int(has_k) + int(write_p))
+    out = (one,) * (int(write_w) + int(write_p))
+    if factors:
+        out = out + (jax.ShapeDtypeStruct((B, T, H, 4, M), cdt),)
     plan = mix_plan("fwd_mix", L=L, M=M, n_modes_in=n, mode_bytes=jnp.dtype(p.dtype).itemsize,
                     k_bytes=jnp.dtype(cdt).itemsize)
-    res = list(_call(kernel, out, (B, H, NG), interpret, plan, "fwd_mix")(p, *((kmix,) if has_k else ())))
-    w = res.pop(0) if has_k else None
-    return w, (res.pop(0) if write_p else None)
+    args = (p,) + ((kmix,) if has_k else ()) + tuple(tabs) + (tuple(segs) if seg else ())
+    res = list(_call(kernel, out, (B, H, NG), interpret, plan, "fwd_mix")(*args))
+    w = res.pop(0) if write_w else None
+    po = res.pop(0) if write_p else None
+    return (w, po, res.pop(0)) if factors else (w, po)
 
 
 def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, save_sdt=None, states=None,
@@ -626,13 +669,14 @@ def prescale_rev(g, tabs, segs, *, L, conj, cdt):
 
 
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
-             name="scan_rev", prescaled=False):
+             name="scan_rev", prescaled=False, gs_planes=(0, 1), gs_conj=False):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
     y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector (the P-half's dp; the O-half's w, or p
     conjugated per ``mix_conj`` when there is no mixing matrix), conjugated again when conj_g. kmix must be None:
     on GPU the mixing runs in fwd_mix and the O-half's backward reads w (the argument keeps the TPU signature).
     ``prescaled``: g is ``prescale_rev``'s gs (conjugations, cm and the table already applied; conj_g and
-    mix_conj are then ignored)."""
+    mix_conj are then ignored): its planes ``gs_planes`` of g [B, T, H, P, M], conjugated when ``gs_conj`` (the
+    O-half reads conj(u) from fwd_pw's qu: planes (2, 3), conjugated)."""
     _no_kmix("scan_rev", kmix)
     tabs = expand_tables(tabs)
     B, T, H, N = x.shape
@@ -654,8 +698,8 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
             ys_r[bi, h, c, 0, :, ns] = Y[0].astype(ys_r.dtype)
             ys_r[bi, h, c, 1, :, ns] = Y[1].astype(ys_r.dtype)
             if prescaled:
-                gs = (g_r[bi, ts, h, 0, :], g_r[bi, ts, h, 1, :])
-                return C.carry_rev_scaled(x_r[bi, ts, h, ns], gs, Y, tb, mk, dot)
+                gs = (g_r[bi, ts, h, gs_planes[0], :], g_r[bi, ts, h, gs_planes[1], :])
+                return C.carry_rev_scaled(x_r[bi, ts, h, ns], gs, Y, tb, mk, dot, conj_gs=gs_conj)
             gc = _modes(g_r, bi, ts, h)
             if mix_conj is not None:
                 gc, _ = C.mix_fwd(gc, None, mix_conj, dot)
@@ -838,18 +882,27 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 MIX_TUNING = (8, 2)
 
 
-def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
+def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
     """The mixing's backward for the O-half: dp [1, B, T, H, 2, M] (mdt) = conj(dw·Kᴴ) (conj) or dw·Kᴴ, and
     dK [B, H, NG, 2, M, M] float32 = Σ_t sᴴ·dw per chunk group (s = conj(p) or p); p, dw [.., B, T, H, 2, M],
-    kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o."""
+    kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o.
+
+    With ``tabs`` (and ``segs`` when there are segment ids) also the P-half's adjoint-scan factor
+    gs = cm·conj(pin)∘dp [B, T, H, 2, M] (cdt; what XLA's pass ``prescale_rev(dp)`` forms, from dp as rounded
+    to mdt), formed where dp is: returns (dp, dK, gs)."""
     kmix = kmix.astype(cdt)  # only a dot operand
     B, T, H = p.shape[:3]
     M = p.shape[-1]
     NC = T // L
     per, NG = _groups(B, H, NC)
     dot = C.Dots(cdt)
+    fold = tabs is not None
+    tabs = expand_tables(tabs) if fold else ()
+    seg = fold and segs is not None
 
-    def kernel(p_r, k_r, dw_r, dp_r, dk_r):
+    def kernel(*refs):
+        (p_r, k_r, dw_r, *tab_r), seg_r, (dp_r, dk_r, *gs_r) = _split(refs, 3 + len(tabs) + (4 if seg else 0),
+                                                                      seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
 
         def body(c, dk):
@@ -860,6 +913,12 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
             dpc = C.mix_bwd_dp(dwc, _kmat(k_r, h), conj, dot)
             dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
             dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
+            if fold:
+                dpr = tuple(x.astype(dp_r.dtype).astype(F32) for x in dpc)  # as bwd_p reads it
+                mk = _masks(seg_r, bi, c, c * L, L)
+                gr, gi_ = C.cmul_conj(*dpr, *_tabs(tab_r, h).pin)
+                gs_r[0][bi, ts, h, 0, :] = C.rowmask(gr, mk.cm).astype(gs_r[0].dtype)
+                gs_r[0][bi, ts, h, 1, :] = C.rowmask(gi_, mk.cm).astype(gs_r[0].dtype)
             return dk[0] + dkc[0], dk[1] + dkc[1]
 
         dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32))
@@ -868,9 +927,12 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret):
         dk_r[bi, h, gi, 1, :, :] = dk[1]
 
     out = (jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32))
+    if fold:
+        out = out + (jax.ShapeDtypeStruct((B, T, H, 2, M), cdt),)
     plan = mix_plan("bwd_mix", L=L, M=M, n_modes_in=2, mode_bytes=jnp.dtype(p.dtype).itemsize,
                     k_bytes=jnp.dtype(cdt).itemsize)
-    return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(p, kmix, dw)
+    args = (p, kmix, dw, *tabs) + (tuple(segs) if seg else ())
+    return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(*args)
 
 
 def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):

@@ -236,20 +236,25 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
         par = cfg.parallel_fwd
         scan_kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret, sdt=jnp.dtype(cfg.sdt), final=True)
         read_kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
+        pre = GPU_PRESCALED_MODES
         if par:
             xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **scan_kw)
             p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, states=xsk, **read_kw)[0]
         else:
             p, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
-        if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
-            w, p = K.fwd_mix(p, km, conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret,
-                             write_p=residuals)
-            w = None if w is None else w[0]
+        mix_kw = dict(conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret, write_p=residuals)
+        qu = None
+        if pre and GPU_FUSED_FACTORS:  # the mixing and fwd_o's factors in one kernel (gpu.fwd_mix with tabs)
+            w, p, qu = K.fwd_mix(p, km, tabs=tabs, segs=sg, write_w=residuals, **mix_kw)
+            g, gconj = qu, False
+        else:
+            if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
+                w, p = K.fwd_mix(p, km, **mix_kw)
+            g, gconj = (p[0], cfg.conj) if w is None else (w[0], False)
+            if pre:  # fwd_o's per-token factors w∘pt and cm·w∘pin formed in XLA (gpu.prescale_fwd_o)
+                g, gconj = K.prescale_fwd_o(g, tabs, sg, L=cfg.L, conj=gconj, cdt=cfg.cdt), False
+        w = None if w is None else w[0]
         p = None if p is None else p[0]
-        g, gconj = (p, cfg.conj) if w is None else (w, False)
-        pre = GPU_PRESCALED_MODES
-        if pre:  # fwd_o's per-token factors w∘pt and cm·w∘pin formed in XLA (gpu.prescale_fwd_o)
-            g, gconj = K.prescale_fwd_o(g, tabs, sg, L=cfg.L, conj=gconj, cdt=cfg.cdt), False
         if par:
             xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **scan_kw)
             o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv,
@@ -260,28 +265,33 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
             o, xvt, xsv = _ForwardOut.of(K.fwd_o(g, zv, tabs, xv0, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt,
                                                  prescaled=pre, **kw))
     else:
+        qu = None
         p_parts, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
         p = _add_partials(p_parts)
         o, xvt, xsv = _ForwardOut.of(K.fwd_o(p, km, zv, tabs, xv0, sg, conj=cfg.conj, plan=P["fwd_o"],
                                              out_dtype=odt, **kw))
     if not residuals:
         return (o, xkt, xvt), None
-    return (o, xkt, xvt), (fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w)
+    return (o, xkt, xvt), (fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w, qu)
 
 
 def _fused_bwd(cfg, res, cts):
     K = _kernels(cfg.family)
-    fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w = res
+    fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, p, xsk, xsv, w, qu = res
     do, dxkt, dxvt = cts
     P = dict(cfg.plans)
     tabs = _tables(lam_re, lam_im, b_re, b_im, cfg.L, xk0.shape[-2])
     sg, km = _segs(segs), (kmix if cfg.has_k else None)
     kw = dict(L=cfg.L, cdt=cfg.cdt, interpret=cfg.interpret)
     do = do.astype(zv.dtype)
+    gsk = None
     if xsv is None:
         xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
     pre = cfg.family == "gpu" and GPU_PRESCALED_SCAN
-    if pre:  # the adjoint scans' per-token factor formed in XLA (gpu.prescale_rev): g' = conj(w), or p conj'ed
+    if pre and qu is not None:  # the forward's fwd_pw wrote u = cm·pin∘g'; the factor is conj(u)
+        ysv, y0v = K.scan_rev(do, qu, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+                              conj_g=True, name="scan_rev_v", prescaled=True, gs_planes=(2, 3), gs_conj=True, **kw)
+    elif pre:  # the adjoint scans' per-token factor formed in XLA (gpu.prescale_rev): g' = conj(w), or p conj'ed
         gsv = K.prescale_rev(p if w is None else w, tabs, sg, L=cfg.L, conj=not (w is None and cfg.conj),
                              cdt=cfg.cdt)
         ysv, y0v = K.scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
@@ -298,12 +308,16 @@ def _fused_bwd(cfg, res, cts):
                                   conj_g=True, name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
                                            mdt=jnp.dtype(cfg.mdt), **kw)
-        dp, dk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), **kw)
+        if pre and GPU_FUSED_FACTORS:  # the P-half scan's factor formed by bwd_mix beside dp
+            dp, dk, gsk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), tabs=tabs, segs=sg, **kw)
+        else:
+            dp, dk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), **kw)
     dp = _add_partials(dp)
     if xsk is None:
         xsk = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], sdt=cfg.sdt, name="scan_fwd_k", **kw)
     if pre:
-        gsk = K.prescale_rev(dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
+        if gsk is None:
+            gsk = K.prescale_rev(dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
         ysk, y0k = K.scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
                               conj_g=False, name="scan_rev_k", prescaled=True, **kw)
     else:
@@ -329,12 +343,13 @@ def _planes(z):
 
 
 # From this padded length on, the GPU forward runs its readouts chunk-parallel from scan_fwd's states (fla's
-# chunk_fwd_h + chunk_fwd_o) instead of in the serial pass that carries the state: the serial kernels have
-# B·H·blocks programs each walking T/L chunks in a row (at 65,536 tokens per batch and T = 8K, B·H = 128 for
-# H = 16: about one program per SM, 128 chunks each), the scan's body is one [M, L] x [L, N] product where the
-# readout's is four, and the states are what the backward saves anyway. 8K is a guess, not yet a
-# measured crossover (no device has timed both; `bench op` will).
-GPU_PARALLEL_FWD_MIN_T = 8192
+# chunk_fwd_h + chunk_fwd_o) instead of in the serial passes that carry the state: the scans' body is one
+# [M, L] x [L, N] product where the serial kernels' is four, the readouts have B·H·blocks·groups programs, and the
+# states are what the backward saves anyway. 1024 since 2026-12-06 (8192 before, a guess): compiled for sm_90a,
+# the cost model predicts the chunk-parallel forward faster at every target T, forward + backward at
+# (16, 128, 32) 7.28 against 7.57 ms at 1K and 6.85 against 7.46 at 4K (predictions; docs/kernels-results.md).
+# Below 1K no configuration was compiled, so the serial kernels stay there.
+GPU_PARALLEL_FWD_MIN_T = 1024
 # The GPU backward's adjoint scans read their per-token factor cm·conj(pin)∘g formed in XLA (gpu.prescale_rev)
 # instead of forming it per chunk and feature block: compiled for sm_90a (bf16, chunk 64, M = 32) the loop falls
 # from 1,081-1,145 instructions to 159 and from 100 registers to 64 (docs/kernels-results.md, "Where the time goes").
@@ -343,6 +358,11 @@ GPU_PRESCALED_SCAN = True
 # The same for the GPU forward's O-half: fwd_o reads q = w∘pt and u = cm·w∘pin formed in XLA
 # (gpu.prescale_fwd_o) instead of forming them per chunk and feature block. False: the 2026-12-04 form.
 GPU_PRESCALED_MODES = True
+# With the above, the per-token factors are formed inside kernels instead of in XLA's passes: fwd_mix also writes
+# fwd_o's q, u (replaces prescale_fwd_o; then it runs without c too; the backward's O-half scan factor is conj(u),
+# read from the same tensor), and bwd_mix writes the P-half scan's factor beside dp (replaces prescale_rev(dp)).
+# False: the XLA passes (the form before 2026-12-06).
+GPU_FUSED_FACTORS = True
 
 
 def _env_save_states():
