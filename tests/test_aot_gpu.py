@@ -341,15 +341,17 @@ def test_selective_125m_train_step_compiles_for_8_h200():
     assert _fits(compiled, target)
 
 
-@pytest.mark.slow  # ~25 s: one fresh compile process, two bf16 cases at T = 16K
+@pytest.mark.slow  # ~60 s: one fresh compile process, two bf16 cases at T = 16K and one at 4K
 def test_long_t_forward_runs_chunk_parallel_without_spills():
-    """At T >= op.GPU_PARALLEL_FWD_MIN_T (the benchmark's 16K rows, 65,536 tokens per batch) the compiled
-    forward is scan_fwd k / v plus the chunk-parallel readouts, whose grids have a chunk-group axis (more programs
-    than the serial kernels' B·H·blocks), and no bf16 kernel of the program spills."""
+    """At T >= op.GPU_PARALLEL_FWD_MIN_T (the benchmark's 16K rows, 65,536 tokens per batch; the 760M head shape
+    at 4K, B·H = 256, where scan_fwd's 4-warp [2, 64, 128] state spilled before gpu.MAX_STATE capped it) the
+    compiled forward is scan_fwd k / v plus the chunk-parallel readouts, whose grids have a chunk-group axis,
+    and no bf16 kernel of the program spills."""
     _need_plugin()
     from idattn.ops.pallas import op
-    assert op.GPU_PARALLEL_FWD_MIN_T <= 16384
-    res = gpu.kernel_resources([(16, 128, 32, "bfloat16", 4, 16384, True), (32, 64, 64, "bfloat16", 2, 16384, True)])
+    assert op.GPU_PARALLEL_FWD_MIN_T <= 4096
+    res = gpu.kernel_resources([(16, 128, 32, "bfloat16", 4, 16384, True), (32, 64, 64, "bfloat16", 2, 16384, True),
+                                (16, 96, 64, "bfloat16", 16, 4096, True)])
     print(gpu.format_resources(res))
     for r in res:
         assert r["error"] is None, r["error"]
@@ -359,7 +361,7 @@ def test_long_t_forward_runs_chunk_parallel_without_spills():
         assert not {"idattn_fwd_p", "idattn_fwd_o"} & set(calls), sorted(calls)
         for k in ("idattn_fwd_p_readout", "idattn_fwd_o_readout"):
             g = calls[k]["grid"]
-            assert g[0] * g[1] == B * H and g[2] > calls["idattn_scan_fwd_k"]["grid"][2], (k, g)
+            assert g[0] * g[1] == B * H and g[2] >= calls["idattn_scan_fwd_k"]["grid"][2], (k, g)
         for k in r["kernels"]:
             assert k["spill_stores"] == 0 and k["spill_loads"] == 0, (r["case"], k)
         _assert_only_designed_round_trips(r["round_trips"], "bfloat16")

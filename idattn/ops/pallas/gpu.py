@@ -82,7 +82,11 @@ def _compiler_params(num_warps, num_stages):
 # (16, 128, 32) bf16, T = 16K: 427 / 414 / 432 instructions per warp at 8 / 4 / 2 warps; at T = 4K 593 / 830 at
 # 8 / 4). Not 2: with about two programs per SM that leaves one warp per scheduler, a latency regime no measured
 # row covers (fla's state pass runs 4 warps there).
-TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 1)}
+# The chunk-parallel readouts (fwd_p_readout, fwd_o_readout: no state carried across their loop) run 4 warps at
+# one stage for M < 64: compiled for sm_90a at (16, 128, 32) bf16, T = 4K, 903 / 426 instructions per warp
+# against 664 / 425 at 8 warps, without spills. At M = 64 fwd_p_readout spilled at 4 warps (94 B per thread at
+# (32, 64, 64)): the readouts take the serial forward's tuning there ("fwd_big").
+TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 1), "readout": (4, 1)}
 # The largest [L, N] tile (L x feature block, in elements) a program of a kind holds per chunk: bounds the
 # registers (ptxas spills past 255 per thread) independently of shared memory. None: no bound. The backward
 # kernels walk their features in sub-blocks (no partial sums), so a 64 x 64 tile costs them nothing but loop
@@ -98,7 +102,9 @@ MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o":
 # thread holding [2, 64, 128]; with two feature blocks of 64 it holds none, and fwd_mix adds the two partial
 # sums of p (no XLA pass). fwd_o at M = 64 with its 64-wide tile held [2, 64, 64] and spilled 104 B per thread
 # (bf16 (32, 64, 64) and (16, 96, 64)); at 32 wide, none (M = 32 keeps its 64-wide block).
-MAX_STATE = {"fwd_p": 64 * 64, "fwd_o": 64 * 32}
+# scan_fwd at 4 warps (TUNING) held [2, 64, 128] with 25 B of spills per thread at (16, 96, 64) bf16; at 64 x 64
+# none.
+MAX_STATE = {"fwd_p": 64 * 64, "fwd_o": 64 * 32, "scan_fwd": 64 * 64}
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,
@@ -167,7 +173,9 @@ class KernelPlan:
 
 
 def _tuning_kind(kind, M):
-    if kind in ("fwd_p", "fwd_o"):
+    if kind.endswith("_readout") and M < 64:
+        return "readout"
+    if kind.removesuffix("_readout") in ("fwd_p", "fwd_o"):
         return "fwd" if M < 64 else "fwd_big"
     return "scan" if kind.startswith("scan") else "bwd"
 
@@ -184,6 +192,8 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
     block = n // nb
     tk = _tuning_kind(kind, M)
     warps, stages = TUNING[tk]
+    kind = kind.removesuffix("_readout")  # a readout's tiles (blocks, shared memory) are its serial kernel's
+    tk = _tuning_kind(kind, M)
     cap = MAX_TILE.get(kind, MAX_TILE.get(tk))
     while cap is not None and L * block > cap and block > 16 and block % 2 == 0:
         block //= 2

@@ -181,6 +181,8 @@ def _gpu_plans(K, bh, L, r_pad, d_pad, m_pad, cdt, has_k):
     # kernels read w and never hold K.
     plans = dict(fwd_p=K.choose("fwd_p", n=r_pad, target_programs=0, **kw),
                  fwd_o=K.choose("fwd_o", n=d_pad, **kw),
+                 fwd_p_readout=K.choose("fwd_p_readout", n=r_pad, target_programs=0, **kw),
+                 fwd_o_readout=K.choose("fwd_o_readout", n=d_pad, **kw),
                  scan_fwd_k=K.choose("scan_fwd", n=r_pad, **kw),
                  scan_fwd_v=K.choose("scan_fwd", n=d_pad, **kw),
                  scan_rev_k=K.choose("scan_rev", n=r_pad, **kw),
@@ -239,7 +241,7 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
         pre = GPU_PRESCALED_MODES
         if par:
             xsk, xkt = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], name="scan_fwd_k", **scan_kw)
-            p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p"], mdt=mdt, states=xsk, **read_kw)[0]
+            p = K.fwd_p(fq, zk, tabs, None, sg, plan=P["fwd_p_readout"], mdt=mdt, states=xsk, **read_kw)[0]
         else:
             p, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
         mix_kw = dict(conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret, write_p=residuals)
@@ -257,7 +259,7 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
         p = None if p is None else p[0]
         if par:
             xsv, xvt = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], name="scan_fwd_v", **scan_kw)
-            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o"], out_dtype=odt, states=xsv,
+            o = K.fwd_o(g, zv, tabs, None, sg, conj=gconj, plan=P["fwd_o_readout"], out_dtype=odt, states=xsv,
                         prescaled=pre, **read_kw)[0]
             if not cfg.save_states:
                 xsk = xsv = None  # the backward recomputes them (memory, as asked)
