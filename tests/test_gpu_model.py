@@ -116,12 +116,13 @@ def test_per_kernel_times_record_every_launch_of_the_operator():
     from idattn.bench import per_kernel as PK
     rows = PK.per_kernel_times((2, 32, 16), 128, 256, "fwdbwd", jnp.float32, chunk=16, repeats=1, interpret=True)
     names = [r["name"] for r in rows]
-    assert sorted(names) == sorted(["idattn_fwd_p", "idattn_fwd_o", "idattn_scan_rev_v", "idattn_bwd_o",
-                                    "idattn_scan_rev_k", "idattn_bwd_p"]), names  # no c: no mixing kernels
+    # no c: no bwd_mix; fwd_mix forms fwd_o's per-token factors (op.GPU_FUSED_FACTORS)
+    assert sorted(names) == sorted(["idattn_fwd_p", "idattn_fwd_mix", "idattn_fwd_o", "idattn_scan_rev_v",
+                                    "idattn_bwd_o", "idattn_scan_rev_k", "idattn_bwd_p"]), names
     assert all(r["ms"] is not None and r["ms"] > 0 for r in rows), rows
     assert all(r["grid"][:2] == (2, 2) for r in rows)  # (B, H, ...)
     text = PK.format_rows((2, 32, 16), 128, 256, "fwdbwd", rows, total_ms=1e6)
-    assert "6 launches" in text and "XLA around the kernels" in text
+    assert "7 launches" in text and "XLA around the kernels" in text
 
 
 def test_fla_predict_reads_the_shape_from_its_data():
