@@ -177,6 +177,8 @@ def rowmask(x, m):
 
 
 def _keep(xr, xi, keep):
+    """keep·(xr, xi). keep is 0 or 1 (a reset inside the chunk or not), so the state's decay takes it on the [M, 1]
+    decay lamL, not on the [M, N] state: the same numbers, [M, N] multiplies fewer per chunk."""
     return (xr, xi) if keep is None else (xr * keep, xi * keep)
 
 
@@ -186,8 +188,7 @@ def _keep(xr, xi, keep):
 
 def carry_fwd(z, X, tb: Tabs, mk: Masks, dot: Dots):
     """X' = keep·lamL∘X + (em·Pe)ᵀ·Z.   z [L, N]; X planes [M, N] float32."""
-    xr, xi = cmul(tb.laml[0], tb.laml[1], X[0].astype(F32), X[1].astype(F32))
-    xr, xi = _keep(xr, xi, mk.keep)
+    xr, xi = cmul(*_keep(tb.laml[0], tb.laml[1], mk.keep), X[0].astype(F32), X[1].astype(F32))
     gr, gi = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
     return xr + dot.tn(gr, z), xi + dot.tn(gi, z)
 
@@ -228,8 +229,7 @@ def o_fwd_scaled(qu, zv, X, tb: Tabs, mk: Masks, dot: Dots):
 
 def carry_rev(x, g, Y, tb: Tabs, mk: Masks, dot: Dots, conj_g: bool):
     """Y_c = keep·conj(lamL)∘Y_{c+1} + (cm·conj(pin)∘g)ᵀ·x.   x [L, N]; g [L, M] planes (conj'ed if conj_g)."""
-    yr, yi = cmul_conj(Y[0], Y[1], tb.laml[0], tb.laml[1])
-    yr, yi = _keep(yr, yi, mk.keep)
+    yr, yi = cmul_conj(Y[0], Y[1], *_keep(tb.laml[0], tb.laml[1], mk.keep))
     gr, gi = g
     if conj_g:
         gi = -gi
@@ -242,8 +242,7 @@ def carry_rev_scaled(x, gs, Y, tb: Tabs, mk: Masks, dot: Dots, conj_gs: bool = F
     """carry_rev with its per-token factor formed outside the kernel: gs = cm·conj(pin)∘g' [L, M] planes (the
     compute dtype; ``gpu.prescale_rev``), so the chunk's work is the state's decay and two products:
     Y_c = keep·conj(lamL)∘Y_{c+1} + gsᵀ·x  (conj(gs) when ``conj_gs``: the sign goes to the product)."""
-    yr, yi = cmul_conj(Y[0], Y[1], tb.laml[0], tb.laml[1])
-    yr, yi = _keep(yr, yi, mk.keep)
+    yr, yi = cmul_conj(Y[0], Y[1], *_keep(tb.laml[0], tb.laml[1], mk.keep))
     im = dot.tn(gs[1], x)
     return yr + dot.tn(gs[0], x), (yi - im) if conj_gs else (yi + im)
 
