@@ -15,8 +15,9 @@ time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
     doc [B, T] int32; cm, em [B, T, 1] float32; keep [B, NC] float32       (only with segment ids)
     parameter sums per chunk: rows [B, H, NC, 4, 1, M], cols [B, H, NC, 2, M, 1] float32
 
-Kernels, in order: fwd_p (fq, zk -> p), fwd_mix (p -> w = s·K, s = conj(p) or p; and the sum of p's partials),
-fwd_o (w, zv -> o); backward: [scan_fwd,] scan_rev and the chunk-parallel bwd_o (-> dw, dzv) per half, bwd_mix
+Kernels, in order: fwd_p (fq, zk -> p), fwd_mix (p -> w = s·K, s = conj(p) or p; the sum of p's partials; and
+fwd_o's per-token factors q, u [B, T, H, 4, M] when op.GPU_FUSED_FACTORS), fwd_o (q, u or w, zv -> o); from
+op.GPU_PARALLEL_FWD_MIN_T the forward is scan_fwd, the chunk-parallel readouts and fwd_mix instead; backward: [scan_fwd,] scan_rev and the chunk-parallel bwd_o (-> dw, dzv) per half, bwd_mix
 (dw -> dp, dK) between them, bwd_p (dp -> dfq, dzk). The mixing has kernels of its own on both sides: inside
 fwd_o / bwd_o its [L, M] x [M, M] products pushed those programs past the register file. Between any two kernels
 only mode vectors cross HBM, in the compute dtype (no XLA pass over them).
