@@ -264,7 +264,9 @@ def test_gpu_family_fused_factors(monkeypatch, dtype, with_c, conj, parallel):
     """The per-token factors formed inside the kernels (op.GPU_FUSED_FACTORS, the default): fwd_mix writes fwd_o's
     (q, u) beside w (with c) or from p alone (without c: it then runs for the factors only), so XLA's passes
     prescale_fwd_o and, with c, prescale_rev(dp) do not run; the backward's O-half scan reads conj(u) from the
-    same tensor and bwd_mix writes the P-half scan's factor beside dp. The serial and the chunk-parallel forward;
+    same tensor, bwd_o reads q from it instead of w (which the forward no longer writes), and bwd_mix writes dp's
+    two factors beside dp (the P-half scan's and bwd_p's, which bwd_p reads instead of dp; without c XLA's
+    prescale_p forms them). The serial and the chunk-parallel forward;
     segment resets, carried state, conj both ways, 3 chunks in groups of 2; forward and every gradient against the
     float64 references."""
     from idattn.ops.pallas import gpu, op
@@ -276,16 +278,18 @@ def test_gpu_family_fused_factors(monkeypatch, dtype, with_c, conj, parallel):
         real = getattr(gpu, name)
         monkeypatch.setattr(gpu, name, lambda *a, **k: calls.append(
             name + ("+factors" if tag and k.get(tag) is not None else "")) or real(*a, **k))
-    for name in ("prescale_fwd_o", "prescale_rev", "scan_fwd"):
+    for name in ("prescale_fwd_o", "prescale_rev", "prescale_p", "scan_fwd"):
         spy(name)
     spy("fwd_mix", "tabs")
     spy("bwd_mix", "tabs")
+    spy("bwd_o", "factors")
+    spy("bwd_p", "factors")
     tol = 1e-4 if dtype == jnp.float32 else 2e-2
     _run_case("gpu", dtype, conj, B=2, T=40, H=1, R=16, D=16, M=4, L=16, with_c=with_c, with_x0=True,
               with_seg=True, tol_fwd=tol, tol_grad=tol, seed=5, save_states=True)
-    # without c, bwd_o writes dp, and the P-half's factor stays XLA's prescale_rev(dp)
+    # without c, bwd_o writes dp, and dp's factors are XLA's prescale_p(dp)
     expect = (["scan_fwd"] if parallel else []) + ["fwd_mix+factors"] + (["scan_fwd"] if parallel else []) + (
-        ["bwd_mix+factors"] if with_c else ["prescale_rev"])
+        ["bwd_o+factors", "bwd_mix+factors"] if with_c else ["bwd_o+factors", "prescale_p"]) + ["bwd_p+factors"]
     assert calls == expect, calls
 
 

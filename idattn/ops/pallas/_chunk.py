@@ -438,8 +438,13 @@ class _Fold:
         ur, ui = cmul_conj(t[0], t[1], self.tb.pt[0], self.tb.pt[1])
         self.acc = _fold_sp_rows(self.acc, self.tb, a_rows=(jnp.sum(ur, axis=0), jnp.sum(ui, axis=0)))
 
+    def hp(self, t):  # the pt-family term with conj(pt) already applied (p_bwd_modes with ready-made factors)
+        self.acc = _fold_sp_rows(self.acc, self.tb, a_rows=(jnp.sum(t[0], axis=0), jnp.sum(t[1], axis=0)))
+
 
 RAW = ("h", "ds", "de", "yx")  # the raw pieces, in the order of a program's raw sums (each a pair of planes)
+# "hp" (h with its table already applied) rides h's slot: a program hands one or the other, never both, and
+# fold_raw(.., h_pre=True) folds the slot as hp
 
 
 class _Carry:
@@ -453,18 +458,19 @@ class _Carry:
         self.raw[i], self.raw[i + 1] = self.raw[i] + t[0], self.raw[i + 1] + t[1]
 
     def __getattr__(self, k):
+        k = "h" if k == "hp" else k
         if k not in RAW:
             raise AttributeError(k)
         return lambda t: self._add(k, t)
 
 
-def fold_raw(raw, tb, length):
+def fold_raw(raw, tb, length, h_pre=False):
     """The flat Acc from raw sums (RAW's order, flat: h, ds, de as [L, mb] planes, yx as [mb] planes), summed
-    over any number of chunks of one head: _Fold applied to each piece. XLA runs it once per head on the
-    programs' sums (gpu._fold_raw_sums)."""
+    over any number of chunks of one head: _Fold applied to each piece (h's slot as hp when ``h_pre``). XLA runs
+    it once per head on the programs' sums (gpu._fold_raw_sums)."""
     f = _Fold(tb, length, raw[0].shape[-1])
     for i, k in enumerate(RAW):
-        getattr(f, k)((raw[2 * i], raw[2 * i + 1]))
+        getattr(f, "hp" if (k == "h" and h_pre) else k)((raw[2 * i], raw[2 * i + 1]))
     return f.acc
 
 
@@ -492,7 +498,8 @@ def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
     return None
 
 
-def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None):
+def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None,
+                pre=None):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
@@ -506,15 +513,22 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     blocks), dzv = Aᵀ·dO + Pe·Y, and dA = dO·ZVᵀ - over the feature sub-blocks; (2) per mode block, the [L, mb]
     products dO·Xᵀ, ZV·Yᵀ and the epilogue (dw and the table cotangents, every one of which is per mode). A
     program then holds [L, mb] tiles instead of [L, M] ones where most of them are live; the sub-block inputs are
-    read once per phase (L2-resident at these sizes). Every sum of dots goes through ``dot.sum`` (see there)."""
+    read once per phase (L2-resident at these sizes). Every sum of dots goes through ``dot.sum`` (see there).
+
+    pre(m) -> q = w∘pt [L, mb] planes, the forward's factor (``gpu.fwd_mix``'s qu): every use of w here is one of
+    q (A's operand, dPs), or conj(w) in the pt-family term, which times conj(pt) is conj(q)∘(...); so w is not
+    read, nor pt but for dw, and that term goes to the sink as ``hp`` (fold_raw(.., h_pre=True))."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
 
+    def q_of(m):  # w∘pt of mode block m
+        if pre is not None:
+            return pre(m)
+        tb, wv = tabs(m), w(m)
+        return cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
+
     def a_terms(m):  # Re((w∘pt)·Psᵀ) of mode block m: Re(q)·Re(Ps)ᵀ - Im(q)·Im(Ps)ᵀ
-        def q(part):
-            tb, wv = tabs(m), w(m)
-            return cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])[part]
-        return (lambda: dot.nt(q(0), tabs(m).ps[0]), lambda: dot.nt(-q(1), tabs(m).ps[1]))
+        return (lambda: dot.nt(q_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(-q_of(m)[1], tabs(m).ps[1]))
 
     a = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in a_terms(m)], feeds_dot=True), 0.0)
     tbf = tabs(None)
@@ -537,8 +551,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         sink.yx(_keep(cr, ci, mk.keep))
         sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZV·Yᵀ)
         del yr, yi
-        wv = w(m)
-        qr, qi = cmul(wv[0], wv[1], tb.pt[0], tb.pt[1])
+        qr, qi = q_of(m)
         sink.ds((dot.tn(da, qr), -dot.tn(da, qi)))                                         # dPs = dAᵀ·conj(Q)
         del qr, qi
         dqr, dqi = dot(da, tb.ps[0]), -dot(da, tb.ps[1])                                   # dQ = dA·conj(Ps)
@@ -546,6 +559,10 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         zr, zi = cmul_conj(tr, ti, tb.lmu1[0], tb.lmu1[1])                                 # t·conj(lam^(mu+1))
         u = tb.pt
         store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
+        if pre is not None:  # conj(pt)·conj(w)·(...) = conj(q)·(...)
+            qr, qi = pre(m)
+            sink.hp(cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, qr, qi))
+            return
         wv = w(m)
         # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
         sink.h(cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1]))
@@ -553,7 +570,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 
 
-def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None):
+def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
@@ -561,21 +578,33 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     o_bwd_modes.
     Phase 1: dG = mk∘((dp∘conj(pt))·conj(Ps)ᵀ) (summed over mode blocks) and the per-feature outputs
     dfq = dG·ZK + dF·X, dzk = dGᵀ·FQ + Pe·Y with G = FQ·ZKᵀ accumulated; phase 2 per mode block: FQ·Xᵀ, ZK·Yᵀ
-    and the table cotangents (see o_bwd_modes)."""
+    and the table cotangents (see o_bwd_modes).
+
+    pre(m) -> (gs, ds), dp's two per-token factors made ready where dp was formed (``gpu.bwd_mix``): the adjoint
+    scan's gs = cm·conj(pin)∘dp and ds = conj(pt)∘dp. Every use of dp here is one of the two (dF = gs, the dG
+    operand is ds, and since pin = pt·lam^(mu+1) the pt-family term times conj(pt) is
+    e_t·ds∘conj(G·Ps) + e_in·gs∘conj(FQ·Xᵀ)), so dp and the pt, pin, lam^(mu+1) tables are not read, and that term
+    goes to the sink as ``hp`` (fold_raw(.., h_pre=True))."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
 
+    def ds_of(m):  # conj(pt)∘dp of mode block m
+        if pre is not None:
+            return pre(m)[1]
+        tb, dv = tabs(m), dp(m)
+        return cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])
+
     def dg_terms(m):  # Re((dp∘conj(pt))·conj(Ps)ᵀ) of mode block m
-        def de(part):
-            tb, dv = tabs(m), dp(m)
-            return cmul_conj(dv[0], dv[1], tb.pt[0], tb.pt[1])[part]
-        return (lambda: dot.nt(de(0), tabs(m).ps[0]), lambda: dot.nt(de(1), tabs(m).ps[1]))
+        return (lambda: dot.nt(ds_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(ds_of(m)[1], tabs(m).ps[1]))
 
     dg = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in dg_terms(m)], feeds_dot=True), 0.0)
     tbf = tabs(None)
-    dv = dp(None)
-    dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
-    del dv
+    if pre is not None:
+        dfr, dfi = pre(None)[0]
+    else:
+        dv = dp(None)
+        dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
+        del dv
 
     def body1(j, g):
         fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
@@ -595,6 +624,15 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         sink.yx(_keep(cr, ci, mk.keep))
         sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZK·Yᵀ)
         del yr, yi
+        if pre is not None:
+            gs, dsv = pre(m)
+            sink.ds((dot.tn(g, dsv[0]), dot.tn(g, dsv[1])))                                # dPs = Gᵀ·ds
+            er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
+            tr, ti = cmul_conj(dsv[0], dsv[1], er, ei)                                     # conj(pt)∘dPt
+            del er, ei, dsv
+            zr, zi = cmul_conj(gs[0], gs[1], fr, fi)                                       # conj(pt)∘dPin·conj(lam^(mu+1))
+            sink.hp((e_t * tr + e_in * zr, e_t * ti + e_in * zi))
+            return
         dv = dp(m)
         u = tb.pt
         der, dei = cmul_conj(dv[0], dv[1], u[0], u[1])

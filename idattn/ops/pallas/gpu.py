@@ -680,6 +680,21 @@ def prescale_rev(g, tabs, segs, *, L, conj, cdt):
     return _scale_per_token(g, _by_position(w), None if segs is None else segs[1], L=L, cdt=cdt, cm_rows=(0, 1))
 
 
+def prescale_p(dp, tabs, segs, *, L, cdt):
+    """dp's two per-token factors in one XLA pass (the GPU backward without a mixing matrix, where ``bwd_o``
+    writes dp; with one, ``bwd_mix`` forms them beside dp):
+
+        gs_t = cm_t · conj(pin_{t mod L}) ∘ dp_t     (the P-half adjoint scan's factor; ``prescale_rev``)
+        ds_t = conj(pt_{t mod L}) ∘ dp_t             (``bwd_p``'s: C.p_bwd_modes(.., pre=...))
+
+    dp [B, T, H, 2, M]; returns [B, T, H, 4, M] in ``cdt``: gs's planes then ds's."""
+    tabs = expand_tables(tabs)
+    pt, pin = tabs[1], tabs[2]  # [H, 2, L, M]
+    w = jnp.concatenate([_cmul_weights(pin[:, 0], pin[:, 1], conj_table=True),
+                         _cmul_weights(pt[:, 0], pt[:, 1], conj_table=True)])  # [4, 2, H, L, M]
+    return _scale_per_token(dp, _by_position(w), None if segs is None else segs[1], L=L, cdt=cdt, cm_rows=(0, 1))
+
+
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
              name="scan_rev", prescaled=False, gs_planes=(0, 1), gs_conj=False):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
@@ -766,15 +781,15 @@ def _store_raw(tile_r, vec_r, bi, h, gi, raw):
     vec_r[bi, h, gi, 1, 0] = raw[7]
 
 
-def _fold_raw_sums(tiles, vecs, tabs, L):
+def _fold_raw_sums(tiles, vecs, tabs, L, h_pre=False):
     """The raw sums [B, H, NG, 6, L, M], [B, H, NG, 2, 1, M] -> rows [1, H, 1, 4, 1, M] and cols [1, H, 1, 2, M, 1]
-    (the per-chunk layout _store_flat_acc writes, summed)."""
+    (the per-chunk layout _store_flat_acc writes, summed); h_pre as in C.fold_raw."""
     tiles, vecs = jnp.sum(tiles, axis=(0, 2)), jnp.sum(vecs, axis=(0, 2))[:, :, 0]  # [H, 6, L, M], [H, 2, M]
     sp, lmu1, lmu, b = tabs[0], tabs[7], tabs[8], tabs[9]
 
     def one_head(t, v, sp, lmu1, lmu, b):
         tb = C.Tabs((sp[0], sp[1]), (lmu1[0, 0], lmu1[1, 0]), (lmu[0, 0], lmu[1, 0]), None, (b[0, 0], b[1, 0]))
-        return jnp.stack(C.fold_raw(tuple(t) + (v[0], v[1]), tb, L))  # [6, M]
+        return jnp.stack(C.fold_raw(tuple(t) + (v[0], v[1]), tb, L, h_pre=h_pre))  # [6, M]
 
     acc = jax.vmap(one_head)(tiles, vecs, sp, lmu1, lmu, b)
     return acc[None, :, None, :4, None, :], jnp.moveaxis(acc[None, :, None, 4:, None, :], -2, -1)
@@ -828,7 +843,7 @@ def _groups(B, H, NC, target_programs=None):
     return per, ng
 
 
-def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret):
+def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret, factors=None):
     """O-half backward: dg [1, B, T, H, 2, M] (mdt), the cotangent of the per-token vector g it reads (w, or p
     when there is no mixing matrix: then conj(w) = p per ``conj``), dzv [B, T, H, D] (zv's dtype), parameter
     rows [B, H, NC, 4, 1, M] and cols [.., 2, M, 1] per chunk (or, with one mode block, their sums as
@@ -837,8 +852,13 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     spills).
     kmix must be None. Each program walks the whole feature width in sub-blocks of ``plan.block`` and the modes in
     blocks of MODE_BLOCK (o_bwd_modes); the parameter sums are carried across the program's chunks (one mode
-    block) or written per chunk."""
+    block) or written per chunk.
+    ``factors``: the forward's qu [B, T, H, 4, M] (``fwd_mix`` with tabs); the kernel then reads q = w∘pt from
+    it (planes 0, 1) instead of w (C.o_bwd_modes' ``pre``), and w (may be None) is not read."""
     _no_kmix("bwd_o", kmix)
+    pre = factors is not None
+    if pre:
+        w = factors  # the kernel reads q from this ref (f_r); w itself is not read
     tabs = expand_tables(tabs)
     B, T, H, D = zv.shape
     M = tabs[0].shape[-1]
@@ -853,6 +873,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
         (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + (4 if seg else 0), seg)
         dw_r, dzv_r, row_r, col_r = outs
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        f_r = w_r if pre else None
 
         def body(c, carry):
             t0 = c * L
@@ -864,6 +885,10 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
             w_fn = lambda m: C.mix_fwd(_modes(w_r, bi, ts, h, msl(m)), None, conj, dot)[0]  # noqa: E731
             ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
 
+            def pre_fn(m):  # q = w∘pt (re, im) [L, mb] float32 of mode block m
+                ms = slice(None) if m is None else msl(m)
+                return f_r[bi, ts, h, 0, ms].astype(F32), f_r[bi, ts, h, 1, ms].astype(F32)
+
             def store(j, dzv):
                 dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
 
@@ -874,7 +899,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
             return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry)
+                                 raw=carry, pre=pre_fn if pre else None)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
         if sums:
@@ -885,7 +910,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
     dw, dzv, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
     if sums:
-        row, col = _fold_raw_sums(row, col, tabs, L)
+        row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
     return dw, dzv, row, col, None
 
 
@@ -899,9 +924,10 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
     dK [B, H, NG, 2, M, M] float32 = Σ_t sᴴ·dw per chunk group (s = conj(p) or p); p, dw [.., B, T, H, 2, M],
     kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o.
 
-    With ``tabs`` (and ``segs`` when there are segment ids) also the P-half's adjoint-scan factor
-    gs = cm·conj(pin)∘dp [B, T, H, 2, M] (cdt; what XLA's pass ``prescale_rev(dp)`` forms, from dp as rounded
-    to mdt), formed where dp is: returns (dp, dK, gs)."""
+    With ``tabs`` (and ``segs`` when there are segment ids) also dp's two per-token factors, formed where dp is
+    (from dp as rounded to mdt): the P-half's adjoint-scan factor gs = cm·conj(pin)∘dp and bwd_p's
+    ds = conj(pt)∘dp, as [B, T, H, 4, M] (cdt; gs's planes then ds's: what XLA's pass ``prescale_p(dp)``
+    forms): returns (dp, dK, gs_ds)."""
     kmix = kmix.astype(cdt)  # only a dot operand
     B, T, H = p.shape[:3]
     M = p.shape[-1]
@@ -928,9 +954,13 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
             if fold:
                 dpr = tuple(x.astype(dp_r.dtype).astype(F32) for x in dpc)  # as bwd_p reads it
                 mk = _masks(seg_r, bi, c, c * L, L)
-                gr, gi_ = C.cmul_conj(*dpr, *_tabs(tab_r, h).pin)
+                tb = _tabs(tab_r, h)
+                gr, gi_ = C.cmul_conj(*dpr, *tb.pin)
                 gs_r[0][bi, ts, h, 0, :] = C.rowmask(gr, mk.cm).astype(gs_r[0].dtype)
                 gs_r[0][bi, ts, h, 1, :] = C.rowmask(gi_, mk.cm).astype(gs_r[0].dtype)
+                dr, di = C.cmul_conj(*dpr, *tb.pt)
+                gs_r[0][bi, ts, h, 2, :] = dr.astype(gs_r[0].dtype)
+                gs_r[0][bi, ts, h, 3, :] = di.astype(gs_r[0].dtype)
             return dk[0] + dkc[0], dk[1] + dkc[1]
 
         dk0 = (jnp.zeros((M, M), F32), jnp.zeros((M, M), F32))
@@ -940,16 +970,18 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
 
     out = (jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct((B, H, NG, 2, M, M), F32))
     if fold:
-        out = out + (jax.ShapeDtypeStruct((B, T, H, 2, M), cdt),)
+        out = out + (jax.ShapeDtypeStruct((B, T, H, 4, M), cdt),)
     plan = mix_plan("bwd_mix", L=L, M=M, n_modes_in=2, mode_bytes=jnp.dtype(p.dtype).itemsize,
                     k_bytes=jnp.dtype(cdt).itemsize)
     args = (p, kmix, dw, *tabs) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(*args)
 
 
-def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
+def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=None):
     """dfq, dzk [B, T, H, R] (input dtypes), acc rows / cols as in bwd_o; dp [B, T, H, 2, M]. Each program walks
-    the whole feature width in sub-blocks of ``plan.block`` and the modes in blocks (p_bwd_modes)."""
+    the whole feature width in sub-blocks of ``plan.block`` and the modes in blocks (p_bwd_modes).
+    ``factors``: dp's per-token factors (gs, ds) [B, T, H, 4, M] (``bwd_mix`` with tabs, or ``prescale_p``); the
+    kernel then reads them instead of dp (C.p_bwd_modes' ``pre``), and dp is not read."""
     tabs = expand_tables(tabs)
     B, T, H, R = fq.shape
     M = tabs[0].shape[-1]
@@ -959,11 +991,15 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
     nmb, mb = _mode_blocks(M)
     sums = nmb == 1  # as in bwd_o
     dot, seg = C.Dots(cdt), segs is not None
+    pre = factors is not None
+    if pre:
+        dp = factors  # only its shape and position in the argument list matter: the kernel reads f_r
 
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
             refs, 15 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        f_r = dp_r if pre else None
 
         def body(c, carry):
             t0 = c * L
@@ -974,6 +1010,11 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
             dp_fn = lambda m: _modes(dp_r, bi, ts, h, msl(m))  # noqa: E731
             ld = _Loads(dict(fq=fq_r, zk=zk_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
 
+            def pre_fn(m):  # ((gs re, im), (ds re, im)) [L, mb] float32 of mode block m
+                ms = slice(None) if m is None else msl(m)
+                pk = [f_r[bi, ts, h, k, ms].astype(F32) for k in range(4)]
+                return (pk[0], pk[1]), (pk[2], pk[3])
+
             def store(j, dfq, dzk):
                 ns = pl.ds(j * sub, sub)
                 dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
@@ -981,7 +1022,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
 
             return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry)
+                                 raw=carry, pre=pre_fn if pre else None)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
         if sums:
@@ -992,5 +1033,5 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret):
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
     dfq, dzk, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)
     if sums:
-        row, col = _fold_raw_sums(row, col, tabs, L)
+        row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
     return dfq, dzk, row, col

@@ -221,9 +221,9 @@ def _fused_fwd(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs
 
 
 def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, *, residuals):
-    """Both halves. GPU: fwd_p, then (with K) fwd_mix (w = s·K, a kernel of its own), then fwd_o reads w; the
-    backward reads the saved w (and p, for dK). TPU: fwd_o mixes p itself. Returns ((o, Xk_T, Xv_T), the
-    residuals or None)."""
+    """Both halves. GPU: fwd_p, then (with K) fwd_mix (w = s·K, a kernel of its own), then fwd_o reads w (or
+    fwd_mix's per-token factors qu of w, op.GPU_FUSED_FACTORS); the backward reads the saved w or qu (and p, for
+    dK). TPU: fwd_o mixes p itself. Returns ((o, Xk_T, Xv_T), the residuals or None)."""
     K = _kernels(cfg.family)
     P = dict(cfg.plans)
     tabs = _tables(lam_re, lam_im, b_re, b_im, cfg.L, xk0.shape[-2])
@@ -246,8 +246,9 @@ def _forward(cfg, fq, zk, zv, kmix, lam_re, lam_im, b_re, b_im, xk0, xv0, segs, 
             p, xkt, xsk = _ForwardOut.of(K.fwd_p(fq, zk, tabs, xk0, sg, plan=P["fwd_p"], mdt=mdt, **kw))
         mix_kw = dict(conj=cfg.conj, L=cfg.L, cdt=cfg.cdt, mdt=mdt, interpret=cfg.interpret, write_p=residuals)
         qu = None
-        if pre and GPU_FUSED_FACTORS:  # the mixing and fwd_o's factors in one kernel (gpu.fwd_mix with tabs)
-            w, p, qu = K.fwd_mix(p, km, tabs=tabs, segs=sg, write_w=residuals, **mix_kw)
+        if pre and GPU_FUSED_FACTORS:  # the mixing and fwd_o's factors in one kernel (gpu.fwd_mix with tabs);
+            # w is not written: the backward reads q and u from qu instead (bwd_o, the O-half scan)
+            w, p, qu = K.fwd_mix(p, km, tabs=tabs, segs=sg, write_w=False, **mix_kw)
             g, gconj = qu, False
         else:
             if km is not None or p.shape[0] > 1:  # the mixing and / or the sum of fwd_p's partials: fwd_mix
@@ -298,18 +299,20 @@ def _fused_bwd(cfg, res, cts):
                              cdt=cfg.cdt)
         ysv, y0v = K.scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
                               conj_g=True, name="scan_rev_v", prescaled=True, **kw)
-    if w is None:  # no mixing matrix (GPU), or the TPU kernels: the O-half kernels mix p per chunk themselves
-        if not pre:
+    # the forward's q = w∘pt for bwd_o (GPU, fused factors: then the forward wrote no w)
+    fo = dict(factors=qu) if pre and qu is not None else {}
+    if not (cfg.family == "gpu" and cfg.has_k):  # no mixing matrix (GPU), or the TPU kernels: the O-half
+        if not pre:                              # kernels mix p per chunk themselves
             ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
                                   conj_g=True, kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
         dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
-                                            mdt=jnp.dtype(cfg.mdt), **kw)
-    else:  # GPU with K: the O-half reads the forward's w (identity mixing), bwd_mix maps dw to dp and dK
+                                            mdt=jnp.dtype(cfg.mdt), **fo, **kw)
+    else:  # GPU with K: the O-half reads the forward's w or q (identity mixing), bwd_mix maps dw to dp and dK
         if not pre:
             ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
                                   conj_g=True, name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
-                                           mdt=jnp.dtype(cfg.mdt), **kw)
+                                           mdt=jnp.dtype(cfg.mdt), **fo, **kw)
         if pre and GPU_FUSED_FACTORS:  # the P-half scan's factor formed by bwd_mix beside dp
             dp, dk, gsk = K.bwd_mix(p, km, dw, conj=cfg.conj, mdt=jnp.dtype(cfg.mdt), tabs=tabs, segs=sg, **kw)
         else:
@@ -318,14 +321,17 @@ def _fused_bwd(cfg, res, cts):
     if xsk is None:
         xsk = K.scan_fwd(zk, tabs, xk0, sg, plan=P["scan_fwd_k"], sdt=cfg.sdt, name="scan_fwd_k", **kw)
     if pre:
-        if gsk is None:
-            gsk = K.prescale_rev(dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
+        if gsk is None:  # dp's factors for the P-half scan (planes 0, 1) and bwd_p (all four)
+            gsk = K.prescale_p(dp, tabs, sg, L=cfg.L, cdt=cfg.cdt) if GPU_FUSED_FACTORS else K.prescale_rev(
+                dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
         ysk, y0k = K.scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
                               conj_g=False, name="scan_rev_k", prescaled=True, **kw)
     else:
         ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
                               conj_g=False, name="scan_rev_k", **kw)
-    dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"], **kw)
+    ready = pre and GPU_FUSED_FACTORS  # bwd_p reads dp's factors (gs, ds) instead of dp
+    dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"],
+                                     **(dict(factors=gsk) if ready else {}), **kw)
     dlam_re, dlam_im, db_re, db_im = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
                                       jnp.concatenate([col_o, col_p], axis=2), lam_re, lam_im, cfg.L)
     dkmix = jnp.sum(dk, axis=(0, 2)) if cfg.has_k else jnp.zeros_like(kmix)
@@ -362,7 +368,9 @@ GPU_PRESCALED_SCAN = True
 GPU_PRESCALED_MODES = True
 # With the above, the per-token factors are formed inside kernels instead of in XLA's passes: fwd_mix also writes
 # fwd_o's q, u (replaces prescale_fwd_o; then it runs without c too; the backward's O-half scan factor is conj(u),
-# read from the same tensor), and bwd_mix writes the P-half scan's factor beside dp (replaces prescale_rev(dp)).
+# read from the same tensor), and bwd_mix writes dp's two factors beside dp, the P-half scan's cm·conj(pin)∘dp and
+# conj(pt)∘dp, which bwd_p reads instead of dp (without c, XLA's prescale_p forms both; replaces prescale_rev(dp)):
+# bwd_p then forms no product with the pt / pin tables.
 # False: the XLA passes (the form before 2026-12-06).
 GPU_FUSED_FACTORS = True
 
