@@ -162,7 +162,10 @@ STEP_S = {
     # 1.98 stays. Under that load the windows' medians were 3.4-4.5 s: wall time, not this table, is what a
     # shared machine gives.
     "128x6": {"interdomain": 1.94, "softmax": 1.90, "s4d_only": 1.98},
-    "192x6": {"interdomain": 5.97, "softmax": 4.10},
+    # 192x6 re-measured 2026-12-06 on today's code: 40-step runs of the climb192 configs pinned to core 0, the mean
+    # of the first two 10-step windows after compilation (3.24 / 3.27, 3.06 / 3.07, 2.51 / 2.49 s), the other core
+    # training a climb128 run (before: 5.97 / 4.10 from 2026-12-02, a heavier load and the slower backward).
+    "192x6": {"interdomain": 3.26, "softmax": 3.07, "s4d_only": 2.50},
 }
 # Per run, beyond its steps: compilation (persistent cache after the first seed), the 1x and 4x evaluations and
 # checkpoints (the pilot's runs: see the pilot table's compute against its steps).
