@@ -196,6 +196,43 @@ def test_gpu_plan_refuses_what_cannot_fit():
         gpu.choose("bwd_o", n=128, bh=1, L=64, M=64, in_bytes=4, mode_bytes=4, state_bytes=4, limit=1000)
 
 
+def test_gpu_mask_from_document_starts_is_the_document_mask():
+    """The GPU kernels mask a chunk with s_i <= j <= i (s_i where row i's document starts in the chunk,
+    gpu.doc_starts) instead of i >= j and d_i == d_j: the same [L, L] mask for every chunk, with documents that
+    start mid-chunk, at a chunk's first token, span chunks, and repeated ids that start new documents."""
+    from idattn.ops.pallas import _chunk as C
+    from idattn.ops.pallas import gpu, op
+    rng = np.random.default_rng(3)
+    B, T, L = 3, 64, 16
+    seg = np.cumsum(rng.random((B, T)) < 0.15, axis=1) % 3  # ids repeat: 0, 1, 2, 0, ...
+    seg[1] = 5  # one document throughout
+    seg[2, 16:] = seg[2, 15] + 1  # a document starting exactly at a chunk boundary
+    doc, *_ = op._segment_arrays(jnp.asarray(seg, jnp.int32), B, T, T, L)
+    starts = gpu.doc_starts(doc, L)
+    for bi in range(B):
+        for c in range(T // L):
+            d, st = doc[bi, c * L:(c + 1) * L], starts[bi, c * L:(c + 1) * L]
+            np.testing.assert_array_equal(C.causal_mask(L, start=st), C.causal_mask(L, d), err_msg=f"{bi} {c}")
+    assert int(starts.max()) > 0  # some document starts mid-chunk
+
+
+def test_gpu_dot2_is_plain_outside_the_triton_lowering():
+    """C.dot2 (a·b ± c·d; inline PTX fused multiply-adds while gpu._call traces a kernel for Triton) computes
+    plainly everywhere else, and the hook is restored after a kernel is traced."""
+    from idattn.ops.pallas import _chunk as C
+    from idattn.ops.pallas import gpu
+    a, b, c, d = (jnp.asarray(np.random.default_rng(i).normal(size=(4, 3)), jnp.float32) for i in range(4))
+    assert C.DOT2 is None
+    np.testing.assert_allclose(C.dot2(a, b, c, d), a * b + c * d, rtol=1e-6)
+    np.testing.assert_allclose(C.dot2(a, b, c, d, sub=True), a * b - c * d, rtol=1e-6)
+    seen = []
+    gpu._with_fma(lambda: seen.append(C.DOT2))()
+    assert seen == [gpu._ptx_dot2] and C.DOT2 is None
+    # non-float32 operands never reach the inline assembly (its constraints are .f32 registers)
+    np.testing.assert_allclose(gpu._ptx_dot2(a.astype(jnp.bfloat16), b, c, d, True),
+                               (a.astype(jnp.bfloat16) * b - c * d), rtol=1e-2)
+
+
 def test_gpu_mix_kernels_fit_the_card_or_are_refused():
     """fwd_mix / bwd_mix take their stages from the card's shared memory: two on an H100 / H200 (227 KiB), one on
     a 99 KiB card where float32 at M = 64 would not fit two, and a one-line refusal naming the kernel, the shape,

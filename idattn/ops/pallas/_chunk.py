@@ -41,14 +41,30 @@ F32 = jnp.float32
 # small helpers
 
 
+# dot2's implementation inside the GPU kernels, or None (a*b ± c*d). gpu._call sets it while Pallas traces a
+# kernel for Triton: Pallas's Triton lowering reaches ptxas as separate mul.rn / add.rn, which ptxas never fuses,
+# so every complex product and multiply-add of the loops cost two multiplies and an add (compiled for sm_90a: no
+# FFMA in any kernel before 2026-12-06); gpu._ptx_dot2 writes one multiply and one fma.rn (one rounding fewer).
+# Interpret mode and the TPU kernels keep a*b ± c*d.
+DOT2 = None
+
+
+def dot2(a, b, c, d, sub=False):
+    """a·b + c·d, or a·b - c·d with ``sub`` (elementwise, broadcasting): inside the GPU kernels one multiply and
+    one fused multiply-add."""
+    if DOT2 is None:
+        return a * b - c * d if sub else a * b + c * d
+    return DOT2(a, b, c, d, sub)
+
+
 def cmul(ar, ai, br, bi):
     """(ar + i ai)(br + i bi) as planes."""
-    return ar * br - ai * bi, ar * bi + ai * br
+    return dot2(ar, br, ai, bi, sub=True), dot2(ar, bi, ai, br)
 
 
 def cmul_conj(ar, ai, br, bi):
     """(ar + i ai) · conj(br + i bi) as planes."""
-    return ar * br + ai * bi, ai * br - ar * bi
+    return dot2(ar, br, ai, bi), dot2(ai, br, ar, bi, sub=True)
 
 
 class Dots:
@@ -102,13 +118,16 @@ class Dots:
         return self(a.T, b)
 
 
-def causal_mask(length: int, doc=None):
-    """[L, L] bool: i >= j, and d_i == d_j when ``doc`` (int [L]) is given."""
+def causal_mask(length: int, doc=None, start=None):
+    """[L, L] bool: i >= j, and d_i == d_j when ``doc`` (int [L]) is given, or j >= s_i when ``start`` (int [L],
+    the chunk-local index where row i's document starts: gpu.doc_starts) is given - the same mask."""
     i = lax.broadcasted_iota(jnp.int32, (length, length), 0)
     j = lax.broadcasted_iota(jnp.int32, (length, length), 1)
     m = i >= j
     if doc is not None:
         m = jnp.logical_and(m, doc[:, None] == doc[None, :])
+    if start is not None:
+        m = jnp.logical_and(m, j >= start[:, None])
     return m
 
 
@@ -168,8 +187,12 @@ class Masks:
     """Per-chunk masks. Without segments: mk causal, cm = em = 1, keep = 1 (all stay Python None / scalars so
     the kernels skip the multiplies)."""
 
-    def __init__(self, mk, cm=None, em=None, keep=None):
-        self.mk, self.cm, self.em, self.keep = mk, cm, em, keep
+    def __init__(self, mk, cm=None, em=None, keep=None, select=None):
+        self.mk, self.cm, self.em, self.keep, self._select = mk, cm, em, keep, select
+
+    def apply(self, x):
+        """x [L, L] where the mask holds, else 0 (a select, never a multiply: masked entries may be inf)."""
+        return jnp.where(self.mk, x, 0.0) if self._select is None else self._select(x)
 
 
 def rowmask(x, m):
@@ -195,7 +218,7 @@ def carry_fwd(z, X, tb: Tabs, mk: Masks, dot: Dots):
 
 def p_fwd(fq, zk, X, tb: Tabs, mk: Masks, dot: Dots):
     """P-half readout of one chunk: p [L, M] planes (raw Xk_t · fq_t, before c)."""
-    g = jnp.where(mk.mk, dot.nt(fq, zk), 0.0)
+    g = mk.apply(dot.nt(fq, zk))
     er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
     pr, pi = cmul(tb.pt[0], tb.pt[1], er, ei)
     fr, fi = dot.nt(fq, X[0]), dot.nt(fq, X[1])
@@ -209,7 +232,7 @@ def o_fwd(w, zv, X, tb: Tabs, mk: Masks, dot: Dots):
     ur, ui = cmul(qr, qi, tb.lmu1[0], tb.lmu1[1])  # w∘pin = (w∘pt)·lam^(mu+1): w is dead after Q
     ur, ui = rowmask(ur, mk.cm), rowmask(ui, mk.cm)
     o = dot(ur, X[0]) - dot(ui, X[1])
-    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
+    a = mk.apply(dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]))
     return o + dot(a, zv)
 
 
@@ -219,7 +242,7 @@ def o_fwd_scaled(qu, zv, X, tb: Tabs, mk: Masks, dot: Dots):
     o = Re(u·Xv) + mask(Re(q·Psᵀ))·ZV."""
     (qr, qi), (ur, ui) = qu
     o = dot(ur, X[0]) - dot(ui, X[1])
-    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
+    a = mk.apply(dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]))
     return o + dot(a, zv)
 
 
@@ -275,8 +298,8 @@ def o_bwd(w, zv, do, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     """O-half backward of one chunk.  X: forward state before the chunk; Y: adjoint of the state after it.
     Returns dw [L, M] planes, dzv [L, D] float32, updated acc."""
     qr, qi = cmul(w[0], w[1], tb.pt[0], tb.pt[1])
-    a = jnp.where(mk.mk, dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]), 0.0)
-    da = jnp.where(mk.mk, dot.nt(do, zv), 0.0)
+    a = mk.apply(dot.nt(qr, tb.ps[0]) - dot.nt(qi, tb.ps[1]))
+    da = mk.apply(dot.nt(do, zv))
     per, pei = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
     dzv = dot.tn(a, do) + dot(per, Y[0]) + dot(pei, Y[1])
     # readout of the carried state: dW~ = dO·conj(X)ᵀ
@@ -297,7 +320,7 @@ def o_bwd(w, zv, do, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
 
 def p_bwd(fq, zk, dp, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     """P-half backward of one chunk. Returns dfq [L, R], dzk [L, R] float32, updated acc."""
-    g = jnp.where(mk.mk, dot.nt(fq, zk), 0.0)
+    g = mk.apply(dot.nt(fq, zk))
     er, ei = dot(g, tb.ps[0]), dot(g, tb.ps[1])
     fr, fi = dot.nt(fq, X[0]), dot.nt(fq, X[1])
     der, dei = cmul_conj(dp[0], dp[1], tb.pt[0], tb.pt[1])
@@ -305,7 +328,7 @@ def p_bwd(fq, zk, dp, X, Y, tb: Tabs, mk: Masks, dot: Dots, acc, length):
     dpr, dpi = rowmask(dp[0], mk.cm), rowmask(dp[1], mk.cm)
     dfr, dfi = cmul_conj(dpr, dpi, tb.pin[0], tb.pin[1])
     d_pin = cmul_conj(dpr, dpi, fr, fi)
-    dg = jnp.where(mk.mk, dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]), 0.0)
+    dg = mk.apply(dot.nt(der, tb.ps[0]) + dot.nt(dei, tb.ps[1]))
     d_ps = (dot.tn(g, der), dot.tn(g, dei))
     dfq = dot(dg, zk) + dot(dfr, X[0]) + dot(dfi, X[1])
     per, pei = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
@@ -530,7 +553,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     def a_terms(m):  # Re((w∘pt)·Psᵀ) of mode block m: Re(q)·Re(Ps)ᵀ - Im(q)·Im(Ps)ᵀ
         return (lambda: dot.nt(q_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(-q_of(m)[1], tabs(m).ps[1]))
 
-    a = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in a_terms(m)], feeds_dot=True), 0.0)
+    a = mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)], feeds_dot=True))
     tbf = tabs(None)
 
     def body1(j, da):
@@ -541,7 +564,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
     da = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
     del a
-    da = jnp.where(mk.mk, da, 0.0)
+    da = mk.apply(da)
 
     def phase2(m, sink):
         tb = tabs(m)
@@ -561,11 +584,11 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         store_dw(m, cmul_conj(zr + dqr, zi + dqi, u[0], u[1]))
         if pre is not None:  # conj(pt)·conj(w)·(...) = conj(q)·(...)
             qr, qi = pre(m)
-            sink.hp(cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, qr, qi))
+            sink.hp(cmul_conj(dot2(e_t, dqr, e_in, zr), dot2(e_t, dqi, e_in, zi), qr, qi))
             return
         wv = w(m)
         # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
-        sink.h(cmul_conj(e_t * dqr + e_in * zr, e_t * dqi + e_in * zi, wv[0], wv[1]))
+        sink.h(cmul_conj(dot2(e_t, dqr, e_in, zr), dot2(e_t, dqi, e_in, zi), wv[0], wv[1]))
 
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 
@@ -597,7 +620,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     def dg_terms(m):  # Re((dp∘conj(pt))·conj(Ps)ᵀ) of mode block m
         return (lambda: dot.nt(ds_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(ds_of(m)[1], tabs(m).ps[1]))
 
-    dg = jnp.where(mk.mk, dot.sum(*[t for m in range(nmb) for t in dg_terms(m)], feeds_dot=True), 0.0)
+    dg = mk.apply(dot.sum(*[t for m in range(nmb) for t in dg_terms(m)], feeds_dot=True))
     tbf = tabs(None)
     if pre is not None:
         dfr, dfi = pre(None)[0]
@@ -615,7 +638,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
 
     g = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
     del dg, dfr, dfi
-    g = jnp.where(mk.mk, g, 0.0)
+    g = mk.apply(g)
 
     def phase2(m, sink):
         tb = tabs(m)
@@ -631,7 +654,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
             tr, ti = cmul_conj(dsv[0], dsv[1], er, ei)                                     # conj(pt)∘dPt
             del er, ei, dsv
             zr, zi = cmul_conj(gs[0], gs[1], fr, fi)                                       # conj(pt)∘dPin·conj(lam^(mu+1))
-            sink.hp((e_t * tr + e_in * zr, e_t * ti + e_in * zi))
+            sink.hp((dot2(e_t, tr, e_in, zr), dot2(e_t, ti, e_in, zi)))
             return
         dv = dp(m)
         u = tb.pt
@@ -643,7 +666,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         del er, ei
         dpr, dpi = rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm)
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
-        sink.h((e_t * tr + e_in * zr, e_t * ti + e_in * zi))
+        sink.h((dot2(e_t, tr, e_in, zr), dot2(e_t, ti, e_in, zi)))
 
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 

@@ -12,7 +12,7 @@ time axis. Layouts (all prepared by ``idattn.ops.pallas.op``):
     kmix [H, 2, M, M] float32                         the mode mixing K = cᴴc (conj) or cᵀc, (re, im) planes
     tables: sp [H, 2, L, M]; lam^(mu+1), lam^mu, b [H, 2, 1, M]; laml [H, 2, M, 1]
     states [B, H, 2, M, N] float32; per-chunk states [B, H, NC, 2, M, N] (``sdt``: the compute dtype)
-    doc [B, T] int32; cm, em [B, T, 1] float32; keep [B, NC] float32       (only with segment ids)
+    start [B, T] int32 (doc_starts); cm, em [B, T, 1] float32; keep [B, NC] float32   (only with segment ids)
     parameter sums per chunk: rows [B, H, NC, 4, 1, M], cols [B, H, NC, 2, M, 1] float32
 
 Kernels, in order: fwd_p (fq, zk -> p), fwd_mix (p -> w = s·K, s = conj(p) or p; the sum of p's partials; and
@@ -223,10 +223,43 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
 LAUNCH_RECORDER: list | None = None
 
 
+# $0 = $1·$2 + $3·$4, and $1·$2 - $3·$4 (the negation folds into ptxas's FMUL): one FMUL and one FFMA
+_DOT2_ASM = {False: "{ .reg .f32 t; mul.rn.f32 t, $3, $4; fma.rn.f32 $0, $1, $2, t; }",
+             True: "{ .reg .f32 t; mul.rn.f32 t, $3, $4; neg.f32 t, t; fma.rn.f32 $0, $1, $2, t; }"}
+
+
+def _ptx_dot2(a, b, c, d, sub):
+    """a·b ± c·d as inline PTX, one multiply and one fused multiply-add (C.dot2 inside the kernels lowered for
+    Triton, which ptxas would otherwise compile to two multiplies and an add); float32 only, other dtypes
+    plainly. Compiled for sm_90a at (16, 128, 32) bf16 T = 4K this took 30-60 instructions off each loop
+    iteration (docs/kernels-results.md, "Built since: fused multiply-adds")."""
+    from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
+    xs = (a, b, c, d)
+    if any(jnp.result_type(x) != F32 for x in xs):
+        return a * b - c * d if sub else a * b + c * d
+    shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
+    args = [jnp.broadcast_to(jnp.asarray(x, F32), shape) for x in xs]
+    return pltr.elementwise_inline_asm(_DOT2_ASM[bool(sub)], args=args, constraints="=f,f,f,f,f", pack=1,
+                                       result_shape_dtypes=[jax.ShapeDtypeStruct(shape, F32)])[0]
+
+
+def _with_fma(kernel):
+    """kernel, traced with C.dot2 as inline PTX (pallas_call traces the body when it is called)."""
+    def traced(*refs):
+        prev, C.DOT2 = C.DOT2, _ptx_dot2
+        try:
+            return kernel(*refs)
+        finally:
+            C.DOT2 = prev
+    return traced
+
+
 def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
     kw = {}
     if not interpret and plan is not None:
         kw["compiler_params"] = _compiler_params(plan.num_warps, plan.num_stages)
+    if not interpret:
+        kernel = _with_fma(kernel)
     f = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, name=f"idattn_{name}", **kw)
     if LAUNCH_RECORDER is None:
         return f
@@ -284,12 +317,52 @@ def _tabs(tab_refs, h, ms=None, flat_rows=False):
     return LoadTabs(tab_refs, h, ms, flat_rows)
 
 
-def _masks(seg_refs, bi, c, t0, L):
+def doc_starts(doc, L):
+    """op.py's document index doc [B, T] (T a multiple of L) -> s [B, T] int32: the chunk-local index of the first
+    token of each token's document within its chunk (0 when the document began in an earlier chunk). Documents are
+    contiguous, so within a chunk token j is in token i's document and not after it exactly when s_i <= j <= i:
+    the kernels' mask is then two compares against a row vector instead of an [L, L] comparison of doc ids in
+    two layouts."""
+    B, T = doc.shape
+    dc = doc.reshape(B, T // L, L)
+    k = lax.broadcasted_iota(jnp.int32, dc.shape, 2)
+    first = jnp.concatenate([jnp.ones_like(dc[..., :1], bool), dc[..., 1:] != dc[..., :-1]], axis=-1)
+    return lax.cummax(jnp.where(first, k, 0), axis=2).reshape(B, T)
+
+
+# $0 = $1 where $2 >= $3 (i >= j), and with the document start $4 also $3 >= $4, else +0
+_SELECT_ASM = {False: "{ .reg .pred q; setp.ge.s32 q, $2, $3; selp.f32 $0, $1, 0f00000000, q; }",
+               True: "{ .reg .pred p, q; setp.ge.s32 p, $3, $4; setp.ge.and.s32 q, $2, $3, p; "
+                     "selp.f32 $0, $1, 0f00000000, q; }"}
+
+
+def _ptx_select(x, L, s=None):
+    """C.Masks.apply inside the kernels lowered for Triton: x [L, L] float32 where i >= j (and j >= s_i with the
+    document starts s, doc_starts), else 0, as inline PTX: two compares and a select per element. Written as
+    jnp.where, LLVM narrows the select through the bf16 cast that follows (a dot operand), so each element was
+    unpacked, selected and repacked (PRMT, SEL, PRMT), and the mask's predicates were parked bit by bit in a
+    register (two LOP3 each) between its two uses; compiled for sm_90a, (16, 128, 32) bf16 T = 4K, this took
+    bwd_o's loop from 1,281 to 1,175 instructions and fwd_o_readout's from 406 to 359."""
+    from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
+    if x.dtype != F32:
+        return jnp.where(C.causal_mask(L, start=s), x, 0.0)
+    i = lax.broadcasted_iota(jnp.int32, (L, L), 0)
+    j = lax.broadcasted_iota(jnp.int32, (L, L), 1)
+    args = [x, i, j] + ([] if s is None else [jnp.broadcast_to(s[:, None], (L, L))])
+    cons = "=f,f,r,r" + ("" if s is None else ",r")
+    return pltr.elementwise_inline_asm(_SELECT_ASM[s is not None], args=args, constraints=cons, pack=1,
+                                       result_shape_dtypes=[jax.ShapeDtypeStruct((L, L), F32)])[0]
+
+
+def _masks(seg_refs, bi, c, t0, L, asm=True):
+    """The chunk's Masks; ``asm``: Masks.apply as _ptx_select when lowering for Triton (else jnp.where)."""
+    asm = asm and C.DOT2 is not None
     if seg_refs is None:
-        return C.Masks(C.causal_mask(L))
-    doc, cm, em, keep = seg_refs
-    d = doc[bi, pl.ds(t0, L)]
-    return C.Masks(C.causal_mask(L, d), cm[bi, pl.ds(t0, L), :], em[bi, pl.ds(t0, L), :], keep[bi, c])
+        return C.Masks(C.causal_mask(L), select=(lambda x: _ptx_select(x, L)) if asm else None)
+    start, cm, em, keep = seg_refs
+    s = start[bi, pl.ds(t0, L)]
+    return C.Masks(C.causal_mask(L, start=s), cm[bi, pl.ds(t0, L), :], em[bi, pl.ds(t0, L), :], keep[bi, c],
+                   select=(lambda x: _ptx_select(x, L, s)) if asm else None)
 
 
 def _split(refs, n_in, seg):
@@ -371,13 +444,15 @@ MIX_FWD_TUNING_SMALL_M = (4, 2)
 
 
 def mix_plan(kind, *, L, M, n_modes_in, mode_bytes, k_bytes, limit=None) -> KernelPlan:
-    """The plan of fwd_mix / bwd_mix: their tuning (MIX_FWD_TUNING[_SMALL_M] / MIX_TUNING), at one stage when the two-stage
+    """The plan of fwd_mix / bwd_mix: their tuning (MIX_FWD_TUNING[_SMALL_M] / MIX_TUNING[_SMALL_M]), at one stage when the two-stage
     estimate passes the card's shared memory per block (``smem_limit``); refused, naming the kernel, shape,
     bytes and limit, when one stage does not fit either. Estimate: per chunk, ``n_modes_in`` [2, L, M] mode
     tiles (p's partial sums, or p and dw) and the [2, M, M] planes of K, times the stages: a bound on Triton's
     allocation at every measured case (bf16 and float32, M = 32 and 64: actual / estimate 0.5-1.0)."""
-    fwd_tuning = MIX_FWD_TUNING_SMALL_M if M < 64 else MIX_FWD_TUNING
-    warps, stages = fwd_tuning if kind == "fwd_mix" else MIX_TUNING
+    if kind == "fwd_mix":
+        warps, stages = MIX_FWD_TUNING_SMALL_M if M < 64 else MIX_FWD_TUNING
+    else:
+        warps, stages = MIX_TUNING_SMALL_M if M < 64 else MIX_TUNING
     limit = smem_limit() if limit is None else int(limit)
     per_stage = n_modes_in * 2 * L * M * mode_bytes + 2 * M * M * k_bytes
     while per_stage * stages > limit and stages > 1:
@@ -920,8 +995,12 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
 
 # bwd_mix's (num_warps, num_stages): its tiles are [L, M] and [M, M] only; 8 warps keep s, dw, dK and K (about
-# five 64 x 64 float32 pairs at M = 64) under the register cap, 2 stages prefetch the next chunk's p and dw
+# five 64 x 64 float32 pairs at M = 64) under the register cap, 2 stages prefetch the next chunk's p and dw.
+# Below M = 64 4 warps at one stage (MIX_TUNING_SMALL_M), as fwd_mix: compiled for sm_90a, bf16 (16, 128, 32)
+# T = 4K, with dot2 as FMAs, 419 instructions per warp at 8 warps against 568 at 4 (32% fewer in all), 184
+# registers, no spills; at two stages 4 warps spilled 8 B per thread, and at M = 64 424 B.
 MIX_TUNING = (8, 2)
+MIX_TUNING_SMALL_M = (4, 1)
 
 
 def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
@@ -1008,7 +1087,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
         def body(c, carry):
             t0 = c * L
-            mk = _masks(seg_r, bi, c, t0, L)
+            # at M = 64 the select's operands pushed bwd_p to 255 registers and 4 B of spills at (16, 96, 64) bf16
+            mk = _masks(seg_r, bi, c, t0, L, asm=nmb == 1)
             ts = pl.ds(t0, L)
             msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
             tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True)  # noqa: E731

@@ -444,6 +444,8 @@ def _mix_local(fq, zk, zv, lam, b, c=None, *, conj=True, chunk_size=64, segment_
         xv0 = jnp.pad(_planes(jnp.asarray(v0).astype(jnp.complex64)).astype(F32),
                       ((0, 0), (0, 0), (0, 0), (0, m_pad - M), (0, d_pad - D)))
     segs = None if segment_ids is None else _segment_arrays(segment_ids, B, T, tp, L)
+    if segs is not None and family == "gpu":
+        segs = (gpu.doc_starts(segs[0], L),) + segs[1:]
 
     if save_states is None:
         save_states = SAVE_STATES_DEFAULT[family] if _SAVE_STATES is None else _SAVE_STATES
