@@ -59,6 +59,35 @@ def test_a_listing_is_counted_as_by_hand():
     assert rep["registers"] == 236 and rep["smem_static"] == 1024
 
 
+def _line(addr, text):
+    return f"        /*{addr:04x}*/                   {text} ;   /* 0x0 */"
+
+
+# a chunk loop 0x10..0xa0 holding a sub-block loop (0x20..0x40, 3 instructions) and a mode-block loop
+# (0x50..0x90, 5 instructions) that holds another sub-block loop (0x60..0x70, 2 instructions)
+NESTED = "\n".join(["\t\tFunction : idattn_nested"] + [_line(a, t) for a, t in [
+    (0x00, "LDC R1, c[0x0][0x28]"), (0x10, "FADD R1, R1, R2"), (0x20, "FMUL R2, R2, R3"),
+    (0x30, "FFMA R3, R3, R4, R5"), (0x40, "@P0 BRA 0x20"), (0x50, "LDS R6, [R0]"), (0x60, "FADD R7, R7, R6"),
+    (0x70, "@P1 BRA 0x60"), (0x80, "STS [R0], R7"), (0x90, "@P2 BRA 0x50"), (0xa0, "@P3 BRA 0x10"),
+    (0xb0, "EXIT"), (0xc0, "BRA 0xc0")]])
+
+
+def test_inner_loops_are_counted_as_they_run():
+    """The backward kernels loop over feature sub-blocks (and mode blocks) inside their chunk loop: one chunk
+    iteration as it runs holds each inner body as often as it runs, which the static body does not."""
+    ins = sass.parse_sass(NESTED)["idattn_nested"]
+    rep = sass.kernel_report("idattn_nested", ins, warps=4, trips={"sub": 4, "mode": 2})
+    assert rep["loop"]["total"] == 10  # 0x10..0xa0, each inner body once
+    assert [(lo["total"], lo["holds_loop"]) for lo in rep["inner_loops"]] == [(5, True), (3, False), (2, False)]
+    # outer 10 + the first sub loop 3 more times (3 x 3) + the mode loop once more (5) + the nested sub loop
+    # 3 more times in each of the 2 mode iterations (2 x 3 x 2)
+    assert rep["loop_run"]["total"] == 10 + 9 + 5 + 12
+    # FADD 0x10 once, FMUL 0x20 in the first sub loop 4 times, FADD 0x60 in the nested one 2 x 4 times
+    assert rep["loop_run"]["fmul/fadd"] == 1 + 4 + 2 * 4 and rep["loop_run"]["ffma"] == 4
+    no_trips = sass.kernel_report("idattn_nested", ins, warps=4)
+    assert "loop_run" not in no_trips and no_trips["loop"] == rep["loop"]
+
+
 def test_tensor_core_shapes():
     i = sass.Instr(0, "HMMA", ".1688.F32.TF32", "")
     assert sass.macs(i) == 16 * 8 * 8
@@ -81,6 +110,10 @@ def test_the_fused_forward_for_an_h200_reads_as_tensor_core_loops():
         assert k["loop"] is not None and k["loop"]["mma"] > 0, name  # a chunk loop on the tensor cores
         assert k["loop"]["local (spill)"] == 0 and k["local"] == 0, name  # bf16: no spills (as ptxas -v says)
         assert 0 < k["registers"] <= 255
+    # the scans' complex decay and the readouts' complex products as fused multiply-adds (C.dot2 as inline PTX:
+    # ptxas never fuses the separate mul / add that Pallas's Triton lowering emits)
+    for name in ("idattn_scan_fwd_k", "idattn_fwd_p_readout", "idattn_fwd_mix"):
+        assert rep["kernels"][name]["loop"]["ffma"] >= 32, name
     # per chunk, at least the P readout's G = FQ·ZKᵀ, G·Ps and FQ·Xᵀ MACs, and the scan's state update
     L, M, R = 64, 32, 128
     assert rep["kernels"]["idattn_fwd_p_readout"]["loop"]["mma_macs"] >= L * L * R + L * L * 2 * M + L * R * 2 * M

@@ -153,13 +153,64 @@ def mix(instrs: list[Instr], warps: int = 4) -> dict:
     return out
 
 
-def kernel_report(name: str, instrs: list[Instr], warps: int = 4, resources: dict | None = None) -> dict:
+def inner_loops(lp: list[tuple[int, int]]) -> list[dict]:
+    """The loops inside the outermost one (``loops``' ranges, outermost first), without 1-instruction branches to
+    themselves (the exit pad): [{"start", "end", "parent": index in this list of the innermost loop holding it or
+    None, "holds_loop": whether another loop is inside it}]."""
+    if not lp:
+        return []
+    o0, o1 = lp[0]
+    inner = [(a, b) for a, b in lp[1:] if o0 <= a and b <= o1 and b > a]
+    out = []
+    for i, (a, b) in enumerate(inner):
+        holders = [j for j, (c, d) in enumerate(inner) if j != i and c <= a and b <= d]
+        parent = min(holders, key=lambda j: inner[j][1] - inner[j][0]) if holders else None
+        out.append({"start": a, "end": b, "parent": parent,
+                    "holds_loop": any(j != i and a <= c and d <= b for j, (c, d) in enumerate(inner))})
+    return out
+
+
+def dynamic_mix(instrs: list[Instr], warps: int, trips: dict) -> dict:
+    """The mix of one iteration of the outermost loop as it runs: the backward kernels loop inside their chunk
+    loop over feature sub-blocks (``trips["sub"]`` trips) and, with several mode blocks, over those
+    (``trips["mode"]``, the loops that hold another loop), and the static body holds each inner body once. An
+    inner loop of t trips inside loops of T trips in all adds (t - 1)·T copies of its body."""
+    lp = loops(instrs)
+    inner = inner_loops(lp)
+    total = collections.Counter(mix(instrs[lp[0][0]:lp[0][1] + 1], warps))
+
+    def trips_of(i):
+        return int(trips["mode"] if inner[i]["holds_loop"] else trips["sub"])
+
+    for i, lo in enumerate(inner):
+        outer_trips, j = 1, lo["parent"]
+        while j is not None:
+            outer_trips, j = outer_trips * trips_of(j), inner[j]["parent"]
+        extra = (trips_of(i) - 1) * outer_trips
+        if extra:
+            for k, v in mix(instrs[lo["start"]:lo["end"] + 1], warps).items():
+                total[k] += extra * v
+    return dict(total)
+
+
+def kernel_report(name: str, instrs: list[Instr], warps: int = 4, resources: dict | None = None,
+                  trips: dict | None = None) -> dict:
     """Per kernel: its whole mix, and the mix of its chunk loop (the outermost backward branch) if it has one;
-    `resources`: cuobjdump -res-usage's {REG, SHARED, LOCAL, STACK} of the kernel."""
+    `resources`: cuobjdump -res-usage's {REG, SHARED, LOCAL, STACK} of the kernel. With `trips` (the trip
+    counts of the loops inside the chunk loop: {"sub", "mode"}, from the kernel's plan) also "loop_run", the mix
+    of one chunk iteration as it runs (``dynamic_mix``): "loop" counts each inner loop's body once."""
     lp = loops(instrs)
     body = instrs[lp[0][0]:lp[0][1] + 1] if lp else []
-    return {"name": name, "warps": warps, "instructions": len(instrs), "all": mix(instrs, warps),
-            "loop": mix(body, warps) if body else None, "loops": len(lp), **(resources or {})}
+    rep = {"name": name, "warps": warps, "instructions": len(instrs), "all": mix(instrs, warps),
+           "loop": mix(body, warps) if body else None, "loops": len(lp), **(resources or {})}
+    if body:
+        rep["inner_loops"] = [{"start": lo["start"] - lp[0][0], "end": lo["end"] - lp[0][0],
+                               "total": lo["end"] - lo["start"] + 1, "holds_loop": lo["holds_loop"]}
+                              for lo in inner_loops(lp)]
+        if trips:
+            rep["trips"] = dict(trips)
+            rep["loop_run"] = dynamic_mix(instrs, warps, trips)
+    return rep
 
 
 _RES = re.compile(r"Function (\S+):\s*\n\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
@@ -247,6 +298,12 @@ fn = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4, 5)) if {mode!r} == "fwdbwd
 c = jax.jit(fn).lower(*args).compile(compiler_options=dict(xla_gpu_cuda_data_dir={cuda_dir!r}))
 txt = c.as_text()
 print("@@CALLS", json.dumps(gpu.triton_calls(txt)), flush=True)
+# the trip counts of the backward kernels' loops inside their chunk loop: feature sub-blocks and mode blocks
+pad = lambda n: max(16, 1 << (int(n) - 1).bit_length())
+plans = dict(pallas_op._gpu_plans(pallas_gpu, B * H, L, pad(dh), pad(dh), pad(M), dt, True))
+nmb = pad(M) // min(pad(M), pallas_gpu.MODE_BLOCK)
+print("@@TRIPS", json.dumps({{"idattn_" + k: {{"sub": pad(dh) // plans[k].block, "mode": nmb}}
+                             for k in ("bwd_o", "bwd_p")}}), flush=True)
 print("@@XLA", json.dumps(dict(gpu.glue_traffic(txt), fusions=txt.count(" fusion("))), flush=True)
 """
 
@@ -268,6 +325,7 @@ def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_o
         raise RuntimeError(f"compile failed for {case}:\n{p.stderr[-3000:]}")
     calls = next((json.loads(l[8:]) for l in p.stdout.splitlines() if l.startswith("@@CALLS")), [])
     xla = next((json.loads(l[6:]) for l in p.stdout.splitlines() if l.startswith("@@XLA")), {})
+    trips = next((json.loads(l[8:]) for l in p.stdout.splitlines() if l.startswith("@@TRIPS")), {})
     tool = find_tool("cuobjdump")
     if tool is None:
         raise RuntimeError("cuobjdump not found: pip install triton (its wheel carries cuobjdump and nvdisasm, no "
@@ -281,7 +339,7 @@ def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_o
         for name, instrs in parse_sass(text).items():
             if name.startswith("idattn_"):
                 w = warps.get(name) or next((v for n, v in warps.items() if name.startswith(n)), 4)
-                kernels[name] = kernel_report(name, instrs, w, res.get(name))
+                kernels[name] = kernel_report(name, instrs, w, res.get(name), trips.get(name))
         src = cubin[:-6] + ".ptx"
         if os.path.exists(src):
             body = open(src).read()

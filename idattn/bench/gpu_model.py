@@ -148,7 +148,7 @@ def kernel_costs(rep: dict) -> list[KernelCost]:
             # chunks runs min(per, NC) of them (the loop stops at the last chunk: at 1K one group holds them all)
             iters = next((min(per, NC) for nb in (1, 2, 4, 8, 16) for per in [_groups_per(NC, B * H * nb)]
                           if nb * -(-NC // per) == gz), -(-NC // gz))
-        body = k["loop"] or k["all"]
+        body = k.get("loop_run") or k["loop"] or k["all"]  # one chunk iteration as it runs (inner loops' trips)
         loop_b = body.get("ldg_bytes", 0) + body.get("stg_bytes", 0)
         all_b = k["all"].get("ldg_bytes", 0) + k["all"].get("stg_bytes", 0)
         out.append(KernelCost(call["name"], programs, occ, -(-programs // (SMS * occ)), iters, body["bar_sync"],

@@ -98,7 +98,15 @@ TUNING = {"fwd": (8, 1), "fwd_big": (8, 2), "scan": (4, 2), "bwd": (8, 1), "read
 # at 32 wide before, when it formed them: bf16 (32, 64, 64) spilled 524 -> 236 B; at (16, 128, 32) bf16 the
 # 64-wide loop is 776 instructions for two 32-wide blocks' 2 x 822, none spilled; 128 wide spills) and scan_rev
 # at 64 (d_h = 96 padded to 128: two programs instead of one).
-MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 32, "fwd_o": 64 * 64, "scan_rev": 64 * 64}
+# The backward's sub-blocks are 64 wide since 2026-12-06 (64 x 32 before): with the FMAs and masks as inline PTX
+# fewer values are live, and each sub-block trip costs its loop body again (bf16 (16, 128, 32) T = 4K, one chunk
+# iteration as it runs: bwd_o 2,306 -> 1,792, bwd_p 2,607 -> 2,051 instructions, no spills); BWD_MIN_SUBS keeps
+# two sub-blocks at least.
+MAX_TILE = {"fwd": None, "fwd_big": None, "scan": None, "bwd": 64 * 64, "fwd_o": 64 * 64, "scan_rev": 64 * 64}
+# The backward kernels walk at least this many feature sub-blocks: with one, the sub-block body is straight-line
+# code whose values live across both phases (bf16 (32, 64, 64), one 64-wide block: 80 / 88 B of spills per thread
+# in bwd_o / bwd_p; two of 32: none).
+BWD_MIN_SUBS = 2
 # The largest [M, N] state block (modes x feature block, in elements) a program of a kind carries across its
 # chunk loop in registers (two float32 planes). fwd_p at M = 64 with d_h = 96 padded to 128 spilled 12 B per
 # thread holding [2, 64, 128]; with two feature blocks of 64 it holds none, and fwd_mix adds the two partial
@@ -201,6 +209,8 @@ def choose(kind, *, n, bh, L, M, in_bytes, mode_bytes, state_bytes, limit, targe
         block //= 2
     cap = MAX_STATE.get(kind)
     while cap is not None and M * block > cap and block > 16 and block % 2 == 0:
+        block //= 2
+    while kind in ("bwd_o", "bwd_p") and n // block < BWD_MIN_SUBS and block > 16 and block % 2 == 0:
         block //= 2
     kw = dict(L=L, M=M, in_bytes=in_bytes, mode_bytes=mode_bytes, state_bytes=state_bytes, has_k=has_k)
     while True:
