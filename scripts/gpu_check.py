@@ -461,6 +461,10 @@ def main():
                  64, True, True, True, 2e-2),
                 ("bf16 conj c seg x0 R=D=96 T=300", jnp.bfloat16, True, 2, 300, 2, 96, 96, 8, 64, True, True, True,
                  2e-2),
+                # two mode blocks of 32 (M = 64): the backward's mode loop with the inline-PTX select (bwd_o) and
+                # jnp.where (bwd_p at M = 64), which the cases above (one mode block) never reach
+                ("bf16 conj c seg x0 (32,64,64)-heads T=300", jnp.bfloat16, True, 1, 300, 2, 64, 64, 64, 64, True,
+                 True, True, 2e-2),
             ]
         for i, cs in enumerate(cases):
             if time.time() > T0 + 0.3 * B:

@@ -233,11 +233,38 @@ def test_gpu_dot2_is_plain_outside_the_triton_lowering():
                                (a.astype(jnp.bfloat16) * b - c * d), rtol=1e-2)
 
 
+def test_gpu_inline_ptx_is_nvidia_only(monkeypatch):
+    """The kernels' inline PTX (C.dot2, Masks.apply) is traced only for CUDA: the ROCm branch of the dispatch traces
+    them with plain arithmetic (Triton's AMD backend takes no PTX), and gpu._call then hands pallas_call the kernel
+    as written."""
+    from idattn.ops.pallas import _chunk as C
+    from idattn.ops.pallas import gpu, op
+    seen = []
+    op._gpu_branch(lambda *a, **k: seen.append(("rocm", gpu.INLINE_PTX, k)), None, "rocm")(1)
+    op._gpu_branch(lambda *a, **k: seen.append(("cuda", gpu.INLINE_PTX, k)), None, "cuda")(1)
+    assert seen == [("rocm", False, dict(family="gpu", interpret=False)),
+                    ("cuda", True, dict(family="gpu", interpret=False))] and gpu.INLINE_PTX
+    got = []
+    monkeypatch.setattr(gpu.pl, "pallas_call", lambda kernel, **kw: got.append(kernel) or (lambda *a: None))
+
+    def kernel():
+        return C.DOT2
+
+    gpu._call(kernel, None, (1,), False, None, "probe")
+    with gpu.inline_ptx(False):
+        gpu._call(kernel, None, (1,), False, None, "probe")
+    assert got[0] is not kernel and got[0]() is gpu._ptx_dot2  # CUDA: traced with the PTX hook
+    assert got[1] is kernel and got[1]() is None                 # ROCm: as written
+
+
 def test_gpu_mix_kernels_fit_the_card_or_are_refused():
-    """fwd_mix / bwd_mix take their stages from the card's shared memory: two on an H100 / H200 (227 KiB), one on
-    a 99 KiB card where float32 at M = 64 would not fit two, and a one-line refusal naming the kernel, the shape,
-    the bytes and the limit where one stage does not fit."""
+    """fwd_mix / bwd_mix take their stages from the card's shared memory: at M = 64 two on an H100 / H200 (227 KiB),
+    one on a 99 KiB card where float32 would not fit two, and a one-line refusal naming the kernel, the shape, the
+    bytes and the limit where one stage does not fit. Below M = 64 bwd_mix runs 4 warps at one stage by choice
+    (gpu.MIX_TUNING_SMALL_M: two stages spilled)."""
     from idattn.ops.pallas import gpu
+    small = gpu.mix_plan("bwd_mix", L=64, M=32, n_modes_in=2, mode_bytes=2, k_bytes=2, limit=227 * 1024)
+    assert (small.num_warps, small.num_stages) == gpu.MIX_TUNING_SMALL_M == (4, 1)
     kw = dict(L=64, M=64, n_modes_in=2, mode_bytes=4, k_bytes=4)
     assert gpu.mix_plan("bwd_mix", limit=227 * 1024, **kw).num_stages == 2
     small = gpu.mix_plan("bwd_mix", limit=99 * 1024, **kw)

@@ -84,6 +84,9 @@ def test_inner_loops_are_counted_as_they_run():
     assert rep["loop_run"]["total"] == 10 + 9 + 5 + 12
     # FADD 0x10 once, FMUL 0x20 in the first sub loop 4 times, FADD 0x60 in the nested one 2 x 4 times
     assert rep["loop_run"]["fmul/fadd"] == 1 + 4 + 2 * 4 and rep["loop_run"]["ffma"] == 4
+    # one feature sub-block: the sub-block body is inlined, so every inner loop is a mode loop
+    one_sub = sass.kernel_report("idattn_nested", ins, warps=4, trips={"sub": 1, "mode": 2})
+    assert one_sub["loop_run"]["total"] == 10 + 3 + 5 + 2 * 2  # each inner loop once more, the nested one per trip
     no_trips = sass.kernel_report("idattn_nested", ins, warps=4)
     assert "loop_run" not in no_trips and no_trips["loop"] == rep["loop"]
 

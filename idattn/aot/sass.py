@@ -173,13 +173,20 @@ def inner_loops(lp: list[tuple[int, int]]) -> list[dict]:
 def dynamic_mix(instrs: list[Instr], warps: int, trips: dict) -> dict:
     """The mix of one iteration of the outermost loop as it runs: the backward kernels loop inside their chunk
     loop over feature sub-blocks (``trips["sub"]`` trips) and, with several mode blocks, over those
-    (``trips["mode"]``, the loops that hold another loop), and the static body holds each inner body once. An
+    (``trips["mode"]``: the loops that hold another loop, or every inner loop when there is one sub-block), and the
+    static body holds each inner body once. An
     inner loop of t trips inside loops of T trips in all adds (t - 1)·T copies of its body."""
     lp = loops(instrs)
     inner = inner_loops(lp)
     total = collections.Counter(mix(instrs[lp[0][0]:lp[0][1] + 1], warps))
 
     def trips_of(i):
+        # with one feature sub-block the sub-block body is inlined (the mode loop then holds no loop), with one
+        # mode block there is no mode loop; otherwise the mode loop is the one holding the sub-block loop
+        if int(trips["sub"]) == 1:
+            return int(trips["mode"])
+        if int(trips["mode"]) == 1:
+            return int(trips["sub"])
         return int(trips["mode"] if inner[i]["holds_loop"] else trips["sub"])
 
     for i, lo in enumerate(inner):

@@ -253,6 +253,28 @@ def _ptx_dot2(a, b, c, d, sub):
                                        result_shape_dtypes=[jax.ShapeDtypeStruct(shape, F32)])[0]
 
 
+# Whether gpu._call traces kernels with the inline PTX (C.dot2, Masks.apply): NVIDIA only. op._gpu_branch turns it
+# off while it traces the ROCm branch (Triton's AMD backend takes no PTX); ``inline_ptx``.
+INLINE_PTX = True
+
+
+class inline_ptx:  # noqa: N801 a context manager, used like a function
+    """``with gpu.inline_ptx(False):`` traces the kernels without inline PTX (plain jnp arithmetic)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = bool(enabled)
+
+    def __enter__(self):
+        global INLINE_PTX
+        self.prev, INLINE_PTX = INLINE_PTX, self.enabled
+        return self
+
+    def __exit__(self, *exc):
+        global INLINE_PTX
+        INLINE_PTX = self.prev
+        return False
+
+
 def _with_fma(kernel):
     """kernel, traced with C.dot2 as inline PTX (pallas_call traces the body when it is called)."""
     def traced(*refs):
@@ -268,7 +290,7 @@ def _call(kernel, out_shape, grid, interpret, plan: KernelPlan | None, name):
     kw = {}
     if not interpret and plan is not None:
         kw["compiler_params"] = _compiler_params(plan.num_warps, plan.num_stages)
-    if not interpret:
+    if not interpret and INLINE_PTX:
         kernel = _with_fma(kernel)
     f = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, interpret=interpret, name=f"idattn_{name}", **kw)
     if LAUNCH_RECORDER is None:
@@ -454,8 +476,8 @@ MIX_FWD_TUNING_SMALL_M = (4, 2)
 
 
 def mix_plan(kind, *, L, M, n_modes_in, mode_bytes, k_bytes, limit=None) -> KernelPlan:
-    """The plan of fwd_mix / bwd_mix: their tuning (MIX_FWD_TUNING[_SMALL_M] / MIX_TUNING[_SMALL_M]), at one stage when the two-stage
-    estimate passes the card's shared memory per block (``smem_limit``); refused, naming the kernel, shape,
+    """The plan of fwd_mix / bwd_mix: their tuning (MIX_FWD_TUNING[_SMALL_M] / MIX_TUNING[_SMALL_M]), at one stage
+    when the two-stage estimate passes the card's shared memory per block (``smem_limit``); refused, naming the kernel, shape,
     bytes and limit, when one stage does not fit either. Estimate: per chunk, ``n_modes_in`` [2, L, M] mode
     tiles (p's partial sums, or p and dw) and the [2, M, M] planes of K, times the stages: a bound on Triton's
     allocation at every measured case (bf16 and float32, M = 32 and 64: actual / estimate 0.5-1.0)."""

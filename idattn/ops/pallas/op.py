@@ -493,10 +493,16 @@ def triton_backend_available() -> bool:
     return gpu.triton_params_class() is not None
 
 
-def _gpu_branch(fn, gpu_fallback):
+def _gpu_branch(fn, gpu_fallback, platform="cuda"):
     """The native GPU branch: the Triton kernels, or - on a jax without the Triton backend - ``gpu_fallback``
-    (the XLA chunked operator) with one warning; without a fallback, gpu.TritonUnavailable at trace time."""
+    (the XLA chunked operator) with one warning; without a fallback, gpu.TritonUnavailable at trace time.
+    On ROCm the kernels are traced without their inline PTX (``gpu.inline_ptx``)."""
     if triton_backend_available() or gpu_fallback is None:
+        if platform == "rocm":
+            def rocm(*args):
+                with gpu.inline_ptx(False):
+                    return fn(*args, family="gpu", interpret=False)
+            return rocm
         return functools.partial(fn, family="gpu", interpret=False)
 
     def fallback(*args):
@@ -509,6 +515,14 @@ def _gpu_branch(fn, gpu_fallback):
     return fallback
 
 
+def _local_gpu_platform() -> str | None:
+    """'cuda' or 'rocm' for this process's GPU backend, None without one."""
+    if jax.default_backend() != "gpu":
+        return None
+    version = str(getattr(jax.devices()[0].client, "platform_version", "")).lower()
+    return "rocm" if "rocm" in version else "cuda"
+
+
 def _platform_dispatch(fn, args, family, interpret, chunk_size, gpu_fallback=None):
     """Calls fn(*args, family=..., interpret=...) with the kernels of the platform the program is *lowered for*
     (``jax.lax.platform_dependent``), not the host's default backend: a CPU host compiling for a TPU topology gets
@@ -519,6 +533,9 @@ def _platform_dispatch(fn, args, family, interpret, chunk_size, gpu_fallback=Non
         raise ValueError(f"family must be 'gpu' or 'tpu', got {family!r}")
     if interpret is not None:
         fam = family or ("tpu" if jax.default_backend() == "tpu" else "gpu")
+        if fam == "gpu" and not interpret and (context_platform() or _local_gpu_platform()) == "rocm":
+            with gpu.inline_ptx(False):  # Triton's AMD backend takes no PTX
+                return fn(*args, family=fam, interpret=False)
         return fn(*args, family=fam, interpret=bool(interpret))
     fams = [family] if family is not None else [f for f in ("tpu", "gpu") if chunk_size_supported(chunk_size, f)]
     if not fams:
@@ -529,13 +546,13 @@ def _platform_dispatch(fn, args, family, interpret, chunk_size, gpu_fallback=Non
         native = [f for f in fams if plat in _NATIVE[f]]
         if native:
             if native[0] == "gpu":
-                return _gpu_branch(fn, gpu_fallback)(*args)
+                return _gpu_branch(fn, gpu_fallback, plat)(*args)
             return fn(*args, family=native[0], interpret=False)
         return fn(*args, family="gpu" if "gpu" in fams else fams[0], interpret=True)
     branches = {}
     for fam in fams:
         for plat in _NATIVE[fam]:
-            branches[plat] = (_gpu_branch(fn, gpu_fallback) if fam == "gpu"
+            branches[plat] = (_gpu_branch(fn, gpu_fallback, plat) if fam == "gpu"
                               else functools.partial(fn, family=fam, interpret=False))
     # Everything else (CPU) runs the kernels in interpret mode: the GPU family where it takes the chunk size.
     default = functools.partial(fn, family="gpu" if "gpu" in fams else fams[0], interpret=True)
