@@ -388,6 +388,12 @@ def mix_bwd_dk(dw, s, dot: Dots):
 # gives the same result as the whole-width functions above.
 
 
+def _em_pe(tb, mk: Masks, dot: Dots):
+    """em·Pe as dot operands (planes), formed once per chunk, not once per feature sub-block (bf16 (16, 128, 32):
+    bwd_o 1,745 -> 1,663, bwd_p 1,902 -> 1,795 instructions per chunk as run, no spills at any paper shape)."""
+    return tuple(rowmask(tb.pe[k], mk.em).astype(dot.cdt) for k in (0, 1))
+
+
 def _sub_loop(nsub, body, init):
     if nsub == 1:
         return body(0, init)
@@ -555,9 +561,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     a = mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)]))
     tbf = tabs(None)
 
-    # em·Pe once per chunk, as dot operands, not once per sub-block (bf16 (16, 128, 32): bwd_o 1,745 -> 1,663,
-    # bwd_p 1,902 -> 1,795 instructions per chunk as run, no spills at any paper shape)
-    per, pei = (rowmask(tbf.pe[0], mk.em).astype(dot.cdt), rowmask(tbf.pe[1], mk.em).astype(dot.cdt))
+    per, pei = _em_pe(tbf, mk, dot)
 
     def body1(j, da):
         zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
@@ -631,7 +635,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
         del dv
 
-    per, pei = (rowmask(tbf.pe[0], mk.em).astype(dot.cdt), rowmask(tbf.pe[1], mk.em).astype(dot.cdt))  # as in o_bwd_modes
+    per, pei = _em_pe(tbf, mk, dot)
 
     def body1(j, g):
         fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
