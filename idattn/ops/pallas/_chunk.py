@@ -49,12 +49,13 @@ F32 = jnp.float32
 DOT2 = None
 
 
-def dot2(a, b, c, d, sub=False):
-    """a·b + c·d, or a·b - c·d with ``sub`` (elementwise, broadcasting): inside the GPU kernels one multiply and
-    one fused multiply-add."""
+def dot2(a, b, c, d, sub=False, acc=None):
+    """a·b + c·d, or a·b - c·d with ``sub`` (elementwise, broadcasting), plus ``acc`` when given: inside the GPU
+    kernels one multiply and one fused multiply-add (two fused multiply-adds with acc)."""
     if DOT2 is None:
-        return a * b - c * d if sub else a * b + c * d
-    return DOT2(a, b, c, d, sub)
+        out = a * b - c * d if sub else a * b + c * d
+        return out if acc is None else acc + out
+    return DOT2(a, b, c, d, sub, acc)
 
 
 def cmul(ar, ai, br, bi):
@@ -208,10 +209,19 @@ def _keep(xr, xi, keep):
 # forward
 
 
-def carry_fwd(z, X, tb: Tabs, mk: Masks, dot: Dots):
-    """X' = keep·lamL∘X + (em·Pe)ᵀ·Z.   z [L, N]; X planes [M, N] float32."""
+def carry_fwd(z, X, tb: Tabs, mk: Masks, dot: Dots, pe=None):
+    """X' = keep·lamL∘X + (em·Pe)ᵀ·Z.   z [L, N]; X planes [M, N] float32.
+
+    ``pe``: Pe's planes already cast to the compute dtype (loaded once per program, outside the chunk loop), and
+    z already em∘Z (rows outside the chunk's last document read as zeros): (em·Pe)ᵀ·Z = Peᵀ·(em∘Z), em in {0, 1},
+    the same products."""
     xr, xi = cmul(*_keep(tb.laml[0], tb.laml[1], mk.keep), X[0].astype(F32), X[1].astype(F32))
-    gr, gi = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
+    if pe is None:
+        gr, gi = rowmask(tb.pe[0], mk.em), rowmask(tb.pe[1], mk.em)
+    else:
+        gr, gi = pe
+    if dot.bound is not None:
+        return xr + dot.sum(lambda: dot.tn(gr, z)), xi + dot.sum(lambda: dot.tn(gi, z))
     return xr + dot.tn(gr, z), xi + dot.tn(gi, z)
 
 
@@ -265,6 +275,9 @@ def carry_rev_scaled(x, gs, Y, tb: Tabs, mk: Masks, dot: Dots, conj_gs: bool = F
     compute dtype; ``gpu.prescale_rev``), so the chunk's work is the state's decay and two products:
     Y_c = keep·conj(lamL)∘Y_{c+1} + gsᵀ·x  (conj(gs) when ``conj_gs``: the sign goes to the product)."""
     yr, yi = cmul_conj(Y[0], Y[1], *_keep(tb.laml[0], tb.laml[1], mk.keep))
+    if dot.bound is not None:
+        re, im = dot.sum(lambda: dot.tn(gs[0], x)), dot.sum(lambda: dot.tn(gs[1], x))
+        return yr + re, (yi - im) if conj_gs else (yi + im)
     im = dot.tn(gs[1], x)
     return yr + dot.tn(gs[0], x), (yi - im) if conj_gs else (yi + im)
 
@@ -406,19 +419,24 @@ def _value(x):
     return x() if callable(x) else x
 
 
-def _state_products(nsub, lx, ly, ld, m, L, mb, dot: Dots):
+def _state_products(nsub, lx, ly, ld, m, L, mb, dot: Dots, yx=True):
     """Phase 2 of o_bwd_modes / p_bwd_modes for mode block m, summed over the feature sub-blocks: the products of
     the inputs with the chunk's states, A·X0ᵀ, A·X1ᵀ, B·Y0ᵀ, B·Y1ᵀ [L, mb] (A = lx(j), B = ly(j): dO, ZV or FQ, ZK),
-    and the dlamL sums Σ_n Y∘conj(X) [mb] planes."""
+    and (``yx``) the dlamL sums Σ_n Y∘conj(X) [mb] planes (else None: the GPU's adjoint scan forms them,
+    gpu.scan_rev(.., xs=))."""
 
     def body(j, carry):
-        xr, xi, yr, yi, cr, ci = carry
+        xr, xi, yr, yi = carry[:4]
         a, b, X, Y = lx(j), ly(j), ld.x(j, m), ld.y(j, m)
+        out = (xr + dot.nt(a, X[0]), xi + dot.nt(a, X[1]), yr + dot.nt(b, Y[0]), yi + dot.nt(b, Y[1]))
+        if not yx:
+            return out
         c_r, c_i = cmul_conj(Y[0].astype(F32), Y[1].astype(F32), X[0].astype(F32), X[1].astype(F32))
-        return (xr + dot.nt(a, X[0]), xi + dot.nt(a, X[1]), yr + dot.nt(b, Y[0]), yi + dot.nt(b, Y[1]),
-                cr + jnp.sum(c_r, axis=1), ci + jnp.sum(c_i, axis=1))
+        return out + (carry[4] + jnp.sum(c_r, axis=1), carry[5] + jnp.sum(c_i, axis=1))
 
     zm, zc = jnp.zeros((L, mb), F32), jnp.zeros((mb,), F32)
+    if not yx:
+        return _sub_loop(nsub, body, (zm,) * 4) + (None, None)
     return _sub_loop(nsub, body, (zm, zm, zm, zm, zc, zc))
 
 
@@ -527,7 +545,7 @@ def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
 
 
 def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None,
-                pre=None):
+                pre=None, yx=True):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
@@ -545,7 +563,10 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
     pre(m) -> q = w∘pt [L, mb] planes, the forward's factor (``gpu.fwd_mix``'s qu): every use of w here is one of
     q (A's operand, dPs), or conj(w) in the pt-family term, which times conj(pt) is conj(q)∘(...); so w is not
-    read, nor pt but for dw, and that term goes to the sink as ``hp`` (fold_raw(.., h_pre=True))."""
+    read, nor pt but for dw, and that term goes to the sink as ``hp`` (fold_raw(.., h_pre=True)).
+
+    yx=False: the dlamL sums Σ_n Y∘conj(X) are left out (the sink gets none: the GPU's adjoint scan forms them,
+    gpu.scan_rev(.., xs=)); the same in p_bwd_modes."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
 
@@ -575,9 +596,10 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     def phase2(m, sink):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
-        tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot)
+        tr, ti, yr, yi, cr, ci = _state_products(nsub, ld.do, ld.zv, ld, m, L, mb, dot, yx)
         ti = -ti  # dO·conj(X)ᵀ
-        sink.yx(_keep(cr, ci, mk.keep))
+        if yx:
+            sink.yx(_keep(cr, ci, mk.keep))
         sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZV·Yᵀ)
         del yr, yi
         qr, qi = q_of(m)
@@ -599,7 +621,8 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
 
 
-def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None):
+def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None,
+                yx=True):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
@@ -650,8 +673,9 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     def phase2(m, sink):
         tb = tabs(m)
         mb = tb.pt[0].shape[-1]
-        fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot)
-        sink.yx(_keep(cr, ci, mk.keep))
+        fr, fi, yr, yi, cr, ci = _state_products(nsub, ld.fq, ld.zk, ld, m, L, mb, dot, yx)
+        if yx:
+            sink.yx(_keep(cr, ci, mk.keep))
         sink.de((rowmask(yr, mk.em), rowmask(yi, mk.em)))                               # dPe = em·(ZK·Yᵀ)
         del yr, yi
         if pre is not None:

@@ -236,20 +236,25 @@ LAUNCH_RECORDER: list | None = None
 # $0 = $1·$2 + $3·$4, and $1·$2 - $3·$4 (the negation folds into ptxas's FMUL): one FMUL and one FFMA
 _DOT2_ASM = {False: "{ .reg .f32 t; mul.rn.f32 t, $3, $4; fma.rn.f32 $0, $1, $2, t; }",
              True: "{ .reg .f32 t; mul.rn.f32 t, $3, $4; neg.f32 t, t; fma.rn.f32 $0, $1, $2, t; }"}
+# with an accumulator $5: $0 = $1·$2 ± $3·$4 + $5, two FFMA
+_DOT2_ACC_ASM = {False: "{ .reg .f32 t; fma.rn.f32 t, $3, $4, $5; fma.rn.f32 $0, $1, $2, t; }",
+                 True: "{ .reg .f32 t, n; neg.f32 n, $4; fma.rn.f32 t, $3, n, $5; fma.rn.f32 $0, $1, $2, t; }"}
 
 
-def _ptx_dot2(a, b, c, d, sub):
+def _ptx_dot2(a, b, c, d, sub, acc=None):
     """a·b ± c·d as inline PTX, one multiply and one fused multiply-add (C.dot2 inside the kernels lowered for
     Triton, which ptxas would otherwise compile to two multiplies and an add); float32 only, other dtypes
     plainly. Compiled for sm_90a at (16, 128, 32) bf16 T = 4K this took 30-60 instructions off each loop
     iteration (docs/kernels-results.md, "Built since: fused multiply-adds")."""
     from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
-    xs = (a, b, c, d)
+    xs = (a, b, c, d) + (() if acc is None else (acc,))
     if any(jnp.result_type(x) != F32 for x in xs):
-        return a * b - c * d if sub else a * b + c * d
+        out = a * b - c * d if sub else a * b + c * d
+        return out if acc is None else acc + out
     shape = jnp.broadcast_shapes(*(jnp.shape(x) for x in xs))
     args = [jnp.broadcast_to(jnp.asarray(x, F32), shape) for x in xs]
-    return pltr.elementwise_inline_asm(_DOT2_ASM[bool(sub)], args=args, constraints="=f,f,f,f,f", pack=1,
+    asm = (_DOT2_ASM if acc is None else _DOT2_ACC_ASM)[bool(sub)]
+    return pltr.elementwise_inline_asm(asm, args=args, constraints="=f" + ",f" * len(xs), pack=1,
                                        result_shape_dtypes=[jax.ShapeDtypeStruct(shape, F32)])[0]
 
 
@@ -329,10 +334,12 @@ class LoadTabs:
 
     _IDX = {"sp": 0, "pt": 1, "pin": 2, "ep": 3, "ps": 4, "pe": 5, "laml": 6, "lmu1": 7, "lmu": 8, "b": 9}
 
-    def __init__(self, refs, h, ms=None, flat_rows=False):
-        self._refs, self._h, self._ms, self._flat = refs, h, ms, flat_rows
+    def __init__(self, refs, h, ms=None, flat_rows=False, held=None):
+        self._refs, self._h, self._ms, self._flat, self._held = refs, h, ms, flat_rows, held or {}
 
     def __getattr__(self, name):
+        if name in self._held:
+            return self._held[name]
         i = LoadTabs._IDX.get(name)
         if i is None:
             raise AttributeError(name)
@@ -345,8 +352,15 @@ class LoadTabs:
         return (r[h, 0, :, ms], r[h, 1, :, ms])
 
 
-def _tabs(tab_refs, h, ms=None, flat_rows=False):
-    return LoadTabs(tab_refs, h, ms, flat_rows)
+def _tabs(tab_refs, h, ms=None, flat_rows=False, held=None):
+    return LoadTabs(tab_refs, h, ms, flat_rows, held)
+
+
+def _held_operands(tab_refs, h, names, cdt):
+    """{name: planes in the compute dtype}: tables that the chunk loop uses only as dot operands, loaded and cast
+    once per program before the loop (loop-invariant; the loop then neither re-reads nor re-casts them)."""
+    tb = LoadTabs(tab_refs, h)
+    return {n: tuple(p.astype(cdt) for p in getattr(tb, n)) for n in names}
 
 
 def doc_starts(doc, L):
@@ -642,6 +656,22 @@ def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, sa
 # backward building blocks
 
 
+HOIST_PE = True
+# Up to this many state elements per plane (modes x feature block) the scans add each chunk's product to the
+# decayed state after the dot (C.Dots.sum's one-trip loop) instead of as the dot's accumulator: a dot chained
+# through the loop carry gets all warps along its rows (Dots.sum), which a [32, 32] tile does not fill, so each
+# warp repeated another's work (compiled for sm_90a, bf16 (16, 128, 32) T = 16K, 32-wide blocks: scan_fwd 207 ->
+# 153, scan_rev 356 -> 232 instructions per chunk; at T = 4K's [32, 128] tiles the chained form is fewer: 433
+# against 479).
+SCAN_UNCHAINED_MAX_STATE = 32 * 32
+
+
+def _masked_load(ref, mask):
+    """ref[...] where mask, else 0: Triton's masked load (the masked-off elements are not read)."""
+    from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
+    return pltr.load(ref, mask=mask, other=0)
+
+
 def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd", final=False):
     """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt); with ``final`` also (xs, the state after
     the last chunk X_T [B, H, 2, M, N] float32), what the chunk-parallel forward needs."""
@@ -651,6 +681,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
     block_n = plan.block
     NC, nnb = T // L, N // block_n
     dot, seg = C.Dots(cdt), segs is not None
+    unchained = M * block_n <= SCAN_UNCHAINED_MAX_STATE
 
     def kernel(*refs):
         (z_r, *tab_r, x0_r), seg_r, outs = _split(refs, 12 + (4 if seg else 0), seg)
@@ -658,12 +689,19 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
+        pe = tuple(p.astype(dot.cdt) for p in _tabs(tab_r, h).pe) if HOIST_PE else None
+
         def body(c, X):
             t0 = c * L
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             xs_r[bi, h, c, 0, :, ns] = X[0].astype(xs_r.dtype)
             xs_r[bi, h, c, 1, :, ns] = X[1].astype(xs_r.dtype)
-            return C.carry_fwd(z_r[bi, pl.ds(t0, L), h, ns], X, tb, mk, dot)
+            if pe is None or mk.em is None:
+                z = z_r[bi, pl.ds(t0, L), h, ns]
+            else:  # em∘Z as a masked load: rows outside the chunk's last document are not read
+                rows = jnp.broadcast_to(mk.em > 0, (L, block_n))
+                z = _masked_load(z_r.at[bi, pl.ds(t0, L), h, ns], rows)
+            return C.carry_fwd(z, X, tb, mk, dot.with_bound(c) if unchained else dot, pe=pe)
 
         X = lax.fori_loop(0, NC, body, (x0_r[bi, h, 0, :, ns], x0_r[bi, h, 1, :, ns]))
         if final:
@@ -698,11 +736,12 @@ def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, c
         bi, h, q = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         fb, gi = q // NG, q % NG
         ns = pl.ds(fb * block, block)
+        held = _held_operands(tab_r, h, ("ps",), dot.cdt) if HOIST_PE else None
 
         def body(c, carry):
             t0 = c * L
             ts = pl.ds(t0, L)
-            tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
+            tb, mk = _tabs(tab_r, h, held=held), _masks(seg_r, bi, c, t0, L)
             X = (xs_r[bi, h, c, 0, :, ns].astype(F32), xs_r[bi, h, c, 1, :, ns].astype(F32))
             zc = z_r[bi, ts, h, ns]
             if kind == "fwd_p":
@@ -807,15 +846,24 @@ def prescale_p(dp, tabs, segs, *, L, cdt):
     return _scale_per_token(dp, _by_position(w), None if segs is None else segs[1], L=L, cdt=cdt, cm_rows=(0, 1))
 
 
+# The dlamL sums keep_c·Σ_n Y_{c+1}∘conj(X_c) (lam's cotangent through the chunk-to-chunk decay) are formed in the
+# adjoint scan, which holds Y_{c+1} in float32 and reads X_c, instead of in bwd_o / bwd_p (per chunk there they
+# were 13% of both kernels' instructions; compiled for sm_90a, bf16 (16, 128, 32) 4K).
+YX_IN_SCAN = True
+
+
 def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix=None, mix_conj=None,
-             name="scan_rev", prescaled=False, gs_planes=(0, 1), gs_conj=False):
+             name="scan_rev", prescaled=False, gs_planes=(0, 1), gs_conj=False, xs=None):
     """Adjoint states after every chunk ys [B, H, NC, 2, M, N] (sdt) and the adjoint of the initial state
     y0 [B, H, 2, M, N] float32. g [B, T, H, 2, M]: the per-token vector (the P-half's dp; the O-half's w, or p
     conjugated per ``mix_conj`` when there is no mixing matrix), conjugated again when conj_g. kmix must be None:
     on GPU the mixing runs in fwd_mix and the O-half's backward reads w (the argument keeps the TPU signature).
     ``prescaled``: g is ``prescale_rev``'s gs (conjugations, cm and the table already applied; conj_g and
     mix_conj are then ignored): its planes ``gs_planes`` of g [B, T, H, P, M], conjugated when ``gs_conj`` (the
-    O-half reads conj(u) from fwd_pw's qu: planes (2, 3), conjugated)."""
+    O-half reads conj(u) from fwd_pw's qu: planes (2, 3), conjugated).
+    ``xs``: the forward's states before every chunk [B, H, NC, 2, M, N]; then a third output, the dlamL sums
+    yx [B, H, N / block, 2, M] float32 = Σ_c keep_c·Σ_n Y_{c+1}∘conj(X_c) over the program's feature block, the
+    Y_{c+1} being the float32 carry (bwd_o / bwd_p then leave them out: YX_IN_SCAN)."""
     _no_kmix("scan_rev", kmix)
     tabs = expand_tables(tabs)
     B, T, H, N = x.shape
@@ -823,33 +871,58 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
     block_n = plan.block
     NC, nnb = T // L, N // block_n
     dot, seg = C.Dots(cdt), segs is not None
+    yx = xs is not None
+    unchained = M * block_n <= SCAN_UNCHAINED_MAX_STATE
 
     def kernel(*refs):
-        (x_r, g_r, *tab_r, yt_r), seg_r, (ys_r, y0_r) = _split(refs, 13 + (4 if seg else 0), seg)
+        ins, seg_r, outs = _split(refs, 13 + yx + (4 if seg else 0), seg)
+        (x_r, g_r, *tab_r, yt_r), xs_r = ins[:13], (ins[13] if yx else None)
+        ys_r, y0_r = outs[:2]
         bi, h, nb = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         ns = pl.ds(nb * block_n, block_n)
 
-        def body(k, Y):
+        def body(k, carry):
+            Y, acc = (carry[:2], carry[2:]) if yx else (carry, None)
             c = NC - 1 - k
             t0 = c * L
             ts = pl.ds(t0, L)
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, t0, L)
             ys_r[bi, h, c, 0, :, ns] = Y[0].astype(ys_r.dtype)
             ys_r[bi, h, c, 1, :, ns] = Y[1].astype(ys_r.dtype)
+            if yx:  # acc += keep_c·Y_{c+1}∘conj(X_c): keep as a masked load (a chunk with a reset reads zeros)
+                X = [xs_r.at[bi, h, c, jnp.int32(i), :, ns] for i in (0, 1)]
+                if mk.keep is None:
+                    X = [x[...] for x in X]
+                else:
+                    ok = jnp.broadcast_to(mk.keep > 0, (M, block_n))
+                    X = [_masked_load(x, ok) for x in X]
+                xr, xi = X[0].astype(F32), X[1].astype(F32)  # acc += Y∘conj(X), two FFMA per plane
+                acc = (C.dot2(Y[0], xr, Y[1], xi, acc=acc[0]), C.dot2(Y[1], xr, Y[0], xi, sub=True, acc=acc[1]))
             if prescaled:
                 gs = (g_r[bi, ts, h, gs_planes[0], :], g_r[bi, ts, h, gs_planes[1], :])
-                return C.carry_rev_scaled(x_r[bi, ts, h, ns], gs, Y, tb, mk, dot, conj_gs=gs_conj)
-            gc = _modes(g_r, bi, ts, h)
-            if mix_conj is not None:
-                gc, _ = C.mix_fwd(gc, None, mix_conj, dot)
-            return C.carry_rev(x_r[bi, ts, h, ns], gc, Y, tb, mk, dot, conj_g)
+                Y = C.carry_rev_scaled(x_r[bi, ts, h, ns], gs, Y, tb, mk, dot.with_bound(c) if unchained else dot,
+                                       conj_gs=gs_conj)
+            else:
+                gc = _modes(g_r, bi, ts, h)
+                if mix_conj is not None:
+                    gc, _ = C.mix_fwd(gc, None, mix_conj, dot)
+                Y = C.carry_rev(x_r[bi, ts, h, ns], gc, Y, tb, mk, dot, conj_g)
+            return tuple(Y) + tuple(acc) if yx else Y
 
-        Y = lax.fori_loop(0, NC, body, (yt_r[bi, h, 0, :, ns], yt_r[bi, h, 1, :, ns]))
-        y0_r[bi, h, 0, :, ns] = Y[0]
-        y0_r[bi, h, 1, :, ns] = Y[1]
+        init = (yt_r[bi, h, 0, :, ns], yt_r[bi, h, 1, :, ns])
+        if yx:
+            init = init + (jnp.zeros((M, block_n), F32),) * 2
+        out = lax.fori_loop(0, NC, body, init)
+        y0_r[bi, h, 0, :, ns] = out[0]
+        y0_r[bi, h, 1, :, ns] = out[1]
+        if yx:
+            outs[2][bi, h, nb, 0, :] = jnp.sum(out[2], axis=1)
+            outs[2][bi, h, nb, 1, :] = jnp.sum(out[3], axis=1)
 
     out = (jax.ShapeDtypeStruct((B, H, NC, 2, M, N), sdt), jax.ShapeDtypeStruct((B, H, 2, M, N), F32))
-    args = (x, g, *tabs, yT) + (tuple(segs) if seg else ())
+    if yx:
+        out = out + (jax.ShapeDtypeStruct((B, H, nnb, 2, M), F32),)
+    args = (x, g, *tabs, yT) + ((xs,) if yx else ()) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, nnb), interpret, plan, name)(*args)
 
 
@@ -1011,7 +1084,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
             return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
         if sums:
@@ -1139,7 +1212,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
             return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
         if sums:

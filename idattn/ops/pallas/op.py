@@ -124,12 +124,15 @@ def _segment_arrays(segment_ids, B: int, T: int, tp: int, L: int):
     return doc, cm, em, keep
 
 
-def _param_grads(row, col, lam_re, lam_im, L: int):
+def _param_grads(row, col, lam_re, lam_im, L: int, yxs=()):
     """Finish the parameter cotangents from the kernels' on-chip sums (see _chunk.py):
-    dlam = (s_log + L·conj(lamL)·dlamL) / conj(lam), db = s_b; returned as (Re, Im) planes of [H, M]."""
+    dlam = (s_log + L·conj(lamL)·dlamL) / conj(lam), db = s_b; returned as (Re, Im) planes of [H, M].
+    yxs: dlamL sums formed by the GPU's adjoint scans ([B, H, blocks, 2, M] each; gpu.YX_IN_SCAN), added to col's."""
     m = lam_re.shape[-1]
     row = jnp.sum(row, axis=(0, 2))[:, :, 0, :m]   # [H, 4, M]
     col = jnp.sum(col, axis=(0, 2))[:, :, :m, 0]   # [H, 2, M]
+    for yx in yxs:
+        col = col + jnp.sum(yx, axis=(0, 2))[:, :, :m]
     lam = lax.complex(lam_re.astype(F32), lam_im.astype(F32))
     laml = jnp.exp(L * jnp.log(lam))
     s_log = lax.complex(row[:, 0], row[:, 1]) + L * jnp.conj(laml) * lax.complex(col[:, 0], col[:, 1])
@@ -182,7 +185,7 @@ def _gpu_plans(K, bh, L, r_pad, d_pad, m_pad, cdt, has_k):
     plans = dict(fwd_p=K.choose("fwd_p", n=r_pad, target_programs=0, **kw),
                  fwd_o=K.choose("fwd_o", n=d_pad, **kw),
                  fwd_p_readout=K.choose("fwd_p_readout", n=r_pad, target_programs=0, **kw),
-                 fwd_o_readout=K.choose("fwd_o_readout", n=d_pad, **kw),
+                 fwd_o_readout=K.choose("fwd_o_readout", n=d_pad, target_programs=0, **kw),
                  scan_fwd_k=K.choose("scan_fwd", n=r_pad, **kw),
                  scan_fwd_v=K.choose("scan_fwd", n=d_pad, **kw),
                  scan_rev_k=K.choose("scan_rev", n=r_pad, **kw),
@@ -290,26 +293,36 @@ def _fused_bwd(cfg, res, cts):
     gsk = None
     if xsv is None:
         xsv = K.scan_fwd(zv, tabs, xv0, sg, plan=P["scan_fwd_v"], sdt=cfg.sdt, name="scan_fwd_v", **kw)
+    # the GPU's adjoint scans also form the dlamL sums from the forward's states (gpu.YX_IN_SCAN): a third output
+    yx_in_scan = getattr(K, "YX_IN_SCAN", False)
+    yxs = []
+
+    def scan_rev(*args, xs, **kws):
+        if not yx_in_scan:
+            return K.scan_rev(*args, **kws)
+        ys, y0, yx = K.scan_rev(*args, xs=xs, **kws)
+        yxs.append(yx)
+        return ys, y0
     pre = cfg.family == "gpu" and GPU_PRESCALED_SCAN
     if pre and qu is not None:  # the forward's fwd_pw wrote u = cm·pin∘g'; the factor is conj(u)
-        ysv, y0v = K.scan_rev(do, qu, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+        ysv, y0v = scan_rev(do, qu, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
                               conj_g=True, name="scan_rev_v", prescaled=True, gs_planes=(2, 3), gs_conj=True, **kw)
     elif pre:  # the adjoint scans' per-token factor formed in XLA (gpu.prescale_rev): g' = conj(w), or p conj'ed
         gsv = K.prescale_rev(p if w is None else w, tabs, sg, L=cfg.L, conj=not (w is None and cfg.conj),
                              cdt=cfg.cdt)
-        ysv, y0v = K.scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+        ysv, y0v = scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
                               conj_g=True, name="scan_rev_v", prescaled=True, **kw)
     # the forward's q = w∘pt for bwd_o (GPU, fused factors: then the forward wrote no w)
     fo = dict(factors=qu) if pre and qu is not None else {}
     if not (cfg.family == "gpu" and cfg.has_k):  # no mixing matrix (GPU), or the TPU kernels: the O-half
         if not pre:                              # kernels mix p per chunk themselves
-            ysv, y0v = K.scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+            ysv, y0v = scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
                                   conj_g=True, kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
         dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
                                             mdt=jnp.dtype(cfg.mdt), **fo, **kw)
     else:  # GPU with K: the O-half reads the forward's w or q (identity mixing), bwd_mix maps dw to dp and dK
         if not pre:
-            ysv, y0v = K.scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt,
+            ysv, y0v = scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
                                   conj_g=True, name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
                                            mdt=jnp.dtype(cfg.mdt), **fo, **kw)
@@ -324,16 +337,16 @@ def _fused_bwd(cfg, res, cts):
         if gsk is None:  # dp's factors for the P-half scan (planes 0, 1) and bwd_p (all four)
             gsk = K.prescale_p(dp, tabs, sg, L=cfg.L, cdt=cfg.cdt) if GPU_FUSED_FACTORS else K.prescale_rev(
                 dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
-        ysk, y0k = K.scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
+        ysk, y0k = scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, xs=xsk,
                               conj_g=False, name="scan_rev_k", prescaled=True, **kw)
     else:
-        ysk, y0k = K.scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt,
+        ysk, y0k = scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, xs=xsk,
                               conj_g=False, name="scan_rev_k", **kw)
     ready = pre and GPU_FUSED_FACTORS  # bwd_p reads dp's factors (gs, ds) instead of dp
     dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"],
                                      **(dict(factors=gsk) if ready else {}), **kw)
     dlam_re, dlam_im, db_re, db_im = _param_grads(jnp.concatenate([row_o, row_p], axis=2),
-                                      jnp.concatenate([col_o, col_p], axis=2), lam_re, lam_im, cfg.L)
+                                      jnp.concatenate([col_o, col_p], axis=2), lam_re, lam_im, cfg.L, yxs)
     dkmix = jnp.sum(dk, axis=(0, 2)) if cfg.has_k else jnp.zeros_like(kmix)
     return (dfq, dzk, dzv, dkmix, dlam_re, dlam_im, db_re, db_im, y0k, y0v,
             None if segs is None else jax.tree.map(jnp.zeros_like, segs))
