@@ -356,6 +356,16 @@ def _tabs(tab_refs, h, ms=None, flat_rows=False, held=None):
     return LoadTabs(tab_refs, h, ms, flat_rows, held)
 
 
+def _pin_cm(tab_refs, h, mk, L, M):
+    """cm·pin [L, M] planes (float32) as a masked load: the rows of tokens that may not read the carried state
+    (cm = 0) read zeros, so the row mask costs no multiply; pin itself when there are no segments."""
+    tb = LoadTabs(tab_refs, h)
+    if mk.cm is None:
+        return tb.pin
+    ref, ok = tab_refs[LoadTabs._IDX["pin"]], jnp.broadcast_to(mk.cm > 0, (L, M))
+    return tuple(_masked_load(ref.at[h, jnp.int32(k)], ok) for k in (0, 1))
+
+
 def _held_operands(tab_refs, h, names, cdt):
     """{name: planes in the compute dtype}: tables that the chunk loop uses only as dot operands, loaded and cast
     once per program before the loop (loop-invariant; the loop then neither re-reads nor re-casts them)."""
@@ -569,20 +579,19 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, 
                     w_r[0, bi, ts, h, 0, :] = wc[0].astype(w_r.dtype)
                     w_r[0, bi, ts, h, 1, :] = wc[1].astype(w_r.dtype)
                 return carry
-            rnd = lambda x: x.astype(mdt).astype(F32)  # noqa: E731  as the value crossed HBM in mdt
-            g, _ = C.mix_fwd((rnd(pr), rnd(pi)), _kmat(k_r, h), conj, dot)
+            # the factors from p and g' in float32 as formed here (the XLA passes read them back in mdt)
+            g, _ = C.mix_fwd((pr, pi), _kmat(k_r, h), conj, dot)
             if has_k:
-                g = (rnd(g[0]), rnd(g[1]))
                 if w_r is not None:
                     w_r[0, bi, ts, h, 0, :] = g[0].astype(w_r.dtype)
                     w_r[0, bi, ts, h, 1, :] = g[1].astype(w_r.dtype)
             tb, mk = _tabs(tab_r, h), _masks(seg_r, bi, c, c * L, L)
             qr, qi = C.cmul(g[0], g[1], *tb.pt)
-            ur, ui = C.cmul(g[0], g[1], *tb.pin)
+            ur, ui = C.cmul(g[0], g[1], *_pin_cm(tab_r, h, mk, L, M))  # u = cm·pin∘g'
             qu_r[bi, ts, h, 0, :] = qr.astype(qu_r.dtype)
             qu_r[bi, ts, h, 1, :] = qi.astype(qu_r.dtype)
-            qu_r[bi, ts, h, 2, :] = C.rowmask(ur, mk.cm).astype(qu_r.dtype)
-            qu_r[bi, ts, h, 3, :] = C.rowmask(ui, mk.cm).astype(qu_r.dtype)
+            qu_r[bi, ts, h, 2, :] = ur.astype(qu_r.dtype)
+            qu_r[bi, ts, h, 3, :] = ui.astype(qu_r.dtype)
             return carry
 
         lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, 0)
@@ -657,6 +666,7 @@ def fwd_o(w, zv, tabs, x0, segs, *, conj, L, plan, cdt, out_dtype, interpret, sa
 
 
 HOIST_PE = True
+BWD_HELD = ('ps',)
 # Up to this many state elements per plane (modes x feature block) the scans add each chunk's product to the
 # decayed state after the dot (C.Dots.sum's one-trip loop) instead of as the dot's accumulator: a dot chained
 # through the loop carry gets all warps along its rows (Dots.sum), which a [32, 32] tile does not fill, so each
@@ -744,7 +754,9 @@ def _readout(kind, ins, tabs, xs, segs, *, L, plan, cdt, out_dtype, interpret, c
             tb, mk = _tabs(tab_r, h, held=held), _masks(seg_r, bi, c, t0, L)
             X = (xs_r[bi, h, c, 0, :, ns].astype(F32), xs_r[bi, h, c, 1, :, ns].astype(F32))
             zc = z_r[bi, ts, h, ns]
-            if kind == "fwd_p":
+            if kind == "fwd_p":  # cm·pin read as a masked load; p_fwd then has no row mask to apply
+                tb = _tabs(tab_r, h, held=dict(held or {}, pin=_pin_cm(tab_r, h, mk, L, M)))
+                mk = C.Masks(mk.mk, None, mk.em, mk.keep, select=mk._select)
                 pr, pi = C.p_fwd(a_r[bi, ts, h, ns], zc, X, tb, mk, dot)
                 out_r[fb, bi, ts, h, 0, :] = pr.astype(out_r.dtype)
                 out_r[fb, bi, ts, h, 1, :] = pi.astype(out_r.dtype)
@@ -1059,13 +1071,14 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
         dw_r, dzv_r, row_r, col_r = outs
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         f_r = w_r if pre else None
+        held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
         def body(c, carry):
             t0 = c * L
             mk = _masks(seg_r, bi, c, t0, L)
             ts = pl.ds(t0, L)
             msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
-            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True)  # noqa: E731
+            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True, held=held)  # noqa: E731
             # w is loaded again wherever it is used (per mode block), never held across the loops
             w_fn = lambda m: C.mix_fwd(_modes(w_r, bi, ts, h, msl(m)), None, conj, dot)[0]  # noqa: E731
             ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
@@ -1140,13 +1153,13 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
             dpc = C.mix_bwd_dp(dwc, _kmat(k_r, h), conj, dot)
             dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
             dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
-            if fold:
+            if fold:  # cm·pin as a masked load
                 dpr = tuple(x.astype(dp_r.dtype).astype(F32) for x in dpc)  # as bwd_p reads it
                 mk = _masks(seg_r, bi, c, c * L, L)
                 tb = _tabs(tab_r, h)
-                gr, gi_ = C.cmul_conj(*dpr, *tb.pin)
-                gs_r[0][bi, ts, h, 0, :] = C.rowmask(gr, mk.cm).astype(gs_r[0].dtype)
-                gs_r[0][bi, ts, h, 1, :] = C.rowmask(gi_, mk.cm).astype(gs_r[0].dtype)
+                gr, gi_ = C.cmul_conj(*dpr, *_pin_cm(tab_r, h, mk, L, M))
+                gs_r[0][bi, ts, h, 0, :] = gr.astype(gs_r[0].dtype)
+                gs_r[0][bi, ts, h, 1, :] = gi_.astype(gs_r[0].dtype)
                 dr, di = C.cmul_conj(*dpr, *tb.pt)
                 gs_r[0][bi, ts, h, 2, :] = dr.astype(gs_r[0].dtype)
                 gs_r[0][bi, ts, h, 3, :] = di.astype(gs_r[0].dtype)
@@ -1189,6 +1202,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
             refs, 15 + (4 if seg else 0), seg)
         bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
         f_r = dp_r if pre else None
+        held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
         def body(c, carry):
             t0 = c * L
@@ -1196,7 +1210,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
             mk = _masks(seg_r, bi, c, t0, L, asm=nmb == 1)
             ts = pl.ds(t0, L)
             msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
-            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True)  # noqa: E731
+            tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True, held=held)  # noqa: E731
             dp_fn = lambda m: _modes(dp_r, bi, ts, h, msl(m))  # noqa: E731
             ld = _Loads(dict(fq=fq_r, zk=zk_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
 
