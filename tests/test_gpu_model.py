@@ -53,6 +53,22 @@ def test_a_group_longer_than_the_sequence_runs_only_its_chunks():
     assert serial.iterations == 16
 
 
+def test_a_readout_walks_the_chunks_its_plans_feature_blocks_imply():
+    """A chunk-parallel readout's grid (B, H, nb x groups) is the same for every number of feature blocks nb
+    (nb x ceil(NC / per) = 512 / (B·H)), so its iterations per program come from the recorded plan: at (16, 128,
+    32) 4K with 64-wide blocks (nb = 2) each program walks all 64 chunks; read from the grid alone, 32."""
+    B, T, H, L = 16, 4096, 16, 64
+    rep = {"case": [H, 128, 32, "bfloat16", B, T, L],
+           "calls": [{"name": "idattn_fwd_o_readout", "num_warps": 4, "num_stages": 1, "grid": [B, H, 2]}],
+           "kernels": {"idattn_fwd_o_readout": {"registers": 184, "loop": _mix(300, 8, 1000),
+                                                "all": _mix(400, 10, 1200)}}, "xla": {}}
+    assert G.kernel_costs(rep)[0].iterations == 32  # no plan recorded: nb = 1 assumed
+    rep["blocks"] = {"idattn_fwd_o_readout": 64}
+    assert G.kernel_costs(rep)[0].iterations == 64
+    rep["blocks"] = {"idattn_fwd_o_readout": 128}
+    assert G.kernel_costs(rep)[0].iterations == 32
+
+
 def test_the_fit_returns_the_constants_the_times_were_made_with():
     rng = np.random.default_rng(0)
     true = np.array([5.0, 2.0, 0.0, 0.01, 300.0, 3.0, 0.0])

@@ -311,6 +311,8 @@ plans = dict(pallas_op._gpu_plans(pallas_gpu, B * H, L, pad(dh), pad(dh), pad(M)
 nmb = pad(M) // min(pad(M), pallas_gpu.MODE_BLOCK)
 print("@@TRIPS", json.dumps({{"idattn_" + k: {{"sub": pad(dh) // plans[k].block, "mode": nmb}}
                              for k in ("bwd_o", "bwd_p")}}), flush=True)
+# every kernel's feature block: a chunk-parallel readout's iterations per program depend on it (gpu._readout)
+print("@@BLOCKS", json.dumps({{"idattn_" + k: p.block for k, p in plans.items()}}), flush=True)
 print("@@XLA", json.dumps(dict(gpu.glue_traffic(txt), fusions=txt.count(" fusion("))), flush=True)
 """
 
@@ -333,6 +335,7 @@ def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_o
     calls = next((json.loads(l[8:]) for l in p.stdout.splitlines() if l.startswith("@@CALLS")), [])
     xla = next((json.loads(l[6:]) for l in p.stdout.splitlines() if l.startswith("@@XLA")), {})
     trips = next((json.loads(l[8:]) for l in p.stdout.splitlines() if l.startswith("@@TRIPS")), {})
+    blocks = next((json.loads(l[9:]) for l in p.stdout.splitlines() if l.startswith("@@BLOCKS")), {})
     tool = find_tool("cuobjdump")
     if tool is None:
         raise RuntimeError("cuobjdump not found: pip install triton (its wheel carries cuobjdump and nvdisasm, no "
@@ -355,7 +358,7 @@ def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_o
     shutil.rmtree(dump, ignore_errors=True)
     shutil.rmtree(cuda_dir, ignore_errors=True)
     return {"case": tuple(case), "mode": mode, "calls": calls, "kernels": kernels, "ptx_kernels": sorted(ptx),
-            "xla": xla}
+            "xla": xla, "blocks": blocks}
 
 
 def format_report(rep: dict) -> str:

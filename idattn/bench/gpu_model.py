@@ -123,6 +123,11 @@ class KernelCost:
                          (work * self.loop_bytes + self.programs * self.once_bytes) / 1e9, 0.0, 0.0])
 
 
+def _pad(n: int) -> int:
+    """A feature or mode width as the kernels pad it (a power of two, at least 16)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
 def _groups_per(NC: int, rows: int) -> int:
     """Chunks per program of a chunk-parallel kernel over `rows` (B·H·feature blocks) rows (gpu._groups)."""
     return max(1, -(-NC * rows // BWD_TARGET_PROGRAMS))
@@ -142,10 +147,14 @@ def kernel_costs(rep: dict) -> list[KernelCost]:
         regs = -(-int(k["registers"]) // 8) * 8
         occ = max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps))
         programs = gx * gy * gz
+        block = rep.get("blocks", {}).get(call["name"])
         if call["name"].startswith(SERIAL) and "readout" not in call["name"]:
             iters = NC
-        else:  # (B, H, feature blocks x groups): the blocks nb that reproduce the grid's z; a group of `per`
-            # chunks runs min(per, NC) of them (the loop stops at the last chunk: at 1K one group holds them all)
+        elif block and "readout" in call["name"]:  # (B, H, feature blocks x groups), the blocks from the plan
+            iters = min(_groups_per(NC, B * H * (_pad(dh) // block)), NC)
+        else:  # the backward's (B, H, groups); a readout compiled before its plan was recorded: the first blocks
+            # nb that reproduce the grid's z (ambiguous: gz = 512 / (B·H) for every nb, so this took nb = 1); a
+            # group of `per` chunks runs min(per, NC) of them (the loop stops at the last chunk)
             iters = next((min(per, NC) for nb in (1, 2, 4, 8, 16) for per in [_groups_per(NC, B * H * nb)]
                           if nb * -(-NC // per) == gz), -(-NC // gz))
         body = k.get("loop_run") or k["loop"] or k["all"]  # one chunk iteration as it runs (inner loops' trips)
