@@ -497,9 +497,15 @@ def main():
         from idattn.ops.pallas import gpu as pallas_gpu
         old_form = dict(GPU_PRESCALED_SCAN=False, GPU_PRESCALED_MODES=False, GPU_FUSED_FACTORS=False,
                         GPU_PARALLEL_FWD_MIN_T=8192)  # and the scans at 8 warps (gpu.TUNING before 2026-12-06)
-        saved = {k: getattr(pallas_op, k) for k in old_form}, dict(pallas_gpu.TUNING)
+        # and the kernels' own switches of 2026-12-07 off: no held tables, the dlamL sums in the backward, the
+        # scans' products chained into the state (the inline PTX and the masked loads stay: no switch)
+        old_gpu = dict(HOLD_TABLES=False, BWD_HELD=(), YX_IN_SCAN=False, SCAN_UNCHAINED_MAX_STATE=0)
+        saved = ({k: getattr(pallas_op, k) for k in old_form}, dict(pallas_gpu.TUNING),
+                 {k: getattr(pallas_gpu, k) for k in old_gpu})
         for k, v in old_form.items():
             setattr(pallas_op, k, v)
+        for k, v in old_gpu.items():
+            setattr(pallas_gpu, k, v)
         pallas_gpu.TUNING["scan"] = (8, 2)
         try:
             for T in [t for t in (4096, 16384) if t in seqs] or seqs[-1:]:
@@ -509,6 +515,8 @@ def main():
         finally:
             for k, v in saved[0].items():
                 setattr(pallas_op, k, v)
+            for k, v in saved[2].items():
+                setattr(pallas_gpu, k, v)
             pallas_gpu.TUNING.clear()
             pallas_gpu.TUNING.update(saved[1])
         t_old = bop.format_table([r for r in rows if r.impl == "pallas" and tuple(r.shape) == tuple(shapes[0])]
