@@ -306,24 +306,24 @@ def _fused_bwd(cfg, res, cts):
     pre = cfg.family == "gpu" and GPU_PRESCALED_SCAN
     if pre and qu is not None:  # the forward's fwd_pw wrote u = cm·pin∘g'; the factor is conj(u)
         ysv, y0v = scan_rev(do, qu, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
-                              conj_g=True, name="scan_rev_v", prescaled=True, gs_planes=(2, 3), gs_conj=True, **kw)
+                            conj_g=True, name="scan_rev_v", prescaled=True, gs_planes=(2, 3), gs_conj=True, **kw)
     elif pre:  # the adjoint scans' per-token factor formed in XLA (gpu.prescale_rev): g' = conj(w), or p conj'ed
         gsv = K.prescale_rev(p if w is None else w, tabs, sg, L=cfg.L, conj=not (w is None and cfg.conj),
                              cdt=cfg.cdt)
         ysv, y0v = scan_rev(do, gsv, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
-                              conj_g=True, name="scan_rev_v", prescaled=True, **kw)
+                            conj_g=True, name="scan_rev_v", prescaled=True, **kw)
     # the forward's q = w∘pt for bwd_o (GPU, fused factors: then the forward wrote no w)
     fo = dict(factors=qu) if pre and qu is not None else {}
     if not (cfg.family == "gpu" and cfg.has_k):  # no mixing matrix (GPU), or the TPU kernels: the O-half
         if not pre:                              # kernels mix p per chunk themselves
             ysv, y0v = scan_rev(do, p, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
-                                  conj_g=True, kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
+                                conj_g=True, kmix=km, mix_conj=cfg.conj, name="scan_rev_v", **kw)
         dp, dzv, row_o, col_o, dk = K.bwd_o(p, km, zv, do, xsv, ysv, tabs, sg, conj=cfg.conj, plan=P["bwd_o"],
                                             mdt=jnp.dtype(cfg.mdt), **fo, **kw)
     else:  # GPU with K: the O-half reads the forward's w or q (identity mixing), bwd_mix maps dw to dp and dK
         if not pre:
             ysv, y0v = scan_rev(do, w, tabs, dxvt.astype(F32), sg, plan=P["scan_rev_v"], sdt=cfg.sdt, xs=xsv,
-                                  conj_g=True, name="scan_rev_v", **kw)
+                                conj_g=True, name="scan_rev_v", **kw)
         dw, dzv, row_o, col_o, _ = K.bwd_o(w, None, zv, do, xsv, ysv, tabs, sg, conj=False, plan=P["bwd_o"],
                                            mdt=jnp.dtype(cfg.mdt), **fo, **kw)
         if pre and GPU_FUSED_FACTORS:  # the P-half scan's factor formed by bwd_mix beside dp
@@ -338,10 +338,10 @@ def _fused_bwd(cfg, res, cts):
             gsk = K.prescale_p(dp, tabs, sg, L=cfg.L, cdt=cfg.cdt) if GPU_FUSED_FACTORS else K.prescale_rev(
                 dp, tabs, sg, L=cfg.L, conj=False, cdt=cfg.cdt)
         ysk, y0k = scan_rev(fq, gsk, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, xs=xsk,
-                              conj_g=False, name="scan_rev_k", prescaled=True, **kw)
+                            conj_g=False, name="scan_rev_k", prescaled=True, **kw)
     else:
         ysk, y0k = scan_rev(fq, dp, tabs, dxkt.astype(F32), sg, plan=P["scan_rev_k"], sdt=cfg.sdt, xs=xsk,
-                              conj_g=False, name="scan_rev_k", **kw)
+                            conj_g=False, name="scan_rev_k", **kw)
     ready = pre and GPU_FUSED_FACTORS  # bwd_p reads dp's factors (gs, ds) instead of dp
     dfq, dzk, row_p, col_p = K.bwd_p(fq, zk, dp, xsk, ysk, tabs, sg, plan=P["bwd_p"],
                                      **(dict(factors=gsk) if ready else {}), **kw)
