@@ -356,14 +356,22 @@ def _tabs(tab_refs, h, ms=None, flat_rows=False, held=None):
     return LoadTabs(tab_refs, h, ms, flat_rows, held)
 
 
+def _masked_load(ref, keep, shape):
+    """ref[...] ([r, n] = `shape`) where keep > 0, else 0; keep a row vector [r, 1] or a scalar, broadcast to
+    `shape`. Triton's masked load: the masked-off elements are not read, so the mask costs no multiply or select
+    on the loaded tile."""
+    from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
+    return pltr.load(ref, mask=jnp.broadcast_to(keep > 0, shape), other=0)
+
+
 def _pin_cm(tab_refs, h, mk, L, M):
     """cm·pin [L, M] planes (float32) as a masked load: the rows of tokens that may not read the carried state
     (cm = 0) read zeros, so the row mask costs no multiply; pin itself when there are no segments."""
     tb = LoadTabs(tab_refs, h)
     if mk.cm is None:
         return tb.pin
-    ref, ok = tab_refs[LoadTabs._IDX["pin"]], jnp.broadcast_to(mk.cm > 0, (L, M))
-    return tuple(_masked_load(ref.at[h, jnp.int32(k)], ok) for k in (0, 1))
+    ref = tab_refs[LoadTabs._IDX["pin"]]
+    return tuple(_masked_load(ref.at[h, jnp.int32(k)], mk.cm, (L, M)) for k in (0, 1))
 
 
 def _held_operands(tab_refs, h, names, cdt):
@@ -682,12 +690,6 @@ BWD_HELD = ("ps",)
 SCAN_UNCHAINED_MAX_STATE = 32 * 32
 
 
-def _masked_load(ref, mask):
-    """ref[...] where mask, else 0: Triton's masked load (the masked-off elements are not read)."""
-    from jax.experimental.pallas import triton as pltr  # noqa: PLC0415 only where the Triton backend lowers
-    return pltr.load(ref, mask=mask, other=0)
-
-
 def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd", final=False):
     """States before every chunk: xs [B, H, NC, 2, M, N] (dtype sdt); with ``final`` also (xs, the state after
     the last chunk X_T [B, H, 2, M, N] float32), what the chunk-parallel forward needs."""
@@ -715,8 +717,7 @@ def scan_fwd(z, tabs, x0, segs, *, L, plan, cdt, sdt, interpret, name="scan_fwd"
             if pe is None or mk.em is None:
                 z = z_r[bi, pl.ds(t0, L), h, ns]
             else:  # em∘Z as a masked load: rows outside the chunk's last document are not read
-                rows = jnp.broadcast_to(mk.em > 0, (L, block_n))
-                z = _masked_load(z_r.at[bi, pl.ds(t0, L), h, ns], rows)
+                z = _masked_load(z_r.at[bi, pl.ds(t0, L), h, ns], mk.em, (L, block_n))
             return C.carry_fwd(z, X, tb, mk, dot.with_bound(c) if unchained else dot, pe=pe)
 
         X = lax.fori_loop(0, NC, body, (x0_r[bi, h, 0, :, ns], x0_r[bi, h, 1, :, ns]))
@@ -912,8 +913,7 @@ def scan_rev(x, g, tabs, yT, segs, *, L, plan, cdt, sdt, conj_g, interpret, kmix
                 if mk.keep is None:
                     X = [x[...] for x in X]
                 else:
-                    ok = jnp.broadcast_to(mk.keep > 0, (M, block_n))
-                    X = [_masked_load(x, ok) for x in X]
+                    X = [_masked_load(x, mk.keep, (M, block_n)) for x in X]
                 xr, xi = X[0].astype(F32), X[1].astype(F32)  # acc += Y∘conj(X), two FFMA per plane
                 acc = (C.dot2(Y[0], xr, Y[1], xi, acc=acc[0]), C.dot2(Y[1], xr, Y[0], xi, sub=True, acc=acc[1]))
             if prescaled:
