@@ -113,11 +113,12 @@ def test_train_mqar_short_run_learns():
 
 @pytest.mark.slow
 def test_mqar_softmax_reaches_90_percent():
-    """The documented CPU check (experiments/mqar.py, 64 tokens, 4 pairs): softmax >= 90% query accuracy."""
+    """The documented CPU check (experiments/mqar.py, 64 tokens, 4 pairs): softmax >= 90% query accuracy, after
+    700 steps (99.7% there on the CPU it was tuned on; 100% at the documented 1,500)."""
     c = _mqar_config("softmax")
     q = c.mqar
     res = recall.train_mqar(c.model, seq_len=q.seq_len, num_kv_pairs=q.num_kv_pairs, vocab_size=q.vocab_size,
-                            num_train=q.num_train, num_test=q.num_test, steps=1500, batch_size=q.batch_size,
+                            num_train=q.num_train, num_test=q.num_test, steps=700, batch_size=q.batch_size,
                             lr=q.lr, weight_decay=q.weight_decay, warmup=q.warmup, seed=q.seed, log_every=0)
     assert res["acc"] >= 0.9, res["acc"]
 

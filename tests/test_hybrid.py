@@ -379,6 +379,7 @@ SEQ_WINDOW = r"""
 import json
 import jax, jax.numpy as jnp, numpy as np
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 from jax.sharding import Mesh
 from idattn.layers.attention import causal_attention
 rng = np.random.default_rng(0)

@@ -27,6 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 SCRIPT = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 from flax import linen as nn
 from idattn.train import sharding as shd
 from tests import train_helpers as T

@@ -445,6 +445,7 @@ SPLIT = r"""
 import json, sys
 import jax
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 import jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh
 from idattn.ops import interdomain_mix

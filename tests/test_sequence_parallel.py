@@ -34,6 +34,7 @@ OPERATOR = r"""
 import json, re, sys
 import jax
 jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 import jax.numpy as jnp, numpy as np
 from jax.sharding import Mesh
 from idattn.ops import interdomain_mix, s4d_linear_mix
@@ -125,6 +126,7 @@ from idattn.train.step import make_loss_sums
 from idattn.train.trainer import build_setup
 from tests import train_helpers as T
 
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 cases, meshes, steps = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
 B, S = 4, 128
 rng = np.random.default_rng(0)
@@ -239,6 +241,7 @@ def test_softmax_split_over_the_sequence_gathers_kv_and_equals_one_device(kind, 
 EVAL = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 from flax.linen import partitioning as nn_partitioning
 from idattn.configs import DEFAULT_LOGICAL_AXIS_RULES
 from idattn.eval.scoring import model_score_fn, sequence_mesh
@@ -419,6 +422,7 @@ def test_sequence_group_across_two_processes_matches_one_device(tmp_path, env, m
 PREFILL = r"""
 import json, sys
 import jax, jax.numpy as jnp, numpy as np
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 import flax.linen as nn
 from idattn.configs import base_config
 from idattn.models import apply_mixer_name, build_model, decoding

@@ -31,6 +31,7 @@ RTOL, ATOL, ATOL_ALL, MAX_FRAC = 2e-5, 2e-6, 5e-5, 1e-3
 SCRIPT = r"""
 import json, sys
 import jax, numpy as np
+jax.config.update("jax_disable_most_optimizations", True)  # compile time dominates (conftest.fast_compile)
 from idattn.train import sharding as shd
 from tests import train_helpers as T
 from idattn.train.trainer import build_setup

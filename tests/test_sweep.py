@@ -88,6 +88,20 @@ def test_cpu_sweep_names_and_isoflop_budgets():
         mod.get_config("nope")
 
 
+@pytest.fixture
+def check_recorded(monkeypatch):
+    """The trainer's check of every member recorded instead of run (a few seconds per sweep of 24): for the tests
+    about what a sweep writes. The check itself runs on the paper sweep in
+    test_slurm_dry_run_is_a_job_array_with_data_flags, and every launcher's in tests/test_launch.py."""
+    seen = []
+
+    def fake(sweep_file, configs, root, extra, per_run=None, *, dry_run):
+        seen.append([c.sweep.name for c in configs])
+        return 0
+    monkeypatch.setattr(sweep, "check_members", fake)
+    return seen
+
+
 def _main(argv):
     buf = io.StringIO()
     with redirect_stdout(buf):
@@ -112,7 +126,7 @@ def no_subprocess(monkeypatch):
     monkeypatch.setattr(subprocess, "Popen", only_the_check)
 
 
-def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
+def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess, check_recorded):
     with pytest.raises(SystemExit, match="--data_path"):
         _main([PAPER_SWEEP, f"--root={tmp_path}", "--dry_run"])
     assert not os.listdir(tmp_path)  # nothing written before the refusal
@@ -121,6 +135,7 @@ def test_paper_sweeps_need_data_flags(tmp_path, no_subprocess):
     assert not os.path.exists(f"{tmp_path}/r")
     rc, out = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--dry_run", "--set", "data.source=kjv"])
     assert rc == 0 and "--config.data.source=kjv" in out and "arrayrecord" not in out
+    assert [len(names) for names in check_recorded] == [24, 24]  # every member checked, once per dry run
     # a config that leaves data.source unset (experiments/scaling.py's paper sizes) is refused the same way
     unset = runs.load_sweep(PAPER_SWEEP)[:1]
     unset[0].data.source = ""
@@ -145,7 +160,7 @@ def test_slurm_dry_run_is_a_job_array_with_data_flags(tmp_path, no_subprocess):
     assert runs.count("paper-") == 24 and "paper-interdomain-1.3b-D5.2e10" in runs
 
 
-def test_slurm_array_expands_the_run_in_quoted_paths(tmp_path, no_subprocess, monkeypatch):
+def test_slurm_array_expands_the_run_in_quoted_paths(tmp_path, no_subprocess, monkeypatch, check_recorded):
     """A root with a space and a ';' is single-quoted in the script; the array task's run still expands there (it
     used to stay a literal ${RUN} inside the quotes: every task in one folder)."""
     root = tmp_path / "my runs;x"
@@ -160,7 +175,7 @@ def test_slurm_array_expands_the_run_in_quoted_paths(tmp_path, no_subprocess, mo
     assert any(a.endswith(":paper-softmax-125m") and a.startswith("--config=") for a in args), args
 
 
-def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch, fake_tools):
+def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch, fake_tools, check_recorded):
     """Submitting writes the array script and creates its #SBATCH --output folder before calling sbatch (an sbatch
     is on PATH: a missing one is refused first)."""
     calls = []
@@ -175,7 +190,7 @@ def test_slurm_submit_creates_the_log_folder_first(tmp_path, monkeypatch, fake_t
     logs = tmp_path / "logs" / "sweep"
     rc, _ = _main([PAPER_SWEEP, f"--root={tmp_path}/r", "--launcher=slurm", "--data_path=/data/fw", "--",
                    f"--log_dir={logs}"])
-    assert rc == 0 and len(calls) == 1
+    assert rc == 0 and len(calls) == 1 and len(check_recorded) == 1
     cmd, existed, out = calls[0]
     assert cmd == ["sbatch", f"{tmp_path}/r/sweep-array.sbatch"]
     assert existed and out.startswith(str(logs) + "/")
