@@ -601,6 +601,36 @@ def test_runs_record_restores_finished_runs_for_reuse_and_refuses_bad_records(tm
         cache.restore_runs(record, root2)
 
 
+def test_a_restore_cut_short_leaves_no_marker_over_missing_results_and_the_next_one_completes_it(tmp_path,
+                                                                                                  monkeypatch):
+    """A write that fails while a run is restored (injected at its second file) leaves that run without its
+    marker, so the next restore writes the whole run; the marker is written last."""
+    from idattn import atomic
+    record, root = str(tmp_path / "record.json"), str(tmp_path / "root")
+    files = {cache.MARKER: json.dumps({"status": "done"}), "eval/a.json": "{\"acc\": 0.5}",
+             "eval/b.json": "{\"acc\": 0.75}"}
+    with open(record, "w") as f:
+        json.dump({"format": cache.ARCHIVE_FORMAT, "runs": {"runs/toy/mqar/x": files}}, f)
+    real, written = atomic.write_text, []
+
+    def failing_second(path, text):
+        if len(written) == 1:
+            raise OSError(28, "No space left on device", path)
+        written.append(os.path.relpath(path, os.path.join(root, "runs/toy/mqar/x")))
+        return real(path, text)
+
+    monkeypatch.setattr(atomic, "write_text", failing_second)
+    with pytest.raises(OSError, match="No space left"):
+        cache.restore_runs(record, root)
+    wd = os.path.join(root, "runs/toy/mqar/x")
+    assert written == ["eval/a.json"] and not os.path.exists(os.path.join(wd, cache.MARKER))
+    monkeypatch.setattr(atomic, "write_text", real)
+    assert cache.restore_runs(record, root) == 1
+    for name, text in files.items():
+        assert open(os.path.join(wd, name)).read() == text
+    assert sorted(os.listdir(os.path.join(wd, "eval"))) == ["a.json", "b.json"]  # no temporary file left
+
+
 def test_archiving_a_root_keeps_the_records_later_stamps_and_adds_new_results(tmp_path):
     """A study root restored from an older record holds markers without the stamps the record gained since
     (re-verification, fingerprint): archiving that root into the record keeps the record's marker and adds the

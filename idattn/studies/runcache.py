@@ -415,11 +415,11 @@ def restore_runs(path: str, root: str) -> int:
         wd = os.path.join(root, rel)
         if os.path.exists(os.path.join(wd, MARKER)):
             continue
-        for name, text in files.items():
+        # the results first, the marker last (each written whole, synced, renamed): a restore cut short leaves a
+        # folder without a marker, which the next restore fills in, never a marker over missing results
+        for name in sorted(files, key=lambda name: name == MARKER):
             p = os.path.join(wd, name)
             os.makedirs(os.path.dirname(p), exist_ok=True)
-            with open(p + ".tmp", "w") as f:
-                f.write(text)
-            os.replace(p + ".tmp", p)
+            atomic.write_text(p, files[name])
         n += 1
     return n
