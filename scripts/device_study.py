@@ -16,7 +16,7 @@ every finished run of every root is merged into one file, $OUT/device-runs.json 
     run(command="python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && "
                 "PYTHONPATH=/tmp/site:. python3 scripts/device_study.py climb --mixers softmax,interdomain,s4d_only "
                 "--seeds 0,1,2,3,4 --deadline-s 360", timeout_s=450, carry=[".whl"])
-    # the selective table (issue 34), its slow families only, 6 mixers x 3 seeds side by side:
+    # the selective table (docs/reproduction.md), its slow families only, 6 mixers x 3 seeds side by side:
     #   ... device_study.py selective --mixers softmax,interdomain,interdomain-selective,interdomain-selective+phase,\
     #       s4d_only,s4d_only-selective --seeds 0,1,2 --tasks mqar,mad,lm --deadline-s 360
     # back on the CPU host: merge into the record, fingerprint on the CPU, render

@@ -1,4 +1,5 @@
-"""Does a selective core count parity by turning its state by π per 1-bit? A probe of issue 34's question (s2).
+"""Does a selective core count parity by turning its state by π per 1-bit? A probe of the selective study's
+question (s2).
 
 Parity is a half-turn per 1-bit: a mode with lam = e^{iπ} at every 1-bit and lam = 1 at every 0-bit holds
 (−1)^(number of 1-bits) at any length. The protocol's runs (`python -m idattn.repro selective`, one label at `=`)
