@@ -52,6 +52,9 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+# the float64 references the tests judge every implementation against (NumPy and jax only, nothing of idattn)
+from tests.op_reference import document_resets, ref_loop, ref_scan64  # noqa: E402
+
 T0 = time.time()
 SUMMARY = []
 _LOGFILE = None
@@ -66,52 +69,7 @@ def log(*a):
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# float64 references (CPU)
-
-
-def ref_numpy(fq, zk, zv, lam, b, c, conj, seg, x0):
-    B, T, H, R = fq.shape
-    D, M = zv.shape[-1], lam.shape[-1]
-    cm = np.broadcast_to(np.eye(M), (H, M, M)) if c is None else c
-    resets = np.zeros((B, T), bool)
-    if seg is not None:
-        resets[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    o = np.zeros((B, T, H, D))
-    xks, xvs = [], []
-    for bi in range(B):
-        xk = np.zeros((H, M, R), complex) if x0 is None else x0[0][bi].astype(complex).copy()
-        xv = np.zeros((H, M, D), complex) if x0 is None else x0[1][bi].astype(complex).copy()
-        for t in range(T):
-            if resets[bi, t]:
-                xk[:], xv[:] = 0, 0
-            xk = lam[:, :, None] * xk + b[:, :, None] * zk[bi, t][:, None, :]
-            xv = lam[:, :, None] * xv + b[:, :, None] * zv[bi, t][:, None, :]
-            p = np.einsum("hmr,hr->hm", cm @ xk, fq[bi, t])
-            o[bi, t] = np.real(np.einsum("hm,hmd->hd", np.conj(p) if conj else p, cm @ xv))
-        xks.append(xk)
-        xvs.append(xv)
-    return o, np.stack(xks), np.stack(xvs)
-
-
-def ref_scan64(fq, zk, zv, lam, b, c, x0k, x0v, *, conj, resets):
-    H, M = lam.shape
-    cm = jnp.broadcast_to(jnp.eye(M, dtype=jnp.complex128), (H, M, M)) if c is None else c
-
-    def one(fq, zk, zv, rs, xk, xv):
-        def step(carry, xs):
-            xk, xv = carry
-            q, k, v, r = xs
-            xk = jnp.where(r, 0, xk)
-            xv = jnp.where(r, 0, xv)
-            xk = lam[:, :, None] * xk + b[:, :, None] * k[:, None, :]
-            xv = lam[:, :, None] * xv + b[:, :, None] * v[:, None, :]
-            p = jnp.einsum("hmr,hr->hm", cm @ xk, q)
-            return (xk, xv), jnp.real(jnp.einsum("hm,hmd->hd", jnp.conj(p) if conj else p, cm @ xv))
-
-        (xk, xv), o = jax.lax.scan(step, (xk, xv), (fq, zk, zv, rs))
-        return o, xk, xv
-
-    return jax.vmap(one)(fq, zk, zv, resets, x0k, x0v)
+# float64 checks (CPU)
 
 
 def x64():
@@ -176,12 +134,10 @@ def check_case(name, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_seg
                              None if c is None else jnp.asarray(c), jnp.asarray(x0k), jnp.asarray(x0v))
     jax.block_until_ready(grads)
     t_gpu = time.time() - t
-    o_ref, xk_ref, xv_ref = ref_numpy(fq64, zk64, zv64, lam.astype(complex), b.astype(complex),
-                                      None if c is None else c.astype(complex), conj, seg,
-                                      None if x0 is None else (x0k, x0v))
-    resets = np.zeros((B, T), bool)
-    if seg is not None:
-        resets[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    x0_64 = None if x0 is None else (np.asarray(x0k, np.complex128), np.asarray(x0v, np.complex128))
+    o_ref, (xk_ref, xv_ref) = ref_loop(fq64, zk64, zv64, lam.astype(complex), b.astype(complex),
+                                       None if c is None else c.astype(complex), conj, seg, x0_64)
+    resets = document_resets(seg, B, T)
     with x64(), jax.default_device(cpu):
         a64 = (jnp.asarray(fq64), jnp.asarray(zk64), jnp.asarray(zv64), jnp.asarray(lam, jnp.complex128),
                jnp.asarray(b, jnp.complex128), None if c is None else jnp.asarray(c, jnp.complex128),

@@ -1,7 +1,7 @@
 """Fused Pallas kernels (idattn.ops.pallas) in interpret mode against independent float64 references.
 
-References written here, independent of the library: a numpy float64 loop (forward and final state) and a
-float64 ``lax.scan`` loop under ``jax.enable_x64`` (for full gradients of every input). Shapes are tiny:
+The references are tests/op_reference.py's, independent of the library: the float64 NumPy loop (forward and
+final state) and its float64 ``lax.scan`` twin under ``jax.enable_x64`` (for full gradients of every input). Shapes are tiny:
 interpret mode executes the kernels op by op. One jit per case (outputs and the VJP of a random cotangent).
 """
 import contextlib
@@ -14,68 +14,19 @@ import jax
 import jax.numpy as jnp
 
 from idattn.ops.pallas import interdomain_mix_pallas, pallas_available
+from tests.op_reference import document_resets, ref_loop, ref_scan64
 
 
 # ------------------------------------------------------------------------------------------------ references
 
 
-def _doc_resets(seg, B, T):
-    if seg is None:
-        return np.zeros((B, T), bool)
-    seg = np.asarray(seg)
-    r = np.zeros((B, T), bool)
-    r[:, 1:] = seg[:, 1:] != seg[:, :-1]
-    return r
-
-
 def ref_numpy(fq, zk, zv, lam, b, c, conj, seg, x0):
-    """Literal recurrence in float64/complex128: returns o [B,T,H,D], Xk [B,H,M,R], Xv [B,H,M,D]."""
-    fq, zk, zv = (np.asarray(x, np.float64) for x in (fq, zk, zv))
-    lam, b = np.asarray(lam, np.complex128), np.asarray(b, np.complex128)
-    B, T, H, R = fq.shape
-    D, M = zv.shape[-1], lam.shape[-1]
-    cm = np.broadcast_to(np.eye(M), (H, M, M)) if c is None else np.asarray(c, np.complex128)
-    resets = _doc_resets(seg, B, T)
-    o = np.zeros((B, T, H, D))
-    xks, xvs = [], []
-    for bi in range(B):
-        xk = np.zeros((H, M, R), complex) if x0 is None else np.asarray(x0[0][bi], np.complex128).copy()
-        xv = np.zeros((H, M, D), complex) if x0 is None else np.asarray(x0[1][bi], np.complex128).copy()
-        for t in range(T):
-            if resets[bi, t]:
-                xk[:], xv[:] = 0, 0
-            xk = lam[:, :, None] * xk + b[:, :, None] * zk[bi, t][:, None, :]
-            xv = lam[:, :, None] * xv + b[:, :, None] * zv[bi, t][:, None, :]
-            u, g = cm @ xk, cm @ xv                        # U_t = C Xk_t, Γ_t = C Xv_t
-            p = np.einsum("hmr,hr->hm", u, fq[bi, t])      # p_t = U_t ξ(q_t)
-            pp = np.conj(p) if conj else p
-            o[bi, t] = np.real(np.einsum("hm,hmd->hd", pp, g))
-        xks.append(xk)
-        xvs.append(xv)
-    return o, np.stack(xks), np.stack(xvs)
-
-
-def ref_jax64(fq, zk, zv, lam, b, c, x0k, x0v, *, conj, resets):
-    """The same recurrence as a float64 lax.scan (differentiable); call under jax.enable_x64(True)."""
-    H, M = lam.shape
-    cm = jnp.broadcast_to(jnp.eye(M, dtype=jnp.complex128), (H, M, M)) if c is None else c
-
-    def one(fq, zk, zv, rs, xk, xv):
-        def step(carry, xs):
-            xk, xv = carry
-            q, k, v, r = xs
-            xk = jnp.where(r, 0, xk)
-            xv = jnp.where(r, 0, xv)
-            xk = lam[:, :, None] * xk + b[:, :, None] * k[:, None, :]
-            xv = lam[:, :, None] * xv + b[:, :, None] * v[:, None, :]
-            p = jnp.einsum("hmr,hr->hm", cm @ xk, q)
-            pp = jnp.conj(p) if conj else p
-            return (xk, xv), jnp.real(jnp.einsum("hm,hmd->hd", pp, cm @ xv))
-
-        (xk, xv), o = jax.lax.scan(step, (xk, xv), (fq, zk, zv, rs))
-        return o, xk, xv
-
-    return jax.vmap(one)(fq, zk, zv, resets, x0k, x0v)
+    """tests/op_reference.ref_loop in float64 / complex128: o [B,T,H,D], Xk [B,H,M,R], Xv [B,H,M,D]."""
+    f64 = lambda x: np.asarray(x, np.float64)  # noqa: E731
+    c128 = lambda x: None if x is None else np.asarray(x, np.complex128)  # noqa: E731
+    o, (xk, xv) = ref_loop(f64(fq), f64(zk), f64(zv), c128(lam), c128(b), c128(c), conj,
+                           None if seg is None else np.asarray(seg), None if x0 is None else tuple(map(c128, x0)))
+    return o, xk, xv
 
 
 def _rel(a, b):
@@ -149,11 +100,11 @@ def _run_case(family, dtype, conj, B, T, H, R, D, M, L, with_c, with_x0, with_se
 
     # gradients against the float64 scan
     with jax.enable_x64(True):
-        resets = jnp.asarray(_doc_resets(seg, B, T))
+        resets = jnp.asarray(document_resets(seg, B, T))
         a64 = (jnp.asarray(fq64), jnp.asarray(zk64), jnp.asarray(zv64), jnp.asarray(lam, jnp.complex128),
                jnp.asarray(b, jnp.complex128), None if c is None else jnp.asarray(c, jnp.complex128),
                jnp.asarray(np.asarray(x0k), jnp.complex128), jnp.asarray(np.asarray(x0v), jnp.complex128))
-        out64, vjp64 = jax.vjp(lambda *a: ref_jax64(*a, conj=conj, resets=resets), *a64)
+        out64, vjp64 = jax.vjp(lambda *a: ref_scan64(*a, conj=conj, resets=resets), *a64)
         assert _rel(out64[0], o_ref) < 1e-10  # the two references agree
         g64 = vjp64((jnp.asarray(go, jnp.float64), jnp.asarray(gk, jnp.complex128), jnp.asarray(gv, jnp.complex128)))
         g64 = [None if g is None else np.asarray(g) for g in g64]
