@@ -520,18 +520,19 @@ def fold_raw(raw, tb, length, h_pre=False):
     return f.acc
 
 
-def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
+def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length, only=None):
     """The parameter epilogue of o_bwd_modes / p_bwd_modes; phase2(m, sink) hands mode block m's raw pieces to
-    the sink as it forms them. With one mode block and ``raw`` (the running sums over the program's chunks, a
-    loop carry) they are added to it and the new sums returned: fold_raw then runs once per program, after the
-    chunk loop, instead of once per chunk (its row reductions - shuffles and barriers - were ~60% of the
-    backward kernels' instructions). Otherwise each block is folded as it goes (_Fold) and handed to
+    the sink as it forms them. With ``raw`` (the running sums over the program's chunks, a loop carry) and one
+    mode block - the only one, or mode block ``only`` of several when each program takes one (gpu's
+    SPLIT_MODE_BLOCKS) - they are added to it and the new sums returned: fold_raw then runs once per program,
+    after the chunk loop, instead of once per chunk (its row reductions - shuffles and barriers - were ~60% of
+    the backward kernels' instructions). Otherwise each block is folded as it goes (_Fold) and handed to
     store_acc (a flat Acc per chunk)."""
     if raw is not None:
-        if nmb != 1:
-            raise ValueError(f"raw parameter sums need one mode block (got {nmb})")
+        if nmb != 1 and only is None:
+            raise ValueError(f"raw parameter sums need one mode block or `only` (got {nmb} blocks)")
         sink = _Carry(raw)
-        phase2(0, sink)
+        phase2(0 if only is None else only, sink)
         return tuple(sink.raw)
 
     def folded(m):
@@ -545,7 +546,7 @@ def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length):
 
 
 def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None,
-                pre=None, yx=True):
+                pre=None, yx=True, only=None):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
@@ -566,7 +567,11 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     read, nor pt but for dw, and that term goes to the sink as ``hp`` (fold_raw(.., h_pre=True)).
 
     yx=False: the dlamL sums Σ_n Y∘conj(X) are left out (the sink gets none: the GPU's adjoint scan forms them,
-    gpu.scan_rev(.., xs=)); the same in p_bwd_modes."""
+    gpu.scan_rev(.., xs=)); the same in p_bwd_modes.
+
+    only: with several mode blocks, phase 2 for this one (a traced index) only, its raw sums carried in ``raw``
+    (store_dw is then called for it alone); phase 1 still contracts over every block, so its outputs are the
+    same in every program of the chunk (the caller stores them once). The same in p_bwd_modes."""
     L = length
     e_in, e_t, e_s, e_e = exponents(L)
 
@@ -618,11 +623,11 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
         # dPt = dq∘conj(w), dPin = t∘conj(w): s_log += Σ_i conj(pt_i)·conj(w_i)·(e_t·dq + e_in·t·conj(lam^(mu+1)))
         sink.h(cmul_conj(dot2(e_t, dqr, e_in, zr), dot2(e_t, dqi, e_in, zi), wv[0], wv[1]))
 
-    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
+    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L, only)
 
 
 def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None,
-                yx=True):
+                yx=True, only=None):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
@@ -699,7 +704,7 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
         zr, zi = cmul_conj(*cmul_conj(dpr, dpi, fr, fi), tb.lmu1[0], tb.lmu1[1])            # dPin·conj(lam^(mu+1))
         sink.h((dot2(e_t, tr, e_in, zr), dot2(e_t, ti, e_in, zi)))
 
-    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L)
+    return _raw_epilogue(nmb, phase2, tabs, store_acc, raw, L, only)
 
 
 # The GPU epilogues fold the four table cotangents through two tables only: every table is a power of lam

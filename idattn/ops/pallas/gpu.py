@@ -977,11 +977,40 @@ def _raw_zeros(L, M):
     return (z,) * 6 + (zc, zc)
 
 
-def _store_raw(tile_r, vec_r, bi, h, gi, raw):
+def _store_raw(tile_r, vec_r, bi, h, gi, raw, ms=slice(None)):
     for k in range(6):
-        tile_r[bi, h, gi, k] = raw[k]
-    vec_r[bi, h, gi, 0, 0] = raw[6]
-    vec_r[bi, h, gi, 1, 0] = raw[7]
+        tile_r[bi, h, gi, k, :, ms] = raw[k]
+    vec_r[bi, h, gi, 0, 0, ms] = raw[6]
+    vec_r[bi, h, gi, 1, 0, ms] = raw[7]
+
+
+# Several mode blocks (M > MODE_BLOCK): one program per mode block of each chunk group (grid axis 2 = groups x
+# blocks), each carrying its block's raw parameter sums across its chunks (what one mode block does) instead of
+# folding every block in every chunk (the fold's row reductions: at (32, 64, 64) bf16, 488 FADD + 368 SHFL + 100
+# BAR.SYNC per block and chunk in bwd_o). Phase 1 (what contracts over the modes: dzv / dfq, dzk) is then done
+# by every block's program and stored by the first.
+SPLIT_MODE_BLOCKS = True
+
+
+def _split_grid(B, H, NC, nmb):
+    """(per, NG, programs along grid axis 2, split) of a backward kernel with nmb mode blocks."""
+    split = nmb > 1 and SPLIT_MODE_BLOCKS
+    per, NG = _groups(B, H * (nmb if split else 1), NC)
+    return per, NG, NG * (nmb if split else 1), split
+
+
+def _group_and_block(split, nmb):
+    """(chunk group, mode block or None) of this program (grid axis 2 as _split_grid lays it out)."""
+    g = pl.program_id(2)
+    return (g // nmb, g % nmb) if split else (g, None)
+
+
+def _first_block_only(mo, write):
+    """write() in the program of mode block 0 only (mo None: always)."""
+    if mo is None:
+        write()
+    else:
+        pl.when(mo == 0)(write)
 
 
 def _fold_raw_sums(tiles, vecs, tabs, L, h_pre=False):
@@ -1067,15 +1096,16 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     M = tabs[0].shape[-1]
     sub = plan.block
     NC, nsub = T // L, D // sub
-    per, NG = _groups(B, H, NC)
     nmb, mb = _mode_blocks(M)
-    sums = nmb == 1  # the parameter sums carried across the program's chunks (_raw_out)
+    per, NG, gz, split = _split_grid(B, H, NC, nmb)
+    sums = nmb == 1 or split  # the parameter sums carried across the program's chunks (_raw_out)
     dot, seg = C.Dots(cdt), segs is not None
 
     def kernel(*refs):
         (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + (4 if seg else 0), seg)
         dw_r, dzv_r, row_r, col_r = outs
-        bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        bi, h = pl.program_id(0), pl.program_id(1)
+        gi, mo = _group_and_block(split, nmb)
         f_r = w_r if pre else None
         held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
@@ -1094,7 +1124,9 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
                 return f_r[bi, ts, h, 0, ms].astype(F32), f_r[bi, ts, h, 1, ms].astype(F32)
 
             def store(j, dzv):
-                dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
+                def write():
+                    dzv_r[bi, ts, h, pl.ds(j * sub, sub)] = dzv.astype(dzv_r.dtype)
+                _first_block_only(mo, write)
 
             def store_dw(m, dw):
                 dw = C.mix_bwd_dp(dw, None, conj, dot)  # identity mixing: a conjugation when conj
@@ -1103,16 +1135,16 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
             return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo)
 
-        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
+        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
-            _store_raw(row_r, col_r, bi, h, gi, raw)
+            _store_raw(row_r, col_r, bi, h, gi, raw, pl.ds(mo * mb, mb) if split else slice(None))
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
     args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    dw, dzv, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_o")(*args)
+    dw, dzv, row, col = _call(kernel, out, (B, H, gz), interpret, plan, "bwd_o")(*args)
     if sums:
         row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
     return dw, dzv, row, col, None
@@ -1195,9 +1227,9 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
     M = tabs[0].shape[-1]
     sub = plan.block
     NC, nsub = T // L, R // sub
-    per, NG = _groups(B, H, NC)
     nmb, mb = _mode_blocks(M)
-    sums = nmb == 1  # as in bwd_o
+    per, NG, gz, split = _split_grid(B, H, NC, nmb)
+    sums = nmb == 1 or split  # as in bwd_o
     dot, seg = C.Dots(cdt), segs is not None
     pre = factors is not None
     if pre:
@@ -1206,7 +1238,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
             refs, 15 + (4 if seg else 0), seg)
-        bi, h, gi = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+        bi, h = pl.program_id(0), pl.program_id(1)
+        gi, mo = _group_and_block(split, nmb)
         f_r = dp_r if pre else None
         held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
@@ -1226,22 +1259,24 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
                 return (pk[0], pk[1]), (pk[2], pk[3])
 
             def store(j, dfq, dzk):
-                ns = pl.ds(j * sub, sub)
-                dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
-                dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
+                def write():
+                    ns = pl.ds(j * sub, sub)
+                    dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
+                    dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
+                _first_block_only(mo, write)
 
             return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo)
 
-        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, M) if sums else None)
+        raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
-            _store_raw(row_r, col_r, bi, h, gi, raw)
+            _store_raw(row_r, col_r, bi, h, gi, raw, pl.ds(mo * mb, mb) if split else slice(None))
 
     out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
     args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
-    dfq, dzk, row, col = _call(kernel, out, (B, H, NG), interpret, plan, "bwd_p")(*args)
+    dfq, dzk, row, col = _call(kernel, out, (B, H, gz), interpret, plan, "bwd_p")(*args)
     if sums:
         row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
     return dfq, dzk, row, col
