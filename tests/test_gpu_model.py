@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from idattn.bench import gpu_model as G
+from idattn.ops.pallas import gpu
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -67,6 +68,24 @@ def test_a_readout_walks_the_chunks_its_plans_feature_blocks_imply():
     assert G.kernel_costs(rep)[0].iterations == 64
     rep["blocks"] = {"idattn_fwd_o_readout": 128}
     assert G.kernel_costs(rep)[0].iterations == 32
+
+
+def test_a_backward_split_by_mode_block_walks_each_chunk_once_per_block():
+    """The backward with a program per mode block (gpu.SPLIT_MODE_BLOCKS): grid (B, H, groups x blocks), the groups
+    sized for B·H·blocks rows. At (32, 64, 64) 16K (B = 4, NC = 256, two blocks) that is 128 chunks per program on
+    a grid axis of 2 x 2, which the grid alone reads as 4 groups of 64; the compile records the split, and
+    programs x iterations then cover every (row, head, chunk, block) once."""
+    B, T, H, L = 4, 16384, 32, 64
+    NC, nmb = T // L, 2
+    per, NG = gpu._groups(B, H * nmb, NC)
+    rep = {"case": [H, 64, 64, "bfloat16", B, T, L],
+           "calls": [{"name": "idattn_bwd_o", "num_warps": 8, "num_stages": 1, "grid": [B, H, NG * nmb]}],
+           "kernels": {"idattn_bwd_o": {"registers": 238, "loop": _mix(1500, 58, 4000),
+                                        "all": _mix(2500, 70, 6000), "trips": {"sub": 2, "mode": 1}}}, "xla": {}}
+    assert G.kernel_costs(rep)[0].iterations == 64  # the grid alone: read as 4 groups of one block each
+    rep["kernels"]["idattn_bwd_o"]["trips"]["split"] = nmb
+    kc = G.kernel_costs(rep)[0]
+    assert kc.iterations == per == 128 and kc.programs * kc.iterations == B * H * NC * nmb
 
 
 def test_the_fit_returns_the_constants_the_times_were_made_with():

@@ -309,8 +309,11 @@ print("@@CALLS", json.dumps(gpu.triton_calls(txt)), flush=True)
 pad = lambda n: max(16, 1 << (int(n) - 1).bit_length())
 plans = dict(pallas_op._gpu_plans(pallas_gpu, B * H, L, pad(dh), pad(dh), pad(M), dt, True))
 nmb = pad(M) // min(pad(M), pallas_gpu.MODE_BLOCK)
-print("@@TRIPS", json.dumps({{"idattn_" + k: {{"sub": pad(dh) // plans[k].block, "mode": nmb}}
-                             for k in ("bwd_o", "bwd_p")}}), flush=True)
+# with a program per mode block (gpu.SPLIT_MODE_BLOCKS) no mode-block loop is left, and grid axis 2 holds the
+# chunk groups times the blocks ("split")
+split = nmb if nmb > 1 and getattr(pallas_gpu, "SPLIT_MODE_BLOCKS", False) else 1
+print("@@TRIPS", json.dumps({{"idattn_" + k: {{"sub": pad(dh) // plans[k].block, "mode": nmb // split,
+                                               "split": split}} for k in ("bwd_o", "bwd_p")}}), flush=True)
 # every kernel's feature block: a chunk-parallel readout's iterations per program depend on it (gpu._readout)
 print("@@BLOCKS", json.dumps({{"idattn_" + k: p.block for k, p in plans.items()}}), flush=True)
 print("@@XLA", json.dumps(dict(gpu.glue_traffic(txt), fusions=txt.count(" fusion("))), flush=True)

@@ -148,10 +148,13 @@ def kernel_costs(rep: dict) -> list[KernelCost]:
         occ = max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps))
         programs = gx * gy * gz
         block = rep.get("blocks", {}).get(call["name"])
+        split = int((k.get("trips") or {}).get("split", 0))
         if call["name"].startswith(SERIAL) and "readout" not in call["name"]:
             iters = NC
         elif block and "readout" in call["name"]:  # (B, H, feature blocks x groups), the blocks from the plan
             iters = min(_groups_per(NC, B * H * (_pad(dh) // block)), NC)
+        elif split:  # the backward's (B, H, groups x mode blocks), a program per mode block (recorded since 979b911)
+            iters = min(_groups_per(NC, B * H * split), NC)
         else:  # the backward's (B, H, groups); a readout compiled before its plan was recorded: the first blocks
             # nb that reproduce the grid's z (ambiguous: gz = 512 / (B·H) for every nb, so this took nb = 1); a
             # group of `per` chunks runs min(per, NC) of them (the loop stops at the last chunk)
