@@ -18,7 +18,8 @@ Backward of each half (per batch row and head; never a per-step state):
   2. ``scan_rev``: the adjoint recurrence in reverse time, Y_c = keep·conj(lamL)∘Y_{c+1} + (cm·conj(pin)∘g)ᵀ·x;
   3. a chunk-parallel kernel (groups of chunks per program) that recomputes the intra-chunk matrices and
      writes the input cotangents, reducing the parameter cotangents on chip to a few M-vectors per program (TPU)
-     or per chunk (GPU: nothing carried across the chunk loop).
+     or carrying their raw [L, M] tiles across the program's chunks for XLA to fold once per head (GPU; with
+     several mode blocks, a program per block).
 
 Padding (all zero, sliced off afterwards): T up to a multiple of L at the *end* (outputs are causal, so only
 the returned state sees the pad: it is corrected by lam^(-pad), exact per mode); features R, D and modes M up
