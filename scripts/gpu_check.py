@@ -417,8 +417,9 @@ def main():
                  64, True, True, True, 2e-2),
                 ("bf16 conj c seg x0 R=D=96 T=300", jnp.bfloat16, True, 2, 300, 2, 96, 96, 8, 64, True, True, True,
                  2e-2),
-                # two mode blocks of 32 (M = 64): the backward's mode loop with the inline-PTX select (bwd_o) and
-                # jnp.where (bwd_p at M = 64), which the cases above (one mode block) never reach
+                # two mode blocks of 32 (M = 64): a backward program per mode block (gpu.SPLIT_MODE_BLOCKS) with
+                # the inline-PTX select (bwd_o) and jnp.where (bwd_p at M = 64), which the cases above (one mode
+                # block) never reach
                 ("bf16 conj c seg x0 (32,64,64)-heads T=300", jnp.bfloat16, True, 1, 300, 2, 64, 64, 64, 64, True,
                  True, True, 2e-2),
             ]
@@ -477,10 +478,27 @@ def main():
                 setattr(pallas_gpu, k, v)
             pallas_gpu.TUNING.clear()
             pallas_gpu.TUNING.update(saved[1])
-        t_old = bop.format_table([r for r in rows if r.impl == "pallas" and tuple(r.shape) == tuple(shapes[0])]
-                                 + old_rows)
-        log("current kernels beside the 2026-12-04 form:\n" + t_old)
-        SUMMARY.append("(b1) current kernels beside the 2026-12-04 form:\n" + t_old)
+        # at M > MODE_BLOCK the backward's program per mode block (since 2026-12-07) against one program for
+        # every block (SPLIT_MODE_BLOCKS off), the rest of the kernels as they are now
+        multi = [sh for sh in shapes if sh[2] > pallas_gpu.MODE_BLOCK]
+        split_rows = []
+        if multi and 4096 in seqs:
+            pallas_gpu.SPLIT_MODE_BLOCKS = False
+            try:
+                split_rows = bop.bench_case(multi[0], 4096, tokens, ["pallas"], ["fwdbwd"], jnp.bfloat16,
+                                            repeats=2 if dry else 10, warmup=1 if dry else 2, attention=False,
+                                            deadline=T0 + 0.66 * B, label="pallas, mode blocks in one program")
+            finally:
+                pallas_gpu.SPLIT_MODE_BLOCKS = True
+        else:
+            log("(b1) the mode-block split pair: no shape with M > MODE_BLOCK at T = 4096 here (dry run)")
+        t_old = bop.format_table([r for r in rows if r.impl == "pallas" and (tuple(r.shape) == tuple(shapes[0]) or
+                                                                             (split_rows and r.T == 4096 and
+                                                                              tuple(r.shape) == multi[0]))]
+                                 + old_rows + split_rows)
+        log("current kernels beside the 2026-12-04 form (and at M > 32 the mode blocks in one program):\n" + t_old)
+        SUMMARY.append("(b1) current kernels beside the 2026-12-04 form (and at M > 32 the mode blocks in one "
+                       "program):\n" + t_old)
         # the cost model (python -m idattn.bench gpu; constants fitted on the 2026-12-04 rows) beside this run
         from idattn.bench import gpu_model
         beside = gpu_model.beside_measured(rows + old_rows)

@@ -1,5 +1,5 @@
-"""The float64 sequential loop every implementation of the operator is judged against (NumPy only; it calls
-nothing in idattn). One loop for the three cores the tests cover:
+"""The float64 sequential loop every implementation of the operator is judged against (NumPy; it calls nothing
+in idattn). One loop for the three cores the tests cover:
 
     Xk_t = (lam_t ∘ Xk_{t-1}) (I − β_t k̂_t k̂_tᵀ) + b_t ⊗ zk_t,   k̂_t = zk_t / ‖zk_t‖   (β ≡ 0 without `beta`)
     Xv_t = lam_t ∘ Xv_{t-1} + b_t ⊗ zv_t

@@ -140,23 +140,25 @@ def test_gpu_family_f32_everything_on(monkeypatch):
 
 
 @pytest.mark.parametrize("yx_in_scan", [False, True])
-def test_gpu_family_dlam_sums_and_chained_scans(monkeypatch, yx_in_scan):
+def test_gpu_family_dlam_sums_and_chained_scans_and_mode_blocks(monkeypatch, yx_in_scan):
     """The dlamL sums keep·Σ_n Y∘conj(X) formed in bwd_o / bwd_p (YX_IN_SCAN off) or in the adjoint scans from
     the forward's states (on: a chunk with a reset reads its state as zeros, a masked load), with every scan's
     product as the state's accumulator (SCAN_UNCHAINED_MAX_STATE = 0; the test shapes are otherwise small enough
-    for the unchained form), without YX_IN_SCAN also without the held tables: lam's gradient and all others against
-    float64, segment resets included; and without YX_IN_SCAN the backward's mode blocks in one program each chunk.
-    """
+    for the unchained form), and the backward in four mode blocks of 4 (M = 8 padded to 16: real modes in two
+    blocks): with the sums in the kernels a program per block (SPLIT_MODE_BLOCKS, the default), each carrying its
+    block's raw sums, and without the held tables (the form scripts/gpu_check.py (b1) times); with the sums in
+    the scans one program folding every block in every chunk (SPLIT_MODE_BLOCKS off). lam's gradient and all
+    others against float64, segment resets included."""
     from idattn.ops.pallas import gpu
     monkeypatch.setattr(gpu, "YX_IN_SCAN", yx_in_scan)
     monkeypatch.setattr(gpu, "SCAN_UNCHAINED_MAX_STATE", 0)
-    if not yx_in_scan:  # with it, the tables read and cast per chunk (the form scripts/gpu_check.py (b1) times),
-        # and two mode blocks folded in every chunk by one program (SPLIT_MODE_BLOCKS off; test_gpu_family_f32_
-        # everything_on takes the default, a program per mode block)
+    monkeypatch.setattr(gpu, "MODE_BLOCK", 4)
+    if yx_in_scan:
+        monkeypatch.setattr(gpu, "SPLIT_MODE_BLOCKS", False)
+    else:
         monkeypatch.setattr(gpu, "HOLD_TABLES", False)
         monkeypatch.setattr(gpu, "BWD_HELD", ())
-        monkeypatch.setattr(gpu, "MODE_BLOCK", 4)
-        monkeypatch.setattr(gpu, "SPLIT_MODE_BLOCKS", False)
+    assert gpu._mode_blocks(16) == (4, 4)
     _run_case("gpu", jnp.float32, False, B=2, T=48, H=2, R=32, D=32, M=8, L=16,
               with_c=True, with_x0=True, with_seg=True, tol_fwd=1e-4, tol_grad=1e-4, save_states=True)
 

@@ -553,8 +553,8 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     ld.zv(j), ld.do(j) -> [L, n] of feature sub-block j; ld.x(j, m), ld.y(j, m) -> X, Y planes [mb, n];
     store_dzv(j, dzv [L, n] float32); store_dw(m, dw [L, mb] planes); store_acc(m, acc): the parameter sums of
     mode block m (a flat Acc). m is a Python int or, with several mode blocks, a traced one (phase 2's loop).
-    raw: with one mode block, the program's running raw sums (fold_raw's input), returned with this chunk's
-    added, and store_acc is not called (see _raw_epilogue).
+    raw: with one mode block (or ``only``), the program's running raw sums (fold_raw's input), returned with this
+    chunk's added, and store_acc is not called (see _raw_epilogue).
 
     Two phases, for registers: (1) what contracts over the modes - A = Re((w∘pt)·Psᵀ) (summed over mode
     blocks), dzv = Aᵀ·dO + Pe·Y, and dA = dO·ZVᵀ - over the feature sub-blocks; (2) per mode block, the [L, mb]

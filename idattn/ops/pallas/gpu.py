@@ -963,9 +963,10 @@ def _store_flat_acc(row_r, col_r, bi, h, c, acc, ms):
     col_r[bi, h, c, 1, ms, 0] = acc[5]
 
 
-# The parameter sums of a backward kernel with one mode block (M <= MODE_BLOCK): each program carries the raw
-# cotangent tiles (C.fold_raw's input) across its chunks and writes them once; XLA sums them over rows and
-# chunk groups and folds them with the head's tables (a few KB per head).
+# The parameter sums of a backward kernel with one mode block per program (M <= MODE_BLOCK, or a program per
+# block: SPLIT_MODE_BLOCKS): each program carries the raw cotangent tiles (C.fold_raw's input) of its block
+# across its chunks and writes them once; XLA sums them over rows and chunk groups and folds them with the
+# head's tables (a few KB per head).
 
 
 def _raw_out(B, H, NG, L, M):
@@ -1078,13 +1079,15 @@ def _groups(B, H, NC, target_programs=None):
 def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, interpret, factors=None):
     """O-half backward: dg [1, B, T, H, 2, M] (mdt), the cotangent of the per-token vector g it reads (w, or p
     when there is no mixing matrix: then conj(w) = p per ``conj``), dzv [B, T, H, D] (zv's dtype), parameter
-    rows [B, H, NC, 4, 1, M] and cols [.., 2, M, 1] per chunk (or, with one mode block, their sums as
-    [1, H, 1, 4, 1, M] and [1, H, 1, 2, M, 1]: _fold_raw_sums), and None (the TPU signature's K cotangent: on GPU
+    rows [B, H, NC, 4, 1, M] and cols [.., 2, M, 1] per chunk (or, with one mode block per program, their sums
+    as [1, H, 1, 4, 1, M] and [1, H, 1, 2, M, 1]: _fold_raw_sums), and None (the TPU signature's K cotangent: on GPU
     ``bwd_mix`` maps dw to dp and dK, a kernel of its own; in bwd_o the mixing's backward was 2/3 of its register
     spills).
-    kmix must be None. Each program walks the whole feature width in sub-blocks of ``plan.block`` and the modes in
-    blocks of MODE_BLOCK (o_bwd_modes); the parameter sums are carried across the program's chunks (one mode
-    block) or written per chunk.
+    kmix must be None. Grid (B, H, chunk groups), or (B, H, chunk groups x mode blocks) with several blocks and
+    SPLIT_MODE_BLOCKS. Each program walks the whole feature width in sub-blocks of ``plan.block`` and the modes
+    in blocks of MODE_BLOCK for what contracts over them, then its own block (split) or every block
+    (o_bwd_modes); the parameter sums are carried across the program's chunks (one block per program) or
+    written per chunk.
     ``factors``: the forward's qu [B, T, H, 4, M] (``fwd_mix`` with tabs); the kernel then reads q = w∘pt from
     it (planes 0, 1) instead of w (C.o_bwd_modes' ``pre``), and w (may be None) is not read."""
     _no_kmix("bwd_o", kmix)
@@ -1162,7 +1165,7 @@ MIX_TUNING_SMALL_M = (4, 1)
 def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
     """The mixing's backward for the O-half: dp [1, B, T, H, 2, M] (mdt) = conj(dw·Kᴴ) (conj) or dw·Kᴴ, and
     dK [B, H, NG, 2, M, M] float32 = Σ_t sᴴ·dw per chunk group (s = conj(p) or p); p, dw [.., B, T, H, 2, M],
-    kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) as bwd_o.
+    kmix [H, 2, M, M] (compute dtype). Grid (B, H, chunk groups) (bwd_o's without the mode-block split).
 
     With ``tabs`` (and ``segs`` when there are segment ids) also dp's two per-token factors, formed where dp is
     (from dp as rounded to mdt): the P-half's adjoint-scan factor gs = cm·conj(pin)∘dp and bwd_p's
