@@ -455,11 +455,11 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.slow  # the default suite's sequence splits: tests/test_sequence_parallel.py, tests/test_selective.py
 @pytest.mark.parametrize("meshes,cores", [
     # sequence 4 x tensor 2 (heads split too): shards of 16, resets at the boundaries 16 and 32
-    ([[4, 1, 2]], ["selective"]),
-    pytest.param([[4, 1, 2], [8, 1, 1], [2, 2, 2]], ["lti"], marks=pytest.mark.slow),
-    pytest.param([[8, 1, 1], [2, 2, 2]], ["selective"], marks=pytest.mark.slow)])
+    ([[4, 1, 2], [8, 1, 1], [2, 2, 2]], ["lti"]),
+    ([[4, 1, 2], [8, 1, 1], [2, 2, 2]], ["selective"])])
 def test_sequence_split_equals_one_device(meshes, cores):
     """Both cores with β, the length split over a `sequence` mesh axis (each shard's summary (E, Π lam_t, P), P the
     R×R erase product, folded exactly): value, both end states and every gradient (β, the recurrence's parameters,

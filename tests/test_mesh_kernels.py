@@ -1,5 +1,5 @@
-"""The operator's paths on a device mesh: Interdomain on a 2x2x2
-(data, fsdp, tensor) mesh of 8 fake CPU devices match one device, with impl="chunked" (XLA partitions it) and
+"""The operator's paths on a device mesh (`-m slow`; the default suite's mesh check is tests/test_sharding.py's):
+Interdomain on a 2x2x2 (data, fsdp, tensor) mesh of 8 fake CPU devices match one device, with impl="chunked" (XLA partitions it) and
 impl="pallas" (the kernels in interpret mode, run inside shard_map over the batch and head axes; Interdomain only:
 the linear readout runs the same convolution for every impl); and (under -m slow) the other seven cube cells
 match one device the same way (impl="pallas" too for the query-readout cells) and take a training step on that
@@ -170,6 +170,7 @@ def _assert_matches_one_device(r, name):
     assert ssm and all(np.linalg.norm(g1[k]) > 0 for k in ssm), name  # the S4D parameters get gradient
 
 
+@pytest.mark.slow  # the default suite's 2x2x2 mesh against one device: tests/test_sharding.py
 @pytest.mark.parametrize("mixer,impl", [(m, "chunked") for m in GRAD_MIXERS] + [("interdomain", "pallas")])
 def test_mesh_2x2x2_loss_and_grads_match_one_device(mesh_run, mixer, impl):
     _assert_matches_one_device(mesh_run["grads"][f"{mixer}/{impl}"], f"{mixer}/{impl}")
