@@ -101,7 +101,7 @@ def main(argv=None) -> int:
                 log(f"{k}: {len(names)}" + (f" ({'; '.join(names[:20])}{'; ...' if len(names) > 20 else ''})"
                                             if names and k in ("changed", "unverifiable", "skipped") else ""))
         else:
-            every = order(ctx.size == "toy")
+            every = order(ctx.size == "toy", TABLES)
             log(f"{args.table} at size {ctx.size}, seeds {list(ctx.seeds)}, root {ctx.root}")
             for t in every if args.table == "all" else (args.table,):
                 ts = time.time()

@@ -11,6 +11,6 @@ TABLES = {t.name: t for t in (repro_pilot.TABLE, repro_ppl.TABLE, repro_cube.TAB
                               repro_hybrid.TABLE, repro_selective.TABLE, repro_selective.DELTA_TABLE)}
 
 
-def order(toy: bool) -> tuple[str, ...]:
+def order(toy: bool, tables=None) -> tuple[str, ...]:
     """The tables `all` writes, in order (at toy size only those defined there)."""
-    return tuple(name for name, t in TABLES.items() if t.at_toy or not toy)
+    return tuple(name for name, t in (TABLES if tables is None else tables).items() if t.at_toy or not toy)
