@@ -978,7 +978,9 @@ def _raw_zeros(L, M):
     return (z,) * 6 + (zc, zc)
 
 
-def _store_raw(tile_r, vec_r, bi, h, gi, raw, ms=slice(None)):
+def _store_raw(tile_r, vec_r, bi, h, gi, raw, mo=None, mb=None):
+    """A program's raw sums into its group's slot: all modes, or mode block `mo` (of `mb` modes) when split."""
+    ms = slice(None) if mo is None else pl.ds(mo * mb, mb)
     for k in range(6):
         tile_r[bi, h, gi, k, :, ms] = raw[k]
     vec_r[bi, h, gi, 0, 0, ms] = raw[6]
@@ -996,8 +998,9 @@ SPLIT_MODE_BLOCKS = True
 def _split_grid(B, H, NC, nmb):
     """(per, NG, programs along grid axis 2, split) of a backward kernel with nmb mode blocks."""
     split = nmb > 1 and SPLIT_MODE_BLOCKS
-    per, NG = _groups(B, H * (nmb if split else 1), NC)
-    return per, NG, NG * (nmb if split else 1), split
+    blocks = nmb if split else 1  # programs per chunk group
+    per, NG = _groups(B, H * blocks, NC)
+    return per, NG, NG * blocks, split
 
 
 def _group_and_block(split, nmb):
@@ -1142,7 +1145,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
-            _store_raw(row_r, col_r, bi, h, gi, raw, pl.ds(mo * mb, mb) if split else slice(None))
+            _store_raw(row_r, col_r, bi, h, gi, raw, mo, mb)
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
@@ -1274,7 +1277,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
-            _store_raw(row_r, col_r, bi, h, gi, raw, pl.ds(mo * mb, mb) if split else slice(None))
+            _store_raw(row_r, col_r, bi, h, gi, raw, mo, mb)
 
     out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
