@@ -25,7 +25,9 @@ device with carry=["build/gpu_deps"]. Missing packages skip (c) / (d) with the r
     chunk-parallel forward from 8K, the scans at 8 warps) beside the current one at (16, 128, 32), 4K and 16K,
     fwd and fwd+bwd, in the same process;
 (b2) every Pallas launch of a fwd+bwd timed alone (idattn.bench.per_kernel) at (16, 128, 32) 4K and 16K and
-    (32, 64, 64) 4K, beside the whole program: the split the cost model needs.
+    (32, 64, 64) 4K, beside the whole program: the split the cost model needs; then at 16K the four scans again
+    with the plan of before 2026-12-07 (gpu.SCAN_TARGET_PROGRAMS 256: two [32, 32] programs per SM, against one
+    [32, 64] program per SM now), which decides that default.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
@@ -524,6 +526,28 @@ def main():
                 text = PK.format_rows(shape, T, tok, "fwdbwd", krows, whole.get((shape, T, "fwdbwd")))
             except Exception as e:
                 text = f"(b2) per-kernel {shape} T={T} ERROR {type(e).__name__}: {str(e)[:300]}"
+            log(text)
+            SUMMARY.append(text)
+        # the serial scans' plan where B·H < 128 (16K): gpu.SCAN_TARGET_PROGRAMS 128 (one program per SM, [32, 64]
+        # state tiles, since 2026-12-07) against 256 (two per SM, [32, 32]), the scan launches alone
+        from idattn.ops.pallas import gpu as pallas_gpu
+        shape, T, tok = cases[-1]
+        if time.time() > T0 + 0.70 * B:
+            SUMMARY.append(f"(b2) scans at 256 programs {shape} T={T} SKIPPED (time budget)")
+        else:
+            saved_target = pallas_gpu.SCAN_TARGET_PROGRAMS
+            pallas_gpu.SCAN_TARGET_PROGRAMS = 256
+            try:
+                krows = PK.per_kernel_times(shape, T, tok, "fwdbwd", jnp.float32 if dry else jnp.bfloat16,
+                                            chunk=16 if dry else 64, interpret=True if dry else None,
+                                            repeats=1 if dry else 10, deadline=T0 + 0.72 * B, log=log,
+                                            only=("idattn_scan",))
+                text = ("(b2) the scans with gpu.SCAN_TARGET_PROGRAMS = 256 (before 2026-12-07), beside the rows "
+                        "above:\n" + PK.format_rows(shape, T, tok, "fwdbwd", krows))
+            except Exception as e:
+                text = f"(b2) scans at 256 programs {shape} T={T} ERROR {type(e).__name__}: {str(e)[:300]}"
+            finally:
+                pallas_gpu.SCAN_TARGET_PROGRAMS = saved_target
             log(text)
             SUMMARY.append(text)
 

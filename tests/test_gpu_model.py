@@ -43,6 +43,22 @@ def test_features_count_programs_waves_and_iterations_by_hand():
     assert f[G.TERMS.index("c_bar")] == pytest.approx((work * 40 + 512 * 32 * 140) / 132)
     assert f[G.TERMS.index("c_bytes")] == pytest.approx((work * 1000 + 512 * 500 + 512 * 32 * 4500) / 1e9)
     assert f[G.TERMS.index("c_glue_op")] == 20 and f[G.TERMS.index("c_glue_bytes")] == pytest.approx(0.2)
+    # the busiest scheduler: ceil(512 / 132) = 4 programs on its SM, 8 warps each over 4 schedulers -> 8 warps
+    assert f[G.TERMS.index("c_issue")] == 64 * 1000 * 8 + 32 * 3000 * 8
+
+
+def test_idle_sms_are_not_free_issue_slots():
+    """The issue term is the busiest scheduler's: a launch of 64 programs of 4 warps leaves 68 SMs idle and one
+    warp per scheduler on the others, so it takes as long as 128 such programs (one per SM), twice what spreading
+    its work over all 528 schedulers would say (within 132 / 128); from 133 programs some SM runs two, from 265 three."""
+    def slots(programs, warps):
+        return G.KernelCost("k", programs, 1, 1, 10, 0, 100, warps, 0, 0, 0).issue_slots()
+
+    assert slots(64, 4) == slots(128, 4) == 10 * 100
+    assert slots(64, 4) == pytest.approx(2 * 64 * 10 * 100 * 4 / (132 * 4), rel=0.04)  # 528 / 512 schedulers
+    assert slots(132, 4) == 1000 and slots(133, 4) == 2000 and slots(265, 4) == 3000
+    assert slots(128, 2) == 1000 and slots(256, 2) == 1000 and slots(528, 2) == 2000  # a warp issues from one
+    assert slots(128, 8) == 2000  # 8 warps: 2 per scheduler
 
 
 def test_a_group_longer_than_the_sequence_runs_only_its_chunks():
@@ -158,6 +174,11 @@ def test_per_kernel_times_record_every_launch_of_the_operator():
     assert all(r["grid"][:2] == (2, 2) for r in rows)  # (B, H, ...)
     text = PK.format_rows((2, 32, 16), 128, 256, "fwdbwd", rows, total_ms=1e6)
     assert "7 launches" in text and "XLA around the kernels" in text
+    # only=: the other launches are neither compiled nor listed ((b2)'s scans at another plan)
+    scans = PK.per_kernel_times((2, 32, 16), 128, 256, "fwdbwd", jnp.float32, chunk=16, repeats=1, interpret=True,
+                                only=("idattn_scan",))
+    assert sorted(r["name"] for r in scans) == ["idattn_scan_rev_k", "idattn_scan_rev_v"], scans
+    assert all(r["ms"] is not None for r in scans)
 
 
 def test_fla_predict_reads_the_shape_from_its_data():

@@ -11,18 +11,18 @@ From those, per kernel:
     waves                  = ceil(programs / (132 · occ))
     iterations             = T/L for the serial kernels (a program walks every chunk: fwd_p, fwd_o, scan_*),
                              else the chunks of one group (the chunk-parallel kernels' ``_groups``)
-    t_iter                 = c_iter + c_bar · barriers + c_issue · (instructions · warps / 4) · occ
-    t_kernel               = c_launch + waves · iterations · t_iter
+    warps per scheduler    = ceil(ceil(programs / 132) · warps / 4)   (the busiest SM's programs, all waves)
+    t_kernel               = c_launch + c_issue · iterations · instructions · warps per scheduler
+                             (+ c_path · waves · iterations + c_bar · barriers + c_bytes · bytes: fitted to 0)
 
-and the configuration's time is the sum over its launches plus c_xla per XLA fusion around them. c_iter is the
-fixed latency of one dependent iteration (a load that is not prefetched: the big kernels run one stage), c_bar the
-cost of one barrier (every layout change between chained dots goes through shared memory: a store, a barrier, a
-load), c_issue the time per instruction slot of one of the SM's four schedulers. The four constants are fitted, in
-relative error, on the first device run's main rows (2026-12-04, H200, bf16, 65,536 tokens, ``MEASURED`` below,
-role "fit") and then predict the rows of that day the fit never saw (role "held-out": ``save_states`` off, chunk
-128, the serial forward at 16K). Every time this prints for a configuration without a measured row is a
-prediction and says so. What the fitted constants mean and where the model misses: docs/kernels-results.md,
-"Where the time goes".
+and the configuration's time is the sum over its launches plus XLA's glue around them (c_glue_bytes per GB it
+writes and reads). c_launch is fixed at LAUNCH_US; c_issue, the time per instruction slot of the busiest
+scheduler, and c_glue_bytes are fitted, in relative error, on the first device run's main rows (2026-12-04, H200,
+bf16, 65,536 tokens, ``MEASURED`` below, role "fit"), and the model then predicts the rows of that day the fit
+never saw (role "held-out": ``save_states`` off, chunk 128, the serial forward at 16K). The other terms (a
+dependent iteration's latency, barriers, the kernels' own bytes) are held at 0: fitted freely (v1, printed beside
+the model) they put a launch at ~200 us, which no launch costs. Every time this prints for a configuration without a measured row is a prediction and says so.
+What the fitted constants mean and where the model misses: docs/kernels-results.md, "Where the time goes".
 """
 from __future__ import annotations
 
@@ -110,15 +110,27 @@ class KernelCost:
     once_bytes: int  # global bytes per program outside the loop
     macs: int  # tensor-core MACs per program per iteration
 
+    def warps_per_scheduler(self) -> int:
+        """Warps the busiest scheduler runs over the launch: the busiest SM takes ceil(programs / 132) programs
+        (in one wave or several) and spreads their warps over its four schedulers, and a warp issues from one
+        scheduler only. At 64 programs of 4 warps that is 1 (64 SMs busy, one warp on each scheduler), where
+        spreading all the work over 528 schedulers would say half a warp: the model before 2026-12-07 (evening)
+        did that, and so priced a launch that leaves SMs idle as if it filled them."""
+        return -(-(-(-self.programs // SMS) * self.warps) // 4)
+
+    def issue_slots(self) -> float:
+        """Warp-instructions the busiest scheduler issues: iterations x instructions x warps_per_scheduler."""
+        return float(self.iterations * self.instructions * self.warps_per_scheduler())
+
     def features(self) -> np.ndarray:
         """Coefficients of TERMS in this kernel's time (us per unit):
         c_launch   per launch;
         c_path     per iteration on the critical path (waves x iterations: one dependent iteration's latency);
-        c_issue    per instruction slot of one of the machine's 132 x 4 schedulers, all programs' work spread evenly;
+        c_issue    per instruction slot of the busiest of the machine's 132 x 4 schedulers (``issue_slots``);
         c_bar      per barrier of one SM, all programs' barriers spread evenly over the SMs;
         c_bytes    per GB of global loads and stores (L2 / HBM) of all programs."""
         work = self.programs * self.iterations
-        return np.array([1.0, self.waves * self.iterations, work * self.instructions * self.warps / (SMS * 4),
+        return np.array([1.0, self.waves * self.iterations, self.issue_slots(),
                          work * self.barriers / SMS,
                          (work * self.loop_bytes + self.programs * self.once_bytes) / 1e9, 0.0, 0.0])
 

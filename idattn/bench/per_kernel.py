@@ -43,10 +43,11 @@ def _operand(spec, key):
 
 
 def per_kernel_times(shape, T, tokens, mode="fwdbwd", dtype=jnp.bfloat16, chunk=64, repeats=5, warmup=1,
-                     interpret=None, deadline=None, log=None) -> list[dict]:
+                     interpret=None, deadline=None, log=None, only=None) -> list[dict]:
     """[{"name", "grid", "ms" (median of `repeats`, None when skipped or failed), "note"}] for every launch of one
     forward (mode "fwd") or forward + backward ("fwdbwd") at (H, d_h, M) = `shape`, B = tokens // T. interpret:
-    run the kernels in Pallas' interpreter (CPU checks of this code path; the times then mean nothing)."""
+    run the kernels in Pallas' interpreter (CPU checks of this code path; the times then mean nothing). only: a
+    tuple of name prefixes (e.g. ("idattn_scan",)): the other launches are neither compiled nor listed."""
     H, dh, M = shape
     B = max(1, tokens // T)
     fq, zk, zv, lam, b, c = bop.make_inputs(B, T, H, dh, M, dtype)
@@ -57,6 +58,8 @@ def per_kernel_times(shape, T, tokens, mode="fwdbwd", dtype=jnp.bfloat16, chunk=
         jax.jit(fn).lower(*args)
     rows = []
     for i, (name, f, specs, grid) in enumerate(launches):
+        if only is not None and not name.startswith(tuple(only)):
+            continue
         if deadline is not None and time.time() > deadline:
             rows.append(dict(name=name, grid=grid, ms=None, note="skipped (time budget)"))
             continue

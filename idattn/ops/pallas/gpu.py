@@ -115,6 +115,13 @@ BWD_MIN_SUBS = 2
 # scan_fwd at 4 warps (TUNING) held [2, 64, 128] with 25 B of spills per thread at (16, 96, 64) bf16; at 64 x 64
 # none.
 MAX_STATE = {"fwd_p": 64 * 64, "fwd_o": 64 * 32, "scan_fwd": 64 * 64}
+# The serial scans (scan_fwd, scan_rev) split their features into blocks until about this many programs run (B·H
+# times the blocks): fewer leave SMs idle, more give each program a narrower state tile to walk its chunks with
+# (more instructions per element). 128 (about one program per SM of an H100 / H200) since 2026-12-07; 256 before.
+# It matters only where B·H < 128 (T = 16K at 65,536 tokens): compiled for sm_90a, bf16 (16, 128, 32) 16K,
+# scan_fwd [32, 64] tiles at 243 instructions per chunk against two [32, 32] programs' 2 x 153, scan_rev 395
+# against 2 x 232, no spills (docs/kernels-results.md, "Built since: the 16K scans at one program per SM").
+SCAN_TARGET_PROGRAMS = 128
 
 # Opt-in shared memory per block by compute capability (CUDA programming guide, "Technical Specifications").
 SMEM_BY_CC = {"8.0": 163 * 1024, "8.6": 99 * 1024, "8.7": 163 * 1024, "8.9": 99 * 1024, "9.0": 227 * 1024,

@@ -187,10 +187,10 @@ def _gpu_plans(K, bh, L, r_pad, d_pad, m_pad, cdt, has_k):
                  fwd_o=K.choose("fwd_o", n=d_pad, **kw),
                  fwd_p_readout=K.choose("fwd_p_readout", n=r_pad, target_programs=0, **kw),
                  fwd_o_readout=K.choose("fwd_o_readout", n=d_pad, target_programs=0, **kw),
-                 scan_fwd_k=K.choose("scan_fwd", n=r_pad, **kw),
-                 scan_fwd_v=K.choose("scan_fwd", n=d_pad, **kw),
-                 scan_rev_k=K.choose("scan_rev", n=r_pad, **kw),
-                 scan_rev_v=K.choose("scan_rev", n=d_pad, **kw),
+                 scan_fwd_k=K.choose("scan_fwd", n=r_pad, target_programs=K.SCAN_TARGET_PROGRAMS, **kw),
+                 scan_fwd_v=K.choose("scan_fwd", n=d_pad, target_programs=K.SCAN_TARGET_PROGRAMS, **kw),
+                 scan_rev_k=K.choose("scan_rev", n=r_pad, target_programs=K.SCAN_TARGET_PROGRAMS, **kw),
+                 scan_rev_v=K.choose("scan_rev", n=d_pad, target_programs=K.SCAN_TARGET_PROGRAMS, **kw),
                  bwd_o=K.choose("bwd_o", n=d_pad, target_programs=0, **kw),
                  bwd_p=K.choose("bwd_p", n=r_pad, target_programs=0, **kw))
     return tuple(sorted(plans.items()))
