@@ -401,6 +401,18 @@ def mix_bwd_dk(dw, s, dot: Dots):
 # gives the same result as the whole-width functions above.
 
 
+class Stacked:
+    """Phase-1 dot operands with the complex planes side by side (gpu.MERGED_PLANES), so that a sum of two real
+    dots over the planes is one dot of twice the depth: df() -> [L, 2M] (p_bwd's dF = gs: dF·X = dFr·Xr + dFi·Xi),
+    pe() -> [L, 2M] (em·Pe), x(j) / y(j) -> [2M, n] (the chunk's states, planes stacked along the modes), and
+    the score's operands ds() -> [L, 2M] and ps() -> [L, 2M] with the sign folded into the table (p_bwd:
+    dG = Re(ds·conj(Ps)ᵀ) = [ds_r | ds_i]·[Ps_r | Ps_i]ᵀ; o_bwd: A = Re(q·Psᵀ) = [q_r | q_i]·[Ps_r | -Ps_i]ᵀ).
+    Each is a loader, called where the operand is used; None where a kernel does not merge that sum."""
+
+    def __init__(self, df, pe, x, y, ds=None, ps=None):
+        self.df, self.pe, self.x, self.y, self.ds, self.ps = df, pe, x, y, ds, ps
+
+
 def _em_pe(tb, mk: Masks, dot: Dots):
     """em·Pe as dot operands (planes), formed once per chunk, not once per feature sub-block (bf16 (16, 128, 32):
     bwd_o 1,745 -> 1,663, bwd_p 1,902 -> 1,795 instructions per chunk as run, no spills at any paper shape)."""
@@ -546,7 +558,7 @@ def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length, only=None):
 
 
 def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None,
-                pre=None, yx=True, only=None):
+                pre=None, yx=True, only=None, stacked: Stacked | None = None):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
@@ -584,15 +596,24 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     def a_terms(m):  # Re((w∘pt)·Psᵀ) of mode block m: Re(q)·Re(Ps)ᵀ - Im(q)·Im(Ps)ᵀ
         return (lambda: dot.nt(q_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(-q_of(m)[1], tabs(m).ps[1]))
 
-    a = mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)]))
+    if stacked is not None and stacked.ds is not None:  # [q_r | q_i]·[Ps_r | -Ps_i]ᵀ (Stacked.ds, .ps)
+        a = mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
+    else:
+        a = mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)]))
     tbf = tabs(None)
 
-    per, pei = _em_pe(tbf, mk, dot)
+    if stacked is not None:  # the planes side by side: Pe·Y as one dot
+        def body1(j, da):
+            zv, do = ld.zv(j), ld.do(j)
+            store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(stacked.pe(), stacked.y(j))))
+            return da + dot.nt(do, zv)
+    else:
+        per, pei = _em_pe(tbf, mk, dot)
 
-    def body1(j, da):
-        zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
-        store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
-        return da + dot.nt(do, zv)
+        def body1(j, da):
+            zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
+            store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
+            return da + dot.nt(do, zv)
 
     da = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
     del a
@@ -627,7 +648,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
 
 def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None,
-                yx=True, only=None):
+                yx=True, only=None, stacked: Stacked | None = None):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
@@ -654,25 +675,35 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     def dg_terms(m):  # Re((dp∘conj(pt))·conj(Ps)ᵀ) of mode block m
         return (lambda: dot.nt(ds_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(ds_of(m)[1], tabs(m).ps[1]))
 
-    dg = mk.apply(dot.sum(*[t for m in range(nmb) for t in dg_terms(m)]))
-    tbf = tabs(None)
-    if pre is not None:
-        dfr, dfi = pre(None)[0]
+    if stacked is not None and stacked.ds is not None:  # Re(ds·conj(Ps)ᵀ) = [ds_r | ds_i]·[Ps_r | Ps_i]ᵀ
+        dg = mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
     else:
-        dv = dp(None)
-        dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
-        del dv
+        dg = mk.apply(dot.sum(*[t for m in range(nmb) for t in dg_terms(m)]))
+    tbf = tabs(None)
+    if stacked is not None:  # the planes side by side: one dot per sum over them
+        def body1(j, g):
+            fq, zk = ld.fq(j), ld.zk(j)
+            store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
+                  dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
+            return g + dot.nt(fq, zk)
+    else:
+        if pre is not None:
+            dfr, dfi = pre(None)[0]
+        else:
+            dv = dp(None)
+            dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
+            del dv
 
-    per, pei = _em_pe(tbf, mk, dot)
+        per, pei = _em_pe(tbf, mk, dot)
 
-    def body1(j, g):
-        fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
-        store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
-              dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
-        return g + dot.nt(fq, zk)
+        def body1(j, g):
+            fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
+            store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
+                  dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
+            return g + dot.nt(fq, zk)
 
     g = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
-    del dg, dfr, dfi
+    del dg
     g = mk.apply(g)
 
     def phase2(m, sink):

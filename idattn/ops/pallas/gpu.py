@@ -1051,11 +1051,14 @@ def _mode_blocks(M):
 
 class _Loads:
     """Per-chunk loaders of a backward kernel: ld.<name>(j) reads feature sub-block j of a [B, T, H, N]
-    input; ld.x(j, m) / ld.y(j, m) the [2, mb, n] planes of the chunk's states in mode block m (None: all)."""
+    input; ld.x(j, m) / ld.y(j, m) the [2, mb, n] planes of the chunk's states in mode block m (None: all).
+    ``stacked`` (M): the state refs are [B, H, NC, 2M, N], the planes stacked along the modes (a free reshape of
+    [.., 2, M, N]; MERGED_PLANES), and ld.xm(j) / ld.ym(j) read both planes as one [2M, n] dot operand."""
 
-    def __init__(self, feats, xs_r, ys_r, bi, h, c, ts, sub, mb):
+    def __init__(self, feats, xs_r, ys_r, bi, h, c, ts, sub, mb, stacked=None):
         self._f, self._xs, self._ys = feats, xs_r, ys_r
         self._bi, self._h, self._c, self._ts, self._sub, self._mb = bi, h, c, ts, sub, mb
+        self._stacked = stacked
 
     def __getattr__(self, name):
         r = self._f[name]
@@ -1063,6 +1066,10 @@ class _Loads:
 
     def _state(self, ref, j, m):
         ns = pl.ds(j * self._sub, self._sub)
+        if self._stacked is not None:
+            M, mb = self._stacked, self._mb if m is not None else self._stacked
+            off = 0 if m is None else m * self._mb
+            return tuple(ref[self._bi, self._h, self._c, pl.ds(k * M + off, mb), ns] for k in (0, 1))
         ms = slice(None) if m is None else pl.ds(m * self._mb, self._mb)
         return (ref[self._bi, self._h, self._c, 0, ms, ns], ref[self._bi, self._h, self._c, 1, ms, ns])
 
@@ -1071,6 +1078,23 @@ class _Loads:
 
     def y(self, j, m):
         return self._state(self._ys, j, m)
+
+    def xm(self, j):
+        return self._xs[self._bi, self._h, self._c, :, pl.ds(j * self._sub, self._sub)]
+
+    def ym(self, j):
+        return self._ys[self._bi, self._h, self._c, :, pl.ds(j * self._sub, self._sub)]
+
+
+# The backward kernels with one mode block and the per-token factors (bwd_o / bwd_p reading fwd_mix's / bwd_mix's
+# factors) read the complex planes of their phase-1 dot operands side by side, so that a sum of two real dots over
+# the planes is one dot of twice the depth (C.Stacked): the states as [2M, N] (a free reshape), the factors'
+# [.., 4, M] as [.., 4M], em·Pe and Ps (conj(Ps) for bwd_o) as [H, L, 2M] tables of their own. Each merged pair
+# saves a dot's bookkeeping (wgmma fences, descriptors, the one-trip loop of Dots.sum, a shared-memory round trip):
+# compiled for sm_90a, bf16 (16, 128, 32) T = 4K, bwd_p 1,559 -> 1,465 and bwd_o 1,402 -> 1,328 instructions per
+# chunk as run, barriers 60 -> 48 and 53 -> 40, 250 / 244 registers, no spills. The same merge of fwd_o_readout's
+# A = Re(q·Psᵀ) took it from 329 to 417 instructions (another layout for its mask and product): not done there.
+MERGED_PLANES = True
 
 
 # The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
@@ -1113,9 +1137,17 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     per, NG, gz, split = _split_grid(B, H, NC, nmb)
     sums = nmb == 1 or split  # the parameter sums carried across the program's chunks (_raw_out)
     dot, seg = C.Dots(cdt), segs is not None
+    merged = MERGED_PLANES and nmb == 1 and pre
+    extra = ()
+    if merged:  # see MERGED_PLANES: dzv's Pe·Y and A = Re(q·Psᵀ) = [q_r | q_i]·[Ps_r | -Ps_i]ᵀ
+        xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
+        w = factors.reshape(*factors.shape[:3], 4 * M)
+        extra = (jnp.concatenate([tabs[5][:, 0], tabs[5][:, 1]], axis=-1),  # pe [H, L, 2M]
+                 jnp.concatenate([tabs[4][:, 0], -tabs[4][:, 1]], axis=-1).astype(cdt))  # conj(ps) [H, L, 2M]
 
     def kernel(*refs):
-        (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + (4 if seg else 0), seg)
+        (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + len(extra) + (4 if seg else 0), seg)
+        psm_r, pem_r = (tab_r.pop(), tab_r.pop()) if merged else (None, None)
         dw_r, dzv_r, row_r, col_r = outs
         bi, h = pl.program_id(0), pl.program_id(1)
         gi, mo = _group_and_block(split, nmb)
@@ -1130,9 +1162,18 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
             tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True, held=held)  # noqa: E731
             # w is loaded again wherever it is used (per mode block), never held across the loops
             w_fn = lambda m: C.mix_fwd(_modes(w_r, bi, ts, h, msl(m)), None, conj, dot)[0]  # noqa: E731
-            ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
+            ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb, stacked=M if merged else None)
+            stacked = None
+            if merged:
+                em = None if seg_r is None else mk.em
+                stacked = C.Stacked(df=None, x=None, y=ld.ym,
+                                    pe=lambda: (pem_r[h] if em is None else
+                                                _masked_load(pem_r.at[h], em, (L, 2 * M))),
+                                    ds=lambda: f_r[bi, ts, h, pl.ds(0, 2 * M)], ps=lambda: psm_r[h])
 
             def pre_fn(m):  # q = w∘pt (re, im) [L, mb] float32 of mode block m
+                if merged:
+                    return tuple(f_r[bi, ts, h, pl.ds(k * M, M)].astype(F32) for k in (0, 1))
                 ms = slice(None) if m is None else msl(m)
                 return f_r[bi, ts, h, 0, ms].astype(F32), f_r[bi, ts, h, 1, ms].astype(F32)
 
@@ -1148,7 +1189,8 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
             return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo,
+                                 stacked=stacked)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
@@ -1156,7 +1198,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
     out = ((jax.ShapeDtypeStruct((1, B, T, H, 2, M), mdt), jax.ShapeDtypeStruct(zv.shape, zv.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
-    args = (w, zv, do, xs, ys, *tabs) + (tuple(segs) if seg else ())
+    args = (w, zv, do, xs, ys, *tabs, *extra) + (tuple(segs) if seg else ())
     dw, dzv, row, col = _call(kernel, out, (B, H, gz), interpret, plan, "bwd_o")(*args)
     if sums:
         row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
@@ -1247,10 +1289,18 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
     pre = factors is not None
     if pre:
         dp = factors  # only its shape and position in the argument list matter: the kernel reads f_r
+    merged = MERGED_PLANES and pre and nmb == 1
+    extra = ()
+    if merged:  # see MERGED_PLANES
+        xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
+        dp = factors.reshape(*factors.shape[:3], 4 * M)
+        extra = (jnp.concatenate([tabs[5][:, 0], tabs[5][:, 1]], axis=-1),  # pe [H, L, 2M]
+                 jnp.concatenate([tabs[4][:, 0], tabs[4][:, 1]], axis=-1).astype(cdt))  # ps [H, L, 2M]
 
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
-            refs, 15 + (4 if seg else 0), seg)
+            refs, 15 + len(extra) + (4 if seg else 0), seg)
+        psm_r, pem_r = (tab_r.pop(), tab_r.pop()) if merged else (None, None)
         bi, h = pl.program_id(0), pl.program_id(1)
         gi, mo = _group_and_block(split, nmb)
         f_r = dp_r if pre else None
@@ -1264,12 +1314,24 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
             msl = lambda m: None if m is None else pl.ds(m * mb, mb)  # noqa: E731
             tabs = lambda m: _tabs(tab_r, h, msl(m), flat_rows=True, held=held)  # noqa: E731
             dp_fn = lambda m: _modes(dp_r, bi, ts, h, msl(m))  # noqa: E731
-            ld = _Loads(dict(fq=fq_r, zk=zk_r), xs_r, ys_r, bi, h, c, ts, sub, mb)
+            ld = _Loads(dict(fq=fq_r, zk=zk_r), xs_r, ys_r, bi, h, c, ts, sub, mb, stacked=M if merged else None)
 
             def pre_fn(m):  # ((gs re, im), (ds re, im)) [L, mb] float32 of mode block m
-                ms = slice(None) if m is None else msl(m)
-                pk = [f_r[bi, ts, h, k, ms].astype(F32) for k in range(4)]
+                if merged:
+                    pk = [f_r[bi, ts, h, pl.ds(k * M, M)].astype(F32) for k in range(4)]
+                else:
+                    ms = slice(None) if m is None else msl(m)
+                    pk = [f_r[bi, ts, h, k, ms].astype(F32) for k in range(4)]
                 return (pk[0], pk[1]), (pk[2], pk[3])
+
+            stacked = None
+            if merged:
+                em = None if seg_r is None else mk.em
+                stacked = C.Stacked(df=lambda: f_r[bi, ts, h, pl.ds(0, 2 * M)],
+                                    pe=lambda: (pem_r[h] if em is None else
+                                                _masked_load(pem_r.at[h], em, (L, 2 * M))),
+                                    x=ld.xm, y=ld.ym, ds=lambda: f_r[bi, ts, h, pl.ds(2 * M, 2 * M)],
+                                    ps=lambda: psm_r[h])
 
             def store(j, dfq, dzk):
                 def write():
@@ -1280,7 +1342,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
             return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
-                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo)
+                                 raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo,
+                                 stacked=stacked)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
@@ -1288,7 +1351,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
     out = ((jax.ShapeDtypeStruct(fq.shape, fq.dtype), jax.ShapeDtypeStruct(zk.shape, zk.dtype))
            + (_raw_out(B, H, NG, L, M) if sums else _acc_out(B, H, NC, M)))
-    args = (fq, zk, dp, xs, ys, *tabs) + (tuple(segs) if seg else ())
+    args = (fq, zk, dp, xs, ys, *tabs, *extra) + (tuple(segs) if seg else ())
     dfq, dzk, row, col = _call(kernel, out, (B, H, gz), interpret, plan, "bwd_p")(*args)
     if sums:
         row, col = _fold_raw_sums(row, col, tabs, L, h_pre=pre)
