@@ -1086,14 +1086,17 @@ class _Loads:
         return self._ys[self._bi, self._h, self._c, :, pl.ds(j * self._sub, self._sub)]
 
 
-# The backward kernels with one mode block and the per-token factors (bwd_o / bwd_p reading fwd_mix's / bwd_mix's
-# factors) read the complex planes of their phase-1 dot operands side by side, so that a sum of two real dots over
+# The backward kernels with the per-token factors (bwd_o / bwd_p reading fwd_mix's / bwd_mix's factors) and one
+# mode block, or a program per mode block (SPLIT_MODE_BLOCKS), read the complex planes of their phase-1 dot
+# operands side by side, so that a sum of two real dots over
 # the planes is one dot of twice the depth (C.Stacked): the states as [2M, N] (a free reshape), the factors'
 # [.., 4, M] as [.., 4M], em·Pe and Ps (conj(Ps) for bwd_o) as [H, L, 2M] tables of their own. Each merged pair
 # saves a dot's bookkeeping (wgmma fences, descriptors, the one-trip loop of Dots.sum, a shared-memory round trip):
 # compiled for sm_90a, bf16 (16, 128, 32) T = 4K, bwd_p 1,559 -> 1,465 and bwd_o 1,402 -> 1,328 instructions per
 # chunk as run, barriers 60 -> 48 and 53 -> 40, 250 / 244 registers, no spills. The same merge of fwd_o_readout's
 # A = Re(q·Psᵀ) took it from 329 to 417 instructions (another layout for its mask and product): not done there.
+# At (32, 64, 64) (two mode blocks, a program each) phase 1's sums over both blocks' planes become one dot of depth
+# 2M: bwd_o 1,505 -> 1,387, bwd_p 1,663 -> 1,532 instructions per chunk, 255 registers, no spills.
 MERGED_PLANES = True
 
 
@@ -1137,7 +1140,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     per, NG, gz, split = _split_grid(B, H, NC, nmb)
     sums = nmb == 1 or split  # the parameter sums carried across the program's chunks (_raw_out)
     dot, seg = C.Dots(cdt), segs is not None
-    merged = MERGED_PLANES and nmb == 1 and pre
+    merged = MERGED_PLANES and (nmb == 1 or split) and pre
     extra = ()
     if merged:  # see MERGED_PLANES: dzv's Pe·Y and A = Re(q·Psᵀ) = [q_r | q_i]·[Ps_r | -Ps_i]ᵀ
         xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
@@ -1173,7 +1176,8 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
 
             def pre_fn(m):  # q = w∘pt (re, im) [L, mb] float32 of mode block m
                 if merged:
-                    return tuple(f_r[bi, ts, h, pl.ds(k * M, M)].astype(F32) for k in (0, 1))
+                    off, width = (0, M) if m is None else (m * mb, mb)
+                    return tuple(f_r[bi, ts, h, pl.ds(k * M + off, width)].astype(F32) for k in (0, 1))
                 ms = slice(None) if m is None else msl(m)
                 return f_r[bi, ts, h, 0, ms].astype(F32), f_r[bi, ts, h, 1, ms].astype(F32)
 
@@ -1289,7 +1293,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
     pre = factors is not None
     if pre:
         dp = factors  # only its shape and position in the argument list matter: the kernel reads f_r
-    merged = MERGED_PLANES and pre and nmb == 1
+    merged = MERGED_PLANES and pre and (nmb == 1 or split)
     extra = ()
     if merged:  # see MERGED_PLANES
         xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
@@ -1318,7 +1322,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
             def pre_fn(m):  # ((gs re, im), (ds re, im)) [L, mb] float32 of mode block m
                 if merged:
-                    pk = [f_r[bi, ts, h, pl.ds(k * M, M)].astype(F32) for k in range(4)]
+                    off, width = (0, M) if m is None else (m * mb, mb)
+                    pk = [f_r[bi, ts, h, pl.ds(k * M + off, width)].astype(F32) for k in range(4)]
                 else:
                     ms = slice(None) if m is None else msl(m)
                     pk = [f_r[bi, ts, h, k, ms].astype(F32) for k in range(4)]
