@@ -457,11 +457,11 @@ def main():
         old_form = dict(GPU_PRESCALED_SCAN=False, GPU_PRESCALED_MODES=False, GPU_FUSED_FACTORS=False,
                         GPU_PARALLEL_FWD_MIN_T=8192)  # and the scans at 8 warps (gpu.TUNING before 2026-12-06)
         # and the kernels' own switches of 2026-12-07 off: no held tables, the dlamL sums in the backward, the
-        # scans' products chained into the state, at M = 64 one backward program for both mode blocks, the
-        # backward's planes in separate dots, the scans planned for 256 programs (the inline PTX and the masked
-        # loads stay: no switch)
+        # scans' products chained into the state, at M = 64 one backward program for both mode blocks, the scans
+        # planned for 256 programs (the inline PTX and the masked loads stay: no switch; the backward's planes side
+        # by side, gpu.MERGED_PLANES, need the per-token factors, which this form does not make)
         old_gpu = dict(HOLD_TABLES=False, BWD_HELD=(), YX_IN_SCAN=False, SCAN_UNCHAINED_MAX_STATE=0,
-                       SPLIT_MODE_BLOCKS=False, MERGED_PLANES=False, SCAN_TARGET_PROGRAMS=256)
+                       SPLIT_MODE_BLOCKS=False, SCAN_TARGET_PROGRAMS=256)
         saved = ({k: getattr(pallas_op, k) for k in old_form}, dict(pallas_gpu.TUNING),
                  {k: getattr(pallas_gpu, k) for k in old_gpu})
         for k, v in old_form.items():

@@ -407,7 +407,8 @@ class Stacked:
     pe() -> [L, 2M] (em·Pe), x(j) / y(j) -> [2M, n] (the chunk's states, planes stacked along the modes), and
     the score's operands ds() -> [L, 2M] and ps() -> [L, 2M] with the sign folded into the table (p_bwd:
     dG = Re(ds·conj(Ps)ᵀ) = [ds_r | ds_i]·[Ps_r | Ps_i]ᵀ; o_bwd: A = Re(q·Psᵀ) = [q_r | q_i]·[Ps_r | -Ps_i]ᵀ).
-    Each is a loader, called where the operand is used; None where a kernel does not merge that sum."""
+    Each is a loader, called where the operand is used. ds and ps may be None (the score then as two dots); df
+    and x are p_bwd's only (o_bwd passes None)."""
 
     def __init__(self, df, pe, x, y, ds=None, ps=None):
         self.df, self.pe, self.x, self.y, self.ds, self.ps = df, pe, x, y, ds, ps

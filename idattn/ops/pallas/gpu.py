@@ -118,7 +118,7 @@ MAX_STATE = {"fwd_p": 64 * 64, "fwd_o": 64 * 32, "scan_fwd": 64 * 64}
 # The serial scans (scan_fwd, scan_rev) split their features into blocks until about this many programs run (B·H
 # times the blocks): fewer leave SMs idle, more give each program a narrower state tile to walk its chunks with
 # (more instructions per element). 128 (about one program per SM of an H100 / H200) since 2026-12-07; 256 before.
-# It matters only where B·H < 128 (T = 16K at 65,536 tokens): compiled for sm_90a, bf16 (16, 128, 32) 16K,
+# It matters only where B·H < 256 (T = 8K and 16K at 65,536 tokens): compiled for sm_90a, bf16 (16, 128, 32) 16K,
 # scan_fwd [32, 64] tiles at 243 instructions per chunk against two [32, 32] programs' 2 x 153, scan_rev 395
 # against 2 x 232, no spills (docs/kernels-results.md, "Built since: the 16K scans at one program per SM").
 SCAN_TARGET_PROGRAMS = 128
