@@ -91,6 +91,41 @@ def test_inner_loops_are_counted_as_they_run():
     assert "loop_run" not in no_trips and no_trips["loop"] == rep["loop"]
 
 
+# a chunk loop unswitched on the mode block: block 0's copy 0x10..0x70 (7 instructions, a sub-block loop 0x20..0x30
+# and the stores only block 0 makes) and the other blocks' copy 0x90..0xc0 (4 instructions, a sub-block loop
+# 0xa0..0xb0), then the exit pad
+UNSWITCHED = "\n".join(["\t\tFunction : idattn_unswitched"] + [_line(a, t) for a, t in [
+    (0x00, "@P0 BRA 0x90"), (0x10, "FADD R1, R1, R2"), (0x20, "FMUL R2, R2, R3"), (0x30, "@P1 BRA 0x20"),
+    (0x40, "STG.E desc[UR4][R2.64], R8"), (0x50, "BAR.SYNC.DEFER_BLOCKING 0x0"), (0x60, "FADD R4, R4, R2"),
+    (0x70, "@P2 BRA 0x10"), (0x80, "EXIT"), (0x90, "FADD R1, R1, R2"), (0xa0, "FMUL R2, R2, R3"),
+    (0xb0, "@P1 BRA 0xa0"), (0xc0, "@P2 BRA 0x90"), (0xd0, "EXIT"), (0xe0, "BRA 0xe0")]])
+
+
+def test_an_unswitched_chunk_loop_is_read_per_copy():
+    """A backward kernel with a program per mode block forms phase 1's outputs in block 0's program only
+    (gpu.PHASE1_ONCE), and ptxas versions the chunk loop on that program-uniform condition: two top-level loops.
+    The report reads the largest as the chunk loop (block 0's) and, with several mode blocks, the other as
+    loop_run_rest; the cost model averages the two over the blocks."""
+    from idattn.bench import gpu_model as G
+    ins = sass.parse_sass(UNSWITCHED)["idattn_unswitched"]
+    lp = sass.loops(ins)
+    assert sass.top_loops(lp) == [(1, 7), (9, 12)]
+    rep = sass.kernel_report("idattn_unswitched", ins, warps=8, trips={"sub": 3, "mode": 1, "split": 2})
+    assert rep["loop"]["total"] == 7 and rep["loop_run"]["total"] == 7 + 2 * 2  # block 0: the sub loop 3 times
+    assert rep["loop_run"]["bar_sync"] == 1 and rep["loop_run"]["stg"] == 1
+    rest = rep["loop_run_rest"]
+    assert rest["total"] == 4 + 2 * 2 and rest["bar_sync"] == 0 and rest["stg"] == 0
+    assert "loop_run_rest" not in sass.kernel_report("idattn_unswitched", ins, warps=8, trips={"sub": 3, "mode": 1})
+    call = {"name": "idattn_bwd_o", "num_warps": 8, "num_stages": 1, "grid": [1, 1, 2]}
+    model_rep = {"case": [1, 64, 64, "bfloat16", 1, 128, 64], "calls": [call], "xla": {},
+                 "kernels": {"idattn_bwd_o": dict(rep, registers=128)}}
+    kc, = G.kernel_costs(model_rep)
+    assert kc.instructions == (11 + 8) / 2 and kc.barriers == 0.5  # two blocks: block 0's copy and the other's
+    model_rep["kernels"]["idattn_bwd_o"]["trips"] = {"sub": 3, "mode": 1, "split": 4}
+    model_rep["kernels"]["idattn_bwd_o"]["loop_run_rest"] = rest
+    assert G.kernel_costs(model_rep)[0].instructions == (11 + 3 * 8) / 4
+
+
 def test_tensor_core_shapes():
     i = sass.Instr(0, "HMMA", ".1688.F32.TF32", "")
     assert sass.macs(i) == 16 * 8 * 8

@@ -153,14 +153,23 @@ def mix(instrs: list[Instr], warps: int = 4) -> dict:
     return out
 
 
-def inner_loops(lp: list[tuple[int, int]]) -> list[dict]:
-    """The loops inside the outermost one (``loops``' ranges, outermost first), without 1-instruction branches to
-    themselves (the exit pad): [{"start", "end", "parent": index in this list of the innermost loop holding it or
-    None, "holds_loop": whether another loop is inside it}]."""
+def top_loops(lp: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The loops no other loop holds (``loops``' ranges, largest first), without 1-instruction branches to
+    themselves (the exit pad). A kernel whose chunk loop the compiler unswitched on a program-uniform condition
+    (ptxas versions the loop: the backward's programs per mode block, where only block 0 forms and stores
+    phase 1's outputs) has two: the largest, with the condition's work, and the other program's copy."""
+    return [(a, b) for i, (a, b) in enumerate(lp)
+            if b > a and not any(j != i and c <= a and b <= d and (c, d) != (a, b) for j, (c, d) in enumerate(lp))]
+
+
+def inner_loops(lp: list[tuple[int, int]], outer: tuple[int, int] | None = None) -> list[dict]:
+    """The loops inside the outermost one (``loops``' ranges, outermost first), or inside ``outer``, without
+    1-instruction branches to themselves (the exit pad): [{"start", "end", "parent": index in this list of the
+    innermost loop holding it or None, "holds_loop": whether another loop is inside it}]."""
     if not lp:
         return []
-    o0, o1 = lp[0]
-    inner = [(a, b) for a, b in lp[1:] if o0 <= a and b <= o1 and b > a]
+    o0, o1 = outer or lp[0]
+    inner = [(a, b) for a, b in lp if o0 <= a and b <= o1 and b > a and (a, b) != (o0, o1)]
     out = []
     for i, (a, b) in enumerate(inner):
         holders = [j for j, (c, d) in enumerate(inner) if j != i and c <= a and b <= d]
@@ -170,15 +179,16 @@ def inner_loops(lp: list[tuple[int, int]]) -> list[dict]:
     return out
 
 
-def dynamic_mix(instrs: list[Instr], warps: int, trips: dict) -> dict:
-    """The mix of one iteration of the outermost loop as it runs: the backward kernels loop inside their chunk
-    loop over feature sub-blocks (``trips["sub"]`` trips) and, with several mode blocks, over those
-    (``trips["mode"]``: the loops that hold another loop, or every inner loop when there is one sub-block), and the
-    static body holds each inner body once. An
-    inner loop of t trips inside loops of T trips in all adds (t - 1)·T copies of its body."""
+def dynamic_mix(instrs: list[Instr], warps: int, trips: dict, outer: tuple[int, int] | None = None) -> dict:
+    """The mix of one iteration of the outermost loop (or of ``outer``) as it runs: the backward kernels loop
+    inside their chunk loop over feature sub-blocks (``trips["sub"]`` trips) and, with several mode blocks, over
+    those (``trips["mode"]``: the loops that hold another loop, or every inner loop when there is one sub-block),
+    and the static body holds each inner body once. An inner loop of t trips inside loops of T trips in all adds
+    (t - 1)·T copies of its body."""
     lp = loops(instrs)
-    inner = inner_loops(lp)
-    total = collections.Counter(mix(instrs[lp[0][0]:lp[0][1] + 1], warps))
+    outer = outer or lp[0]
+    inner = inner_loops(lp, outer)
+    total = collections.Counter(mix(instrs[outer[0]:outer[1] + 1], warps))
 
     def trips_of(i):
         # with one feature sub-block the sub-block body is inlined (the mode loop then holds no loop), with one
@@ -217,6 +227,11 @@ def kernel_report(name: str, instrs: list[Instr], warps: int = 4, resources: dic
         if trips:
             rep["trips"] = dict(trips)
             rep["loop_run"] = dynamic_mix(instrs, warps, trips)
+            tops = top_loops(lp)
+            if int(trips.get("split", 0)) > 1 and len(tops) > 1 and inner_loops(lp, tops[1]):
+                # the chunk loop unswitched on the mode block (gpu.PHASE1_ONCE): the largest copy is block 0's,
+                # the next every other block's (a copy without inner loops is not a chunk loop)
+                rep["loop_run_rest"] = dynamic_mix(instrs, warps, trips, tops[1])
     return rep
 
 

@@ -173,6 +173,10 @@ def kernel_costs(rep: dict) -> list[KernelCost]:
             iters = next((min(per, NC) for nb in (1, 2, 4, 8, 16) for per in [_groups_per(NC, B * H * nb)]
                           if nb * -(-NC // per) == gz), -(-NC // gz))
         body = k.get("loop_run") or k["loop"] or k["all"]  # one chunk iteration as it runs (inner loops' trips)
+        rest = k.get("loop_run_rest")
+        if split > 1 and rest:  # block 0's programs run `body`, the other blocks' their own copy (sass.top_loops)
+            body = {f: (body.get(f, 0) + (split - 1) * rest.get(f, 0)) / split
+                    for f in ("total", "bar_sync", "ldg_bytes", "stg_bytes", "mma_macs")}
         loop_b = body.get("ldg_bytes", 0) + body.get("stg_bytes", 0)
         all_b = k["all"].get("ldg_bytes", 0) + k["all"].get("stg_bytes", 0)
         out.append(KernelCost(call["name"], programs, occ, -(-programs // (SMS * occ)), iters, body["bar_sync"],

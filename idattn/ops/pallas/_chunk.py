@@ -559,7 +559,7 @@ def _raw_epilogue(nmb, phase2, tabs, store_acc, raw, length, only=None):
 
 
 def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None,
-                pre=None, yx=True, only=None, stacked: Stacked | None = None):
+                pre=None, yx=True, only=None, stacked: Stacked | None = None, first=None):
     """o_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as o_bwd).
 
     w(m) -> w [L, mb] planes of mode block m (m = None: all modes); tabs(m) -> the tables of mode block m;
@@ -597,27 +597,40 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
     def a_terms(m):  # Re((w∘pt)·Psᵀ) of mode block m: Re(q)·Re(Ps)ᵀ - Im(q)·Im(Ps)ᵀ
         return (lambda: dot.nt(q_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(-q_of(m)[1], tabs(m).ps[1]))
 
-    if stacked is not None and stacked.ds is not None:  # [q_r | q_i]·[Ps_r | -Ps_i]ᵀ (Stacked.ds, .ps)
-        a = mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
+    def a_tile():
+        if stacked is not None and stacked.ds is not None:  # [q_r | q_i]·[Ps_r | -Ps_i]ᵀ (Stacked.ds, .ps)
+            return mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
+        return mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)]))
+
+    zero_ll = jnp.zeros((L, L), F32)
+    if stacked is not None and first is not None:  # dzv, and A (its only use), in the first block's program only
+        def dzv_stores():
+            a = a_tile()
+
+            def body(j, carry):
+                store_dzv(j, dot.sum(lambda: dot.tn(a, ld.do(j)), lambda: dot(stacked.pe(), stacked.y(j))))
+                return carry
+            _sub_loop(nsub, body, 0)
+
+        first(dzv_stores)
+        da = _sub_loop(nsub, lambda j, da: da + dot.nt(ld.do(j), ld.zv(j)), zero_ll)
     else:
-        a = mk.apply(dot.sum(*[t for m in range(nmb) for t in a_terms(m)]))
-    tbf = tabs(None)
+        a = a_tile()
+        if stacked is not None:  # the planes side by side: Pe·Y as one dot
+            def body1(j, da):
+                zv, do = ld.zv(j), ld.do(j)
+                store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(stacked.pe(), stacked.y(j))))
+                return da + dot.nt(do, zv)
+        else:
+            per, pei = _em_pe(tabs(None), mk, dot)
 
-    if stacked is not None:  # the planes side by side: Pe·Y as one dot
-        def body1(j, da):
-            zv, do = ld.zv(j), ld.do(j)
-            store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(stacked.pe(), stacked.y(j))))
-            return da + dot.nt(do, zv)
-    else:
-        per, pei = _em_pe(tbf, mk, dot)
+            def body1(j, da):
+                zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
+                store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
+                return da + dot.nt(do, zv)
 
-        def body1(j, da):
-            zv, do, Y = ld.zv(j), ld.do(j), ld.y(j, None)
-            store_dzv(j, dot.sum(lambda: dot.tn(a, do), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
-            return da + dot.nt(do, zv)
-
-    da = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
-    del a
+        da = _sub_loop(nsub, body1, zero_ll)
+        del a
     da = mk.apply(da)
 
     def phase2(m, sink):
@@ -649,7 +662,7 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
 
 def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, store_acc, raw=None, pre=None,
-                yx=True, only=None, stacked: Stacked | None = None):
+                yx=True, only=None, stacked: Stacked | None = None, first=None):
     """p_bwd over nsub feature sub-blocks and nmb mode blocks (the GPU kernels; same result as p_bwd).
 
     dp(m) -> dp [L, mb] planes of mode block m (None: all modes); tabs(m) as in o_bwd_modes; ld.fq(j), ld.zk(j)
@@ -676,35 +689,52 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
     def dg_terms(m):  # Re((dp∘conj(pt))·conj(Ps)ᵀ) of mode block m
         return (lambda: dot.nt(ds_of(m)[0], tabs(m).ps[0]), lambda: dot.nt(ds_of(m)[1], tabs(m).ps[1]))
 
-    if stacked is not None and stacked.ds is not None:  # Re(ds·conj(Ps)ᵀ) = [ds_r | ds_i]·[Ps_r | Ps_i]ᵀ
-        dg = mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
+    def dg_tile():
+        if stacked is not None and stacked.ds is not None:  # Re(ds·conj(Ps)ᵀ) = [ds_r | ds_i]·[Ps_r | Ps_i]ᵀ
+            return mk.apply(dot.sum(lambda: dot.nt(stacked.ds(), stacked.ps())))
+        return mk.apply(dot.sum(*[t for m in range(nmb) for t in dg_terms(m)]))
+
+    zero_ll = jnp.zeros((L, L), F32)
+    if stacked is not None and first is not None:  # dfq, dzk and dG (their only use) in the first block's program
+        def stores():
+            dg = dg_tile()
+
+            def body(j, carry):
+                fq, zk = ld.fq(j), ld.zk(j)
+                store(j, lambda: dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
+                      lambda: dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
+                return carry
+            _sub_loop(nsub, body, 0)
+
+        first(stores)
+        g = _sub_loop(nsub, lambda j, g: g + dot.nt(ld.fq(j), ld.zk(j)), zero_ll)
     else:
-        dg = mk.apply(dot.sum(*[t for m in range(nmb) for t in dg_terms(m)]))
-    tbf = tabs(None)
-    if stacked is not None:  # the planes side by side: one dot per sum over them
-        def body1(j, g):
-            fq, zk = ld.fq(j), ld.zk(j)
-            store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
-                  dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
-            return g + dot.nt(fq, zk)
-    else:
-        if pre is not None:
-            dfr, dfi = pre(None)[0]
+        dg = dg_tile()
+        tbf = tabs(None)
+        if stacked is not None:  # the planes side by side: one dot per sum over them
+            def body1(j, g):
+                fq, zk = ld.fq(j), ld.zk(j)
+                store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
+                      dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
+                return g + dot.nt(fq, zk)
         else:
-            dv = dp(None)
-            dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
-            del dv
+            if pre is not None:
+                dfr, dfi = pre(None)[0]
+            else:
+                dv = dp(None)
+                dfr, dfi = cmul_conj(rowmask(dv[0], mk.cm), rowmask(dv[1], mk.cm), tbf.pin[0], tbf.pin[1])
+                del dv
 
-        per, pei = _em_pe(tbf, mk, dot)
+            per, pei = _em_pe(tbf, mk, dot)
 
-        def body1(j, g):
-            fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
-            store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
-                  dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
-            return g + dot.nt(fq, zk)
+            def body1(j, g):
+                fq, zk, X, Y = ld.fq(j), ld.zk(j), ld.x(j, None), ld.y(j, None)
+                store(j, dot.sum(lambda: dot(dg, zk), lambda: dot(dfr, X[0]), lambda: dot(dfi, X[1])),
+                      dot.sum(lambda: dot.tn(dg, fq), lambda: dot(per, Y[0]), lambda: dot(pei, Y[1])))
+                return g + dot.nt(fq, zk)
 
-    g = _sub_loop(nsub, body1, jnp.zeros((L, L), F32))
-    del dg
+        g = _sub_loop(nsub, body1, zero_ll)
+        del dg
     g = mk.apply(g)
 
     def phase2(m, sink):

@@ -31,6 +31,7 @@ memory per block (``smem_estimate``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 
 import jax
@@ -1098,6 +1099,10 @@ class _Loads:
 # At (32, 64, 64) (two mode blocks, a program each) phase 1's sums over both blocks' planes become one dot of depth
 # 2M: bwd_o 1,505 -> 1,387, bwd_p 1,663 -> 1,532 instructions per chunk, 255 registers, no spills.
 MERGED_PLANES = True
+# With a program per mode block (SPLIT_MODE_BLOCKS) and the planes side by side, the per-feature outputs of phase 1
+# (bwd_o's dzv, bwd_p's dfq and dzk) and the score they alone use (A, dG) are formed only in the program of mode
+# block 0, which stores them; every program forms the [L, L] product phase 2 needs (dA, G) in a loop of its own.
+PHASE1_ONCE = True
 
 
 # The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
@@ -1154,6 +1159,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
         dw_r, dzv_r, row_r, col_r = outs
         bi, h = pl.program_id(0), pl.program_id(1)
         gi, mo = _group_and_block(split, nmb)
+        first = functools.partial(_first_block_only, mo) if split and merged and PHASE1_ONCE else None
         f_r = w_r if pre else None
         held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
@@ -1194,7 +1200,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
             return C.o_bwd_modes(w_fn, ld, store, store_dw, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
                                  raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo,
-                                 stacked=stacked)
+                                 stacked=stacked, first=first)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
@@ -1307,6 +1313,7 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
         psm_r, pem_r = (tab_r.pop(), tab_r.pop()) if merged else (None, None)
         bi, h = pl.program_id(0), pl.program_id(1)
         gi, mo = _group_and_block(split, nmb)
+        first = functools.partial(_first_block_only, mo) if split and merged and PHASE1_ONCE else None
         f_r = dp_r if pre else None
         held = _held_operands(tab_r, h, BWD_HELD, dot.cdt) if nmb == 1 else None
 
@@ -1338,17 +1345,17 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
                                     x=ld.xm, y=ld.ym, ds=lambda: f_r[bi, ts, h, pl.ds(2 * M, 2 * M)],
                                     ps=lambda: psm_r[h])
 
-            def store(j, dfq, dzk):
+            def store(j, dfq, dzk):  # each a value, or a thunk formed where it is stored (one live at a time)
                 def write():
                     ns = pl.ds(j * sub, sub)
-                    dfq_r[bi, ts, h, ns] = dfq.astype(dfq_r.dtype)
-                    dzk_r[bi, ts, h, ns] = dzk.astype(dzk_r.dtype)
+                    dfq_r[bi, ts, h, ns] = (dfq() if callable(dfq) else dfq).astype(dfq_r.dtype)
+                    dzk_r[bi, ts, h, ns] = (dzk() if callable(dzk) else dzk).astype(dzk_r.dtype)
                 _first_block_only(mo, write)
 
             return C.p_bwd_modes(dp_fn, ld, store, nsub, nmb, tabs, mk, dot.with_bound(c), L,
                                  store_acc=lambda m, acc: _store_flat_acc(row_r, col_r, bi, h, c, acc, msl(m)),
                                  raw=carry, pre=pre_fn if pre else None, yx=not YX_IN_SCAN, only=mo,
-                                 stacked=stacked)
+                                 stacked=stacked, first=first)
 
         raw = lax.fori_loop(gi * per, jnp.minimum((gi + 1) * per, NC), body, _raw_zeros(L, mb) if sums else None)
         if sums:
