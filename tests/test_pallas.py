@@ -164,12 +164,14 @@ def test_gpu_family_dlam_sums_and_chained_scans_and_mode_blocks(monkeypatch, yx_
 
 
 @pytest.mark.parametrize("case", ["one block, bf16", pytest.param("split", marks=pytest.mark.slow),
-                                  pytest.param("separate dots", marks=pytest.mark.slow)])
+                                  pytest.param("separate dots", marks=pytest.mark.slow),
+                                  pytest.param("M = 64", marks=pytest.mark.slow)])
 def test_gpu_family_backward_planes_side_by_side(monkeypatch, case):
     """bwd_o / bwd_p with the complex planes side by side (gpu.MERGED_PLANES, C.Stacked), where the other tests
     do not reach: one mode block without segments in bf16 (em·Pe read whole, not as a masked load), a program per
-    mode block without segments (M = 8 padded to 16 in four blocks of 4), and the flag off with the per-token
-    factors on (two dots per sum over the planes). Every gradient against float64."""
+    mode block without segments (M = 8 padded to 16 in four blocks of 4), the flag off with the per-token
+    factors on (two dots per sum over the planes), and M = 64 with c (bwd_mix's dw·Kᴴ as two dots from M = 64;
+    two mode blocks of 32, phase 1 in block 0's program). Every gradient against float64."""
     from idattn.ops.pallas import _chunk as C
     from idattn.ops.pallas import gpu
     made = []
@@ -180,7 +182,8 @@ def test_gpu_family_backward_planes_side_by_side(monkeypatch, case):
     if case == "separate dots":
         monkeypatch.setattr(gpu, "MERGED_PLANES", False)
     dtype, tol = (jnp.bfloat16, 2e-2) if case == "one block, bf16" else (jnp.float32, 1e-4)
-    _run_case("gpu", dtype, case != "separate dots", B=2, T=40, H=1, R=16, D=16, M=8 if case == "split" else 4,
+    _run_case("gpu", dtype, case != "separate dots", B=2, T=40, H=1, R=16, D=16,
+              M={"split": 8, "M = 64": 64}.get(case, 4),
               L=16, with_c=True, with_x0=case == "separate dots", with_seg=case == "separate dots", tol_fwd=tol,
               tol_grad=tol, seed=6, save_states=True)  # seed 5: lam's bf16 gradient at 2.4e-2, merged or not
     assert bool(made) == (case != "separate dots"), made

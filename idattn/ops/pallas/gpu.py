@@ -569,6 +569,15 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, 
     NC = T // L
     per, NG = _groups(B, H, NC)
     dot = C.Dots(cdt)
+    # the planes side by side (MERGED_PLANES): w = s·K as [p_r | p_i]·K2 with K2 [H, 2, 2M, M] the real form of K
+    # (the conjugation of s folded in), two dots of depth 2M instead of four of depth M
+    merged = MERGED_PLANES and has_k and n == 1
+    if merged:
+        kr, ki = kmix[:, 0], kmix[:, 1]
+        sgn = 1 if conj else -1  # conj: w_r = p_r·K_r + p_i·K_i, w_i = p_r·K_i - p_i·K_r
+        kmix = jnp.stack([jnp.concatenate([kr, sgn * ki], axis=1),
+                          jnp.concatenate([ki, -sgn * kr], axis=1)], axis=1)  # [H, 2, 2M, M]
+        p = p.reshape(*p.shape[:4], 2 * M)
     n_in = 1 + int(has_k) + len(tabs) + (4 if seg else 0)
 
     def kernel(*refs):
@@ -582,6 +591,17 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, 
 
         def body(c, carry):
             ts = pl.ds(c * L, L)
+            if merged:
+                p2 = p_r[0, bi, ts, h, :]  # [L, 2M]: p_r | p_i
+                if po_r is not None:
+                    po_r[0, bi, ts, h, 0, :] = p_r[0, bi, ts, h, pl.ds(0, M)].astype(po_r.dtype)
+                    po_r[0, bi, ts, h, 1, :] = p_r[0, bi, ts, h, pl.ds(M, M)].astype(po_r.dtype)
+                g = (dot(p2, k_r[h, 0]), dot(p2, k_r[h, 1]))
+                if not factors:
+                    w_r[0, bi, ts, h, 0, :] = g[0].astype(w_r.dtype)
+                    w_r[0, bi, ts, h, 1, :] = g[1].astype(w_r.dtype)
+                    return carry
+                return mixed(c, g, carry)
             pr = pi = None
             for k in range(n):  # fwd_p's partial sums over its feature blocks
                 xr, xi = p_r[k, bi, ts, h, 0, :].astype(F32), p_r[k, bi, ts, h, 1, :].astype(F32)
@@ -597,6 +617,10 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, 
                 return carry
             # the factors from p and g' in float32 as formed here (the XLA passes read them back in mdt)
             g, _ = C.mix_fwd((pr, pi), _kmat(k_r, h), conj, dot)
+            return mixed(c, g, carry)
+
+        def mixed(c, g, carry):
+            ts = pl.ds(c * L, L)
             if has_k:
                 if w_r is not None:
                     w_r[0, bi, ts, h, 0, :] = g[0].astype(w_r.dtype)
@@ -617,7 +641,7 @@ def fwd_mix(p, kmix, *, conj, L, cdt, mdt, interpret, write_p=False, tabs=None, 
     if factors:
         out = out + (jax.ShapeDtypeStruct((B, T, H, 4, M), cdt),)
     plan = mix_plan("fwd_mix", L=L, M=M, n_modes_in=n, mode_bytes=jnp.dtype(p.dtype).itemsize,
-                    k_bytes=jnp.dtype(cdt).itemsize)
+                    k_bytes=jnp.dtype(cdt).itemsize * (2 if merged else 1))  # K2 is [2, 2M, M]
     args = (p,) + ((kmix,) if has_k else ()) + tuple(tabs) + (tuple(segs) if seg else ())
     res = list(_call(kernel, out, (B, H, NG), interpret, plan, "fwd_mix")(*args))
     w = res.pop(0) if write_w else None
@@ -1097,7 +1121,8 @@ class _Loads:
 # chunk as run, barriers 60 -> 48 and 53 -> 40, 250 / 244 registers, no spills. The same merge of fwd_o_readout's
 # A = Re(q·Psᵀ) took it from 329 to 417 instructions (another layout for its mask and product): not done there.
 # At (32, 64, 64) (two mode blocks, a program each) phase 1's sums over both blocks' planes become one dot of depth
-# 2M: bwd_o 1,505 -> 1,387, bwd_p 1,663 -> 1,532 instructions per chunk, 255 registers, no spills.
+# 2M: bwd_o 1,505 -> 1,387, bwd_p 1,663 -> 1,532 instructions per chunk, 255 registers, no spills. The mixing
+# kernels take the same flag: fwd_mix's w = s·K and (from M = 64) bwd_mix's dw·Kᴴ as two dots of depth 2M.
 MERGED_PLANES = True
 # With a program per mode block (SPLIT_MODE_BLOCKS) and the planes side by side, the per-feature outputs of phase 1
 # (bwd_o's dzv, bwd_p's dfq and dzk) and the score they alone use (A, dG) are formed only in the program of mode
@@ -1239,6 +1264,15 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
     NC = T // L
     per, NG = _groups(B, H, NC)
     dot = C.Dots(cdt)
+    # the planes side by side (MERGED_PLANES): ds = dw·Kᴴ as [dw_r | dw_i]·K2ᵀ, K2 [H, 2, M, 2M] = ([K_r | K_i],
+    # [-K_i | K_r]): two dots of depth 2M instead of four of depth M (dK keeps its four: they contract over tokens).
+    # From M = 64 (8 warps): bf16 (32, 64, 64) 4K 669 -> 627 instructions per chunk, 246 registers; at M = 32 (4
+    # warps) 554 -> 543 but 16 B of stack per thread, so not there.
+    merged = MERGED_PLANES and M >= 64
+    if merged:
+        kr, ki = kmix[:, 0], kmix[:, 1]
+        kmix = jnp.stack([jnp.concatenate([kr, ki], axis=2), jnp.concatenate([-ki, kr], axis=2)], axis=1)
+        dw = dw.reshape(*dw.shape[:4], 2 * M)
     fold = tabs is not None
     tabs = expand_tables(tabs) if fold else ()
     seg = fold and segs is not None
@@ -1251,9 +1285,16 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
         def body(c, dk):
             ts = pl.ds(c * L, L)
             _, s = C.mix_fwd(_modes(p_r, bi, ts, h), None, conj, dot)
-            dwc = (dw_r[0, bi, ts, h, 0, :].astype(F32), dw_r[0, bi, ts, h, 1, :].astype(F32))
-            dkc = C.mix_bwd_dk(dwc, s, dot)
-            dpc = C.mix_bwd_dp(dwc, _kmat(k_r, h), conj, dot)
+            if merged:
+                dwc = tuple(dw_r[0, bi, ts, h, pl.ds(k * M, M)].astype(F32) for k in (0, 1))
+                dkc = C.mix_bwd_dk(dwc, s, dot)
+                dw2 = dw_r[0, bi, ts, h, :]
+                dsr, dsi = dot.nt(dw2, k_r[h, 0]), dot.nt(dw2, k_r[h, 1])
+                dpc = (dsr, -dsi) if conj else (dsr, dsi)
+            else:
+                dwc = (dw_r[0, bi, ts, h, 0, :].astype(F32), dw_r[0, bi, ts, h, 1, :].astype(F32))
+                dkc = C.mix_bwd_dk(dwc, s, dot)
+                dpc = C.mix_bwd_dp(dwc, _kmat(k_r, h), conj, dot)
             dp_r[0, bi, ts, h, 0, :] = dpc[0].astype(dp_r.dtype)
             dp_r[0, bi, ts, h, 1, :] = dpc[1].astype(dp_r.dtype)
             if fold:  # cm·pin as a masked load
@@ -1277,7 +1318,7 @@ def bwd_mix(p, kmix, dw, *, conj, L, cdt, mdt, interpret, tabs=None, segs=None):
     if fold:
         out = out + (jax.ShapeDtypeStruct((B, T, H, 4, M), cdt),)
     plan = mix_plan("bwd_mix", L=L, M=M, n_modes_in=2, mode_bytes=jnp.dtype(p.dtype).itemsize,
-                    k_bytes=jnp.dtype(cdt).itemsize)
+                    k_bytes=jnp.dtype(cdt).itemsize * (2 if merged else 1))  # K2 is [2, M, 2M]
     args = (p, kmix, dw, *tabs) + (tuple(segs) if seg else ())
     return _call(kernel, out, (B, H, NG), interpret, plan, "bwd_mix")(*args)
 
