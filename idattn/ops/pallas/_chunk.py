@@ -453,6 +453,23 @@ def _state_products(nsub, lx, ly, ld, m, L, mb, dot: Dots, yx=True):
     return _sub_loop(nsub, body, (zm, zm, zm, zm, zc, zc))
 
 
+def _phase1_once(first, score, store_sub, product, nsub, zero):
+    """Phase 1 of o_bwd_modes / p_bwd_modes with a program per mode block (gpu.PHASE1_ONCE): ``first(fn)`` runs
+    fn in mode block 0's program only, and there the [L, L] score (score(): A or dG) and, per feature sub-block j,
+    store_sub(j, score) (dzv, or dfq and dzk, formed and stored); every program returns Σ_j product(j) (dA or G
+    before the mask, what its phase 2 needs), in a loop of its own."""
+    def stores():
+        t = score()
+
+        def body(j, carry):
+            store_sub(j, t)
+            return carry
+        _sub_loop(nsub, body, 0)
+
+    first(stores)
+    return _sub_loop(nsub, lambda j, acc: acc + product(j), zero)
+
+
 def _mode_block_loop(nmb, phase2, store_acc):
     """store_acc(m, phase2(m)) for every mode block: in a loop over traced m when there are several, so that the
     epilogue's code exists once and one block's sums are live at a time, each stored as soon as it is formed
@@ -604,16 +621,9 @@ def o_bwd_modes(w, ld, store_dzv, store_dw, nsub, nmb, tabs, mk: Masks, dot: Dot
 
     zero_ll = jnp.zeros((L, L), F32)
     if stacked is not None and first is not None:  # dzv, and A (its only use), in the first block's program only
-        def dzv_stores():
-            a = a_tile()
-
-            def body(j, carry):
-                store_dzv(j, dot.sum(lambda: dot.tn(a, ld.do(j)), lambda: dot(stacked.pe(), stacked.y(j))))
-                return carry
-            _sub_loop(nsub, body, 0)
-
-        first(dzv_stores)
-        da = _sub_loop(nsub, lambda j, da: da + dot.nt(ld.do(j), ld.zv(j)), zero_ll)
+        da = _phase1_once(first, a_tile, lambda j, a: store_dzv(j, dot.sum(
+            lambda: dot.tn(a, ld.do(j)), lambda: dot(stacked.pe(), stacked.y(j)))),
+            lambda j: dot.nt(ld.do(j), ld.zv(j)), nsub, zero_ll)
     else:
         a = a_tile()
         if stacked is not None:  # the planes side by side: Pe·Y as one dot
@@ -696,18 +706,12 @@ def p_bwd_modes(dp, ld, store, nsub, nmb, tabs, mk: Masks, dot: Dots, length, st
 
     zero_ll = jnp.zeros((L, L), F32)
     if stacked is not None and first is not None:  # dfq, dzk and dG (their only use) in the first block's program
-        def stores():
-            dg = dg_tile()
+        def store_j(j, dg):  # each output formed where it is stored (one live at a time: registers)
+            fq, zk = ld.fq(j), ld.zk(j)
+            store(j, lambda: dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
+                  lambda: dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
 
-            def body(j, carry):
-                fq, zk = ld.fq(j), ld.zk(j)
-                store(j, lambda: dot.sum(lambda: dot(dg, zk), lambda: dot(stacked.df(), stacked.x(j))),
-                      lambda: dot.sum(lambda: dot.tn(dg, fq), lambda: dot(stacked.pe(), stacked.y(j))))
-                return carry
-            _sub_loop(nsub, body, 0)
-
-        first(stores)
-        g = _sub_loop(nsub, lambda j, g: g + dot.nt(ld.fq(j), ld.zk(j)), zero_ll)
+        g = _phase1_once(first, dg_tile, store_j, lambda j: dot.nt(ld.fq(j), ld.zk(j)), nsub, zero_ll)
     else:
         dg = dg_tile()
         tbf = tabs(None)
