@@ -529,7 +529,7 @@ def main():
                 text = f"(b2) per-kernel {shape} T={T} ERROR {type(e).__name__}: {str(e)[:300]}"
             log(text)
             SUMMARY.append(text)
-        # the serial scans' plan where B·H < 128 (16K): gpu.SCAN_TARGET_PROGRAMS 128 (one program per SM, [32, 64]
+        # the serial scans' plan where B·H < 256 (16K): gpu.SCAN_TARGET_PROGRAMS 128 (one program per SM, [32, 64]
         # state tiles, since 2026-12-07) against 256 (two per SM, [32, 32]), the scan launches alone
         from idattn.ops.pallas import gpu as pallas_gpu
         shape, T, tok = cases[-1]
