@@ -1130,6 +1130,24 @@ MERGED_PLANES = True
 PHASE1_ONCE = True
 
 
+def _side_by_side(t, sign=1):
+    """A table's planes [H, 2, L, M] side by side as [H, L, 2M]: re | sign·im (MERGED_PLANES)."""
+    return jnp.concatenate([t[:, 0], sign * t[:, 1]], axis=-1)
+
+
+def _stack_states(*states):
+    """Chunk states [B, H, NC, 2, M, N] as [B, H, NC, 2M, N], the planes stacked along the modes (a free reshape)."""
+    return tuple(a.reshape(*a.shape[:3], -1, a.shape[-1]) for a in states)
+
+
+def _em_pe_loader(pem_r, h, seg_r, mk, L, M):
+    """em·Pe [L, 2M] of head h from _side_by_side(pe): the whole table, or a masked load of the chunk's last
+    document's rows when there are segments."""
+    if seg_r is None:
+        return lambda: pem_r[h]
+    return lambda: _masked_load(pem_r.at[h], mk.em, (L, 2 * M))
+
+
 # The chunk-parallel backward kernels give each program a contiguous group of chunks (parameter sums stay in
 # registers across the group) and one feature block; groups are sized so that B·H·blocks·groups reaches about
 # this many programs.
@@ -1173,10 +1191,9 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
     merged = MERGED_PLANES and (nmb == 1 or split) and pre
     extra = ()
     if merged:  # see MERGED_PLANES: dzv's Pe·Y and A = Re(q·Psᵀ) = [q_r | q_i]·[Ps_r | -Ps_i]ᵀ
-        xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
+        xs, ys = _stack_states(xs, ys)
         w = factors.reshape(*factors.shape[:3], 4 * M)
-        extra = (jnp.concatenate([tabs[5][:, 0], tabs[5][:, 1]], axis=-1),  # pe [H, L, 2M]
-                 jnp.concatenate([tabs[4][:, 0], -tabs[4][:, 1]], axis=-1).astype(cdt))  # conj(ps) [H, L, 2M]
+        extra = (_side_by_side(tabs[5]), _side_by_side(tabs[4], -1).astype(cdt))  # pe, conj(ps) [H, L, 2M]
 
     def kernel(*refs):
         (w_r, zv_r, do_r, xs_r, ys_r, *tab_r), seg_r, outs = _split(refs, 15 + len(extra) + (4 if seg else 0), seg)
@@ -1199,10 +1216,7 @@ def bwd_o(w, kmix, zv, do, xs, ys, tabs, segs, *, conj, L, plan, cdt, mdt, inter
             ld = _Loads(dict(zv=zv_r, do=do_r), xs_r, ys_r, bi, h, c, ts, sub, mb, stacked=M if merged else None)
             stacked = None
             if merged:
-                em = None if seg_r is None else mk.em
-                stacked = C.Stacked(df=None, x=None, y=ld.ym,
-                                    pe=lambda: (pem_r[h] if em is None else
-                                                _masked_load(pem_r.at[h], em, (L, 2 * M))),
+                stacked = C.Stacked(df=None, x=None, y=ld.ym, pe=_em_pe_loader(pem_r, h, seg_r, mk, L, M),
                                     ds=lambda: f_r[bi, ts, h, pl.ds(0, 2 * M)], ps=lambda: psm_r[h])
 
             def pre_fn(m):  # q = w∘pt (re, im) [L, mb] float32 of mode block m
@@ -1343,10 +1357,9 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
     merged = MERGED_PLANES and pre and (nmb == 1 or split)
     extra = ()
     if merged:  # see MERGED_PLANES
-        xs, ys = (a.reshape(*a.shape[:3], 2 * M, a.shape[-1]) for a in (xs, ys))
+        xs, ys = _stack_states(xs, ys)
         dp = factors.reshape(*factors.shape[:3], 4 * M)
-        extra = (jnp.concatenate([tabs[5][:, 0], tabs[5][:, 1]], axis=-1),  # pe [H, L, 2M]
-                 jnp.concatenate([tabs[4][:, 0], tabs[4][:, 1]], axis=-1).astype(cdt))  # ps [H, L, 2M]
+        extra = (_side_by_side(tabs[5]), _side_by_side(tabs[4]).astype(cdt))  # pe, ps [H, L, 2M]
 
     def kernel(*refs):
         (fq_r, zk_r, dp_r, xs_r, ys_r, *tab_r), seg_r, (dfq_r, dzk_r, row_r, col_r) = _split(
@@ -1379,10 +1392,8 @@ def bwd_p(fq, zk, dp, xs, ys, tabs, segs, *, L, plan, cdt, interpret, factors=No
 
             stacked = None
             if merged:
-                em = None if seg_r is None else mk.em
                 stacked = C.Stacked(df=lambda: f_r[bi, ts, h, pl.ds(0, 2 * M)],
-                                    pe=lambda: (pem_r[h] if em is None else
-                                                _masked_load(pem_r.at[h], em, (L, 2 * M))),
+                                    pe=_em_pe_loader(pem_r, h, seg_r, mk, L, M),
                                     x=ld.xm, y=ld.ym, ds=lambda: f_r[bi, ts, h, pl.ds(2 * M, 2 * M)],
                                     ps=lambda: psm_r[h])
 
