@@ -28,6 +28,9 @@ device with carry=["build/gpu_deps"]. Missing packages skip (c) / (d) with the r
     (32, 64, 64) 4K, beside the whole program: the split the cost model needs; then at 16K the four scans again
     with the plan of before 2026-12-07 (gpu.SCAN_TARGET_PROGRAMS 256: two [32, 32] programs per SM, against one
     [32, 64] program per SM now), which decides that default.
+(b3) the Mosaic GPU scan probe (idattn.bench.mosaic_scan: the forward's carry scan, LTI, at (32, 64, 64) T = 4K)
+    against float64 and timed, beside (b2)'s Triton scan_fwd_k: the same instructions per chunk compiled, fewer
+    registers, TMA; whether Mosaic GPU's scheduling beats Triton's at equal issue.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
@@ -356,7 +359,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--budget-s", type=float, default=330.0, help="total wall-clock budget of this script")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on any backend (CPU: interpret mode)")
-    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,long (the T = 65,536 pallas vs chunked row of the check),table,kernels (per-kernel times),smoke,model,extra")
+    p.add_argument("--skip", default="", help="comma list of sections to skip: probe,check,long (the T = 65,536 pallas vs chunked row of the check),table,kernels (per-kernel times),mosaic,smoke,model,extra")
     p.add_argument("--shapes", default="16,128,32;32,64,64", help="(H,d_h,M) list for the table")
     p.add_argument("--seqs", default="1024,2048,4096,8192,16384")
     p.add_argument("--tokens", type=int, default=65536)
@@ -551,6 +554,27 @@ def main():
                 pallas_gpu.SCAN_TARGET_PROGRAMS = saved_target
             log(text)
             SUMMARY.append(text)
+
+    if "mosaic" not in skip:
+        # the same scan math as Triton's scan_fwd_k at (32, 64, 64), written for Mosaic GPU: equal instructions per
+        # chunk and warp when compiled here (343), 107 registers against 168, TMA loads; its time beside (b2)'s
+        # idattn_scan_fwd_k row says whether Mosaic's scheduling is worth a port (the cost model says no)
+        log("=== (b3) the Mosaic GPU scan probe (idattn.bench.mosaic_scan) ===")
+        if dry or not on_gpu:  # the kernel needs a GPU (Mosaic GPU's interpret mode in jax 0.10 does not run
+            # wgmma accumulators): the rest of the row (inputs, float64 reference, timing) with its XLA stand-in
+            from idattn.bench import mosaic_scan
+            text = (mosaic_scan.check_and_time(H=2, N=64, T=128, tokens=128, repeats=1, scan=mosaic_scan.xla_scan)
+                    + " [dry run; on a GPU: the kernel at (32, 64, 64) T=4096 65,536 tokens, ~15 s]")
+        elif time.time() > T0 + 0.74 * B:
+            text = "(b3) Mosaic GPU scan probe SKIPPED (time budget)"
+        else:
+            try:
+                from idattn.bench import mosaic_scan
+                text = mosaic_scan.check_and_time(H=32, N=64, T=4096, tokens=tokens)
+            except Exception as e:  # a jax whose plgpu API moved: say so, never stop the run
+                text = f"(b3) Mosaic GPU scan probe ERROR {type(e).__name__}: {str(e)[:300]}"
+        log(text)
+        SUMMARY.append(text)
 
     if "smoke" not in skip:
         log("=== (c) python -m idattn.bench.smoke ===")

@@ -1,11 +1,15 @@
 """idattn.aot.mosaic_gpu compiles Mosaic GPU (plgpu) kernels for sm_90a on this CPU host and reads their SASS:
 a wgmma product of known size must read as exactly its MACs on HGMMA, at two sizes (so the count comes from the
 compile, not from a constant)."""
+import json
+import os
 import shutil
 
+import numpy as np
 import pytest
 
 from idattn.aot import mosaic_gpu
+from idattn.bench import mosaic_scan as MS
 
 
 @pytest.mark.slow
@@ -31,3 +35,40 @@ def test_a_host_without_a_c_compiler_is_told_what_to_install(monkeypatch):
     monkeypatch.setattr(mosaic_gpu.shutil, "which", lambda name: None if name == "cc" else which(name))
     with pytest.raises(RuntimeError, match="`cc` not found.*install gcc"):
         mosaic_gpu.compile_and_read("idattn.aot.mosaic_gpu:wgmma_product")
+
+
+def test_the_scan_probes_chunk_step_is_the_token_recurrence():
+    """idattn.bench.mosaic_scan's math in XLA (its tables, one step per chunk: X <- lam^L X + Peᵀ Z; the dry run's
+    stand-in for the kernel) against the float64 token-by-token recurrence the kernel is judged by on a device
+    (three chunks of 64, so the decay is crossed), and the check's own verdict line on it."""
+    B, T, H, N, M, L = 2, 192, 3, 8, 64, 64
+    z, lam, b = MS._inputs(B, T, H, N, M, seed=3)
+    pe_t, lam_l = MS.tables(lam, b, L, dtype=np.float32)
+    xs, x_end = MS.xla_scan(z, pe_t, lam_l, L=L)
+    ref_xs, ref_end = MS.reference(np.asarray(z, np.float64), lam, b, L)
+    xs = np.asarray(xs, np.float64)
+    assert MS._rel(xs[:, :, :, 0] + 1j * xs[:, :, :, 1], ref_xs) < 1e-5  # float32 tables and accumulation
+    assert MS._rel(np.asarray(x_end[:, :, 0]) + 1j * np.asarray(x_end[:, :, 1]), ref_end) < 1e-5
+    assert MS._rel(ref_xs[:, :, 1], ref_xs[:, :, 2]) > 0.1  # the chunks' states differ: not a constant
+    line = MS.check_and_time(H=2, N=64, T=128, tokens=128, repeats=1, scan=MS.xla_scan)
+    assert "PASS" in line and "xla_scan (in place of the probe)" in line, line
+
+
+@pytest.mark.slow
+def test_the_mosaic_scan_probe_compiles_to_the_triton_scans_instruction_count():
+    """The probe's chunk loop, compiled for sm_90a: two planes of [64, 64] x [64, 64] products on wgmma (8 HGMMA,
+    2*M*L*N MACs), no spills, and as many instructions per chunk and warp as Triton's scan_fwd_k at (32, 64, 64)
+    (idattn/bench/gpu_kernels.json, 343): the decay, conversion and stores of the state set the count, not the
+    backend (docs/kernels-results.md, "A Mosaic GPU scan, compiled")."""
+    why = mosaic_gpu.missing()
+    if why:
+        pytest.skip(f"needs the CUDA compiler extra, cc, nm and cuobjdump: {why}")
+    rep = mosaic_gpu.compile_and_read("idattn.bench.mosaic_scan:factory")
+    [(name, k)] = rep["kernels"].items()
+    loop = k["loop"]
+    assert loop["hgmma"] == 8 and loop["mma_macs"] == 2 * 64 * 64 * 64
+    assert loop["ffma"] >= 64  # the complex decay, 32 state elements per plane and thread
+    assert k["local"] == 0 and loop["local (spill)"] == 0 and 0 < k["registers"] <= 255
+    path = os.path.join(os.path.dirname(mosaic_gpu.__file__), "..", "bench", "gpu_kernels.json")
+    triton = json.load(open(path))["now_32_64_64_T4096_L64_fwd"]["kernels"]["idattn_scan_fwd_k"]["loop"]["total"]
+    assert 0.85 * triton <= loop["total"] <= 1.15 * triton, (loop["total"], triton)

@@ -191,9 +191,19 @@ for i, asm in enumerate(modules):
 """
 
 
-def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h200", timeout: int = 600) -> dict:
+def inline_part(instrs: list) -> list:
+    """The listing up to its last EXIT. Mosaic GPU places the slow path of every barrier wait (try_wait, sleep,
+    branch back into the body) after the kernel's end; those backward branches would read as loops enclosing
+    the whole body, and they run only while a wait spins."""
+    ends = [i for i, ins in enumerate(instrs) if ins.op == "EXIT"]
+    return instrs[:ends[-1] + 1] if ends else instrs
+
+
+def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h200", timeout: int = 600,
+                     keep: str | None = None) -> dict:
     """Compiles the Mosaic GPU kernels of ``factory(**kwargs)`` (see the module docstring) for sm_90a and returns
-    {"kernels": {entry name: sass.kernel_report + "ptxas" (ptxas -v's lines)}, "ptx": {entry name: PTX text}}."""
+    {"kernels": {entry name: sass.kernel_report + "ptxas" (the assembler's report)}, "ptx": {entry name: PTX}};
+    with ``keep``, the PTX, cubins and SASS listings are copied into that folder."""
     why = missing()
     if why:
         raise RuntimeError(f"cannot compile Mosaic GPU kernels on this host: {why}")
@@ -224,7 +234,16 @@ def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h
                                                       text=True, timeout=120).stdout)
             threads = {m.group(1): int(m.group(2)) for m in re.finditer(
                 r"\.entry\s+(\w+)\([^)]*\)\s*\.maxntid\s+(\d+)", body, re.S)}
+            if keep:
+                os.makedirs(keep, exist_ok=True)
+                tag = os.path.basename(folder)
+                shutil.copy(cubin, os.path.join(keep, f"{tag}.cubin"))
+                with open(os.path.join(keep, f"{tag}.sass"), "w") as f:
+                    f.write(text)
+                with open(os.path.join(keep, f"{tag}.ptx"), "w") as f:
+                    f.write(body)
             for name, instrs in sass.parse_sass(text).items():
+                instrs = inline_part(instrs)
                 rep = sass.kernel_report(name, instrs, max(1, threads.get(name, 128) // 32), res.get(name))
                 rep["ptxas"] = [ln.strip() for ln in log.splitlines() if ln.strip()]
                 kernels[name] = rep
@@ -279,8 +298,9 @@ def main(argv=None) -> int:
     ap.add_argument("factory", help="MODULE:FUNCTION returning (fn, args)")
     ap.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the factory")
     ap.add_argument("--card", default="h200", choices=("h100", "h200"))
+    ap.add_argument("--keep", default=None, help="a folder for the PTX, cubins and SASS listings")
     a = ap.parse_args(argv)
-    print(format_report(compile_and_read(a.factory, json.loads(a.kwargs), card=a.card)))
+    print(format_report(compile_and_read(a.factory, json.loads(a.kwargs), card=a.card, keep=a.keep)))
     return 0
 
 
