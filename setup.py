@@ -42,7 +42,7 @@ setup(
     description="Interdomain Attention: a fixed-state token mixer on a shared complex S4D basis (JAX/Flax).",
     packages=find_packages(include=["idattn", "idattn.*"]),
     # GPU target descriptions (idattn/aot/gpu.py); the compiled kernels' facts the GPU cost model reads
-    package_data={"idattn.aot": ["targets/*.txtpb"], "idattn.bench": ["gpu_kernels.json", "fla_kernels.json"]},
+    package_data={"idattn.aot": ["targets/*.txtpb"], "idattn.bench": ["*.json"]},
     python_requires=">=3.11",
     install_requires=[
         # Lower bounds are the versions this repository was developed and tested with (CPU, Python 3.11).

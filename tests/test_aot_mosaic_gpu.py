@@ -72,3 +72,19 @@ def test_the_mosaic_scan_probe_compiles_to_the_triton_scans_instruction_count():
     path = os.path.join(os.path.dirname(mosaic_gpu.__file__), "..", "bench", "gpu_kernels.json")
     triton = json.load(open(path))["now_32_64_64_T4096_L64_fwd"]["kernels"]["idattn_scan_fwd_k"]["loop"]["total"]
     assert 0.85 * triton <= loop["total"] <= 1.15 * triton, (loop["total"], triton)
+    # the record the cost model prices (idattn/bench/mosaic_scan_kernel.json) is this compile
+    [recorded] = json.load(open(MS.KERNEL_DATA))["kernels"].values()
+    assert recorded["loop"]["total"] == loop["total"] and recorded["registers"] == k["registers"]
+
+
+def test_the_cost_model_prices_the_probe_as_tritons_scan():
+    """Equal programs, warps and instructions per chunk: the model, which prices issued instructions, cannot tell
+    the probe from Triton's scan_fwd_k (what the device's (b3) row tests); and its price moves with the count."""
+    from idattn.bench import gpu_model as G
+    p = MS.predicted_us()
+    assert p["probe"] > 0 and abs(p["probe"] / p["triton"] - 1) < 0.10, p
+    [kernel] = json.load(open(MS.KERNEL_DATA))["kernels"].values()
+    c, _ = G.evaluate(G.load())
+    base = G.launch_cost("probe", kernel, programs=512, iterations=64).features() @ c
+    doubled = dict(kernel, loop=dict(kernel["loop"], total=2 * kernel["loop"]["total"]))
+    assert G.launch_cost("probe", doubled, programs=512, iterations=64).features() @ c > 1.8 * base

@@ -1,6 +1,6 @@
 """Mosaic GPU kernels compiled for sm_90a on a host without a GPU, and read like the Triton ones.
 
-    python -m idattn.aot.mosaic_gpu MODULE:FACTORY [--kwargs JSON]
+    python -m idattn.aot.mosaic_gpu MODULE:FACTORY [--kwargs JSON] [--keep DIR] [--json PATH]
 
 ``FACTORY(**kwargs)`` returns ``(fn, args)``: a function that calls one or more Mosaic GPU (``plgpu``) kernels and
 its arguments as ``jax.ShapeDtypeStruct``. Prints each kernel's registers, spills and the instruction mix of its
@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from idattn import atomic
 from idattn.aot import gpu, sass
 
 # A stand-in for the CUDA driver: one device of compute capability 9.0 (H100 / H200), every call succeeds.
@@ -299,8 +300,14 @@ def main(argv=None) -> int:
     ap.add_argument("--kwargs", default="{}", help="JSON keyword arguments for the factory")
     ap.add_argument("--card", default="h200", choices=("h100", "h200"))
     ap.add_argument("--keep", default=None, help="a folder for the PTX, cubins and SASS listings")
+    ap.add_argument("--json", default=None, help="write the report (without the PTX) there, with the commit")
     a = ap.parse_args(argv)
-    print(format_report(compile_and_read(a.factory, json.loads(a.kwargs), card=a.card, keep=a.keep)))
+    rep = compile_and_read(a.factory, json.loads(a.kwargs), card=a.card, keep=a.keep)
+    print(format_report(rep))
+    if a.json:
+        record = {k: v for k, v in rep.items() if k != "ptx"}
+        record["commit"] = sass._commit()
+        atomic.write_json(a.json, record, indent=1, sort_keys=True)
     return 0
 
 

@@ -145,6 +145,23 @@ def _groups_per(NC: int, rows: int) -> int:
     return max(1, -(-NC * rows // BWD_TARGET_PROGRAMS))
 
 
+def _occupancy(registers: int, warps: int, smem: int = 0) -> int:
+    """Programs resident per SM: registers (allocated in units of 8 per thread), warps and shared memory."""
+    regs = -(-int(registers) // 8) * 8
+    return max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps, SMEM_PER_SM // max(1, smem)))
+
+
+def launch_cost(name: str, kernel: dict, programs: int, iterations: int) -> KernelCost:
+    """One launch priced from a kernel report (``idattn.aot.sass.kernel_report``) whose grid the caller knows and
+    whose first loop is its chunk loop: the Mosaic GPU scan probe (``idattn.bench.mosaic_scan``, compiled by
+    ``idattn.aot.mosaic_gpu``). Its TMA traffic is not in the byte counts; c_bytes is 0 in the model anyway."""
+    body, warps = kernel["loop"] or kernel["all"], int(kernel["warps"])
+    occ = _occupancy(kernel["registers"], warps)
+    loop_b = body["ldg_bytes"] + body["stg_bytes"]
+    return KernelCost(name, programs, occ, -(-programs // (SMS * occ)), iterations, body["bar_sync"], body["total"],
+                      warps, loop_b, 0, body["mma_macs"])
+
+
 def kernel_costs(rep: dict) -> list[KernelCost]:
     """Per Triton launch of a collected configuration (idattn.aot.sass.compile_and_capture's report)."""
     H, dh, M, _, B, T, L = rep["case"]
@@ -156,8 +173,7 @@ def kernel_costs(rep: dict) -> list[KernelCost]:
             continue
         gx, gy, gz = call["grid"]
         warps = int(call["num_warps"])
-        regs = -(-int(k["registers"]) // 8) * 8
-        occ = max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps))
+        occ = _occupancy(k["registers"], warps)
         programs = gx * gy * gz
         block = rep.get("blocks", {}).get(call["name"])
         split = int((k.get("trips") or {}).get("split", 0))
@@ -211,9 +227,7 @@ def fla_cost(name: str, variant: dict, T: int, heads: int = 16, k: int = 128, v:
     iters = NT if layout == "serial" else ({"chunk_v": nk, "chunk_k": nv}[layout] if loop else 1)
     body = loop or kr["all"]
     warps = int(cfg["num_warps"])
-    regs = -(-int(kr["registers"]) // 8) * 8
-    occ = max(1, min(REGS_PER_SM // (32 * warps * regs), MAX_WARPS_PER_SM // warps,
-                     SMEM_PER_SM // max(1, int(kr.get("shared_triton", 0)))))
+    occ = _occupancy(kr["registers"], warps, int(kr.get("shared_triton", 0)))
     loop_b = body["ldg_bytes"] + body["stg_bytes"]
     all_b = kr["all"]["ldg_bytes"] + kr["all"]["stg_bytes"]
     return KernelCost(name, programs, occ, -(-programs // (SMS * occ)), iters, body["bar_sync"], body["total"],

@@ -24,6 +24,9 @@ jax and numpy; ``plgpu`` is imported where the kernel is built (its API moves be
 """
 from __future__ import annotations
 
+import json
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -114,6 +117,26 @@ def xla_scan(z, pe_t, lam_l, *, L: int = 64):
             jnp.stack([x_end.real, x_end.imag], 2).astype(F32))
 
 
+# the probe at factory()'s shape compiled on a CPU host (python -m idattn.aot.mosaic_gpu
+# idattn.bench.mosaic_scan:factory --json idattn/bench/mosaic_scan_kernel.json), for the cost model's prediction
+KERNEL_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mosaic_scan_kernel.json")
+
+
+def predicted_us(data: str = KERNEL_DATA) -> dict:
+    """The cost model's time for the probe at ``factory()``'s shape (512 programs of one warpgroup, 64 chunks)
+    beside its prediction for Triton's ``idattn_scan_fwd_k`` at (32, 64, 64) T = 4K: {"probe", "triton",
+    "commit"} in us. Predictions, from kernels compiled on a CPU host."""
+    from idattn.bench import gpu_model as G  # noqa: PLC0415 (numpy and json only; kept out of the kernel's import)
+    with open(data) as f:
+        record = json.load(f)
+    [kernel] = record["kernels"].values()
+    c, _ = G.evaluate(G.load())
+    probe = float(G.launch_cost("mosaic_scan", kernel, programs=16 * 32, iterations=4096 // 64).features() @ c)
+    triton = next(r["us"] for r in G.breakdown(G.load()[G.key("now", (32, 64, 64), 4096, 64, "fwd")], c)
+                  if r["name"] == "idattn_scan_fwd_k")
+    return {"probe": probe, "triton": triton, "commit": record.get("commit", "?")}
+
+
 def reference(z, lam, b, L: int):
     """float64 NumPy, token by token: X_t = lam ∘ X_{t-1} + b ⊗ z_t. Returns (xs [B, H, NC, M, N] complex: the
     state before every chunk, x_end [B, H, M, N])."""
@@ -154,8 +177,14 @@ def check_and_time(H: int = 32, N: int = 64, T: int = 4096, tokens: int = 65536,
     ms, _ = bop.time_compiled(lambda *a: scan(*a, L=L), (zb, pe_t, lam_l), 2, repeats)
     verdict = "PASS" if err <= 2e-2 else "FAIL"
     what = "Mosaic GPU scan probe" if scan is scan_fwd else f"{scan.__name__} (in place of the probe)"
+    try:
+        p = predicted_us()
+        model = (f"; model (a prediction, compiled at {p['commit']}, for (32, 64, 64) T=4096 65,536 tokens): "
+                 f"probe {p['probe']:.0f} us, Triton scan_fwd_k {p['triton']:.0f} us")
+    except (OSError, KeyError, ValueError) as e:
+        model = f"; no model ({type(e).__name__}: {e})"
     return (f"(b3) {what} (H, N, M) = ({H}, {N}, {M}) T={T} B={B} bf16: {ms:.3f} ms "
-            f"(median of {repeats}); states vs float64 max rel {err:.2e} {verdict} (<= 2e-2)")
+            f"(median of {repeats}); states vs float64 max rel {err:.2e} {verdict} (<= 2e-2){model}")
 
 
 def _rel(a, b) -> float:
