@@ -29,8 +29,8 @@ device with carry=["build/gpu_deps"]. Missing packages skip (c) / (d) with the r
     with the plan of before 2026-12-07 (gpu.SCAN_TARGET_PROGRAMS 256: two [32, 32] programs per SM, against one
     [32, 64] program per SM now), which decides that default.
 (b3) the Mosaic GPU scan probe (idattn.bench.mosaic_scan: the forward's carry scan, LTI, at (32, 64, 64) T = 4K)
-    against float64 and timed, beside (b2)'s Triton scan_fwd_k: the same instructions per chunk compiled, fewer
-    registers, TMA; whether Mosaic GPU's scheduling beats Triton's at equal issue.
+    against float64 and timed, beside (b2)'s Triton scan_fwd_k: the same instructions per chunk compiled and the
+    same programs per SM, TMA; whether Mosaic GPU's scheduling beats Triton's at equal issue.
 (c) `python -m idattn.bench.smoke` (cuDNN attention with segment masks, the model-level Pallas path).
 (d) `python -m idattn.bench model`: 125M softmax vs interdomain at 4K and 16K (training tok/s, MFU) and decode
     tok/s at batch 1 and 8 against context.
@@ -557,14 +557,16 @@ def main():
 
     if "mosaic" not in skip:
         # the same scan math as Triton's scan_fwd_k at (32, 64, 64), written for Mosaic GPU: equal instructions per
-        # chunk and warp when compiled here (343), 107 registers against 168, TMA loads; its time beside (b2)'s
-        # idattn_scan_fwd_k row says whether Mosaic's scheduling is worth a port (the cost model says no)
+        # chunk and warp when compiled here (343) and 3 programs per SM for both (its shared memory bounds it as
+        # Triton's registers do), TMA loads, asynchronous wgmma; its time beside (b2)'s idattn_scan_fwd_k row says
+        # whether Mosaic's scheduling is worth a port at equal issue (the cost model says it is not)
         log("=== (b3) the Mosaic GPU scan probe (idattn.bench.mosaic_scan) ===")
-        if dry or not on_gpu:  # the kernel needs a GPU (Mosaic GPU's interpret mode in jax 0.10 does not run
-            # wgmma accumulators): the rest of the row (inputs, float64 reference, timing) with its XLA stand-in
+        if dry or not on_gpu:  # the kernel needs a GPU (Mosaic GPU's interpret mode in jax 0.10 runs neither
+            # run_state nor layout_cast): the rest of the row (inputs, float64 reference, timing) with an XLA stand-in
             from idattn.bench import mosaic_scan
             text = (mosaic_scan.check_and_time(H=2, N=64, T=128, tokens=128, repeats=1, scan=mosaic_scan.xla_scan)
-                    + " [dry run; on a GPU: the kernel at (32, 64, 64) T=4096 65,536 tokens, ~15 s]")
+                    + f" [{'dry run' if dry else 'no GPU'}; on a GPU: the kernel at (32, 64, 64) T=4096 65,536 "
+                    "tokens, ~15 s]")
         elif time.time() > T0 + 0.74 * B:
             text = "(b3) Mosaic GPU scan probe SKIPPED (time budget)"
         else:

@@ -99,6 +99,15 @@ CUresult cuModuleLoadDataEx(void **m, const void *image, unsigned n, void *o, vo
 }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) { *f = &handle; return 0; }
 CUresult cuModuleUnload(void *m) { return 0; }
+/* the kernel's dynamic shared memory, as the plugin sets it (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES),
+   written to $IDATTN_STAND_IN_SMEM */
+CUresult cuFuncSetAttribute(void *f, int attribute, int value) {
+  const char *out = getenv("IDATTN_STAND_IN_SMEM");
+  FILE *fh;
+  if (out && attribute == 8 && (fh = fopen(out, "w"))) { fprintf(fh, "%d\n", value); fclose(fh); }
+  return 0;
+}
+CUresult cuFuncGetAttribute(int *v, int attribute, void *f) { *v = 0; return 0; }
 CUresult cuGetErrorString(int e, const char **s) { *s = "libcuda stand-in (idattn.aot.mosaic_gpu)"; return 0; }
 CUresult cuGetErrorName(int e, const char **s) { *s = "CUDA_ERROR_STAND_IN"; return 0; }
 """
@@ -184,12 +193,33 @@ base = ctypes.cast(compile_fn, ctypes.c_void_p).value - symbols["MosaicGpuCompil
 for name in {nvptx_init!r}:
     ctypes.CFUNCTYPE(None)(base + symbols[name])()
 os.environ.update(MOSAIC_GPU_CUDA_ROOT={cuda_root!r}, MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
+import glob, shutil
 for i, asm in enumerate(modules):
     os.environ["MOSAIC_GPU_DUMP_TO"] = os.path.join({dump!r}, str(i))
     os.makedirs(os.environ["MOSAIC_GPU_DUMP_TO"], exist_ok=True)
     os.environ["IDATTN_STAND_IN_CUBIN"] = os.path.join(os.environ["MOSAIC_GPU_DUMP_TO"], "loaded.cubin")
-    compile_fn(asm, len(asm))  # fails after writing the PTX: the host code needs the runtime
+    os.environ["IDATTN_STAND_IN_SMEM"] = os.path.join(os.environ["MOSAIC_GPU_DUMP_TO"], "smem.txt")
+    # the plugin assembles in a folder of its own under /tmp (fixed there) and never removes it
+    before = set(glob.glob("/tmp/mosaic-gpu-*"))
+    try:
+        compile_fn(asm, len(asm))  # fails after loading the cubin: the host code needs the runtime
+    finally:
+        for leftover in set(glob.glob("/tmp/mosaic-gpu-*")) - before:
+            shutil.rmtree(leftover, ignore_errors=True)
 """
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+def _run(cmd: list) -> str:
+    """A tool's stdout; its failure raises with its stderr."""
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"{os.path.basename(cmd[0])} failed on {cmd[-1]}: {p.stderr.strip()[-500:]}")
+    return p.stdout
 
 
 def inline_part(instrs: list) -> list:
@@ -220,35 +250,44 @@ def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h
                    LD_LIBRARY_PATH=os.pathsep.join(filter(None, [fake, os.environ.get("LD_LIBRARY_PATH")])))
         p = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                            timeout=timeout)
-        cubins = sorted(glob.glob(os.path.join(dump, "*", "loaded.cubin")))
-        if not cubins:  # the process ends in an error after the load: its exit status says nothing
-            raise RuntimeError(f"Mosaic GPU compile of {factory} produced no cubin (exit {p.returncode}):\n"
-                               f"{(p.stderr or p.stdout)[-3000:]}")
+        expected = next((int(ln.split()[1]) for ln in p.stdout.splitlines() if ln.startswith("@@MODULES")), 0)
+        cubins = sorted(glob.glob(os.path.join(dump, "*", "loaded.cubin")), key=lambda c: int(c.split(os.sep)[-2]))
+        if not cubins or len(cubins) != expected:  # the process ends in an error after the load: its exit status
+            # says nothing, the cubins do
+            raise RuntimeError(f"Mosaic GPU compile of {factory}: {len(cubins)} of {expected} kernel(s) reached the "
+                               f"cubin (exit {p.returncode}):\n{(p.stderr or p.stdout)[-3000:]}")
         cuobjdump = sass.find_tool("cuobjdump")
         kernels, ptx = {}, {}
         for cubin in cubins:
             folder = os.path.dirname(cubin)
-            body = "".join(open(f).read() for f in glob.glob(os.path.join(folder, "*.ptx")))
-            log = "".join(open(f).read() for f in glob.glob(os.path.join(folder, "*.ptxas")))
-            text = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, timeout=120).stdout
-            res = sass.parse_res_usage(subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True,
-                                                      text=True, timeout=120).stdout)
+            body = "".join(_read(f) for f in sorted(glob.glob(os.path.join(folder, "*.ptx"))))
+            log = "".join(_read(f) for f in sorted(glob.glob(os.path.join(folder, "*.ptxas"))))
+            text = _run([cuobjdump, "-sass", cubin])
+            res = sass.parse_res_usage(_run([cuobjdump, "-res-usage", cubin]))
             threads = {m.group(1): int(m.group(2)) for m in re.finditer(
                 r"\.entry\s+(\w+)\([^)]*\)\s*\.maxntid\s+(\d+)", body, re.S)}
             if keep:
                 os.makedirs(keep, exist_ok=True)
                 tag = os.path.basename(folder)
                 shutil.copy(cubin, os.path.join(keep, f"{tag}.cubin"))
-                with open(os.path.join(keep, f"{tag}.sass"), "w") as f:
-                    f.write(text)
-                with open(os.path.join(keep, f"{tag}.ptx"), "w") as f:
-                    f.write(body)
-            for name, instrs in sass.parse_sass(text).items():
-                instrs = inline_part(instrs)
-                rep = sass.kernel_report(name, instrs, max(1, threads.get(name, 128) // 32), res.get(name))
+                for ext, content in (("sass", text), ("ptx", body)):
+                    with open(os.path.join(keep, f"{tag}.{ext}"), "w") as f:
+                        f.write(content)
+            functions = sass.parse_sass(text)
+            if not functions:
+                raise RuntimeError(f"cuobjdump read no function from {cubin}")
+            for name, instrs in functions.items():
+                if name not in threads:
+                    raise RuntimeError(f"{name}: no .maxntid in its PTX, so its warps are unknown")
+                rep = sass.kernel_report(name, inline_part(instrs), max(1, threads[name] // 32), res.get(name))
+                rep["threads"] = threads[name]
+                smem = os.path.join(folder, "smem.txt")  # the dynamic shared memory the plugin asked for
+                rep["smem_dynamic"] = int(_read(smem)) if os.path.exists(smem) else 0
                 rep["ptxas"] = [ln.strip() for ln in log.splitlines() if ln.strip()]
-                kernels[name] = rep
-                ptx[name] = body
+                # kernels of one function are named alike (the body's name): the later ones get their index
+                key = name if name not in kernels else f"{name}#{os.path.basename(folder)}"
+                kernels[key] = rep
+                ptx[key] = body
         return {"factory": factory, "kwargs": dict(kwargs or {}), "card": card, "kernels": kernels, "ptx": ptx}
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -306,7 +345,8 @@ def main(argv=None) -> int:
     print(format_report(rep))
     if a.json:
         record = {k: v for k, v in rep.items() if k != "ptx"}
-        record["commit"] = sass._commit()
+        module = a.factory.split(":")[0].replace(".", "/") + ".py"  # its source marks the record dirty too
+        record["commit"] = sass._commit(("idattn/ops/pallas", module))
         atomic.write_json(a.json, record, indent=1, sort_keys=True)
     return 0
 

@@ -47,8 +47,10 @@ CLASSES = {
     "fmul/fadd": ("FMUL", "FADD", "FMUL2", "FADD2", "FMNMX", "FSETP", "FSEL", "FCHK"),
     "mufu": ("MUFU",),
     "cvt/pack": ("F2F", "F2FP", "I2F", "F2I", "F2IP", "PRMT"),
-    "ldg": ("LDG", "LDGSTS", "UTMALDG", "LDGDEPBAR"),
-    "stg": ("STG", "RED", "ATOMG", "UTMASTG"),
+    # LD / ST: generic-address loads and stores (Mosaic GPU writes global memory with them; Triton never emits
+    # them); UBLKCP: a bulk copy, sorted by direction in mix()
+    "ldg": ("LDG", "LDGSTS", "UTMALDG", "LDGDEPBAR", "LD"),
+    "stg": ("STG", "RED", "ATOMG", "UTMASTG", "ST"),
     "lds": ("LDS", "LDSM"),
     "local (spill)": ("LDL", "STL"),
     "shfl": ("SHFL",),
@@ -136,19 +138,28 @@ def access_bytes(ins: Instr) -> int:
     return {"128": 16, "64": 8, "32": 4, "U16": 2, "S16": 2, "U8": 1, "S8": 1}[w]
 
 
+def _class(ins: Instr) -> str:
+    """The CLASSES entry of one instruction; a bulk copy (UBLKCP.G.S: shared to global, .S.G: global to shared)
+    by its direction."""
+    if ins.op == "UBLKCP":
+        return "stg" if ins.mods.startswith(".G.S") else "ldg"
+    return _CLASS_OF.get(ins.op, "other")
+
+
 def mix(instrs: list[Instr], warps: int = 4) -> dict:
     """{class: count} over `instrs` (CLASSES order, then "other"): instructions in one warp's stream; plus
     "bar_sync" (BAR.SYNC: every warp of the program waits), "hgmma" (wgmma instructions), "mma_macs" (the
     program's tensor-core MACs: each warp issues its HMMAs, each warpgroup of four warps one HGMMA) and "total"."""
-    c = collections.Counter(_CLASS_OF.get(i.op, "other") for i in instrs)
+    c = collections.Counter(_class(i) for i in instrs)
     out = {k: c.get(k, 0) for k in list(CLASSES) + ["other"]}
     out["bar_sync"] = sum(1 for i in instrs if i.op == "BAR" and "SYNC" in i.mods)
     out["hgmma"] = sum(1 for i in instrs if i.op == "HGMMA")
     out["mma_macs"] = (sum(macs(i) for i in instrs if i.op == "HMMA") * warps
                        + sum(macs(i) for i in instrs if i.op == "HGMMA") * warps // 4)
     # bytes one program moves to / from global memory (L2, then HBM): every thread of every warp
-    out["ldg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("LDG", "LDGSTS"))
-    out["stg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("STG", "RED", "ATOMG"))
+    # (TMA and bulk copies move bytes a register names, not the mnemonic: not counted)
+    out["ldg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("LDG", "LDGSTS", "LD"))
+    out["stg_bytes"] = 32 * warps * sum(access_bytes(i) for i in instrs if i.op in ("STG", "RED", "ATOMG", "ST"))
     out["total"] = len(instrs)
     return out
 
@@ -400,13 +411,14 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _commit() -> str:
-    """The checkout's commit (with '+' when its kernels differ from it), or '?' outside a git checkout."""
+def _commit(paths=("idattn/ops/pallas",)) -> str:
+    """The checkout's commit (with '+' when `paths`, the kernels' sources, differ from it), or '?' outside a git
+    checkout."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=30).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", "idattn/ops/pallas"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", *paths],
                                capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"

@@ -153,10 +153,11 @@ def _occupancy(registers: int, warps: int, smem: int = 0) -> int:
 
 def launch_cost(name: str, kernel: dict, programs: int, iterations: int) -> KernelCost:
     """One launch priced from a kernel report (``idattn.aot.sass.kernel_report``) whose grid the caller knows and
-    whose first loop is its chunk loop: the Mosaic GPU scan probe (``idattn.bench.mosaic_scan``, compiled by
-    ``idattn.aot.mosaic_gpu``). Its TMA traffic is not in the byte counts; c_bytes is 0 in the model anyway."""
+    whose outermost loop is its chunk loop: the Mosaic GPU scan probe (``idattn.bench.mosaic_scan``, compiled by
+    ``idattn.aot.mosaic_gpu``, which records the dynamic shared memory the kernel asks for: it, not the
+    registers, can bound the programs per SM). Its TMA traffic is not in the byte counts; c_bytes is 0 anyway."""
     body, warps = kernel["loop"] or kernel["all"], int(kernel["warps"])
-    occ = _occupancy(kernel["registers"], warps)
+    occ = _occupancy(kernel["registers"], warps, kernel.get("smem_dynamic", 0) + kernel.get("smem_static", 0))
     loop_b = body["ldg_bytes"] + body["stg_bytes"]
     return KernelCost(name, programs, occ, -(-programs // (SMS * occ)), iterations, body["bar_sync"], body["total"],
                       warps, loop_b, 0, body["mma_macs"])

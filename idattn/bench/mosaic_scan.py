@@ -17,13 +17,15 @@ both planes) sits in shared memory for the whole loop; Z arrives by TMA, two chu
 (``plgpu.emit_pipeline``); the states leave by TMA.
 
 Limits (it is a probe): LTI, no segment resets, zero initial state, M = 64, N a multiple of 64, bf16 operands.
-jax 0.10.2's Mosaic GPU interpret mode does not run wgmma accumulators, so its values are checked on a device
+jax 0.10.2's Mosaic GPU interpret mode runs neither ``pl.run_state`` nor ``layout_cast`` nor ``emit_pipeline``'s
+predicated copies, so its values are checked on a device
 (``check_and_time``, from ``scripts/gpu_check.py`` (b3), against the float64 ``reference``); on this host it is
 compiled for sm_90a and read (``python -m idattn.aot.mosaic_gpu idattn.bench.mosaic_scan:factory``). Imports only
 jax and numpy; ``plgpu`` is imported where the kernel is built (its API moves between jax releases).
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 
@@ -130,11 +132,17 @@ def predicted_us(data: str = KERNEL_DATA) -> dict:
     with open(data) as f:
         record = json.load(f)
     [kernel] = record["kernels"].values()
+    shape = dict(inspect.signature(factory).parameters)
+    shape = {k: record.get("kwargs", {}).get(k, v.default) for k, v in shape.items()}  # the compiled case
+    kc = G.launch_cost("mosaic_scan", kernel, programs=shape["B"] * shape["H"] * (shape["N"] // 64),
+                       iterations=shape["T"] // shape["L"])
     c, _ = G.evaluate(G.load())
-    probe = float(G.launch_cost("mosaic_scan", kernel, programs=16 * 32, iterations=4096 // 64).features() @ c)
-    triton = next(r["us"] for r in G.breakdown(G.load()[G.key("now", (32, 64, 64), 4096, 64, "fwd")], c)
-                  if r["name"] == "idattn_scan_fwd_k")
-    return {"probe": probe, "triton": triton, "commit": record.get("commit", "?")}
+    triton = next((r for r in G.breakdown(G.load()[G.key("now", (32, 64, 64), 4096, 64, "fwd")], c)
+                   if r["name"] == "idattn_scan_fwd_k"), None)
+    if triton is None:
+        raise KeyError("no idattn_scan_fwd_k in the collected (32, 64, 64) T=4096 forward")
+    return {"probe": float(kc.features() @ c), "triton": triton["us"], "probe_per_sm": kc.occupancy,
+            "triton_per_sm": triton["occupancy"], "commit": record.get("commit", "?")}
 
 
 def reference(z, lam, b, L: int):
@@ -176,11 +184,13 @@ def check_and_time(H: int = 32, N: int = 64, T: int = 4096, tokens: int = 65536,
               _rel(np.asarray(x_end[:check_rows, :, 0]) + 1j * np.asarray(x_end[:check_rows, :, 1]), ref_end))
     ms, _ = bop.time_compiled(lambda *a: scan(*a, L=L), (zb, pe_t, lam_l), 2, repeats)
     verdict = "PASS" if err <= 2e-2 else "FAIL"
-    what = "Mosaic GPU scan probe" if scan is scan_fwd else f"{scan.__name__} (in place of the probe)"
+    what = ("Mosaic GPU scan probe" if scan is scan_fwd
+            else f"{getattr(scan, '__name__', type(scan).__name__)} (in place of the probe)")
     try:
         p = predicted_us()
         model = (f"; model (a prediction, compiled at {p['commit']}, for (32, 64, 64) T=4096 65,536 tokens): "
-                 f"probe {p['probe']:.0f} us, Triton scan_fwd_k {p['triton']:.0f} us")
+                 f"probe {p['probe']:.0f} us ({p['probe_per_sm']} per SM), Triton scan_fwd_k {p['triton']:.0f} us "
+                 f"({p['triton_per_sm']} per SM)")
     except (OSError, KeyError, ValueError) as e:
         model = f"; no model ({type(e).__name__}: {e})"
     return (f"(b3) {what} (H, N, M) = ({H}, {N}, {M}) T={T} B={B} bf16: {ms:.3f} ms "
