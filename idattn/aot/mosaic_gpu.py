@@ -346,7 +346,7 @@ def main(argv=None) -> int:
     if a.json:
         record = {k: v for k, v in rep.items() if k != "ptx"}
         module = a.factory.split(":")[0].replace(".", "/") + ".py"  # its source marks the record dirty too
-        record["commit"] = sass._commit(("idattn/ops/pallas", module))
+        record["commit"] = sass.commit_stamp(("idattn/ops/pallas", module))
         atomic.write_json(a.json, record, indent=1, sort_keys=True)
     return 0
 

@@ -411,7 +411,7 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-def _commit(paths=("idattn/ops/pallas",)) -> str:
+def commit_stamp(paths=("idattn/ops/pallas",)) -> str:
     """The checkout's commit (with '+' when `paths`, the kernels' sources, differ from it), or '?' outside a git
     checkout."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -437,7 +437,7 @@ def collect(out: str, rows=None, log=print) -> dict:
             continue
         t0 = time.time()
         rep = compile_and_capture((H, dh, M, "bfloat16", G.TOKENS // T, T, L), mode=mode, env_opts=opts)
-        rep.update(tag=tag, opts=opts, compile_s=time.time() - t0, commit=_commit())
+        rep.update(tag=tag, opts=opts, compile_s=time.time() - t0, commit=commit_stamp())
         data[k] = rep
         atomic.write_json(out, data, indent=1, sort_keys=True)
         log(f"{k}: {len(rep['calls'])} launches, compiled in {time.time() - t0:.0f} s")
