@@ -214,14 +214,6 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _run(cmd: list) -> str:
-    """A tool's stdout; its failure raises with its stderr."""
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        raise RuntimeError(f"{os.path.basename(cmd[0])} failed on {cmd[-1]}: {p.stderr.strip()[-500:]}")
-    return p.stdout
-
-
 def inline_part(instrs: list) -> list:
     """The listing up to its last EXIT. Mosaic GPU places the slow path of every barrier wait (try_wait, sleep,
     branch back into the body) after the kernel's end; those backward branches would read as loops enclosing
@@ -262,8 +254,9 @@ def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h
             folder = os.path.dirname(cubin)
             body = "".join(_read(f) for f in sorted(glob.glob(os.path.join(folder, "*.ptx"))))
             log = "".join(_read(f) for f in sorted(glob.glob(os.path.join(folder, "*.ptxas"))))
-            text = _run([cuobjdump, "-sass", cubin])
-            res = sass.parse_res_usage(_run([cuobjdump, "-res-usage", cubin]))
+            listing = []
+            functions, res = sass.read_cubin(cubin, cuobjdump, listing)
+            text = listing[0]
             threads = {m.group(1): int(m.group(2)) for m in re.finditer(
                 r"\.entry\s+(\w+)\([^)]*\)\s*\.maxntid\s+(\d+)", body, re.S)}
             if keep:
@@ -273,7 +266,6 @@ def compile_and_read(factory: str, kwargs: dict | None = None, *, card: str = "h
                 for ext, content in (("sass", text), ("ptx", body)):
                     with open(os.path.join(keep, f"{tag}.{ext}"), "w") as f:
                         f.write(content)
-            functions = sass.parse_sass(text)
             if not functions:
                 raise RuntimeError(f"cuobjdump read no function from {cubin}")
             for name, instrs in functions.items():

@@ -255,6 +255,21 @@ def parse_res_usage(text: str) -> dict[str, dict]:
                          "local": int(m.group(5))} for m in _RES.finditer(text)}
 
 
+def read_cubin(cubin: str, tool: str | None = None, text_out: list | None = None):
+    """({kernel: [Instr]}, {kernel: resources}) of one cubin, from `cuobjdump -sass` and `-res-usage` (`tool`,
+    else find_tool's); a failing cuobjdump raises with its stderr. `text_out`: the listing is appended to it."""
+    tool = tool or find_tool("cuobjdump")
+    out = []
+    for flag in ("-sass", "-res-usage"):
+        p = subprocess.run([tool, flag, cubin], capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            raise RuntimeError(f"cuobjdump {flag} failed on {cubin}: {p.stderr.strip()[-500:]}")
+        out.append(p.stdout)
+    if text_out is not None:
+        text_out.append(out[0])
+    return parse_sass(out[0]), parse_res_usage(out[1])
+
+
 # ---------------------------------------------------------------------------------------------- the toolchain
 def find_tool(name: str) -> str | None:
     """cuobjdump / nvdisasm: $IDATTN_<NAME>, then Triton's wheel (found without importing it), then PATH."""
@@ -372,10 +387,8 @@ def compile_and_capture(case, *, mode="fwdbwd", card="h200", timeout=1200, env_o
     kernels, ptx = {}, {}
     warps = {c["name"]: int(c["num_warps"] or 4) for c in calls if c.get("name")}
     for cubin in sorted(glob.glob(os.path.join(dump, "*.cubin"))):
-        text = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True, timeout=120).stdout
-        res = parse_res_usage(subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True,
-                                             timeout=120).stdout)
-        for name, instrs in parse_sass(text).items():
+        functions, res = read_cubin(cubin, tool)
+        for name, instrs in functions.items():
             if name.startswith("idattn_"):
                 w = warps.get(name) or next((v for n, v in warps.items() if name.startswith(n)), 4)
                 kernels[name] = kernel_report(name, instrs, w, res.get(name), trips.get(name))
